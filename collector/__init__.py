@@ -1,0 +1,1 @@
+"""The collector: OTLP receiver, trace join, decomposition, reports."""

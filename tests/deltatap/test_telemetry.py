@@ -1,0 +1,94 @@
+import json
+import threading
+import time
+
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from deltatap.clock import ANCHOR, mono_ns, now_unix_ns, to_unix_ns
+from deltatap.telemetry import OtlpJsonFileExporter, make_exporter, setup_telemetry, NullExporter, TelemetryConfigError
+
+
+class BlockingExporter(SpanExporter):
+    """An exporter stuck like a dead collector until released."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.exported = 0
+
+    def export(self, spans):
+        self.release.wait(10)
+        self.exported += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self):
+        self.release.set()
+
+
+class FailingExporter(SpanExporter):
+    def export(self, spans):
+        raise ConnectionRefusedError("collector down")
+
+    def shutdown(self):
+        pass
+
+
+def test_anchor_maps_monotonic_to_wall_clock():
+    assert ANCHOR.uncertainty_ns < 1_000_000
+    assert abs(now_unix_ns() - time.time_ns()) < 5_000_000
+    a = mono_ns()
+    assert to_unix_ns(a + 1234) - to_unix_ns(a) == 1234
+
+
+def test_stuck_exporter_never_blocks_and_drops_are_counted():
+    exp = BlockingExporter()
+    tel = setup_telemetry("t", exporter=exp, max_queue=100)
+    tracer = tel.tracer
+    t0 = time.perf_counter()
+    for i in range(1000):
+        tracer.start_span(f"s{i}").end()
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 2.0  # 1000 span ends with a stuck exporter complete at once
+    assert tel.stats.spans_ended == 1000
+    assert tel.stats.spans_dropped_queue_full >= 1000 - 100 - 512
+    exp.release.set()
+    tel.shutdown()
+    assert exp.exported + tel.stats.spans_dropped == 1000
+
+
+def test_failing_exporter_is_counted_not_raised():
+    tel = setup_telemetry("t", exporter=FailingExporter())
+    for _ in range(10):
+        tel.tracer.start_span("x").end()
+    tel.processor.force_flush(5000)
+    assert tel.stats.export_failures >= 1
+    assert tel.stats.spans_dropped_export_failed == 10
+    assert "collector down" in tel.stats.last_error
+    tel.shutdown()
+
+
+def test_file_exporter_writes_otlp_json(tmp_path):
+    path = tmp_path / "spans.jsonl"
+    tel = setup_telemetry("t", exporter=OtlpJsonFileExporter(path))
+    span = tel.tracer.start_span("hello", start_time=1_000)
+    span.add_event("e", timestamp=1_500)
+    span.end(end_time=2_000)
+    tel.shutdown()
+    line = json.loads(path.read_text().splitlines()[0])
+    s = line["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    assert s["name"] == "hello" and s["startTimeUnixNano"] == "1000" and s["events"][0]["timeUnixNano"] == "1500"
+
+
+def test_exporter_selection(monkeypatch):
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
+    assert isinstance(make_exporter(None), NullExporter)
+    assert type(make_exporter("grpc://127.0.0.1:4317")).__module__.endswith("grpc.trace_exporter")
+    assert type(make_exporter("http://127.0.0.1:4318")).__module__.endswith("http.trace_exporter")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317")
+    assert type(make_exporter(None)).__module__.endswith("grpc.trace_exporter")
+    try:
+        make_exporter("127.0.0.1:4317")
+    except TelemetryConfigError as exc:
+        assert "grpc://HOST:4317" in str(exc)
+    else:
+        raise AssertionError("bare host:port must be rejected")
