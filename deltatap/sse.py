@@ -1,0 +1,653 @@
+"""Sans-I/O Server-Sent-Events parsing and LLM stream observation, shared by the tap and the load generator.
+
+Nothing here touches a socket or a clock: callers feed ``(bytes, t_mono_ns)`` pairs they stamped
+themselves (before any await) and read the results. The bytes are only *read*: a tap forwards the
+original chunk untouched and feeds the same object here afterwards.
+
+Public API
+----------
+
+``SseParser``
+    Incremental WHATWG event-stream parser. ``feed(data: bytes) -> list[SseEvent]`` accepts any
+    split of the stream (events split across reads, many events per read); line endings ``\\n``,
+    ``\\r\\n`` and ``\\r`` (also a ``\\r\\n`` split across two reads); ``:comment`` lines are
+    counted (``comments``) and otherwise ignored; a leading BOM is dropped. ``finish()`` is called
+    at end of stream: it dispatches an event whose lines are complete but whose blank line never
+    came (servers and captures often end with ``data: [DONE]\\n``; the standard would discard it)
+    and sets ``truncated`` when a partial line was left over.
+
+``SseEvent(data, event, id, retry)``
+    One dispatched event; ``event`` is ``""`` for the default ``message`` type.
+
+``StreamFormat`` registry — :data:`FORMATS`, :func:`register_format`, :func:`get_format`,
+:func:`format_for_path`, :func:`detect_format`
+    One small class per wire format, registered by name (the names of ``Attr.STREAM_FORMAT``):
+    ``openai-chat`` (``/v1/chat/completions``, including llama.cpp's, which adds ``timings``),
+    ``openai-completions`` (``/v1/completions``), ``responses`` (the Responses API event
+    stream), ``anthropic`` (Messages streams) and ``llamacpp`` (llama.cpp's native
+    ``/completion``). Each has ``detect(obj, event_name) -> bool`` and
+    ``extract(obj, event_name, facts) -> (text, tokens, done)``: the content text an event
+    carries (``""`` when it carries none), how many tokens it stands for, and whether it ends
+    the stream; it records usage, engine timings, model, ids and finish reasons into ``facts``.
+
+``StreamObserver(format=None, path=None)``
+    The per-response state machine: ``feed(chunk, t_mono_ns) -> int`` (content events completed
+    by this chunk), then optionally ``forwarded(t_mono_ns)`` after the same chunk was written on
+    (a tap's downstream side). It counts chunks, bytes, events, content events and tokens, keeps
+    the first *content* token's and the last token's stamps on both sides, the inter-token gap
+    statistics on both sides (:class:`GapStats`) and the :class:`StreamFacts` (usage, llama.cpp
+    ``timings``, model, response id, finish reasons, in-stream errors). ``format`` is detected
+    from the first JSON event when not given (``path`` is a hint tried first).
+
+``GapStats``
+    Streaming gap statistics: ``count``, ``mean_ns``, ``max_ns`` and ``p99_ns()`` from a bounded
+    structure (the 128 largest gaps kept exactly — so p99 is exact below 12,800 gaps — plus a
+    log-bucket sketch with 1 % relative error beyond that). ``observe(t_ns)`` adds the gap since
+    the previous call; ``add(gap_ns)`` adds a gap directly.
+
+First content token (methodology section 5.1.3.1)
+-------------------------------------------------
+An event carries content when the format's ``extract`` returns non-empty text: assistant text,
+reasoning/thinking text, refusal text, or tool-call argument fragments. Role-only deltas, empty
+deltas, ``content: null``, usage-only and finish-only events, comments, ``[DONE]``, pings and any
+other framing carry none. The *first content token* is the first content event whose text is not
+whitespace-only (the draft excludes "empty tokens or whitespace-only tokens"); whitespace-only
+content events still count as content events and tokens and still produce gaps.
+``StreamObserver.leading_whitespace_events`` counts those that came before the first token, so a
+report can note them as the draft asks.
+
+Privacy: text is only inspected for its length and whether it is blank; nothing stores it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "FORMATS",
+    "GapStats",
+    "SseEvent",
+    "SseParser",
+    "StreamFacts",
+    "StreamFormat",
+    "StreamObserver",
+    "detect_format",
+    "format_for_path",
+    "get_format",
+    "register_format",
+]
+
+# --------------------------------------------------------------------------------------------
+# The event-stream parser
+# --------------------------------------------------------------------------------------------
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(slots=True)
+class SseEvent:
+    data: str
+    event: str = ""
+    id: str | None = None
+    retry: int | None = None
+
+
+class SseParser:
+    """Incremental event-stream parser (WHATWG HTML "server-sent events", section 9.2.6)."""
+
+    __slots__ = ("_buf", "_skip_lf", "_started", "_data", "_event", "_id", "_retry", "_has_data", "comments", "events", "truncated")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._skip_lf = False  # the previous read ended in "\r": a leading "\n" belongs to it
+        self._started = False
+        self._data: list[str] = []
+        self._event = ""
+        self._id: str | None = None
+        self._retry: int | None = None
+        self._has_data = False
+        self.comments = 0
+        self.events = 0
+        self.truncated = False
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[SseEvent]:
+        if not data:
+            return []
+        buf = self._buf
+        buf += data
+        if not self._started:
+            if len(buf) < 3 and _BOM.startswith(bytes(buf)):
+                return []
+            if buf.startswith(_BOM):
+                del buf[:3]
+            self._started = True
+        if self._skip_lf and buf[:1] == b"\n":
+            del buf[:1]
+        self._skip_lf = False
+        out: list[SseEvent] = []
+        pos = 0
+        n = len(buf)
+        while pos < n:
+            m = _LINE_END.search(buf, pos)
+            if m is None:
+                break
+            end = m.start()
+            if m.end() == n and buf[end] == 0x0D:  # a lone "\r" at the end: maybe half of "\r\n"
+                self._skip_lf = True
+            self._line(bytes(buf[pos:end]), out)
+            pos = m.end()
+        if pos:
+            del buf[:pos]
+        return out
+
+    def finish(self) -> list[SseEvent]:
+        """End of stream: dispatch a complete-but-unterminated event; flag a partial line as truncated."""
+        self.truncated = bool(self._buf)
+        self._buf.clear()
+        out: list[SseEvent] = []
+        self._line(b"", out)
+        return out
+
+    def _reset(self) -> None:
+        self._data = []
+        self._event = ""
+        self._has_data = False
+        self._retry = None
+
+    def _line(self, raw: bytes, out: list[SseEvent]) -> None:
+        if not raw:
+            if self._has_data:
+                self.events += 1
+                out.append(SseEvent("\n".join(self._data), self._event, self._id, self._retry))
+            self._reset()
+            return
+        if raw[0] == 0x3A:  # ":" comment
+            self.comments += 1
+            return
+        line = raw.decode("utf-8", "replace")
+        name, sep, value = line.partition(":")
+        if sep and value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            self._data.append(value)
+            self._has_data = True
+        elif name == "event":
+            self._event = value
+        elif name == "id":
+            if "\0" not in value:
+                self._id = value
+        elif name == "retry":
+            if value.isdigit():
+                self._retry = int(value)
+
+
+# --------------------------------------------------------------------------------------------
+# What a stream tells us besides its tokens
+# --------------------------------------------------------------------------------------------
+
+TIMING_KEYS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "cache_n")
+
+
+@dataclass
+class StreamFacts:
+    model: str | None = None
+    response_id: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)  # llama.cpp: prompt_n, prompt_ms, predicted_n, predicted_ms, cache_n
+    error: str | None = None  # type/code of an error reported inside the stream (never its message text)
+
+    def take_usage(self, usage: Any, input_key: str, output_key: str) -> None:
+        if not isinstance(usage, dict):
+            return
+        if isinstance(usage.get(input_key), int):
+            self.input_tokens = usage[input_key]
+        if isinstance(usage.get(output_key), int):
+            self.output_tokens = usage[output_key]
+
+    def take_timings(self, timings: Any) -> None:
+        if isinstance(timings, dict):
+            for k in TIMING_KEYS:
+                v = timings.get(k)
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self.timings[k] = v
+
+    def take_finish(self, reason: Any) -> None:
+        if isinstance(reason, str) and reason and reason not in self.finish_reasons:
+            self.finish_reasons.append(reason)
+
+    def take_error(self, err: Any) -> None:
+        if isinstance(err, dict):
+            self.error = str(err.get("type") or err.get("code") or "error")
+        elif err is not None:
+            self.error = "error"
+
+
+# --------------------------------------------------------------------------------------------
+# Formats: one small class each, registered by name
+# --------------------------------------------------------------------------------------------
+
+Extracted = tuple[str, int, bool]  # (content text, tokens, ends the stream)
+_NONE: Extracted = ("", 0, False)
+
+
+class StreamFormat:
+    name: str = ""
+    paths: tuple[str, ...] = ()  # request path suffixes that usually carry this format
+
+    def detect(self, obj: Any, event: str) -> bool:
+        raise NotImplementedError
+
+    def extract(self, obj: Any, event: str, facts: StreamFacts) -> Extracted:
+        raise NotImplementedError
+
+
+FORMATS: dict[str, StreamFormat] = {}
+
+
+def register_format(cls: type[StreamFormat]) -> type[StreamFormat]:
+    FORMATS[cls.name] = cls()
+    return cls
+
+
+def get_format(name: str) -> StreamFormat:
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise ValueError(f"unknown stream format {name!r}; known: {sorted(FORMATS)}") from None
+
+
+def format_for_path(path: str | None) -> str | None:
+    if not path:
+        return None
+    p = path.split("?", 1)[0].rstrip("/")
+    for fmt in FORMATS.values():
+        if any(p.endswith(s) for s in fmt.paths):
+            return fmt.name
+    return None
+
+
+def detect_format(obj: Any, event: str = "", hint: str | None = None) -> str | None:
+    """Name of the format whose ``detect`` accepts this decoded event (``hint`` tried first)."""
+    order = list(FORMATS.values())
+    if hint in FORMATS:
+        order.insert(0, FORMATS[hint])
+    for fmt in order:
+        if fmt.detect(obj, event):
+            return fmt.name
+    return None
+
+
+def _text(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
+def _model_and_id(obj: dict, facts: StreamFacts) -> None:
+    if facts.model is None and isinstance(obj.get("model"), str):
+        facts.model = obj["model"]
+    if facts.response_id is None and isinstance(obj.get("id"), str):
+        facts.response_id = obj["id"]
+
+
+@register_format
+class OpenAIChat(StreamFormat):
+    name = "openai-chat"
+    paths = ("/chat/completions",)
+
+    def detect(self, obj: Any, event: str) -> bool:
+        if not isinstance(obj, dict):
+            return False
+        if obj.get("object") == "chat.completion.chunk":
+            return True
+        choices = obj.get("choices")
+        return isinstance(choices, list) and bool(choices) and isinstance(choices[0], dict) and "delta" in choices[0]
+
+    def extract(self, obj: Any, event: str, facts: StreamFacts) -> Extracted:
+        if not isinstance(obj, dict):
+            return _NONE
+        _model_and_id(obj, facts)
+        facts.take_usage(obj.get("usage"), "prompt_tokens", "completion_tokens")
+        facts.take_timings(obj.get("timings"))
+        facts.take_error(obj.get("error"))
+        parts: list[str] = []
+        for ch in obj.get("choices") or ():
+            if not isinstance(ch, dict):
+                continue
+            facts.take_finish(ch.get("finish_reason"))
+            d = ch.get("delta")
+            if not isinstance(d, dict):
+                continue
+            parts += (_text(d.get("content")), _text(d.get("reasoning_content")), _text(d.get("reasoning")), _text(d.get("refusal")))
+            for tc in d.get("tool_calls") or ():
+                if isinstance(tc, dict) and isinstance(tc.get("function"), dict):
+                    parts.append(_text(tc["function"].get("arguments")))
+        text = "".join(parts)
+        return text, (1 if text else 0), False
+
+
+@register_format
+class OpenAICompletions(StreamFormat):
+    name = "openai-completions"
+    paths = ("/v1/completions", "/completions")
+
+    def detect(self, obj: Any, event: str) -> bool:
+        if not isinstance(obj, dict):
+            return False
+        if obj.get("object") == "text_completion":
+            return True
+        choices = obj.get("choices")
+        return isinstance(choices, list) and bool(choices) and isinstance(choices[0], dict) and "text" in choices[0]
+
+    def extract(self, obj: Any, event: str, facts: StreamFacts) -> Extracted:
+        if not isinstance(obj, dict):
+            return _NONE
+        _model_and_id(obj, facts)
+        facts.take_usage(obj.get("usage"), "prompt_tokens", "completion_tokens")
+        facts.take_timings(obj.get("timings"))
+        facts.take_error(obj.get("error"))
+        parts = []
+        for ch in obj.get("choices") or ():
+            if isinstance(ch, dict):
+                facts.take_finish(ch.get("finish_reason"))
+                parts.append(_text(ch.get("text")))
+        text = "".join(parts)
+        return text, (1 if text else 0), False
+
+
+_RESPONSES_DELTAS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_summary_text.delta",
+        "response.refusal.delta",
+        "response.function_call_arguments.delta",
+        "response.audio_transcript.delta",
+    }
+)
+_RESPONSES_END = frozenset({"response.completed", "response.failed", "response.incomplete"})
+
+
+@register_format
+class Responses(StreamFormat):
+    name = "responses"
+    paths = ("/responses",)
+
+    def detect(self, obj: Any, event: str) -> bool:
+        t = obj.get("type") if isinstance(obj, dict) else None
+        return (isinstance(t, str) and t.startswith("response.")) or event.startswith("response.")
+
+    def extract(self, obj: Any, event: str, facts: StreamFacts) -> Extracted:
+        if not isinstance(obj, dict):
+            return _NONE
+        t = obj.get("type") or event
+        if t in _RESPONSES_DELTAS:
+            text = _text(obj.get("delta"))
+            return text, (1 if text else 0), False
+        resp = obj.get("response")
+        if isinstance(resp, dict):
+            _model_and_id(resp, facts)
+            facts.take_usage(resp.get("usage"), "input_tokens", "output_tokens")
+            facts.take_error(resp.get("error"))
+            if t in _RESPONSES_END:
+                status = resp.get("status")
+                facts.take_finish(status if isinstance(status, str) else t.rsplit(".", 1)[-1])
+        if t == "error":
+            facts.take_error(obj)
+        return "", 0, t in _RESPONSES_END
+
+
+_ANTHROPIC_TYPES = frozenset(
+    {"message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop", "ping"}
+)
+
+
+@register_format
+class Anthropic(StreamFormat):
+    name = "anthropic"
+    paths = ("/messages",)
+
+    def detect(self, obj: Any, event: str) -> bool:
+        t = obj.get("type") if isinstance(obj, dict) else None
+        return t in _ANTHROPIC_TYPES or event in _ANTHROPIC_TYPES
+
+    def extract(self, obj: Any, event: str, facts: StreamFacts) -> Extracted:
+        if not isinstance(obj, dict):
+            return _NONE
+        t = obj.get("type") or event
+        if t == "content_block_delta":
+            d = obj.get("delta")
+            if isinstance(d, dict):
+                text = _text(d.get("text")) + _text(d.get("thinking")) + _text(d.get("partial_json"))
+                return text, (1 if text else 0), False
+            return _NONE
+        if t == "message_start" and isinstance(obj.get("message"), dict):
+            msg = obj["message"]
+            _model_and_id(msg, facts)
+            facts.take_usage(msg.get("usage"), "input_tokens", "output_tokens")
+        elif t == "message_delta":
+            facts.take_usage(obj.get("usage"), "input_tokens", "output_tokens")
+            if isinstance(obj.get("delta"), dict):
+                facts.take_finish(obj["delta"].get("stop_reason"))
+        elif t == "error":
+            facts.take_error(obj.get("error"))
+        return "", 0, t == "message_stop"
+
+
+@register_format
+class LlamaCpp(StreamFormat):
+    """llama.cpp's native ``/completion`` stream: ``{"content": "...", "stop": false, ...}``."""
+
+    name = "llamacpp"
+    paths = ("/completion",)
+
+    def detect(self, obj: Any, event: str) -> bool:
+        return isinstance(obj, dict) and "content" in obj and "stop" in obj and "choices" not in obj
+
+    def extract(self, obj: Any, event: str, facts: StreamFacts) -> Extracted:
+        if not isinstance(obj, dict):
+            return _NONE
+        if facts.model is None and isinstance(obj.get("model"), str):
+            facts.model = obj["model"]
+        facts.take_timings(obj.get("timings"))
+        facts.take_error(obj.get("error"))
+        if isinstance(obj.get("tokens_evaluated"), int):
+            facts.input_tokens = obj["tokens_evaluated"]
+        if isinstance(obj.get("tokens_predicted"), int):
+            facts.output_tokens = obj["tokens_predicted"]
+        stop = obj.get("stop") is True
+        if stop:
+            facts.take_finish(obj.get("stop_type") or "stop")
+        text = _text(obj.get("content"))
+        toks = obj.get("tokens")
+        n = len(toks) if isinstance(toks, list) and toks else (1 if text else 0)
+        return text, n, stop
+
+
+# --------------------------------------------------------------------------------------------
+# Gap statistics
+# --------------------------------------------------------------------------------------------
+
+_GAMMA = 1.02  # sketch bucket growth: relative error (gamma - 1) / (gamma + 1) < 1 %
+_LOG_GAMMA = math.log(_GAMMA)
+
+
+class GapStats:
+    """Streaming count / mean / max / p99 of gaps in ns, in bounded memory."""
+
+    __slots__ = ("count", "total_ns", "max_ns", "_top", "_top_k", "_buckets", "_zeros", "_last")
+
+    def __init__(self, top_k: int = 128) -> None:
+        self.count = 0
+        self.total_ns = 0
+        self.max_ns = 0
+        self._top: list[int] = []  # min-heap of the top_k largest gaps
+        self._top_k = top_k
+        self._buckets: dict[int, int] = {}
+        self._zeros = 0
+        self._last: int | None = None
+
+    def observe(self, t_ns: int) -> None:
+        """Record the gap since the previous ``observe`` (the first call records none)."""
+        if self._last is not None:
+            self.add(t_ns - self._last)
+        self._last = t_ns
+
+    def add(self, gap_ns: int) -> None:
+        g = max(0, int(gap_ns))
+        self.count += 1
+        self.total_ns += g
+        if g > self.max_ns:
+            self.max_ns = g
+        if len(self._top) < self._top_k:
+            heapq.heappush(self._top, g)
+        elif g > self._top[0]:
+            heapq.heapreplace(self._top, g)
+        if g == 0:
+            self._zeros += 1
+        else:
+            k = math.ceil(math.log(g) / _LOG_GAMMA)
+            self._buckets[k] = self._buckets.get(k, 0) + 1
+
+    @property
+    def mean_ns(self) -> float:
+        return self.total_ns / self.count if self.count else 0.0
+
+    def quantile_ns(self, q: float) -> float:
+        """Nearest-rank quantile; exact while the rank falls among the kept largest gaps."""
+        if not self.count:
+            return 0.0
+        rank = max(1, math.ceil(q * self.count))  # 1-based, ascending
+        from_top = self.count - rank + 1
+        if from_top <= len(self._top):
+            return float(heapq.nlargest(from_top, self._top)[-1])
+        if rank <= self._zeros:
+            return 0.0
+        seen = self._zeros
+        for k in sorted(self._buckets):
+            seen += self._buckets[k]
+            if seen >= rank:
+                return 2 * _GAMMA**k / (_GAMMA + 1)
+        return float(self.max_ns)  # pragma: no cover - counts always add up
+
+    def p99_ns(self) -> float:
+        return self.quantile_ns(0.99)
+
+
+# --------------------------------------------------------------------------------------------
+# The per-response observer
+# --------------------------------------------------------------------------------------------
+
+
+class StreamObserver:
+    """Everything deltatap records about one SSE response, fed ``(chunk, t_mono_ns)``."""
+
+    def __init__(self, format: str | None = None, path: str | None = None) -> None:
+        self.parser = SseParser()
+        self.format: str | None = None
+        self._fmt: StreamFormat | None = None
+        if format is not None:
+            self._fmt = get_format(format)
+            self.format = format
+        self._hint = format_for_path(path)
+        self.facts = StreamFacts()
+        self.chunks = 0
+        self.bytes = 0
+        self.events = 0
+        self.content_events = 0
+        self.tokens = 0
+        self.leading_whitespace_events = 0
+        self.done = False
+        self.first_chunk_mono_ns: int | None = None
+        self.first_token_mono_ns: int | None = None
+        self.last_token_mono_ns: int | None = None
+        self.first_token_forwarded_mono_ns: int | None = None
+        self.last_token_forwarded_mono_ns: int | None = None
+        self.gaps = GapStats()
+        self.gaps_forwarded = GapStats()
+        self._last_content = 0  # content events completed by the last fed chunk
+        self._last_had_first = False
+
+    @property
+    def comments(self) -> int:
+        return self.parser.comments
+
+    def feed(self, data: bytes | bytearray | memoryview, t_mono_ns: int) -> int:
+        """Feed one chunk as read at ``t_mono_ns``; returns the number of content events it completed."""
+        self.chunks += 1
+        self.bytes += len(data)
+        if self.first_chunk_mono_ns is None:
+            self.first_chunk_mono_ns = t_mono_ns
+        return self._events(self.parser.feed(data), t_mono_ns)
+
+    def _events(self, events: list[SseEvent], t_mono_ns: int) -> int:
+        n_content = 0
+        had_first = False
+        for ev in events:
+            self.events += 1
+            text, tokens, done = self._classify(ev)
+            if done:
+                self.done = True
+            if not text:
+                continue
+            n_content += 1
+            self.content_events += 1
+            self.tokens += tokens
+            self.gaps.observe(t_mono_ns)
+            self.last_token_mono_ns = t_mono_ns
+            if self.first_token_mono_ns is None:
+                if text.isspace():
+                    self.leading_whitespace_events += 1
+                else:
+                    self.first_token_mono_ns = t_mono_ns
+                    had_first = True
+        self._last_content = n_content
+        self._last_had_first = had_first
+        return n_content
+
+    @property
+    def first_token_in_last_chunk(self) -> bool:
+        """Whether the chunk fed last completed the first content token."""
+        return self._last_had_first
+
+    def forwarded(self, t_mono_ns: int) -> None:
+        """The chunk fed last was written downstream at ``t_mono_ns`` (a tap's other side)."""
+        for _ in range(self._last_content):
+            self.gaps_forwarded.observe(t_mono_ns)
+        if self._last_content:
+            self.last_token_forwarded_mono_ns = t_mono_ns
+        if self._last_had_first:
+            self.first_token_forwarded_mono_ns = t_mono_ns
+
+    def finish(self, t_mono_ns: int) -> int:
+        """End of stream at ``t_mono_ns``: handles an unterminated last event; returns content events it held."""
+        return self._events(self.parser.finish(), t_mono_ns)
+
+    @property
+    def truncated(self) -> bool:
+        return self.parser.truncated
+
+    def _classify(self, ev: SseEvent) -> Extracted:
+        data = ev.data
+        if data == "[DONE]":
+            return "", 0, True
+        if not data or data[0] not in "{[":
+            return _NONE
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return _NONE
+        if self._fmt is None:
+            name = detect_format(obj, ev.event, self._hint)
+            if name is None:
+                return _NONE
+            self._fmt = FORMATS[name]
+            self.format = name
+        return self._fmt.extract(obj, ev.event, self.facts)
+
