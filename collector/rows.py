@@ -1,0 +1,412 @@
+"""Decomposition rows: one row per request, the collector's output and every report's input.
+
+This docstring is the specification of the row; ``collector.reports`` and anything reading the
+collector's rows files build on it.
+
+A row
+-----
+:class:`Row` holds, for one request (all the spans of all the observers that saw it, joined):
+
+* identity: ``trace_id`` (hex; the root fragment's when fragments were joined), ``request_id`` (the
+  correlation header value, ``x-request-id`` by default), ``join_method`` (:class:`JoinMethod`:
+  how the fragments were joined: one trace id, the correlation header, the body fingerprint within a
+  time window, or ``unjoined`` for a fragment that could not be joined, see ``join_note``),
+  ``start_unix_ns`` (earliest observed point or span start);
+* result: ``outcome`` (:class:`deltatap.vocab.Outcome` value), ``http_status`` (the status the
+  outermost observer saw), ``firewall_decision`` (``deltatap.firewall.decision``), ``labels``
+  (``deltatap.label.*`` attributes without the prefix, plus ``run_id``), ``tokens_in`` /
+  ``tokens_out`` with ``tokens_source`` (:class:`TokenSource`: ``usage`` when the stream reported
+  usage, ``tokenizer`` when counted by a tokenizer, None when unknown);
+* ``points``: generic point name (``<component>.<role>``, :func:`deltatap.vocab.point`) ->
+  :class:`PointObs` (Unix ns on the *collector's* clock, i.e. already shifted by the observer's
+  clock offset, the observer's clock uncertainty, which observer saw it and from what source). For
+  the default topology the draft's names t0..t12 are :data:`deltatap.vocab.DEFAULT_POINT_ALIASES`
+  (``Row.t("t7")``). A point nobody observed is absent: never interpolated;
+* ``deltas``: delta name -> :class:`DeltaValue` (ns, error bound ns, within-observer flag). Names come
+  from :func:`delta_defs` for the topology (see below). A delta whose points are missing is absent;
+* ``gaps``: link -> :class:`LinkGaps`, the inter-content-event gap statistics a tap saw on its
+  upstream side (what the upstream component released) and its downstream side (what it forwarded);
+* ``cascade``: :class:`Cascade`, timeout/cascade facts: when each layer gave up, when the engine
+  stopped, how long and how many tokens it kept generating after the first layer gave up, attempts
+  per link.
+
+Delta names (topology client -> I1 .. Ik -> engine; for the default stack I = gateway, firewall)
+---------------------------------------------------------------------------------------------------
+==============================  =============================================  ==================
+name                            formula (generic points)                       draft (default)
+==============================  =============================================  ==================
+``<I>_inbound``                 I.in.exit - I.in.arrive                        t2-t1, t5-t3
+``<I>_inbound_block``           I.in.decision - I.in.arrive                    t4-t3
+``engine_queue``                engine.exec_start - engine.queue               t6a-t6
+``engine_prefill``              engine.first_token - engine.exec_start         t7-t6a
+``engine_ttft``                 engine.first_token - engine.queue              t7-t6
+``<I>_outbound``                I.out.first_out - I.out.first_in               t10-t9, t11-t10
+``system_ttft``                 client.first_token_received - client.send      t12-t0
+``output_path_overhead``        client.first_token_received - engine.first_token  t12-t7
+``engine_decode``               engine.last_token - engine.first_token         t8-t7
+``engine_ttlt``                 engine.last_token - engine.queue               t8-t6
+``<I>_outbound_last``           I.out.last_out - I.out.last_in
+``system_ttlt``                 client.last_token_received - client.send
+``output_path_overhead_last``   client.last_token_received - engine.last_token  (client)-t8
+``tap_<link>_request``          tap overhead, request received -> forwarded   (within the tap)
+``tap_<link>_first_token``      tap overhead, first token received -> forwarded
+``<I>_itl_added_mean``          mean inter-token gap I released - mean gap I received
+``<I>_itl_added_p99``           same with the p99 gap
+``<I>_max_pause_added``         same with the max gap
+``residual``                    system_ttft - sum(inbound, engine_ttft, outbound, tap overheads)
+==============================  =============================================  ==================
+
+The residual is network time plus interaction effects (profiles section 6 "validation"); it is
+present only when every term is. Error bounds: a delta between two points seen by one observer
+(one clock) has bound 0; otherwise the bound is the sum of both points' clock uncertainties.
+Where both exist, within-observer deltas are preferred (DESIGN section 4).
+
+Flat records
+------------
+:func:`to_record` / :func:`from_record` convert a row to a flat mapping of scalars with a stable
+column set for a topology (:func:`record_columns`), used for Parquet, CSV and JSON lines:
+identity and result columns, ``labels`` (JSON object text), then per point ``pt.<point>.unix_ns``,
+``pt.<point>.unc_ns``, ``pt.<point>.src`` (``observer/source``), per delta ``d.<delta>.ns``,
+``d.<delta>.err_ns``, ``d.<delta>.within`` (bool), per link gap columns
+``gap.<link>.{up,down}.{count,mean_ns,p99_ns,max_ns}``, and ``cascade.*``. Missing values are
+empty (None / null / empty CSV cell). Integers stay integers (ns), never floats.
+
+Rows files are written and read back by :mod:`collector.sinks` (``write_rows`` / ``read_rows``: Parquet,
+CSV, JSON lines, chosen by suffix).
+
+Computation over many rows is numpy: :func:`delta_ns` returns one delta as an int64 array with a
+validity mask.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+from deltatap.topology import Topology, default_topology
+from deltatap.vocab import DEFAULT_POINT_ALIASES, INTERMEDIARY_KINDS, ComponentKind, Role, point
+
+ROW_SCHEMA_VERSION = 1
+
+
+class JoinMethod(StrEnum):
+    TRACE_ID = "trace_id"  # every fragment shared one trace id
+    CORRELATION = "correlation"  # fragments joined on the correlation header (x-request-id)
+    FINGERPRINT = "fingerprint"  # fragments joined on the request-body fingerprint within the window
+    UNJOINED = "unjoined"  # a fragment that could not be joined (ambiguous or no partner); see join_note
+
+
+class TokenSource(StrEnum):
+    USAGE = "usage"
+    TOKENIZER = "tokenizer"
+
+
+@dataclass(frozen=True, slots=True)
+class PointObs:
+    """One observed point, on the collector's clock."""
+
+    unix_ns: int
+    uncertainty_ns: int = 0  # the observer's clock uncertainty (0: shares the collector's clock)
+    observer: str = ""  # clock domain: "tap:edge", "client:loadgen", "component:engine", ...
+    source: str = ""  # "tap", "client", "component", "vllm", "llamacpp", "aiperf"
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaValue:
+    ns: int
+    error_bound_ns: int = 0
+    within_observer: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class GapStats:
+    """Inter-content-event gaps on one side of a tap."""
+
+    count: int
+    mean_ns: int | None = None
+    p99_ns: int | None = None
+    max_ns: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LinkGaps:
+    up: GapStats | None = None  # as released by the link's upstream component (tap received)
+    down: GapStats | None = None  # as forwarded to the link's downstream component
+
+
+@dataclass(slots=True)
+class Cascade:
+    """Timeout-cascade facts of one request (profiles section 6, interaction effects)."""
+
+    gave_up_unix_ns: dict[str, int] = field(default_factory=dict)  # component -> when it abandoned the request
+    engine_end_unix_ns: int | None = None  # last token / end of the engine's stream
+    engine_busy_after_gave_up_ns: int | None = None  # engine_end - first give-up, when someone gave up
+    tokens_after_gave_up: int | None = None  # engine tokens out - tokens delivered to the client
+    attempts: dict[str, int] = field(default_factory=dict)  # link -> tap spans seen (>1: retries)
+
+    @property
+    def first_gave_up(self) -> tuple[str, int] | None:
+        if not self.gave_up_unix_ns:
+            return None
+        comp = min(self.gave_up_unix_ns, key=lambda c: self.gave_up_unix_ns[c])
+        return comp, self.gave_up_unix_ns[comp]
+
+
+@dataclass(slots=True)
+class Row:
+    trace_id: str
+    request_id: str | None = None
+    join_method: JoinMethod = JoinMethod.TRACE_ID
+    join_note: str = ""
+    start_unix_ns: int | None = None
+    outcome: str = "ok"
+    http_status: int | None = None
+    firewall_decision: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    tokens_source: TokenSource | None = None
+    points: dict[str, PointObs] = field(default_factory=dict)
+    deltas: dict[str, DeltaValue] = field(default_factory=dict)
+    gaps: dict[str, LinkGaps] = field(default_factory=dict)
+    cascade: Cascade = field(default_factory=Cascade)
+    trace_ids: tuple[str, ...] = ()  # every joined fragment's trace id
+
+    def t(self, alias: str) -> PointObs | None:
+        """A point by its draft alias (default topology): ``row.t("t7")``."""
+        return self.points.get(DEFAULT_POINT_ALIASES[alias])
+
+    def delta_ms(self, name: str) -> float | None:
+        d = self.deltas.get(name)
+        return None if d is None else d.ns / 1e6
+
+
+# --------------------------------------------------------------------------------------------
+# Delta definitions for a topology
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaDef:
+    name: str
+    end: str  # generic point name (empty for derived deltas: tap, itl, residual)
+    start: str
+    phase: str  # "first" (TTFT path), "last" (last token), "stream", "tap", "itl", "residual"
+    component: str | None  # who the delta is charged to
+    contributes: bool = False  # a term of the TTFT sum the residual is computed against
+    description: str = ""
+
+
+def intermediaries(topology: Topology) -> list[str]:
+    return [c.name for c in topology.components[1:-1] if c.kind in INTERMEDIARY_KINDS]
+
+
+def delta_defs(topology: Topology | None = None) -> list[DeltaDef]:
+    """Every delta a row of ``topology`` can carry, in report order."""
+    topo = topology or default_topology()
+    client, engine = topo.client.name, topo.engine.name
+    mids = intermediaries(topo)
+    P = point
+    defs: list[DeltaDef] = []
+    for m in mids:
+        defs.append(DeltaDef(f"{m}_inbound", P(m, Role.IN_EXIT), P(m, Role.IN_ARRIVE), "first", m, True, f"{m} inbound"))
+        defs.append(DeltaDef(f"{m}_inbound_block", P(m, Role.IN_DECISION), P(m, Role.IN_ARRIVE), "first", m, False, f"{m} inbound (block)"))
+    defs += [
+        DeltaDef("engine_queue", P(engine, Role.EXEC_START), P(engine, Role.QUEUE), "first", engine, False, "engine queue"),
+        DeltaDef("engine_prefill", P(engine, Role.FIRST_TOKEN), P(engine, Role.EXEC_START), "first", engine, False, "engine prefill"),
+        DeltaDef("engine_ttft", P(engine, Role.FIRST_TOKEN), P(engine, Role.QUEUE), "first", engine, True, "engine TTFT"),
+    ]
+    for m in reversed(mids):
+        defs.append(DeltaDef(f"{m}_outbound", P(m, Role.OUT_FIRST_OUT), P(m, Role.OUT_FIRST_IN), "first", m, True, f"{m} outbound"))
+    defs += [
+        DeltaDef("system_ttft", P(client, Role.FIRST_TOKEN_RECEIVED), P(client, Role.SEND), "first", None, False, "system TTFT"),
+        DeltaDef("output_path_overhead", P(client, Role.FIRST_TOKEN_RECEIVED), P(engine, Role.FIRST_TOKEN), "first", None, False, "output path overhead"),
+        DeltaDef("engine_decode", P(engine, Role.LAST_TOKEN), P(engine, Role.FIRST_TOKEN), "last", engine, False, "engine decode"),
+        DeltaDef("engine_ttlt", P(engine, Role.LAST_TOKEN), P(engine, Role.QUEUE), "last", engine, False, "engine time to last token"),
+    ]
+    for m in reversed(mids):
+        defs.append(DeltaDef(f"{m}_outbound_last", P(m, Role.OUT_LAST_OUT), P(m, Role.OUT_LAST_IN), "last", m, False, f"{m} outbound (last token)"))
+    defs += [
+        DeltaDef("system_ttlt", P(client, Role.LAST_TOKEN_RECEIVED), P(client, Role.SEND), "last", None, False, "system time to last token"),
+        DeltaDef("output_path_overhead_last", P(client, Role.LAST_TOKEN_RECEIVED), P(engine, Role.LAST_TOKEN), "last", None, False, "output path overhead (last token)"),
+    ]
+    for m in mids:
+        defs.append(DeltaDef(f"{m}_itl_added_mean", "", "", "itl", m, False, f"{m} ITL added (mean gap)"))
+        defs.append(DeltaDef(f"{m}_itl_added_p99", "", "", "itl", m, False, f"{m} ITL added (p99 gap)"))
+        defs.append(DeltaDef(f"{m}_max_pause_added", "", "", "itl", m, False, f"{m} max pause added"))
+    for link in topo.links:
+        defs.append(DeltaDef(f"tap_{link.name}_request", "", "", "tap", None, True, f"tap {link.name} overhead (request)"))
+        defs.append(DeltaDef(f"tap_{link.name}_first_token", "", "", "tap", None, True, f"tap {link.name} overhead (first token)"))
+    defs.append(DeltaDef("residual", "", "", "residual", None, False, "residual: network + interaction effects"))
+    return defs
+
+
+def point_names(topology: Topology | None = None) -> list[str]:
+    """Every generic point of ``topology`` in path order (client, each intermediary, engine)."""
+    topo = topology or default_topology()
+    names: list[str] = []
+    for c in topo.components:
+        if c.kind == ComponentKind.CLIENT:
+            roles = [Role.SEND, Role.FIRST_TOKEN_RECEIVED, Role.LAST_TOKEN_RECEIVED, Role.END]
+        elif c.kind == ComponentKind.ENGINE:
+            roles = [Role.QUEUE, Role.EXEC_START, Role.FIRST_TOKEN, Role.LAST_TOKEN]
+        else:
+            roles = [Role.IN_ARRIVE, Role.IN_DECISION, Role.IN_EXIT, Role.OUT_FIRST_IN, Role.OUT_FIRST_OUT, Role.OUT_LAST_IN, Role.OUT_LAST_OUT]
+        names += [point(c.name, r) for r in roles]
+    return names
+
+
+# --------------------------------------------------------------------------------------------
+# Flat records
+# --------------------------------------------------------------------------------------------
+
+_BASE_COLUMNS = (
+    "schema_version", "trace_id", "request_id", "join_method", "join_note", "start_unix_ns", "outcome",
+    "http_status", "firewall_decision", "labels", "tokens_in", "tokens_out", "tokens_source", "trace_ids",
+)
+_CASCADE_COLUMNS = (
+    "cascade.gave_up", "cascade.engine_end_unix_ns", "cascade.engine_busy_after_gave_up_ns",
+    "cascade.tokens_after_gave_up", "cascade.attempts",
+)
+_GAP_FIELDS = ("count", "mean_ns", "p99_ns", "max_ns")
+
+
+def record_columns(topology: Topology | None = None) -> list[str]:
+    """The stable, ordered column set of flat records for ``topology``."""
+    topo = topology or default_topology()
+    cols = list(_BASE_COLUMNS)
+    for p in point_names(topo):
+        cols += [f"pt.{p}.unix_ns", f"pt.{p}.unc_ns", f"pt.{p}.src"]
+    for d in delta_defs(topo):
+        cols += [f"d.{d.name}.ns", f"d.{d.name}.err_ns", f"d.{d.name}.within"]
+    for link in topo.links:
+        for side in ("up", "down"):
+            cols += [f"gap.{link.name}.{side}.{f}" for f in _GAP_FIELDS]
+    cols += list(_CASCADE_COLUMNS)
+    return cols
+
+
+def to_record(row: Row, topology: Topology | None = None) -> dict[str, Any]:
+    """``row`` as a flat mapping with exactly :func:`record_columns` keys (missing -> None).
+
+    Points, deltas or links outside the topology's column set are kept too (appended), so a
+    row is never silently truncated."""
+    rec: dict[str, Any] = dict.fromkeys(record_columns(topology))
+    rec.update(
+        schema_version=ROW_SCHEMA_VERSION, trace_id=row.trace_id, request_id=row.request_id,
+        join_method=str(row.join_method), join_note=row.join_note, start_unix_ns=row.start_unix_ns,
+        outcome=str(row.outcome), http_status=row.http_status, firewall_decision=row.firewall_decision,
+        labels=json.dumps(row.labels, sort_keys=True), tokens_in=row.tokens_in, tokens_out=row.tokens_out,
+        tokens_source=None if row.tokens_source is None else str(row.tokens_source),
+        trace_ids=",".join(row.trace_ids),
+    )
+    for name, p in row.points.items():
+        rec[f"pt.{name}.unix_ns"] = p.unix_ns
+        rec[f"pt.{name}.unc_ns"] = p.uncertainty_ns
+        rec[f"pt.{name}.src"] = f"{p.observer}/{p.source}"
+    for name, d in row.deltas.items():
+        rec[f"d.{name}.ns"] = d.ns
+        rec[f"d.{name}.err_ns"] = d.error_bound_ns
+        rec[f"d.{name}.within"] = d.within_observer
+    for link, g in row.gaps.items():
+        for side, stats in (("up", g.up), ("down", g.down)):
+            if stats is not None:
+                for f in _GAP_FIELDS:
+                    rec[f"gap.{link}.{side}.{f}"] = getattr(stats, f)
+    c = row.cascade
+    rec["cascade.gave_up"] = json.dumps(c.gave_up_unix_ns, sort_keys=True)
+    rec["cascade.engine_end_unix_ns"] = c.engine_end_unix_ns
+    rec["cascade.engine_busy_after_gave_up_ns"] = c.engine_busy_after_gave_up_ns
+    rec["cascade.tokens_after_gave_up"] = c.tokens_after_gave_up
+    rec["cascade.attempts"] = json.dumps(c.attempts, sort_keys=True)
+    return rec
+
+
+def _int(v: Any) -> int | None:
+    if v is None or v == "" or (isinstance(v, float) and v != v):
+        return None
+    return int(v)
+
+
+def _bool(v: Any) -> bool:
+    return v in (True, 1, "True", "true", "1")
+
+
+def from_record(rec: Mapping[str, Any]) -> Row:
+    """Inverse of :func:`to_record` (accepts CSV strings, JSON values or Parquet values)."""
+    ts = rec.get("tokens_source") or None
+    row = Row(
+        trace_id=str(rec["trace_id"]),
+        request_id=rec.get("request_id") or None,
+        join_method=JoinMethod(rec.get("join_method") or "trace_id"),
+        join_note=rec.get("join_note") or "",
+        start_unix_ns=_int(rec.get("start_unix_ns")),
+        outcome=str(rec.get("outcome") or "ok"),
+        http_status=_int(rec.get("http_status")),
+        firewall_decision=rec.get("firewall_decision") or None,
+        labels=json.loads(rec.get("labels") or "{}"),
+        tokens_in=_int(rec.get("tokens_in")),
+        tokens_out=_int(rec.get("tokens_out")),
+        tokens_source=TokenSource(ts) if ts else None,
+        trace_ids=tuple(x for x in str(rec.get("trace_ids") or "").split(",") if x),
+    )
+    gaps: dict[str, dict[str, dict[str, Any]]] = {}
+    for key, v in rec.items():
+        if v is None or v == "" or (isinstance(v, float) and v != v):
+            continue
+        if key.startswith("pt.") and key.endswith(".unix_ns"):
+            name = key[3:-8]
+            obs, _, src = str(rec.get(f"pt.{name}.src") or "/").partition("/")
+            row.points[name] = PointObs(int(v), _int(rec.get(f"pt.{name}.unc_ns")) or 0, obs, src)
+        elif key.startswith("d.") and key.endswith(".ns") and not key.endswith(".err_ns"):
+            name = key[2:-3]
+            row.deltas[name] = DeltaValue(int(v), _int(rec.get(f"d.{name}.err_ns")) or 0, _bool(rec.get(f"d.{name}.within", True)))
+        elif key.startswith("gap."):
+            _, link, side, f = key.split(".", 3) if key.count(".") == 3 else (None, None, None, None)
+            if link is not None:
+                gaps.setdefault(link, {}).setdefault(side, {})[f] = int(v)
+    for link, sides in gaps.items():
+        row.gaps[link] = LinkGaps(*(GapStats(**sides[s]) if s in sides and "count" in sides[s] else None for s in ("up", "down")))
+    row.cascade = Cascade(
+        gave_up_unix_ns={k: int(v) for k, v in json.loads(rec.get("cascade.gave_up") or "{}").items()},
+        engine_end_unix_ns=_int(rec.get("cascade.engine_end_unix_ns")),
+        engine_busy_after_gave_up_ns=_int(rec.get("cascade.engine_busy_after_gave_up_ns")),
+        tokens_after_gave_up=_int(rec.get("cascade.tokens_after_gave_up")),
+        attempts={k: int(v) for k, v in json.loads(rec.get("cascade.attempts") or "{}").items()},
+    )
+    return row
+
+
+# --------------------------------------------------------------------------------------------
+# numpy views
+# --------------------------------------------------------------------------------------------
+
+
+def delta_ns(rows: Sequence[Row], name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(values int64 ns, valid bool) of delta ``name`` over ``rows``; invalid entries are 0."""
+    vals = np.zeros(len(rows), dtype=np.int64)
+    valid = np.zeros(len(rows), dtype=bool)
+    for i, r in enumerate(rows):
+        d = r.deltas.get(name)
+        if d is not None:
+            vals[i] = d.ns
+            valid[i] = True
+    return vals, valid
+
+
+def delta_error_ns(rows: Sequence[Row], name: str) -> np.ndarray:
+    """Error bounds (int64 ns, 0 where the delta is missing) of delta ``name`` over ``rows``."""
+    return np.array([r.deltas[name].error_bound_ns if name in r.deltas else 0 for r in rows], dtype=np.int64)
+
+
+def delta_names_present(rows: Iterable[Row]) -> list[str]:
+    seen: dict[str, None] = {}
+    for r in rows:
+        for k in r.deltas:
+            seen.setdefault(k, None)
+    return list(seen)
