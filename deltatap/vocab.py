@@ -228,6 +228,10 @@ class Attr:
     ENGINE_PROMPT_N = "deltatap.engine.prompt_n"
     ENGINE_PREDICTED_N = "deltatap.engine.predicted_n"
     ENGINE_CACHE_N = "deltatap.engine.cache_n"
+    # reference-stack engine's own span
+    ENGINE_PREEMPTIONS = "deltatap.engine.preemptions"  # times the request was preempted (KV cache ran out)
+    ENGINE_BATCH_SIZE = "deltatap.engine.batch_size"  # sequences running when its first token was produced
+    ENGINE_TOKENS_AFTER_DISCONNECT = "deltatap.engine.tokens_after_disconnect"  # generated after the client left
     # timeouts declared by a component (seconds), for the cascade report
     TIMEOUT_S = "deltatap.timeout_s"
     RETRIES = "deltatap.retries"
