@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import enum
 import importlib
+import json
 import sys
 import types
 import typing
@@ -42,8 +43,11 @@ CONFIG_MODELS: tuple[ModelDoc, ...] = (
     ModelDoc(
         "deltatap.topology:Topology",
         "Topology",
-        "a topology file (`configs/*.yaml`, or the `topology:` section of a larger file); `--topology`",
+        "a topology file (`configs/*.yaml`, or the `topology:` section of a larger file)",
     ),
+    ModelDoc("stack.config:GatewayConfig", "Reference gateway", "`deltatap stack gateway`; the `gateway:` section of `configs/demo.yaml`"),
+    ModelDoc("stack.config:FirewallConfig", "Reference firewall", "`deltatap stack firewall`; the `firewall:` section of `configs/demo.yaml`"),
+    ModelDoc("stack.config:EngineConfig", "Reference engine", "`deltatap stack engine`; the `engine:` section of `configs/demo.yaml`"),
 )
 
 HEADER = """# Reference: commands and configuration keys
@@ -179,7 +183,20 @@ def _unwrap(annotation: Any) -> tuple[Any, bool]:
     return annotation, False
 
 
-def _type_text(annotation: Any) -> str:
+Titles = dict[str, str]  # qualified model key -> its heading
+
+
+def _title(model: type[BaseModel], titles: Titles) -> str:
+    return titles.get(_key(model), model.__name__)
+
+
+def _link(model: type[BaseModel], titles: Titles) -> str:
+    t = _title(model, titles)
+    anchor = "".join(ch for ch in t.lower() if ch.isalnum() or ch in "-_ ").replace(" ", "-")
+    return f"[{t}](#{anchor})"
+
+
+def _type_text(annotation: Any, titles: Titles) -> str:
     inner, optional = _unwrap(annotation)
     origin = typing.get_origin(inner)
     args = typing.get_args(inner)
@@ -188,13 +205,13 @@ def _type_text(annotation: Any) -> str:
     elif isinstance(inner, type) and issubclass(inner, enum.Enum):
         text = " \\| ".join(f"`{m.value}`" for m in inner)
     elif _is_model(inner):
-        text = f"[{inner.__name__}](#{inner.__name__.lower()})"
+        text = _link(inner, titles)
     elif origin in (list, tuple, set, frozenset) and args:
-        text = f"list of {_type_text(args[0])}"
+        text = f"list of {_type_text(args[0], titles)}"
     elif origin is dict and len(args) == 2:
-        text = f"mapping {_type_text(args[0])} → {_type_text(args[1])}"
+        text = f"mapping {_type_text(args[0], titles)} → {_type_text(args[1], titles)}"
     elif origin in (typing.Union, types.UnionType):
-        text = " or ".join(_type_text(a) for a in args if a is not type(None))
+        text = " or ".join(_type_text(a, titles) for a in args if a is not type(None))
     elif isinstance(inner, type):
         text = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}.get(inner.__name__, inner.__name__)
     else:
@@ -212,6 +229,18 @@ def _constraints(info: FieldInfo) -> str:
     return "; ".join(parts)
 
 
+def _yaml_value(value: Any) -> str:
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value, default=lambda v: v.model_dump(mode="json") if isinstance(v, BaseModel) else str(v))
+    return str(value)
+
+
 def _default_field(info: FieldInfo) -> str:
     if info.is_required():
         return "**required**"
@@ -225,18 +254,21 @@ def _default_field(info: FieldInfo) -> str:
     if value is PydanticUndefined or value is None:
         return ""
     if isinstance(value, BaseModel):
-        return "(defaults below)"
-    if isinstance(value, enum.Enum):
-        value = value.value
-    if value == "" or value == [] or value == {}:
-        return f"`{value!r}`"
-    return f"`{value}`"
+        return "(see its table)"
+    if value == "":
+        return "`''`"
+    return f"`{_cell(_yaml_value(value))}`"
+
+
+def _key(model: type[BaseModel]) -> str:
+    return f"{model.__module__}.{model.__qualname__}"
 
 
 def _collect_models(model: type[BaseModel], acc: dict[str, type[BaseModel]]) -> None:
-    if model.__name__ in acc:
+    """Every model reachable from ``model``'s fields, keyed by qualified name, in first-seen order."""
+    if _key(model) in acc:
         return
-    acc[model.__name__] = model
+    acc[_key(model)] = model
     for info in model.model_fields.values():
         stack = [info.annotation]
         while stack:
@@ -246,11 +278,11 @@ def _collect_models(model: type[BaseModel], acc: dict[str, type[BaseModel]]) -> 
             stack.extend(typing.get_args(tp))
 
 
-def _model_table(model: type[BaseModel]) -> list[str]:
-    out = [f"### {model.__name__}\n"]
+def _model_table(model: type[BaseModel], titles: Titles) -> list[str]:
+    out = [f"#### {_title(model, titles)}\n"]
     doc = (model.__doc__ or "").strip()
     if doc and not doc.startswith(model.__name__ + "("):
-        out.append(doc.split("\n\n")[0].replace("\n", " ") + "\n")
+        out.append(" ".join(doc.split("\n\n")[0].split()) + "\n")
     out.append("| key | type | default | meaning |\n|---|---|---|---|")
     for name, info in model.model_fields.items():
         key = info.alias or name
@@ -258,7 +290,7 @@ def _model_table(model: type[BaseModel]) -> list[str]:
         cons = _constraints(info)
         if cons:
             meaning = f"{meaning} ({cons})" if meaning else f"({cons})"
-        out.append(f"| `{key}` | {_type_text(info.annotation)} | {_default_field(info)} | {meaning} |")
+        out.append(f"| `{key}` | {_type_text(info.annotation, titles)} | {_default_field(info)} | {meaning} |")
     out.append("")
     return out
 
@@ -288,13 +320,27 @@ def available_models() -> list[tuple[ModelDoc, type[BaseModel]]]:
 
 def config_markdown() -> str:
     out = ["## Configuration files\n"]
-    for entry, model in available_models():
-        out.append(f"### {entry.title} (`{model.__module__}.{model.__name__}`)\n")
+    entries = available_models()
+    every: dict[str, type[BaseModel]] = {}
+    for _entry, model in entries:
+        _collect_models(model, every)
+    names = [m.__name__ for m in every.values()]
+    # a short name used by two different classes is qualified with its module (and so is its anchor)
+    title = {k: (m.__name__ if names.count(m.__name__) == 1 else k) for k, m in every.items()}
+    seen: set[str] = set()
+    for entry, model in entries:
+        out.append(f"### {entry.title} (`{_key(model)}`)\n")
         out.append(f"Used by: {entry.used_by}.\n")
         models: dict[str, type[BaseModel]] = {}
         _collect_models(model, models)
-        for m in models.values():
-            out.extend(line.replace("### ", "#### ", 1) if line.startswith("### ") else line for line in _model_table(m))
+        shared = [k for k in models if k in seen and k != _key(model)]
+        if shared:
+            out.append("Shared with the tables above: " + ", ".join(_link(every[k], title) for k in shared) + ".\n")
+        for key, m in models.items():
+            if key in seen:
+                continue
+            seen.add(key)
+            out.extend(_model_table(m, title))
     return "\n".join(out)
 
 
