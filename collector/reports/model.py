@@ -68,6 +68,7 @@ class Section:
     notes: list[str] = field(default_factory=list)  # sentences a person reads first
     data: dict[str, Any] = field(default_factory=dict)  # machine-readable figures for JSON (totals, counts)
     figures: list[Figure] = field(default_factory=list)
+    text: str = ""  # a preformatted block (the Appendix C.1 minimum viable report), shown verbatim
 
     def table(self, name: str) -> Table:
         for t in self.tables:

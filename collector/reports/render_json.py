@@ -26,6 +26,7 @@ def report_dict(report: Report) -> dict[str, Any]:
         sections[s.name] = {
             "title": s.title,
             "notes": s.notes,
+            "text": s.text,
             "data": _clean(s.data),
             "tables": {
                 t.name: {

@@ -34,6 +34,8 @@ def render_markdown(report: Report) -> str:
         out += [f"## {section.title}", ""]
         for note in section.notes:
             out += [note, ""]
+        if section.text:
+            out += ["```text", section.text.rstrip("\n"), "```", ""]
         for table in section.tables:
             out += [table_markdown(table), ""]
     return "\n".join(out).rstrip() + "\n"

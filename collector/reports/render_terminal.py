@@ -23,6 +23,8 @@ def print_section(section: Section, console: Console) -> None:
     console.rule(f"[bold]{section.title}")
     for note in section.notes:
         console.print(note, highlight=False)
+    if section.text:
+        console.print(section.text, highlight=False, markup=False)
     for table in section.tables:
         console.print(rich_table(table))
 

@@ -1,0 +1,157 @@
+"""The methodology draft's report formats: TTFT (§5.1.5.2), TTFT by input length (§5.1.5.3),
+ITL (§5.4.5) and the minimum viable report (Appendix C.1).
+
+TTFT is the client-observed ``system_ttft`` (t12 - t0) of each row. ITL samples are the gaps
+between content-token arrivals at the client, from the load generator's per-request records
+(``first_token_unix_ns`` + ``chunk_unix_ns``); without records the ITL section falls back to the
+per-request gap statistics the edge tap saw (mean and maximum per request: §5.4.4.2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from collector.reports.columns import delta_ms, ints, output_throughput, run_window_s
+from collector.reports.model import Column, Section, Table
+from collector.reports.registry import ReportInputs, register_section
+from collector.reports.stats import PERCENTILE_TITLES, summarize
+from collector.rows import Row
+
+INPUT_BUCKETS: tuple[tuple[int, int | None], ...] = ((0, 256), (256, 512), (512, 1024), (1024, 2048), (2048, 4096), (4096, None))
+
+
+def _metric_table(name: str, title: str) -> Table:
+    return Table(name, title, [Column("metric", "Metric"), Column("value", "Value", "", 1), Column("unit", "Unit")])
+
+
+def ttft_table(ttft_ms: np.ndarray) -> Table:
+    s = summarize(ttft_ms)
+    t = _metric_table("ttft", "TTFT results (methodology §5.1.5.2)")
+    t.add("Requests", s.count, "")
+    for key in ("p50", "p90", "p95", "p99", "p999"):
+        t.add(f"TTFT {PERCENTILE_TITLES[key]}", s.get(key), "ms")
+    t.add("TTFT Mean", s.mean, "ms")
+    t.add("TTFT Min", s.min, "ms")
+    t.add("TTFT Max", s.max, "ms")
+    return t
+
+
+def sample_count_notes(n: int, what: str) -> list[str]:
+    """§5.1.4.3: P99 needs 1000 samples for 10% relative error at 95% confidence, P99.9 needs 10000."""
+    notes = [f"{what} sample count: {n}."]
+    if n < 1000:
+        notes.append(f"Fewer than 1000 samples: {what} P99 is not accurate to 10% (methodology §5.1.4.3).")
+    elif n < 10000:
+        notes.append(f"Fewer than 10000 samples: {what} P99.9 is not accurate to 10% (methodology §5.1.4.3).")
+    return notes
+
+
+def bucket_label(lo: int, hi: int | None) -> str:
+    return f"{lo}+" if hi is None else f"{lo}-{hi}"
+
+
+def ttft_by_input_table(ttft_ms: np.ndarray, tokens_in: np.ndarray) -> Table:
+    t = Table(
+        "ttft_by_input",
+        "TTFT by input length (methodology §5.1.5.3)",
+        [Column("input_tokens", "Input tokens"), Column("count", "Requests", "", 0), Column("p50_ms", "P50", "ms", 1), Column("p95_ms", "P95", "ms", 1), Column("p99_ms", "P99", "ms", 1)],
+    )
+    for lo, hi in INPUT_BUCKETS:
+        m = (tokens_in >= lo) & ((tokens_in < hi) if hi is not None else np.isfinite(tokens_in))
+        s = summarize(ttft_ms[m])
+        if s.count:
+            t.add(bucket_label(lo, hi), s.count, s.p50, s.p95, s.p99)
+    return t
+
+
+def itl_samples_from_records(records: Sequence[dict[str, Any]]) -> list[np.ndarray]:
+    """Per request, the gaps (ms) between consecutive content-token arrivals; TTFT is excluded (§5.4.3)."""
+    out: list[np.ndarray] = []
+    for rec in records:
+        times = rec.get("chunk_unix_ns") or []
+        if len(times) >= 2:
+            out.append(np.diff(np.asarray(times, dtype=np.int64)).astype(float) / 1e6)
+    return out
+
+
+def itl_table(per_request: list[np.ndarray]) -> Table:
+    allv = np.concatenate(per_request) if per_request else np.array([], dtype=float)
+    s = summarize(allv)
+    t = _metric_table("itl", "ITL results (methodology §5.4.5)")
+    t.add("ITL Samples", s.count, "")
+    for key in ("p50", "p90", "p95", "p99", "p999"):
+        t.add(f"ITL {PERCENTILE_TITLES[key]}", s.get(key), "ms")
+    t.add("ITL Mean", s.mean, "ms")
+    t.add("ITL Std Dev", s.std, "ms")
+    t.add("P99/P50 Ratio", s.p99 / s.p50 if s.count and s.p50 > 0 else float("nan"), "")
+    jit = summarize([float(np.std(a)) for a in per_request])
+    pause = summarize([float(np.max(a)) for a in per_request])
+    for key in ("p50", "p95", "p99"):
+        t.add(f"Jitter (per-request std dev) {PERCENTILE_TITLES[key]}", jit.get(key), "ms")
+    for key in ("p50", "p95", "p99"):
+        t.add(f"Max pause (per-request max ITL) {PERCENTILE_TITLES[key]}", pause.get(key), "ms")
+    return t
+
+
+def itl_from_gaps_table(rows: Sequence[Row], link: str) -> Table | None:
+    mean = np.array([r.gaps[link].down.mean_ns / 1e6 if link in r.gaps and r.gaps[link].down and r.gaps[link].down.mean_ns is not None else np.nan for r in rows])
+    mx = np.array([r.gaps[link].down.max_ns / 1e6 if link in r.gaps and r.gaps[link].down and r.gaps[link].down.max_ns is not None else np.nan for r in rows])
+    if not np.isfinite(mean).any():
+        return None
+    sm, sx = summarize(mean), summarize(mx)
+    t = _metric_table("itl_per_request", f"ITL per request, as delivered by the {link} tap (§5.4.4.2)")
+    t.add("Requests with 2+ tokens", sm.count, "")
+    for key in ("p50", "p95", "p99"):
+        t.add(f"Mean ITL per request {PERCENTILE_TITLES[key]}", sm.get(key), "ms")
+    for key in ("p50", "p95", "p99"):
+        t.add(f"Max pause per request {PERCENTILE_TITLES[key]}", sx.get(key), "ms")
+    return t
+
+
+def tpot_ms(rows: Sequence[Row]) -> np.ndarray:
+    ttft, ttlt, out = delta_ms(rows, "system_ttft"), delta_ms(rows, "system_ttlt"), ints(rows, "tokens_out")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        v = (ttlt - ttft) / (out - 1)
+    v[~(out >= 2)] = np.nan
+    return v
+
+
+@register_section
+class TtftSection:
+    name = "ttft"
+    order = 30
+    title = "Time to first token"
+
+    def build(self, inputs: ReportInputs) -> Section | None:
+        ttft = delta_ms(inputs.rows, "system_ttft")
+        if not np.isfinite(ttft).any():
+            return None
+        sec = Section(self.name, "Time to first token (client, t12 - t0)", tables=[ttft_table(ttft)])
+        tin = ints(inputs.rows, "tokens_in")
+        if np.isfinite(tin).any():
+            sec.tables.append(ttft_by_input_table(ttft, tin))
+        sec.notes += sample_count_notes(int(np.isfinite(ttft).sum()), "TTFT")
+        return sec
+
+
+@register_section
+class ItlSection:
+    name = "itl"
+    order = 40
+    title = "Inter-token latency"
+
+    def build(self, inputs: ReportInputs) -> Section | None:
+        per_req = itl_samples_from_records(inputs.records)
+        if per_req:
+            sec = Section(self.name, "Inter-token latency (client)", tables=[itl_table(per_req)])
+            sec.notes += sample_count_notes(int(sum(a.size for a in per_req)), "ITL")
+            return sec
+        if not inputs.topology.links:
+            return None
+        t = itl_from_gaps_table(inputs.rows, inputs.topology.links[0].name)
+        if t is None:
+            return None
+        return Section(self.name, "Inter-token latency (edge tap)", tables=[t], notes=["No load-generator records: per-request gap statistics from the edge tap instead of every ITL sample."])

@@ -1,0 +1,73 @@
+"""The methodology draft's minimum viable report (Appendix C.1), as a table and as the draft's text block."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from collector.reports.columns import delta_ms, output_throughput, run_window_s
+from collector.reports.methodology import tpot_ms
+from collector.reports.model import Column, Section, Table
+from collector.reports.registry import ReportInputs, register_section
+from collector.reports.stats import summarize
+
+
+def _workload_name(wl: Any) -> str:
+    if isinstance(wl, dict):
+        return str(wl.get("workload") or wl.get("name") or "custom")
+    return str(wl or "unknown")
+
+
+def _fmt(v: float, unit: str, digits: int = 1) -> str:
+    return "n/a" if not np.isfinite(v) else f"{v:.{digits}f} {unit}"
+
+
+@register_section
+class MinimumViableReport:
+    name = "minimum"
+    order = 10
+    title = "LLM Benchmark Report (Minimum)"
+
+    def build(self, inputs: ReportInputs) -> Section | None:
+        rows, meta, opts = inputs.rows, inputs.metadata, inputs.options
+        if not rows:
+            return None
+        ttft, tpot = summarize(delta_ms(rows, "system_ttft")), summarize(tpot_ms(rows))
+        thr = output_throughput(rows, inputs.topology)
+        duration = run_window_s(rows, inputs.topology)
+        hw = meta.get("hardware") or {}
+        slo = f"{thr:.1f} tok/s" if ttft.count and ttft.p99 < opts.ttft_slo_ms and np.isfinite(thr) else f"not met (P99 TTFT {_fmt(ttft.p99, 'ms')})"
+        fields = [
+            ("System Identification", None),
+            ("Model", str(meta.get("model", "unknown"))),
+            ("Hardware", str(hw.get("accelerator_summary", "unknown"))),
+            ("Software", str(meta.get("software", "unknown"))),
+            ("SUT Boundary", str(meta.get("sut_boundary", "unknown"))),
+            ("Test Configuration", None),
+            ("Workload", _workload_name(meta.get("workload"))),
+            ("Load Model", str(meta.get("load_model", "unknown"))),
+            ("Request Count", str(len(rows))),
+            ("Test Duration", _fmt(duration, "s", 2)),
+            ("Key Results", None),
+            ("TTFT P50", _fmt(ttft.p50, "ms")),
+            ("TTFT P99", _fmt(ttft.p99, "ms")),
+            ("TPOT P50", _fmt(tpot.p50, "ms", 2)),
+            ("TPOT P99", _fmt(tpot.p99, "ms", 2)),
+            ("Max Throughput", _fmt(thr, "tok/s") + " (achieved in this run)"),
+            (f"Throughput at P99 TTFT < {opts.ttft_slo_ms:g}ms", slo),
+            ("Notes", None),
+        ]
+        notes = list(meta.get("deviations") or []) + [str(meta.get("guardrails", "guardrail configuration: see the guardrail section"))]
+        lines = ["=== LLM Benchmark Report (Minimum) ==="]
+        t = Table(self.name, "Minimum viable report (Appendix C.1)", [Column("field", "Field"), Column("value", "Value")])
+        for k, v in fields:
+            if v is None:
+                lines.append(f"\n{k}:")
+            else:
+                lines.append(f"  {k}: {v}")
+                t.add(k, v)
+        lines += [f"  {n}" for n in notes] + ["", "=== End Report ==="]
+        for n in notes:
+            t.add("Note", n)
+        return Section(self.name, self.title, tables=[t], text="\n".join(lines) + "\n", data={"ttft_p50_ms": ttft.p50, "ttft_p99_ms": ttft.p99, "tpot_p50_ms": tpot.p50, "tpot_p99_ms": tpot.p99, "throughput_tok_s": thr})
