@@ -20,9 +20,29 @@ def delta_ms(rows: Sequence[Row], name: str) -> np.ndarray:
     return out
 
 
-def point_ns(rows: Sequence[Row], name: str) -> np.ndarray:
-    """A generic point's Unix ns as float64 (NaN where unobserved)."""
-    return np.array([r.points[name].unix_ns if name in r.points else np.nan for r in rows], dtype=float)
+def point_ns(rows: Sequence[Row], name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(Unix ns as int64, observed mask) of a generic point. Kept integer: float64 cannot hold
+    today's Unix time in ns to better than ~256 ns."""
+    vals = np.array([r.points[name].unix_ns if name in r.points else 0 for r in rows], dtype=np.int64)
+    return vals, np.array([name in r.points for r in rows], dtype=bool)
+
+
+def points_diff_ms(rows: Sequence[Row], end: str, start: str) -> np.ndarray:
+    """``end - start`` in ms per row (NaN where either point is missing), computed in integers."""
+    e, em = point_ns(rows, end)
+    s, sm = point_ns(rows, start)
+    out = (e - s).astype(float) / 1e6
+    out[~(em & sm)] = np.nan
+    return out
+
+
+def seconds_since_first(rows: Sequence[Row], name: str) -> np.ndarray:
+    """A point's time in seconds after its earliest observation in ``rows`` (NaN where missing)."""
+    v, m = point_ns(rows, name)
+    out = np.full(len(rows), np.nan)
+    if m.any():
+        out[m] = (v[m] - v[m].min()).astype(float) / 1e9
+    return out
 
 
 def ints(rows: Sequence[Row], attr: str) -> np.ndarray:
@@ -57,20 +77,20 @@ def e2e_ms(rows: Sequence[Row], topology: Topology) -> np.ndarray:
     """End-to-end latency: client send to last token (``system_ttlt``), else to the client's end point."""
     e2e = delta_ms(rows, "system_ttlt")
     c = topology.client.name
-    send, end = point_ns(rows, point(c, Role.SEND)), point_ns(rows, point(c, Role.END))
-    fallback = (end - send) / 1e6
+    fallback = points_diff_ms(rows, point(c, Role.END), point(c, Role.SEND))
     return np.where(np.isfinite(e2e), e2e, fallback)
 
 
 def run_window_s(rows: Sequence[Row], topology: Topology) -> float:
     """Seconds from the first client send (or row start) to the last client end / last token."""
     c = topology.client.name
-    starts = point_ns(rows, point(c, Role.SEND))
-    starts = np.where(np.isfinite(starts), starts, ints(rows, "start_unix_ns"))
-    ends = np.fmax(point_ns(rows, point(c, Role.END)), point_ns(rows, point(c, Role.LAST_TOKEN_RECEIVED)))
-    if not np.isfinite(starts).any() or not np.isfinite(ends).any():
+    starts = [r.points[point(c, Role.SEND)].unix_ns if point(c, Role.SEND) in r.points else r.start_unix_ns for r in rows]
+    ends = [max((r.points[p].unix_ns for p in (point(c, Role.END), point(c, Role.LAST_TOKEN_RECEIVED)) if p in r.points), default=None) for r in rows]
+    starts = [v for v in starts if v is not None]
+    ends = [v for v in ends if v is not None]
+    if not starts or not ends:
         return float("nan")
-    return float((np.nanmax(ends) - np.nanmin(starts)) / 1e9)
+    return (max(ends) - min(starts)) / 1e9
 
 
 def output_throughput(rows: Sequence[Row], topology: Topology) -> float:

@@ -71,6 +71,8 @@ def itl_samples_from_records(records: Sequence[dict[str, Any]]) -> list[np.ndarr
     """Per request, the gaps (ms) between consecutive content-token arrivals; TTFT is excluded (§5.4.3)."""
     out: list[np.ndarray] = []
     for rec in records:
+        if rec.get("phase", "measure") != "measure":
+            continue
         times = rec.get("chunk_unix_ns") or []
         if len(times) >= 2:
             out.append(np.diff(np.asarray(times, dtype=np.int64)).astype(float) / 1e6)
