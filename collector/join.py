@@ -1,0 +1,205 @@
+"""Joining trace fragments into requests (DESIGN section 3).
+
+A request normally arrives as one closed trace (one trace id). A component that drops
+``traceparent`` splits it: the taps behind it start a new trace. Fragments are joined, in order:
+
+1. **correlation header**: fragments carrying the same ``deltatap.request_id`` are one request
+   (joined as soon as the second one arrives);
+2. **body fingerprint**: when a group is due (``hold_s`` after its last fragment), it is matched with
+   a pending group that carries the same ``deltatap.body.fingerprint``, started within ``window_s``,
+   and covers the complementary links (one's tapped links all outside the other's). The match is
+   made only when it is unique *from both sides*; otherwise the group is emitted ``unjoined`` with a
+   note naming how many candidates there were, and counted in ``ambiguous``: never guessed.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from collector.assembly import Fragment
+from collector.points import span_kind
+from collector.rows import JoinMethod
+from deltatap.topology import Topology
+from deltatap.vocab import SPAN_TAP, Attr
+
+
+@dataclass
+class JoinStats:
+    groups_emitted: int = 0
+    joined_trace_id: int = 0
+    joined_correlation: int = 0
+    joined_fingerprint: int = 0
+    ambiguous: int = 0
+
+
+@dataclass(slots=True)
+class Group:
+    """One request: the fragments joined so far."""
+
+    gid: int
+    fragments: list[Fragment] = field(default_factory=list)
+    rids: set[str] = field(default_factory=set)
+    fps: set[str] = field(default_factory=set)
+    lo: int = 10**9  # outermost tapped link index covered (-1: the client)
+    hi: int = -10**9  # innermost
+    start_ns: int | None = None
+    method: JoinMethod = JoinMethod.TRACE_ID
+    note: str = ""
+    due: float = 0.0
+
+    @property
+    def spans(self) -> list:
+        return [s for f in self.fragments for s in f.spans]
+
+    @property
+    def trace_ids(self) -> list[str]:
+        return [f.trace_id for f in self.fragments]
+
+
+class Joiner:
+    def __init__(self, topo: Topology, window_s: float = 5.0, hold_s: float = 1.0) -> None:
+        if window_s < 0 or hold_s < 0:
+            raise ValueError("window_s and hold_s must be >= 0")
+        self.topo = topo
+        self.window_ns = int(window_s * 1e9)
+        self.hold_s = hold_s
+        self.stats = JoinStats()
+        self._link_index = {x.name: i for i, x in enumerate(topo.links)}
+        self._groups: dict[int, Group] = {}
+        self._by_rid: dict[str, int] = {}
+        self._by_fp: dict[str, set[int]] = {}
+        self._heap: list[tuple[float, int]] = []
+        self._next = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._groups)
+
+    # ---- building groups -------------------------------------------------------------------
+    def _absorb(self, g: Group, f: Fragment) -> None:
+        g.fragments.append(f)
+        for s in f.spans:
+            a = s.attrs
+            rid, fp = a.get(Attr.REQUEST_ID), a.get(Attr.BODY_FINGERPRINT)
+            if rid:
+                g.rids.add(str(rid))
+            if fp:
+                g.fps.add(str(fp))
+            kind = span_kind(s)
+            idx = None
+            if kind == "client":
+                idx = -1
+            elif kind == "tap":
+                idx = self._link_index.get(str(a.get(Attr.LINK) or s.name[len(SPAN_TAP) :].strip()))
+            if idx is not None:
+                g.lo, g.hi = min(g.lo, idx), max(g.hi, idx)
+            if s.start_unix_ns and (g.start_ns is None or s.start_unix_ns < g.start_ns):
+                g.start_ns = s.start_unix_ns
+
+    def _index(self, g: Group) -> None:
+        for r in g.rids:
+            self._by_rid[r] = g.gid
+        for fp in g.fps:
+            self._by_fp.setdefault(fp, set()).add(g.gid)
+
+    def _unindex(self, g: Group) -> None:
+        for r in g.rids:
+            if self._by_rid.get(r) == g.gid:
+                del self._by_rid[r]
+        for fp in g.fps:
+            s = self._by_fp.get(fp)
+            if s is not None:
+                s.discard(g.gid)
+                if not s:
+                    del self._by_fp[fp]
+
+    def _merge(self, into: Group, other: Group) -> None:
+        self._unindex(other)
+        del self._groups[other.gid]
+        for f in other.fragments:
+            self._absorb(into, f)
+        self._index(into)
+
+    def add(self, frag: Fragment, now: float) -> None:
+        g = Group(self._next)
+        self._next += 1
+        self._absorb(g, frag)
+        for gid in sorted({self._by_rid[r] for r in g.rids if r in self._by_rid}):
+            other = self._groups[gid]
+            self._unindex(other)
+            del self._groups[gid]
+            for f in other.fragments:
+                self._absorb(g, f)
+            g.method = JoinMethod.CORRELATION
+            if other.method == JoinMethod.FINGERPRINT:
+                g.method = JoinMethod.FINGERPRINT
+        self._groups[g.gid] = g
+        self._index(g)
+        g.due = now + self.hold_s
+        heapq.heappush(self._heap, (g.due, g.gid))
+
+    # ---- fingerprint fallback --------------------------------------------------------------
+    def _complementary(self, a: Group, b: Group) -> bool:
+        if a.lo > a.hi or b.lo > b.hi:
+            return False
+        return a.hi < b.lo or b.hi < a.lo
+
+    def _candidates(self, g: Group) -> list[Group]:
+        out: dict[int, Group] = {}
+        for fp in g.fps:
+            for gid in self._by_fp.get(fp, ()):
+                if gid == g.gid or gid in out:
+                    continue
+                h = self._groups[gid]
+                if not self._complementary(g, h):
+                    continue
+                if g.start_ns is not None and h.start_ns is not None and abs(g.start_ns - h.start_ns) > self.window_ns:
+                    continue
+                if g.rids and h.rids and g.rids & h.rids:
+                    continue
+                out[gid] = h
+        return list(out.values())
+
+    def _finish(self, g: Group) -> Group:
+        cands = self._candidates(g)
+        if len(cands) == 1:
+            h = cands[0]
+            back = self._candidates(h)
+            if len(back) == 1 and back[0].gid == g.gid:
+                self._merge(g, h)
+                g.method = JoinMethod.FINGERPRINT
+            else:
+                g.method, g.note = JoinMethod.UNJOINED, f"ambiguous: the fingerprint partner has {len(back)} candidates"
+                self.stats.ambiguous += 1
+        elif len(cands) > 1:
+            g.method, g.note = JoinMethod.UNJOINED, f"ambiguous: {len(cands)} fragments share the body fingerprint within the window"
+            self.stats.ambiguous += 1
+        self._unindex(g)
+        del self._groups[g.gid]
+        st = self.stats
+        st.groups_emitted += 1
+        if g.method == JoinMethod.TRACE_ID:
+            st.joined_trace_id += 1
+        elif g.method == JoinMethod.CORRELATION:
+            st.joined_correlation += 1
+        elif g.method == JoinMethod.FINGERPRINT:
+            st.joined_fingerprint += 1
+        return g
+
+    def poll(self, now: float) -> list[Group]:
+        out: list[Group] = []
+        while self._heap and self._heap[0][0] <= now:
+            _, gid = heapq.heappop(self._heap)
+            g = self._groups.get(gid)
+            if g is None or g.due > now:
+                continue
+            out.append(self._finish(g))
+        return out
+
+    def flush(self) -> list[Group]:
+        """Emit every pending group (offline input, shutdown), oldest request first."""
+        order = sorted(self._groups.values(), key=lambda g: (g.start_ns or 0, g.gid))
+        out = [self._finish(g) for g in order if g.gid in self._groups]
+        self._heap.clear()
+        return out

@@ -1,0 +1,326 @@
+"""From spans to observations: which timeline point each span event observes, and the facts spans carry.
+
+One small extractor per kind of span, registered in :data:`EXTRACTORS` and picked by the first
+whose ``match`` accepts the span (no if-chains):
+
+* ``tap`` - deltatap's tap spans (``deltatap.observer = tap``): events -> points through
+  :func:`deltatap.vocab.tap_point`; tap overhead, gap statistics, usage, llama.cpp ``timings``
+  (``deltatap.engine.prompt_ms``: the engine's prefill ended at the first token, so prefill began
+  ``prompt_ms`` before it), disconnects (who gave up, when);
+* ``client`` - the load generator's client span (events ``client.*``), or an AIPerf record turned
+  into one (:mod:`collector.ingest`);
+* ``component`` - a component's own span (``deltatap.observer = component``): events named by
+  :class:`deltatap.vocab.Role` values are that component's *true* points;
+* ``vllm`` - vLLM's ``llm_request`` span: ``gen_ai.latency.*`` seconds relative to the span start
+  (the request's arrival in the engine) give queue, prefill start, first and last token.
+
+Every observation is shifted onto the collector's clock (``t - deltatap.clock.offset_ns``) and
+carries that observer's ``deltatap.clock.uncertainty_ns``. ``rank`` orders sources when several
+observe one point: a component's own stamp (0) beats engine telemetry (1) beats a tap (2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from collector.rows import GapStats, LinkGaps
+from collector.spans import SpanRecord
+from deltatap.topology import Topology
+from deltatap.vocab import SPAN_CLIENT, SPAN_COMPONENT_PREFIX, SPAN_TAP, Attr, ClientEvent, ComponentKind, Observer, Role, TapEvent, point, tap_point
+
+RANK_COMPONENT, RANK_TELEMETRY, RANK_TAP = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class Obs:
+    point: str
+    unix_ns: int
+    unc_ns: int
+    observer: str
+    source: str
+    rank: int
+    attempt_ns: int  # start of the observing span: later attempts (retries) win ties
+
+
+@dataclass(slots=True)
+class Extracted:
+    """Everything the spans of one request say, before points are chosen."""
+
+    obs: list[Obs] = field(default_factory=list)
+    tap_overhead: dict[str, tuple[int | None, int | None, int]] = field(default_factory=dict)  # link -> (req, ft, attempt)
+    gaps: dict[str, LinkGaps] = field(default_factory=dict)
+    attempts: dict[str, int] = field(default_factory=dict)
+    content_events: dict[str, int] = field(default_factory=dict)  # link -> content events read from upstream
+    gave_up: dict[str, int] = field(default_factory=dict)  # component -> earliest give-up (collector clock)
+    engine_end: int | None = None
+    request_ids: list[str] = field(default_factory=list)
+    http_status: dict[str, int] = field(default_factory=dict)  # observer -> status
+    outcome: dict[str, str] = field(default_factory=dict)
+    firewall_decision: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    tokens: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)  # observer -> (in, out)
+    start_ns: int | None = None
+
+
+def _i(v: Any) -> int | None:
+    try:
+        return None if v is None else int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _f(v: Any) -> float | None:
+    try:
+        return None if v is None else float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _clock(span: SpanRecord) -> tuple[int, int]:
+    return _i(span.attrs.get(Attr.CLOCK_OFFSET_NS)) or 0, max(0, _i(span.attrs.get(Attr.CLOCK_UNCERTAINTY_NS)) or 0)
+
+
+def _common(span: SpanRecord, observer: str, ex: Extracted, offset: int) -> None:
+    a = span.attrs
+    rid = a.get(Attr.REQUEST_ID)
+    if rid:
+        ex.request_ids.append(str(rid))
+    st = _i(a.get(Attr.HTTP_STATUS))
+    if st is not None:
+        ex.http_status[observer] = st
+    oc = a.get(Attr.OUTCOME)
+    if oc:
+        ex.outcome[observer] = str(oc)
+    fd = a.get(Attr.FIREWALL_DECISION)
+    if fd and (ex.firewall_decision is None or observer.startswith("component")):
+        ex.firewall_decision = str(fd)
+    for k, v in a.items():
+        if k.startswith(Attr.LABEL_PREFIX):
+            ex.labels.setdefault(k[len(Attr.LABEL_PREFIX) :], str(v))
+    if a.get(Attr.RUN_ID):
+        ex.labels.setdefault("run_id", str(a[Attr.RUN_ID]))
+    tin, tout = _i(a.get(Attr.GENAI_INPUT_TOKENS)), _i(a.get(Attr.GENAI_OUTPUT_TOKENS))
+    if tin is not None or tout is not None:
+        ex.tokens[observer] = (tin, tout)
+    s = span.start_unix_ns - offset
+    if span.start_unix_ns and (ex.start_ns is None or s < ex.start_ns):
+        ex.start_ns = s
+
+
+def _give_up(ex: Extracted, component: str, t: int) -> None:
+    if component not in ex.gave_up or t < ex.gave_up[component]:
+        ex.gave_up[component] = t
+
+
+# --------------------------------------------------------------------------------------------
+# tap spans
+# --------------------------------------------------------------------------------------------
+
+_TAP_EVENTS = {e.value: e for e in TapEvent}
+
+
+def _tap_link(span: SpanRecord, topo: Topology) -> tuple[str, str, str, str, str]:
+    a = span.attrs
+    link = a.get(Attr.LINK) or span.name[len(SPAN_TAP) :].strip()
+    ds, us = a.get(Attr.DOWNSTREAM), a.get(Attr.UPSTREAM)
+    dsk, usk = a.get(Attr.DOWNSTREAM_KIND), a.get(Attr.UPSTREAM_KIND)
+    if not (ds and us and dsk and usk):
+        spec = next((x for x in topo.links if x.name == link), None)
+        if spec is not None:
+            ds, us = ds or spec.downstream, us or spec.upstream
+            dsk = dsk or topo.component(spec.downstream).kind
+            usk = usk or topo.component(spec.upstream).kind
+    return str(link), str(ds or "downstream"), str(dsk or ""), str(us or "upstream"), str(usk or "")
+
+
+def _gap(a: dict, count_key: str | None, mean: str, p99: str, mx: str) -> GapStats | None:
+    m = _f(a.get(mean))
+    if m is None:
+        return None
+    cnt = _i(a.get(count_key)) if count_key else None
+    ms = lambda k: None if _f(a.get(k)) is None else round(_f(a.get(k)) * 1e6)  # noqa: E731
+    return GapStats(cnt if cnt is not None else 0, round(m * 1e6), ms(p99), ms(mx))
+
+
+def extract_tap(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
+    a = span.attrs
+    link, ds, dsk, us, usk = _tap_link(span, topo)
+    observer = f"tap:{link}"
+    offset, unc = _clock(span)
+    _common(span, observer, ex, offset)
+    ex.attempts[link] = ex.attempts.get(link, 0) + 1
+    times: dict[str, int] = {}
+    for name, t, _ in span.events:
+        ev = _TAP_EVENTS.get(name)
+        if ev is None:
+            continue
+        tc = t - offset
+        times.setdefault(name, tc)
+        p = tap_point(ev, ds, dsk, us, usk)
+        if p is not None:
+            ex.obs.append(Obs(p, tc, unc, observer, "tap", RANK_TAP, span.start_unix_ns))
+        elif ev == TapEvent.DOWNSTREAM_CLOSED:
+            _give_up(ex, ds, tc)
+        elif ev in (TapEvent.RESPONSE_END, TapEvent.UPSTREAM_CLOSED, TapEvent.UPSTREAM_ERROR) and usk == ComponentKind.ENGINE:
+            ex.engine_end = tc if ex.engine_end is None else max(ex.engine_end, tc)
+    req = _i(a.get(Attr.OVERHEAD_REQUEST_NS))
+    if req is None and TapEvent.REQUEST_RECEIVED in times and TapEvent.REQUEST_FORWARDED in times:
+        req = times[TapEvent.REQUEST_FORWARDED] - times[TapEvent.REQUEST_RECEIVED]
+    ft = _i(a.get(Attr.OVERHEAD_FIRST_TOKEN_NS))
+    if ft is None and TapEvent.FIRST_TOKEN_RECEIVED in times and TapEvent.FIRST_TOKEN_FORWARDED in times:
+        ft = times[TapEvent.FIRST_TOKEN_FORWARDED] - times[TapEvent.FIRST_TOKEN_RECEIVED]
+    prev = ex.tap_overhead.get(link)
+    if prev is None or span.start_unix_ns >= prev[2]:
+        ex.tap_overhead[link] = (req, ft, span.start_unix_ns)
+        up = _gap(a, Attr.GAP_COUNT, Attr.GAP_MEAN_MS, Attr.GAP_P99_MS, Attr.GAP_MAX_MS)
+        down = _gap(a, Attr.GAP_COUNT, Attr.GAP_FWD_MEAN_MS, Attr.GAP_FWD_P99_MS, Attr.GAP_FWD_MAX_MS)
+        if up or down:
+            ex.gaps[link] = LinkGaps(up, down)
+        ce = _i(a.get(Attr.CONTENT_EVENTS))
+        if ce is not None:
+            ex.content_events[link] = ce
+    if usk == ComponentKind.ENGINE:
+        prompt_ms = _f(a.get(Attr.ENGINE_PROMPT_MS))
+        first = times.get(TapEvent.FIRST_TOKEN_RECEIVED)
+        if prompt_ms is not None and first is not None:
+            # llama.cpp timings: prefill took prompt_ms and ended when the first token came out
+            ex.obs.append(Obs(point(us, Role.EXEC_START), first - round(prompt_ms * 1e6), unc, observer, "llamacpp", RANK_TELEMETRY, span.start_unix_ns))
+        pn, dn = _i(a.get(Attr.ENGINE_PROMPT_N)), _i(a.get(Attr.ENGINE_PREDICTED_N))
+        if (pn is not None or dn is not None) and observer not in ex.tokens:
+            ex.tokens[observer] = (pn, dn)
+
+
+# --------------------------------------------------------------------------------------------
+# client spans
+# --------------------------------------------------------------------------------------------
+
+_CLIENT_ROLES = {
+    ClientEvent.SEND.value: Role.SEND,
+    ClientEvent.FIRST_TOKEN.value: Role.FIRST_TOKEN_RECEIVED,
+    ClientEvent.LAST_TOKEN.value: Role.LAST_TOKEN_RECEIVED,
+    ClientEvent.END.value: Role.END,
+}
+_CLIENT_GAVE_UP = {ClientEvent.CANCEL.value, ClientEvent.ERROR.value}
+
+
+def extract_client(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
+    client = topo.client.name
+    observer = f"client:{span.service or client}"
+    offset, unc = _clock(span)
+    _common(span, observer, ex, offset)
+    source = str(span.attrs.get("deltatap.source", "client"))
+    for name, t, _ in span.events:
+        role = _CLIENT_ROLES.get(name)
+        if role is not None:
+            ex.obs.append(Obs(point(client, role), t - offset, unc, observer, source, RANK_COMPONENT, span.start_unix_ns))
+        elif name in _CLIENT_GAVE_UP:
+            _give_up(ex, client, t - offset)
+
+
+# --------------------------------------------------------------------------------------------
+# component spans (reference stack, any component that states its own points)
+# --------------------------------------------------------------------------------------------
+
+_ROLES = {r.value: r for r in Role}
+
+
+def extract_component(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
+    a = span.attrs
+    comp = str(a.get(Attr.COMPONENT) or span.name[len(SPAN_COMPONENT_PREFIX) :].lstrip(".") or span.service)
+    observer = f"component:{comp}"
+    offset, unc = _clock(span)
+    _common(span, observer, ex, offset)
+    kind = a.get(Attr.COMPONENT_KIND)
+    for name, t, _ in span.events:
+        tc = t - offset
+        role = _ROLES.get(name)
+        if role is not None:
+            ex.obs.append(Obs(point(comp, role), tc, unc, observer, "component", RANK_COMPONENT, span.start_unix_ns))
+            if role == Role.LAST_TOKEN and (kind == ComponentKind.ENGINE or comp == topo.engine.name):
+                ex.engine_end = tc if ex.engine_end is None else max(ex.engine_end, tc)
+        elif name == TapEvent.TIMEOUT.value:  # the component's own timeout toward its upstream fired
+            _give_up(ex, comp, tc)
+    if (kind == ComponentKind.ENGINE or comp == topo.engine.name) and span.end_unix_ns:
+        end = span.end_unix_ns - offset
+        ex.engine_end = end if ex.engine_end is None else max(ex.engine_end, end)
+
+
+# --------------------------------------------------------------------------------------------
+# vLLM's llm_request span
+# --------------------------------------------------------------------------------------------
+
+
+def extract_vllm(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
+    a = span.attrs
+    engine = topo.engine.name
+    observer = f"component:{engine}"
+    offset, unc = _clock(span)
+    _common(span, observer, ex, offset)
+    t0 = span.start_unix_ns - offset  # vLLM starts the span at the request's arrival
+    s = lambda k: None if _f(a.get(k)) is None else round(_f(a.get(k)) * 1e9)  # noqa: E731
+    queue, ttft, prefill, decode, inference = s(Attr.VLLM_TIME_IN_QUEUE), s(Attr.VLLM_TTFT), s(Attr.VLLM_PREFILL), s(Attr.VLLM_DECODE), s(Attr.VLLM_INFERENCE)
+    add = lambda role, t: ex.obs.append(Obs(point(engine, role), t, unc, observer, "vllm", RANK_COMPONENT, span.start_unix_ns))  # noqa: E731
+    add(Role.QUEUE, t0)
+    if queue is not None:
+        add(Role.EXEC_START, t0 + queue)
+    if ttft is not None:
+        add(Role.FIRST_TOKEN, t0 + ttft)
+    if queue is not None and inference is not None:
+        last = t0 + queue + inference
+    elif queue is not None and prefill is not None and decode is not None:
+        last = t0 + queue + prefill + decode
+    else:
+        last = None
+    if last is not None:
+        add(Role.LAST_TOKEN, last)
+        ex.engine_end = last if ex.engine_end is None else max(ex.engine_end, last)
+
+
+# --------------------------------------------------------------------------------------------
+# registry
+# --------------------------------------------------------------------------------------------
+
+
+def _is_tap(s: SpanRecord) -> bool:
+    return s.attrs.get(Attr.OBSERVER) == Observer.TAP or s.name.startswith(SPAN_TAP)
+
+
+def _is_client(s: SpanRecord) -> bool:
+    return s.attrs.get(Attr.OBSERVER) == Observer.CLIENT or s.name == SPAN_CLIENT
+
+
+def _is_component(s: SpanRecord) -> bool:
+    return s.attrs.get(Attr.OBSERVER) == Observer.COMPONENT or s.name.startswith(SPAN_COMPONENT_PREFIX + ".")
+
+
+def _is_vllm(s: SpanRecord) -> bool:
+    return s.name == "llm_request" or Attr.VLLM_TTFT in s.attrs
+
+
+Extractor = Callable[[SpanRecord, Topology, Extracted], None]
+EXTRACTORS: list[tuple[str, Callable[[SpanRecord], bool], Extractor]] = [
+    ("tap", _is_tap, extract_tap),
+    ("client", _is_client, extract_client),
+    ("component", _is_component, extract_component),
+    ("vllm", _is_vllm, extract_vllm),
+]
+
+
+def span_kind(span: SpanRecord) -> str | None:
+    for name, match, _ in EXTRACTORS:
+        if match(span):
+            return name
+    return None
+
+
+def extract(spans: list[SpanRecord], topo: Topology) -> Extracted:
+    """Observations and facts of every span of one request (spans no extractor knows are ignored)."""
+    ex = Extracted()
+    for span in spans:
+        for _, match, fn in EXTRACTORS:
+            if match(span):
+                fn(span, topo, ex)
+                break
+    return ex

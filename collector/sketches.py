@@ -1,0 +1,151 @@
+"""Mergeable aggregates per delta: DDSketch quantiles plus exact count, min, max, mean, error bound.
+
+Each delta gets one :class:`ddsketch.DDSketch` (relative accuracy ``alpha``, default 0.5 %) over its
+values in ns; count, min, max and sum are exact. Sketches merge bucket by bucket, so the
+aggregate of several collectors (each seeing some traces, e.g. behind the OpenTelemetry
+Collector's trace-id load-balancing exporter) equals the aggregate one collector would have built
+from all rows: :meth:`Aggregator.merge`, :meth:`Aggregator.to_dict` / :meth:`Aggregator.from_dict`
+(the ``sketches.json`` file ``deltatap report --from`` merges). ``error_bound_ms`` is the largest
+clock error bound of any row's value (quantiles carry the sketch's relative accuracy on top).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+from ddsketch import DDSketch
+
+from collector.rows import Row
+
+QUANTILES: dict[str, float] = {"p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99, "p999": 0.999}
+SKETCH_FORMAT = "deltatap-sketches/1"
+
+
+def _store_to_dict(store: Any) -> dict[str, float]:
+    return {str(store.offset + i): c for i, c in enumerate(store.bins) if c}
+
+
+def _store_from_dict(store: Any, bins: dict[str, float]) -> None:
+    for k, c in bins.items():
+        store.add(int(k), float(c))
+
+
+class DeltaSketch:
+    __slots__ = ("sketch", "err_max_ns")
+
+    def __init__(self, alpha: float) -> None:
+        self.sketch = DDSketch(relative_accuracy=alpha)
+        self.err_max_ns = 0
+
+    def add_many(self, values: np.ndarray, errors: np.ndarray) -> None:
+        add = self.sketch.add
+        for v in values.tolist():
+            add(float(v))
+        if errors.size:
+            self.err_max_ns = max(self.err_max_ns, int(errors.max()))
+
+    def merge(self, other: DeltaSketch) -> None:
+        self.sketch.merge(other.sketch)
+        self.err_max_ns = max(self.err_max_ns, other.err_max_ns)
+
+    def summary(self) -> dict[str, float | int | None]:
+        s = self.sketch
+        n = int(s.count)
+        out: dict[str, float | int | None] = {}
+        for name, q in QUANTILES.items():
+            out[f"{name}_ms"] = None if n == 0 else s.get_quantile_value(q) / 1e6
+        out["mean_ms"] = None if n == 0 else s.sum / n / 1e6
+        out["min_ms"] = None if n == 0 else s._min / 1e6
+        out["max_ms"] = None if n == 0 else s._max / 1e6
+        out["count"] = n
+        out["error_bound_ms"] = self.err_max_ns / 1e6
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.sketch
+        return {
+            "count": s._count, "sum": s._sum, "min": s._min if s._count else None, "max": s._max if s._count else None,
+            "zero": s._zero_count, "pos": _store_to_dict(s._store), "neg": _store_to_dict(s._negative_store), "err_max_ns": self.err_max_ns,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], alpha: float) -> DeltaSketch:
+        out = cls(alpha)
+        s = out.sketch
+        _store_from_dict(s._store, d.get("pos", {}))
+        _store_from_dict(s._negative_store, d.get("neg", {}))
+        s._zero_count = float(d.get("zero", 0))
+        s._count = float(d["count"])
+        s._sum = float(d["sum"])
+        s._min = float(d["min"]) if d.get("min") is not None else math.inf
+        s._max = float(d["max"]) if d.get("max") is not None else -math.inf
+        out.err_max_ns = int(d.get("err_max_ns", 0))
+        return out
+
+
+class Aggregator:
+    """Per-delta sketches over rows; mergeable across collectors."""
+
+    def __init__(self, alpha: float = 0.005) -> None:
+        if not 0 < alpha < 1:
+            raise ValueError("relative accuracy must be in (0, 1)")
+        self.alpha = alpha
+        self.deltas: dict[str, DeltaSketch] = {}
+        self.rows = 0
+        self.outcomes: dict[str, int] = {}
+
+    def add_rows(self, rows: Iterable[Row]) -> None:
+        vals: dict[str, list[int]] = {}
+        errs: dict[str, list[int]] = {}
+        for r in rows:
+            self.rows += 1
+            self.outcomes[r.outcome] = self.outcomes.get(r.outcome, 0) + 1
+            for name, d in r.deltas.items():
+                vals.setdefault(name, []).append(d.ns)
+                errs.setdefault(name, []).append(d.error_bound_ns)
+        for name, v in vals.items():
+            sk = self.deltas.get(name)
+            if sk is None:
+                sk = self.deltas[name] = DeltaSketch(self.alpha)
+            sk.add_many(np.asarray(v, dtype=np.int64), np.asarray(errs[name], dtype=np.int64))
+
+    def merge(self, other: Aggregator) -> None:
+        if not math.isclose(other.alpha, self.alpha):
+            raise ValueError(f"cannot merge sketches of relative accuracy {other.alpha} into {self.alpha}")
+        self.rows += other.rows
+        for k, v in other.outcomes.items():
+            self.outcomes[k] = self.outcomes.get(k, 0) + v
+        for name, sk in other.deltas.items():
+            mine = self.deltas.get(name)
+            if mine is None:
+                mine = self.deltas[name] = DeltaSketch(self.alpha)
+            mine.merge(sk)
+
+    def summary(self, name: str) -> dict[str, float | int | None] | None:
+        sk = self.deltas.get(name)
+        return None if sk is None else sk.summary()
+
+    def summaries(self, order: Iterable[str] = ()) -> dict[str, dict[str, float | int | None]]:
+        """delta -> {p50_ms, p90_ms, p95_ms, p99_ms, p999_ms, mean_ms, min_ms, max_ms, count, error_bound_ms}."""
+        names = [n for n in order if n in self.deltas] + sorted(n for n in self.deltas if n not in set(order))
+        return {n: self.deltas[n].summary() for n in names}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": SKETCH_FORMAT, "relative_accuracy": self.alpha, "rows": self.rows, "outcomes": dict(self.outcomes),
+            "deltas": {n: sk.to_dict() for n, sk in self.deltas.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Aggregator:
+        if d.get("format") != SKETCH_FORMAT:
+            raise ValueError(f"not a deltatap sketch file (format {d.get('format')!r}, expected {SKETCH_FORMAT!r})")
+        agg = cls(float(d["relative_accuracy"]))
+        agg.rows = int(d.get("rows", 0))
+        agg.outcomes = {k: int(v) for k, v in d.get("outcomes", {}).items()}
+        for n, sd in d.get("deltas", {}).items():
+            agg.deltas[n] = DeltaSketch.from_dict(sd, agg.alpha)
+        return agg
