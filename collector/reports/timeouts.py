@@ -65,13 +65,14 @@ def declared_timeouts_section(topology: Topology) -> Section:
         [
             Column("component", "Component"),
             Column("kind", "Kind"),
-            Column("timeout_s", "Timeout", "s", 3),
+            Column("timeout_s", "Timeout", "s", 2),
             Column("retries", "Retries", "", 0),
-            Column("worst_case_s", "Worst case (timeout x attempts)", "s", 3),
-            Column("binding_deadline_s", "Binding outer deadline", "s", 3),
+            Column("worst_case_s", "Worst case", "s", 2),
+            Column("binding_deadline_s", "Outer deadline", "s", 2),
             Column("status", "Status"),
         ],
     )
+    table.footnotes.append("Worst case: timeout x (1 + retries). Outer deadline: the tightest timeout of the layers closer to the client.")
     mismatches = find_mismatches(topology)
     by_comp: dict[str, list[Mismatch]] = {}
     for m in mismatches:
