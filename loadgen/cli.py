@@ -1,0 +1,124 @@
+"""``deltatap load``: the command-line face of :func:`loadgen.run_load`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from deltatap.config import ConfigError
+from loadgen.arrivals import ARRIVALS
+
+
+def _kv(text: str, sep: str, what: str) -> tuple[str, str]:
+    k, s, v = text.partition(sep)
+    if not s or not k.strip():
+        raise argparse.ArgumentTypeError(f"{what} {text!r}: expected KEY{sep}VALUE")
+    return k.strip(), v.strip()
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "load",
+        help="drive traffic: open loop, closed loop or barrier batches; per-request records and client spans",
+        description="Load generator (methodology draft 4.2-4.6). Exactly one of --rate, --concurrency, --batch "
+        "(default: --concurrency 1); --requests and/or --duration bound the run.",
+    )
+    p.add_argument("--target", required=True, help="base URL (e.g. http://127.0.0.1:9100) or full endpoint URL")
+    p.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
+    p.add_argument("--model", default="default", help="model name put in each request body")
+    p.add_argument("--workload", default="synthetic-uniform", help="workload name or YAML file (see configs/workloads/)")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--rate", type=float, help="open loop: mean requests per second")
+    shape.add_argument("--concurrency", type=int, help="closed loop: requests kept in flight")
+    shape.add_argument("--batch", type=int, help="barrier-synchronised batches of N requests sent at one instant")
+    p.add_argument("--arrival", choices=sorted(ARRIVALS), default="poisson", help="open-loop arrival process")
+    p.add_argument("--requests", type=int, help="number of measured requests (default 100 without --duration)")
+    p.add_argument("--duration", type=float, dest="duration_s", help="stop sending after S seconds")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--warmup", type=int, default=0, dest="warmup_requests",
+                   help="warm-up requests before measuring (methodology 4.5 asks >= 100; 0 = cold start)")
+    p.add_argument("--warmup-probes", type=int, default=5)
+    p.add_argument("--warmup-rounds", type=int, default=3)
+    p.add_argument("--warmup-concurrency", type=int)
+    p.add_argument("--out", help="output directory (records.jsonl, summary.json, run.json, requests.jsonl)")
+    p.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", type=lambda s: _kv(s, ":", "--header"),
+                   help="extra request header (repeatable)")
+    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", type=lambda s: _kv(s, "=", "--label"),
+                   help="label put on every request and span (repeatable)")
+    p.add_argument("--request-timeout", type=float, default=600.0, dest="request_timeout_s")
+    p.add_argument("--drain", type=float, default=30.0, dest="drain_s", help="with --duration: grace for in-flight requests")
+    p.add_argument("--workers", type=int, default=4, help="open loop: HTTP sessions requests rotate over")
+    p.add_argument("--otlp", help="span export: grpc://HOST:4317, http://HOST:4318, file:PATH or none")
+    p.add_argument("--clock-sync", help="collector base URL (its OTLP/HTTP port) to estimate the clock offset against")
+    p.add_argument("--refusal-status", type=int, action="append", dest="refusal_statuses",
+                   help="HTTP status counted as a refusal (repeatable; default 403 and 451)")
+    p.add_argument("--ignore-eos", action="store_true", help="ask the engine to generate exactly max_tokens")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-gpu", dest="gpu", action="store_false", help="do not sample GPU metrics")
+    p.add_argument("--run-id")
+    p.add_argument("--plan-only", action="store_true", help="write the request sequence to --out/requests.jsonl and exit")
+    p.add_argument("--json", action="store_true", help="print summary.json to stdout")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from deltatap import aio
+    from deltatap.config import format_validation_error
+    from deltatap.telemetry import TelemetryConfigError, setup_telemetry
+    from loadgen.options import LoadOptions
+
+    fields = {k: getattr(args, k) for k in (
+        "target", "endpoint", "model", "workload", "rate", "concurrency", "batch", "arrival", "requests", "duration_s",
+        "seed", "warmup_requests", "warmup_probes", "warmup_rounds", "warmup_concurrency", "out", "request_timeout_s",
+        "drain_s", "workers", "clock_sync", "ignore_eos", "progress", "gpu", "run_id",
+    )}
+    fields["headers"] = dict(args.header)
+    fields["labels"] = dict(args.label)
+    if args.refusal_statuses:
+        fields["refusal_statuses"] = args.refusal_statuses
+    try:
+        options = LoadOptions(**fields)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, "deltatap load")) from None
+    if args.plan_only:
+        return _plan_only(options)
+    try:
+        telemetry = setup_telemetry("deltatap-loadgen", otlp=args.otlp)
+    except TelemetryConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    from loadgen.progress import print_summary
+    from loadgen.run import run_load
+
+    try:
+        result = aio.run(run_load(options, telemetry))
+    finally:
+        telemetry.shutdown()
+    if args.json:
+        json.dump(result.summary, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        print_summary(result.summary)
+    if result.out_dir:
+        print(f"records: {result.out_dir / 'records.jsonl'}  summary: {result.out_dir / 'summary.json'}", file=sys.stderr)
+    return 0 if result.summary["request_count"] > 0 else 1
+
+
+def _plan_only(options: Any) -> int:
+    from pathlib import Path
+
+    from loadgen.run import resolve_workload
+    from loadgen.tokens import reference_tokenizer
+    from loadgen.workloads.base import write_requests
+
+    if not options.out:
+        raise ConfigError("--plan-only needs --out DIR")
+    spec = resolve_workload(options)
+    plan = spec.generate(options.planned_count(), options.seed, reference_tokenizer())
+    path = Path(options.out) / "requests.jsonl"
+    write_requests(path, plan)
+    print(f"{len(plan)} requests planned ({spec.name}, seed {options.seed}): {path}", file=sys.stderr)
+    return 0

@@ -1,0 +1,152 @@
+"""GPU system metrics (exo-bench seed): utilisation, memory, temperature and power at 1 Hz via NVML.
+
+A daemon thread samples every NVIDIA GPU; energy for a time window is the trapezoidal integral of
+power over it (power linearly interpolated at the window's edges), summed over GPUs. Per request
+that gives energy per request; over the run, tokens per joule. With no NVIDIA GPU / driver the
+sampler says so once and the run goes on without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from deltatap.clock import mono_ns, to_unix_ns
+
+log = logging.getLogger("deltatap.loadgen.gpu")
+
+
+@dataclass
+class GpuSeries:
+    index: int
+    name: str
+    t_mono_ns: list[int] = field(default_factory=list)
+    util_pct: list[float] = field(default_factory=list)
+    mem_used_mib: list[float] = field(default_factory=list)
+    temp_c: list[float] = field(default_factory=list)
+    power_w: list[float] = field(default_factory=list)
+
+    def energy_j(self, t0: int, t1: int) -> float | None:
+        """Trapezoidal integral of power over [t0, t1] (mono ns); None without two samples."""
+        if len(self.t_mono_ns) < 2 or t1 <= t0:
+            return None if len(self.t_mono_ns) < 2 else 0.0
+        t = np.asarray(self.t_mono_ns, dtype=np.int64)
+        p = np.asarray(self.power_w, dtype=float)
+        inside = (t > t0) & (t < t1)
+        ts = np.concatenate(([t0], t[inside], [t1]))
+        ps = np.interp(ts.astype(float), t.astype(float), p)
+        return float(np.trapezoid(ps, ts / 1e9))
+
+    def summary(self) -> dict[str, Any]:
+        def agg(xs: list[float]) -> dict[str, float] | None:
+            return {"mean": float(np.mean(xs)), "max": float(np.max(xs))} if xs else None
+
+        return {
+            "index": self.index, "name": self.name, "samples": len(self.t_mono_ns),
+            "utilisation_pct": agg(self.util_pct), "memory_used_mib": agg(self.mem_used_mib),
+            "temperature_c": agg(self.temp_c), "power_w": agg(self.power_w),
+            "first_sample_unix_ns": to_unix_ns(self.t_mono_ns[0]) if self.t_mono_ns else None,
+        }
+
+
+class GpuSampler:
+    def __init__(self, interval_s: float = 1.0) -> None:
+        self.interval_s = interval_s
+        self.series: list[GpuSeries] = []
+        self.available = False
+        self.reason = ""
+        self._nvml: Any = None
+        self._handles: list[Any] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # "pynvml is deprecated" (it wraps nvidia-ml-py)
+                import pynvml
+            pynvml.nvmlInit()
+            n = pynvml.nvmlDeviceGetCount()
+            if n == 0:
+                raise RuntimeError("NVML reports no GPU")
+            self._nvml = pynvml
+            for i in range(n):
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                name = pynvml.nvmlDeviceGetName(h)
+                self._handles.append(h)
+                self.series.append(GpuSeries(i, name.decode() if isinstance(name, bytes) else str(name)))
+            self.available = True
+        except Exception as exc:  # no driver, no library, no device: say so once, go on
+            self.reason = f"{type(exc).__name__}: {exc}"
+            log.info("no GPU metrics: %s", self.reason)
+
+    def start(self) -> None:
+        if self.available and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="deltatap-gpu-sampler", daemon=True)
+            self._thread.start()
+
+    def _sample(self) -> None:
+        nv = self._nvml
+        for h, s in zip(self._handles, self.series, strict=True):
+            t = mono_ns()
+            try:
+                util = nv.nvmlDeviceGetUtilizationRates(h).gpu
+                mem = nv.nvmlDeviceGetMemoryInfo(h).used / 2**20
+                temp = nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)
+                power = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
+            except Exception as exc:  # a transient NVML error: skip this sample, note it
+                self.reason = f"sample failed: {type(exc).__name__}: {exc}"
+                continue
+            s.t_mono_ns.append(t)
+            s.util_pct.append(float(util))
+            s.mem_used_mib.append(float(mem))
+            s.temp_c.append(float(temp))
+            s.power_w.append(float(power))
+
+    def _run(self) -> None:
+        while True:
+            self._sample()
+            if self._stop.wait(self.interval_s):
+                self._sample()  # one closing sample so the last window is bracketed
+                return
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:  # pragma: no cover - best effort
+                pass
+            self._nvml = None
+
+    def energy_j(self, t0: int, t1: int) -> float | None:
+        vals = [e for s in self.series if (e := s.energy_j(t0, t1)) is not None]
+        return float(sum(vals)) if vals else None
+
+    def report(self, windows: list[tuple[int, int]], output_tokens: int, requests: int) -> dict[str, Any]:
+        """GPU section of the summary: per-GPU series stats, energy over the run and per request."""
+        if not self.available:
+            return {"available": False, "reason": self.reason or "no NVIDIA GPU"}
+        per_req = [e for t0, t1 in windows if (e := self.energy_j(t0, t1)) is not None]
+        if windows:
+            run_j = self.energy_j(min(w[0] for w in windows), max(w[1] for w in windows))
+        else:
+            run_j = None
+        return {
+            "available": True,
+            "interval_s": self.interval_s,
+            "gpus": [s.summary() for s in self.series],
+            "energy_run_j": run_j,
+            "energy_per_request_j": {"mean": float(np.mean(per_req)), "p50": float(np.median(per_req))} if per_req else None,
+            "energy_per_request_method": "trapezoidal integral of power over each request's [T_submit, end] window "
+            "(overlapping requests share the same power)",
+            "tokens_per_joule": (output_tokens / run_j) if run_j else None,
+            "joules_per_request": (run_j / requests) if run_j and requests else None,
+            "note": self.reason or None,
+        }

@@ -1,0 +1,140 @@
+"""Load modes, registered by name: open loop, closed loop, barrier-synchronised batches.
+
+* ``open``   - unit k is planned at ``t_start + offsets[k]`` (an absolute timeline from the arrival
+  process); a dispatcher hands each unit to its own task ``lead`` before that instant, and the
+  task sleeps precisely until it. Nothing waits on an earlier response (methodology 4.2.3/4.2.5).
+  Requests are spread round-robin over ``workers`` sessions.
+* ``closed`` - ``concurrency`` workers, each with its own session, take the next unit as soon as
+  their previous one ended: exactly C requests in flight (4.2.4). A session unit (chatbot) keeps
+  its worker through its think times.
+* ``batch``  - exo-bench style: ``batch`` workers, one session (connection) each, prepare their
+  request, wait at a barrier, and all fire at the same instant; the next batch starts when the
+  slowest one is done. Every request's planned send is the shared batch start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from deltatap.clock import mono_ns
+from loadgen.client import make_session
+from loadgen.runner import Barrier, Runner
+from loadgen.timing import sleep_coarse_until
+from loadgen.workloads.base import PlannedRequest
+
+Unit = list[PlannedRequest]
+
+
+@dataclass
+class ModeConfig:
+    units: list[Unit]
+    offsets_ns: list[int] | None = None  # open loop: planned offset of each unit
+    concurrency: int = 1
+    batch: int = 1
+    workers: int = 4
+    duration_s: float | None = None
+    drain_s: float = 30.0
+    lead_ns: int = 5_000_000
+    start_delay_ns: int = 20_000_000
+    cycle: bool = False  # closed loop / batch with a duration: start the plan again when it runs out
+
+
+ModeFn = Callable[[Runner, ModeConfig, list[aiohttp.ClientSession]], Awaitable[None]]
+MODES: dict[str, ModeFn] = {}
+
+
+def register(name: str) -> Callable[[ModeFn], ModeFn]:
+    def deco(fn: ModeFn) -> ModeFn:
+        MODES[name] = fn
+        return fn
+
+    return deco
+
+
+def sessions_needed(mode: str, cfg: ModeConfig) -> int:
+    return {"open": cfg.workers, "closed": cfg.concurrency, "batch": cfg.batch}[mode]
+
+
+async def _finish(tasks: set[asyncio.Task], drain_s: float) -> None:
+    """Let in-flight work end within ``drain_s``, then cancel the rest (recorded as client_cancel)."""
+    if not tasks:
+        return
+    _done, pending = await asyncio.wait(tasks, timeout=drain_s)
+    for t in pending:
+        t.cancel()
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+@register("open")
+async def open_loop(runner: Runner, cfg: ModeConfig, sessions: list[aiohttp.ClientSession]) -> None:
+    assert cfg.offsets_ns is not None
+    t_start = mono_ns() + cfg.start_delay_ns
+    stop = t_start + int(cfg.duration_s * 1e9) if cfg.duration_s else None
+    tasks: set[asyncio.Task] = set()
+    for k, unit in enumerate(cfg.units):
+        t_k = t_start + cfg.offsets_ns[k]
+        if stop is not None and t_k >= stop:
+            break
+        await sleep_coarse_until(t_k - cfg.lead_ns)
+        task = asyncio.create_task(runner.unit(sessions[k % len(sessions)], unit, t_k, k % len(sessions), stop))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    await _finish(set(tasks), cfg.drain_s)
+
+
+@register("closed")
+async def closed_loop(runner: Runner, cfg: ModeConfig, sessions: list[aiohttp.ClientSession]) -> None:
+    it = itertools.cycle(cfg.units) if cfg.cycle else iter(cfg.units)
+    stop = mono_ns() + int(cfg.duration_s * 1e9) if cfg.duration_s else None
+
+    async def worker(w: int) -> None:
+        for unit in it:
+            now = mono_ns()
+            if stop is not None and now >= stop:
+                return
+            await runner.unit(sessions[w], unit, now, w, stop)
+
+    tasks = {asyncio.create_task(worker(w)) for w in range(cfg.concurrency)}
+    if stop is None:
+        await asyncio.gather(*tasks)
+        return
+    await asyncio.wait(tasks, timeout=max(0.0, (stop - mono_ns()) / 1e9))
+    await _finish(tasks, cfg.drain_s)
+
+
+@register("batch")
+async def batch_mode(runner: Runner, cfg: ModeConfig, sessions: list[aiohttp.ClientSession]) -> None:
+    n = cfg.batch
+    stop = mono_ns() + int(cfg.duration_s * 1e9) if cfg.duration_s else None
+    it = itertools.cycle(cfg.units) if cfg.cycle else iter(cfg.units)
+    while group := list(itertools.islice(it, n)):
+        if stop is not None and mono_ns() >= stop:
+            break
+        barrier = Barrier(len(group))
+        now = mono_ns()
+        await asyncio.gather(*(runner.unit(sessions[i], unit, now, i, barrier=barrier) for i, unit in enumerate(group)))
+
+
+async def preconnect(sessions: list[aiohttp.ClientSession], url: str) -> None:
+    """Open one connection per session (a GET on the target's ``/v1/models``; the status is ignored),
+    so a barrier batch does not spend its first instant in TCP handshakes."""
+    base = url.split("/v1/", 1)[0] if "/v1/" in url else url.rsplit("/", 1)[0]
+
+    async def one(s: aiohttp.ClientSession) -> None:
+        try:
+            async with s.get(base + "/v1/models") as r:
+                await r.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            pass
+
+    await asyncio.gather(*(one(s) for s in sessions))
+
+
+def open_sessions(runner: Runner, count: int) -> list[aiohttp.ClientSession]:
+    return [make_session(runner.target) for _ in range(max(1, count))]

@@ -1,0 +1,82 @@
+"""LoadOptions: everything one ``deltatap load`` run needs (strict; the CLI and tests build it)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from deltatap.config import StrictModel
+from loadgen.arrivals import ARRIVALS
+from loadgen.client import ENDPOINTS
+
+
+class LoadOptions(StrictModel):
+    target: str = Field(description="base URL (the endpoint path is appended) or a full endpoint URL")
+    endpoint: Literal["chat", "completions"] = "chat"
+    model: str = "default"
+    workload: str | dict[str, Any] = Field(default="synthetic-uniform", description="name, YAML path, or a workload mapping")
+    # exactly one load shape: rate (open loop), concurrency (closed loop) or batch (barrier batches)
+    rate: float | None = Field(default=None, gt=0)
+    arrival: str = "poisson"
+    concurrency: int | None = Field(default=None, gt=0)
+    batch: int | None = Field(default=None, gt=0)
+    requests: int | None = Field(default=None, gt=0)
+    duration_s: float | None = Field(default=None, gt=0)
+    seed: int = 42
+    warmup_requests: int = Field(default=0, ge=0)
+    warmup_probes: int = Field(default=5, ge=2)
+    warmup_rounds: int = Field(default=3, ge=1)
+    warmup_concurrency: int | None = Field(default=None, gt=0)
+    out: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict, description="extra headers on every request")
+    labels: dict[str, str] = Field(default_factory=dict, description="labels put on every request")
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    drain_s: float = Field(default=30.0, ge=0, description="with a duration: how long in-flight requests may finish")
+    workers: int = Field(default=4, gt=0, description="open loop: sessions (connection pools) requests rotate over")
+    clock_sync: str | None = Field(default=None, description="collector base URL for the NTP-style offset estimate")
+    refusal_statuses: list[int] = Field(default_factory=lambda: [403, 451])
+    ignore_eos: bool = False
+    spin_us: int = Field(default=1500, ge=0, description="final part of each send wait spent yielding instead of on a timer")
+    preconnect: bool = True
+    progress: bool = True
+    gpu: bool = True
+    write_requests: bool = True
+    run_id: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> LoadOptions:
+        shapes = [n for n, v in (("rate", self.rate), ("concurrency", self.concurrency), ("batch", self.batch)) if v is not None]
+        if len(shapes) > 1:
+            raise ValueError(f"choose one load shape: --rate (open loop), --concurrency (closed loop) or --batch; got {', '.join(shapes)}")
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"arrival {self.arrival!r} unknown; choose one of {', '.join(sorted(ARRIVALS))}")
+        if self.endpoint not in ENDPOINTS:
+            raise ValueError(f"endpoint {self.endpoint!r} unknown; choose one of {', '.join(ENDPOINTS)}")
+        return self
+
+    @property
+    def mode(self) -> str:
+        if self.rate is not None:
+            return "open"
+        if self.batch is not None:
+            return "batch"
+        return "closed"
+
+    def planned_count(self, default_closed: int = 1000) -> int:
+        """How many requests to plan: --requests, else enough for --duration (cycled if outlasted)."""
+        if self.requests is not None:
+            return self.requests
+        if self.duration_s is None:
+            return 100
+        if self.rate is not None:
+            return int(self.rate * self.duration_s * 1.2) + 10
+        return default_closed
+
+    def config_hash(self, workload_spec: dict[str, Any]) -> str:
+        data = self.model_dump(mode="json", exclude={"out", "progress", "run_id", "headers"})
+        data["headers"] = sorted(self.headers)  # names only: values may be secrets
+        blob = json.dumps({"options": data, "workload": workload_spec}, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]

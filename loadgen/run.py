@@ -1,0 +1,221 @@
+"""``run_load``: plan, warm up, drive, post-process and write one load-generator run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deltatap import __version__
+from deltatap.clock import ANCHOR
+from deltatap.clocksync import ClockEstimate, estimate_offset
+from deltatap.config import ConfigError
+from deltatap.telemetry import Telemetry
+from deltatap.vocab import Outcome
+from loadgen.arrivals import schedule_offsets_ns
+from loadgen.client import Target, resolve_url
+from loadgen.gpu import GpuSampler
+from loadgen.modes import MODES, ModeConfig, open_sessions, preconnect, sessions_needed
+from loadgen.options import LoadOptions
+from loadgen.records import RecordWriter, RequestRecord
+from loadgen.runner import Runner, new_run_id
+from loadgen.summary import summarize
+from loadgen.tokens import reference_tokenizer
+from loadgen.workloads.base import PlannedRequest, WorkloadSpec, load_workload, spec_from_mapping, write_requests
+from loadgen.warmup import warm_up
+
+log = logging.getLogger("deltatap.loadgen")
+
+
+@dataclass
+class LoadResult:
+    """What a run produced. ``records`` are the documented JSON-lines dicts (docs/records.md)."""
+
+    summary: dict[str, Any]
+    records: list[dict[str, Any]]
+    warmup_records: list[dict[str, Any]] = field(default_factory=list)
+    plan: list[PlannedRequest] = field(default_factory=list)
+    out_dir: Path | None = None
+
+
+def group_units(plan: list[PlannedRequest]) -> list[list[PlannedRequest]]:
+    """Single requests are units of one; a session's turns form one unit, in turn order, placed at
+    its first turn's position in the plan."""
+    units: list[list[PlannedRequest]] = []
+    by_session: dict[int, list[PlannedRequest]] = {}
+    for r in plan:
+        if r.session is None:
+            units.append([r])
+        elif r.session in by_session:
+            by_session[r.session].append(r)
+        else:
+            by_session[r.session] = [r]
+            units.append(by_session[r.session])
+    return units
+
+
+def resolve_workload(options: LoadOptions) -> WorkloadSpec:
+    if isinstance(options.workload, dict):
+        return spec_from_mapping(options.workload, "workload")
+    return load_workload(options.workload)
+
+
+async def run_load(options: LoadOptions, telemetry: Telemetry) -> LoadResult:
+    """Run the load described by ``options``, exporting one client span per request via ``telemetry``.
+
+    Raises :class:`~deltatap.config.ConfigError` for bad options (unknown workload, bad URL, an
+    unreachable ``--clock-sync`` collector); a target that fails requests does not raise - every
+    failure is a record with its status and error kind, counted in the summary.
+    """
+    wall_start = time.time()
+    tok = reference_tokenizer()
+    spec = resolve_workload(options)
+    n = options.planned_count()
+    try:
+        plan = spec.generate(n, options.seed, tok)
+    except ValueError as exc:
+        raise ConfigError(f"workload {spec.name}: {exc}") from None
+    for r in plan:
+        r.labels.update(options.labels)
+    units = group_units(plan)
+    if options.mode == "batch" and any(len(u) > 1 for u in units):
+        raise ConfigError(f"--batch needs single-turn requests; workload {spec.name!r} plans multi-turn sessions")
+    try:
+        url, endpoint = resolve_url(options.target, options.endpoint)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    target = Target(
+        url=url, endpoint=endpoint, model=options.model, headers=dict(options.headers), timeout_s=options.request_timeout_s,
+        refusal_statuses=frozenset(options.refusal_statuses), ignore_eos=options.ignore_eos,
+    )
+    clock: ClockEstimate | None = None
+    if options.clock_sync:
+        try:
+            clock = await estimate_offset(options.clock_sync)
+        except ConnectionError as exc:
+            raise ConfigError(f"--clock-sync: {exc}") from None
+    run_id = options.run_id or new_run_id()
+    runner = Runner(target, tok, telemetry.tracer, run_id, clock, spin_ns=options.spin_us * 1000)
+    cfg = ModeConfig(
+        units=units, concurrency=options.concurrency or 1, batch=options.batch or 1, workers=options.workers,
+        duration_s=options.duration_s, drain_s=options.drain_s,
+        cycle=options.duration_s is not None and options.requests is None,
+    )
+    if options.mode == "open":
+        assert options.rate is not None
+        cfg.offsets_ns = schedule_offsets_ns(options.arrival, options.rate, len(units), options.seed).tolist()
+    sessions = open_sessions(runner, sessions_needed(options.mode, cfg))
+    gpu = GpuSampler() if options.gpu else None
+    warm_report: dict[str, Any] | None = None
+    warm_records: list[RequestRecord] = []
+    progress = None
+    try:
+        if gpu is not None:
+            gpu.start()
+        if options.warmup_requests > 0:
+            warm_plan = group_units(spec.generate(options.warmup_requests, options.seed + 1, tok))
+            wc = options.warmup_concurrency or options.concurrency or options.batch or min(8, options.workers * 2)
+            warm_sessions = sessions[:wc] if len(sessions) >= wc else sessions + open_sessions(runner, wc - len(sessions))
+            warm_report = await warm_up(runner, warm_sessions, warm_plan, plan[0], options.warmup_probes, options.warmup_rounds)
+            warm_records = runner.records
+            runner.records = []
+            runner.counters.__init__()  # type: ignore[misc]
+        if options.mode == "batch" and options.preconnect:
+            await preconnect(sessions, target.url)
+        if options.progress:
+            from loadgen.progress import LiveProgress
+
+            total = len(plan) if options.duration_s is None else None
+            progress = LiveProgress(runner.counters, total)
+            progress.start()
+        await MODES[options.mode](runner, cfg, sessions)
+    finally:
+        if progress is not None:
+            await progress.stop()
+        if gpu is not None:
+            gpu.stop()
+        for s in sessions:
+            await s.close()
+    measured = runner.records
+    _count_output_tokens(measured, tok)
+    _count_output_tokens(warm_records, tok)
+    windows: list[tuple[int, int]] = []
+    if gpu is not None and gpu.available:
+        for rec in measured:
+            if rec.submit_mono_ns is not None and rec.end_mono_ns is not None:
+                rec.energy_j = gpu.energy_j(rec.submit_mono_ns, rec.end_mono_ns)
+                windows.append((rec.submit_mono_ns, rec.end_mono_ns))
+    measured.sort(key=lambda r: (r.planned_mono_ns or 0, r.index))
+    records = [r.to_dict() for r in measured]
+    summary = summarize(records)
+    summary["max_in_flight_observed"] = runner.counters.max_in_flight
+    ok_out = sum(r.output_tokens or 0 for r in measured if r.status == Outcome.OK)
+    summary["gpu"] = gpu.report(windows, ok_out, len(windows)) if gpu is not None else {"available": False, "reason": "disabled (--no-gpu)"}
+    if gpu is not None and not gpu.available:
+        log.warning("no GPU: system metrics off (%s)", gpu.reason)
+    summary["warmup"] = warm_report or {"requests_per_round": 0, "verdict": "none: cold start (methodology 4.5.3)"}
+    summary["run"] = _run_metadata(options, spec, tok, run_id, clock, telemetry, wall_start, len(plan))
+    result = LoadResult(summary, records, [r.to_dict() for r in warm_records], plan, None)
+    if options.out:
+        result.out_dir = write_outputs(Path(options.out), result, measured, warm_records, options.write_requests)
+    return result
+
+
+def _count_output_tokens(records: list[RequestRecord], tok: Any) -> None:
+    have = [r for r in records if r.output_text or r.content_events]
+    counts = tok.count_batch([r.output_text for r in have])
+    for r, c in zip(have, counts, strict=True):
+        r.output_tokens = c
+    for r in records:
+        if r.output_tokens is None and r.status == Outcome.OK:
+            r.output_tokens = 0
+
+
+def _run_metadata(options: LoadOptions, spec: WorkloadSpec, tok: Any, run_id: str, clock: ClockEstimate | None,
+                  telemetry: Telemetry, wall_start: float, planned: int) -> dict[str, Any]:
+    spec_dict = spec.as_dict()
+    opts = options.model_dump(mode="json")
+    opts["headers"] = sorted(options.headers)  # names only: values may be credentials
+    return {
+        "run_id": run_id,
+        "deltatap_version": __version__,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "started_unix_s": wall_start,
+        "mode": options.mode,
+        "seed": options.seed,
+        "planned_requests": planned,
+        "workload": spec_dict,
+        "options": opts,
+        "config_hash": options.config_hash(spec_dict),
+        "tokenizer": tok.info.as_dict(),
+        "clock": {
+            "anchor_uncertainty_ns": ANCHOR.uncertainty_ns,
+            "sync": None if clock is None else {"collector": options.clock_sync, "offset_ns": clock.offset_ns,
+                                                "uncertainty_ns": clock.uncertainty_ns, "rtt_ns": clock.rtt_ns},
+        },
+        "spans": {"ended": telemetry.stats.spans_ended, "exported": telemetry.stats.spans_exported,
+                  "dropped": telemetry.stats.spans_dropped},
+    }
+
+
+def write_outputs(out: Path, result: LoadResult, measured: list[RequestRecord], warm: list[RequestRecord], plan: bool) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    w = RecordWriter(out / "records.jsonl")
+    for r in measured:
+        w.write(r)
+    w.close()
+    if warm:
+        w = RecordWriter(out / "warmup.jsonl")
+        for r in warm:
+            w.write(r)
+        w.close()
+    if plan:
+        write_requests(out / "requests.jsonl", result.plan)
+    (out / "summary.json").write_text(json.dumps(result.summary, indent=2, default=str) + "\n", encoding="utf-8")
+    (out / "run.json").write_text(json.dumps(result.summary["run"], indent=2, default=str) + "\n", encoding="utf-8")
+    return out

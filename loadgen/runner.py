@@ -1,0 +1,228 @@
+"""Runs planned requests: ids and client spans, chat history, the precise send, the record.
+
+A :class:`Runner` is shared by every load mode. Per request it: creates the client span (before the
+send wait, start time = the planned send), injects ``traceparent`` and the correlation header, sleeps
+until the planned instant, stamps and sends (:func:`loadgen.client.execute`), then adds the span's
+timeline events (t0 = request written, t12 = first content token, ...) with their exact times and ends
+it. Sessions (chatbot) run their turns in order, think time after each answer, history in a sliding
+window of reference tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+from opentelemetry.trace import SpanKind
+
+from deltatap.clock import mono_ns, to_unix_ns
+from deltatap.clocksync import ClockEstimate
+from deltatap.vocab import SPAN_CLIENT, Attr, ClientEvent, Observer, Outcome
+from loadgen.client import Target, execute
+from loadgen.records import RequestRecord
+from loadgen.timing import sleep_until
+from loadgen.tokens import Tokenizer
+from loadgen.workloads.base import PlannedRequest
+
+
+class Barrier:
+    """exo-bench's barrier: every member prepares its request, then waits here; the last to arrive
+    stamps the shared start and releases all of them in the same event-loop turn."""
+
+    def __init__(self, parties: int) -> None:
+        self.parties = parties
+        self.arrived = 0
+        self.start_mono_ns = 0
+        self._event = asyncio.Event()
+
+    async def wait(self) -> None:
+        self.arrived += 1
+        if self.arrived >= self.parties:
+            self.start_mono_ns = mono_ns()
+            self._event.set()
+            return
+        await self._event.wait()
+
+
+@dataclass
+class Counters:
+    """Cheap live counters for the progress display."""
+
+    sent: int = 0
+    done: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    errors: int = 0
+    recent_ttft_ns: deque[int] = field(default_factory=lambda: deque(maxlen=256))
+
+
+class Runner:
+    def __init__(
+        self,
+        target: Target,
+        tokenizer: Tokenizer,
+        tracer: Any,
+        run_id: str,
+        clock: ClockEstimate | None = None,
+        spin_ns: int = 1_500_000,
+    ) -> None:
+        self.target = target
+        self.tok = tokenizer
+        self.tracer = tracer
+        self.run_id = run_id
+        self.clock = clock
+        self.spin_ns = spin_ns
+        self.records: list[RequestRecord] = []
+        self.counters = Counters()
+        self.phase = "measure"
+        parts = urlsplit(target.url)
+        self._static_attrs: dict[str, Any] = {
+            Attr.OBSERVER: Observer.CLIENT.value,
+            Attr.RUN_ID: run_id,
+            Attr.CORRELATION_HEADER: target.correlation_header,
+            Attr.HTTP_METHOD: "POST",
+            Attr.URL_PATH: parts.path,
+            Attr.SERVER_ADDRESS: parts.hostname or "",
+            Attr.SERVER_PORT: parts.port or (443 if parts.scheme == "https" else 80),
+            Attr.GENAI_OPERATION: "chat" if target.endpoint.name == "chat" else "text_completion",
+            Attr.GENAI_REQUEST_MODEL: target.model,
+            Attr.STREAMING: True,
+        }
+        if clock is not None:
+            self._static_attrs[Attr.CLOCK_OFFSET_NS] = clock.offset_ns
+            self._static_attrs[Attr.CLOCK_UNCERTAINTY_NS] = clock.uncertainty_ns
+        self._seq = 0
+
+    # ------------------------------------------------------------------ one request
+
+    async def request(
+        self,
+        session: aiohttp.ClientSession,
+        req: PlannedRequest,
+        planned_mono_ns: int,
+        worker: int,
+        history: list[dict[str, str]] | None = None,
+        history_tokens: int = 0,
+        body: bytes | None = None,
+        barrier: Barrier | None = None,
+    ) -> RequestRecord:
+        self._seq += 1
+        span = self.tracer.start_span(SPAN_CLIENT, kind=SpanKind.CLIENT, start_time=to_unix_ns(planned_mono_ns))
+        ctx = span.get_span_context()
+        trace_id, span_id = f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
+        rec = RequestRecord(
+            index=req.index, request_id=f"{self.run_id}-{self.phase[0]}{self._seq}", trace_id=trace_id, span_id=span_id,
+            phase=self.phase, worker=worker, session=req.session, turn=req.turn, labels=req.labels,
+            max_tokens=req.max_tokens, planned_mono_ns=planned_mono_ns, input_tokens=req.input_tokens + history_tokens,
+        )
+        if body is None:
+            body = self.target.body(req.system, history or [], req.prompt, req.max_tokens)
+        headers = self.target.request_headers(rec, f"00-{trace_id}-{span_id}-{int(ctx.trace_flags):02x}")
+        if barrier is not None:
+            await barrier.wait()
+            rec.planned_mono_ns = barrier.start_mono_ns
+        else:
+            await sleep_until(planned_mono_ns, self.spin_ns)
+        c = self.counters
+        c.sent += 1
+        c.in_flight += 1
+        if c.in_flight > c.max_in_flight:
+            c.max_in_flight = c.in_flight
+        try:
+            await execute(session, self.target, rec, body, headers)
+        finally:
+            c.in_flight -= 1
+            c.done += 1
+            if rec.status != Outcome.OK:
+                c.errors += 1
+            elif rec.first_token_mono_ns is not None and rec.submit_mono_ns is not None:
+                c.recent_ttft_ns.append(rec.first_token_mono_ns - rec.submit_mono_ns)
+            self.records.append(rec)
+            self._end_span(span, rec)
+        return rec
+
+    def _end_span(self, span: Any, rec: RequestRecord) -> None:
+        attrs = dict(self._static_attrs)
+        attrs[Attr.REQUEST_ID] = rec.request_id
+        attrs[Attr.OUTCOME] = str(rec.status)
+        attrs[Attr.GENAI_REQUEST_MAX_TOKENS] = rec.max_tokens
+        attrs[Attr.CHUNKS] = rec.transport_chunks
+        attrs[Attr.EVENTS] = rec.sse_events
+        attrs[Attr.CONTENT_EVENTS] = rec.content_events
+        if rec.http_status is not None:
+            attrs[Attr.HTTP_STATUS] = rec.http_status
+        if rec.stream_format:
+            attrs[Attr.STREAM_FORMAT] = rec.stream_format
+        if rec.usage_input_tokens is not None:
+            attrs[Attr.GENAI_INPUT_TOKENS] = rec.usage_input_tokens
+        if rec.usage_output_tokens is not None:
+            attrs[Attr.GENAI_OUTPUT_TOKENS] = rec.usage_output_tokens
+        if rec.finish_reason:
+            attrs[Attr.GENAI_FINISH_REASONS] = rec.finish_reason.split(",")
+        if rec.error_kind:
+            attrs[Attr.ERROR_CAUSE] = rec.error_kind
+        if rec.status != Outcome.OK:
+            attrs[Attr.ERROR_TYPE] = rec.error_kind or str(rec.status)
+        for k, v in rec.labels.items():
+            attrs[Attr.LABEL_PREFIX + k] = v
+        attrs[Attr.LABEL_PREFIX + "phase"] = rec.phase
+        span.set_attributes(attrs)
+        if rec.submit_mono_ns is not None:
+            span.add_event(ClientEvent.SEND.value, timestamp=to_unix_ns(rec.submit_mono_ns))
+        if rec.first_token_mono_ns is not None:
+            span.add_event(ClientEvent.FIRST_TOKEN.value, timestamp=to_unix_ns(rec.first_token_mono_ns))
+        if rec.last_token_mono_ns is not None:
+            span.add_event(ClientEvent.LAST_TOKEN.value, timestamp=to_unix_ns(rec.last_token_mono_ns))
+        end = rec.end_mono_ns if rec.end_mono_ns is not None else mono_ns()
+        if rec.status == Outcome.CLIENT_CANCEL:
+            span.add_event(ClientEvent.CANCEL.value, timestamp=to_unix_ns(end))
+        elif rec.status != Outcome.OK:
+            span.add_event(ClientEvent.ERROR.value, timestamp=to_unix_ns(end), attributes={Attr.ERROR_CAUSE: rec.error_kind or ""})
+        span.add_event(ClientEvent.END.value, timestamp=to_unix_ns(end))
+        span.end(end_time=to_unix_ns(end))
+
+    # ------------------------------------------------------------------ a unit: one request or one session
+
+    async def unit(self, session: aiohttp.ClientSession, unit: list[PlannedRequest], planned_mono_ns: int, worker: int,
+                   stop_mono_ns: int | None = None, barrier: Barrier | None = None) -> None:
+        """Run a session's turns in order (a single request is a one-turn unit)."""
+        history: list[tuple[dict[str, str], int]] = []
+        planned = planned_mono_ns
+        for k, req in enumerate(unit):
+            if k > 0:
+                planned = mono_ns() + int(req.think_s * 1e9)
+                if stop_mono_ns is not None and planned >= stop_mono_ns:
+                    return
+            msgs, extra = self._window(history, req.history_tokens)
+            rec = await self.request(session, req, planned, worker, msgs, extra, barrier=barrier if k == 0 else None)
+            if req.history_tokens > 0:
+                history.append(({"role": "user", "content": req.prompt}, self.tok.count(req.prompt)))
+                if rec.output_text:
+                    history.append(({"role": "assistant", "content": rec.output_text}, self.tok.count(rec.output_text)))
+
+    def _window(self, history: list[tuple[dict[str, str], int]], budget: int) -> tuple[list[dict[str, str]], int]:
+        """The newest messages that fit in ``budget`` tokens (oldest dropped; an oversize newest one is cut)."""
+        if not history or budget <= 0:
+            return [], 0
+        out: list[dict[str, str]] = []
+        used = 0
+        for msg, n in reversed(history):
+            if used + n > budget:
+                if not out:
+                    text = self.tok.tail(msg["content"], budget)
+                    out.append({"role": msg["role"], "content": text})
+                    used = self.tok.count(text)
+                break
+            out.append(msg)
+            used += n
+        out.reverse()
+        return out, used
+
+
+def new_run_id() -> str:
+    return secrets.token_hex(4)
