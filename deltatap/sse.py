@@ -32,8 +32,9 @@ Public API
 
 ``StreamObserver(format=None, path=None)``
     The per-response state machine: ``feed(chunk, t_mono_ns) -> int`` (content events completed
-    by this chunk), then optionally ``forwarded(t_mono_ns)`` after the same chunk was written on
-    (a tap's downstream side). It counts chunks, bytes, events, content events and tokens, keeps
+    by this chunk; a chunk may be fed in several slices, each with the stamp of the read that
+    delivered it), then optionally ``forwarded(t_mono_ns)`` once the bytes fed since the previous
+    ``forwarded`` call were written on (a tap's downstream side). It counts chunks, bytes, events, content events and tokens, keeps
     the first *content* token's and the last token's stamps on both sides, the inter-token gap
     statistics on both sides (:class:`GapStats`) and the :class:`StreamFacts` (usage, llama.cpp
     ``timings``, model, response id, finish reasons, in-stream errors). ``format`` is detected
@@ -571,7 +572,8 @@ class StreamObserver:
         self.last_token_forwarded_mono_ns: int | None = None
         self.gaps = GapStats()
         self.gaps_forwarded = GapStats()
-        self._last_content = 0  # content events completed by the last fed chunk
+        self._unforwarded = 0  # content events fed since the last forwarded() call
+        self._unforwarded_first = False
         self._last_had_first = False
 
     @property
@@ -607,7 +609,8 @@ class StreamObserver:
                 else:
                     self.first_token_mono_ns = t_mono_ns
                     had_first = True
-        self._last_content = n_content
+        self._unforwarded += n_content
+        self._unforwarded_first = self._unforwarded_first or had_first
         self._last_had_first = had_first
         return n_content
 
@@ -617,13 +620,15 @@ class StreamObserver:
         return self._last_had_first
 
     def forwarded(self, t_mono_ns: int) -> None:
-        """The chunk fed last was written downstream at ``t_mono_ns`` (a tap's other side)."""
-        for _ in range(self._last_content):
+        """Everything fed since the previous call was written downstream at ``t_mono_ns``."""
+        for _ in range(self._unforwarded):
             self.gaps_forwarded.observe(t_mono_ns)
-        if self._last_content:
+        if self._unforwarded:
             self.last_token_forwarded_mono_ns = t_mono_ns
-        if self._last_had_first:
+        if self._unforwarded_first:
             self.first_token_forwarded_mono_ns = t_mono_ns
+        self._unforwarded = 0
+        self._unforwarded_first = False
 
     def finish(self, t_mono_ns: int) -> int:
         """End of stream at ``t_mono_ns``: handles an unterminated last event; returns content events it held."""

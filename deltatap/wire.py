@@ -18,6 +18,7 @@ Server side (a tap's downstream side, a reference-stack component)::
         resp = web.StreamResponse(); await resp.prepare(request)
         await resp.write(b"data: ...\\n\\n")
         t_written = last_write_mono_ns(request)             # that write handed to the kernel
+        connection_lost_mono_ns(request)                    # when the peer went away, if it did
 
 Client side (a tap's upstream side, a component calling its upstream)::
 
@@ -64,10 +65,12 @@ from deltatap.clock import mono_ns
 __all__ = [
     "StampingTransport",
     "UpstreamStamps",
+    "connection_lost_mono_ns",
     "last_read_mono_ns",
     "last_write_mono_ns",
     "make_stamping_connector",
     "make_stamping_runner",
+    "make_stamping_server_runner",
     "request_head_mono_ns",
     "request_received_mono_ns",
     "upstream_stamps",
@@ -133,6 +136,7 @@ class StampingRequestHandler(RequestHandler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.last_read_mono_ns: int | None = None
+        self.lost_mono_ns: int | None = None
         self._stamp_pending: int | None = None
         self._stamp_body: Any = None  # payload of the last request whose body may still be arriving
         self._stamps: collections.deque[tuple[int, int]] = collections.deque()
@@ -144,6 +148,10 @@ class StampingRequestHandler(RequestHandler):
         super().connection_made(transport)
         if self.transport is not None and not isinstance(self.transport, StampingTransport):
             self.transport = StampingTransport(self.transport)  # type: ignore[assignment]
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.lost_mono_ns = mono_ns()
+        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         t = mono_ns()
@@ -193,6 +201,13 @@ def make_stamping_runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
     return _StampingAppRunner(app, **kwargs)
 
 
+def make_stamping_server_runner(handler: Any, *, handler_cancellation: bool = False, **kwargs: Any) -> web.ServerRunner:
+    """A ``web.ServerRunner`` for aiohttp's low-level server (one ``handler(request)`` for every
+    request, no router); ``kwargs`` go to ``web.Server`` (e.g. ``access_log=None``)."""
+    server = _StampingServer(handler, handler_cancellation=handler_cancellation, **kwargs)
+    return web.ServerRunner(server)
+
+
 def request_received_mono_ns(request: web.BaseRequest) -> int | None:
     """When the read carrying this request's first byte happened (None without a stamping runner)."""
     return request.get(_RECEIVED_KEY)
@@ -207,6 +222,11 @@ def last_read_mono_ns(request: web.BaseRequest) -> int | None:
     """The latest read on this request's connection; read right after the body's EOF it is
     the arrival of the body's last byte."""
     return getattr(request.protocol, "last_read_mono_ns", None)
+
+
+def connection_lost_mono_ns(request: web.BaseRequest) -> int | None:
+    """When this request's connection was lost (the peer closed or reset it), else None."""
+    return getattr(request.protocol, "lost_mono_ns", None)
 
 
 def last_write_mono_ns(request: web.BaseRequest) -> int | None:
@@ -233,6 +253,11 @@ class StampingResponseHandler(ResponseHandler):
         self.read_totals: collections.deque[int] = collections.deque(maxlen=self.READ_LOG)
         self.read_stamps: collections.deque[int] = collections.deque(maxlen=self.READ_LOG)
         self.responses = 0
+        self.lost_mono_ns: int | None = None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.lost_mono_ns = mono_ns()
+        super().connection_lost(exc)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -282,6 +307,11 @@ class UpstreamStamps:
         self.request_written_mono_ns = self._transport.last_write_mono_ns if self._transport else None
         self.head_mono_ns = proto.head_mono_ns
         self._response_no = proto.responses
+
+    @property
+    def connection_lost_mono_ns(self) -> int | None:
+        """When the upstream connection was lost, if it was."""
+        return self._proto.lost_mono_ns
 
     def arrival_mono_ns(self, body_end: int) -> int | None:
         """When the read that delivered body byte ``body_end - 1`` happened."""

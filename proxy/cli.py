@@ -1,0 +1,131 @@
+"""``deltatap tap``: run one tap from flags or from a topology file."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from deltatap import aio
+from deltatap.config import ConfigError
+from deltatap.telemetry import TelemetryConfigError, setup_telemetry
+from deltatap.topology import load_topology
+from proxy.options import TapOptions, options_from_topology, split_listen
+
+log = logging.getLogger("deltatap.tap")
+
+# docs' port conventions for the default links (tests always use ephemeral ports)
+DEFAULT_LISTEN = {"edge": "127.0.0.1:9100", "gw-fw": "127.0.0.1:9200", "fw-engine": "127.0.0.1:9300"}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "tap",
+        help="run a transparent tap proxy on one link",
+        description="Forward every byte between a downstream and an upstream unchanged while stamping the "
+        "request/first-token/last-token timeline into an OpenTelemetry span per request.",
+    )
+    p.add_argument("--link", required=True, help="link name (edge, gw-fw, fw-engine, or one from --config)")
+    p.add_argument("--config", help="topology YAML; the link's tap section supplies listen/admin/upstream/...")
+    p.add_argument("--listen", help="HOST:PORT to listen on (default: the link's convention, e.g. edge 127.0.0.1:9100)")
+    p.add_argument("--upstream", help="URL to forward to, e.g. http://127.0.0.1:8300 (a path prefix is kept)")
+    p.add_argument("--admin", help="HOST:PORT for /metrics and /healthz (default: listen port + 1000)")
+    p.add_argument("--no-admin", action="store_true", help="run no admin server")
+    p.add_argument("--downstream", help="component name on the client side of the link")
+    p.add_argument("--upstream-name", help="component name on the server side of the link")
+    p.add_argument("--downstream-kind", help="kind of the downstream component (client, gateway, firewall, ...)")
+    p.add_argument("--upstream-kind", help="kind of the upstream component (gateway, firewall, engine, ...)")
+    p.add_argument("--host-header", help="rewrite Host to this value (default: preserve the client's)")
+    p.add_argument("--timeout-s", type=float, help="the tap's own upstream timeout (default: none)")
+    p.add_argument("--insecure", action="store_true", help="do not verify the upstream's TLS certificate")
+    p.add_argument("--correlation-header", help="correlation header, created if absent (default x-request-id)")
+    p.add_argument("--clock-sync", metavar="URL", help="collector base URL (GET /v1/clock) to estimate clock offset")
+    p.add_argument("--otlp", help="grpc://HOST:4317, http://HOST:4318, file:PATH or none (default: OTEL_EXPORTER_OTLP_*)")
+    p.add_argument("--otlp-protocol", help="grpc or http/protobuf (default: OTEL_EXPORTER_OTLP_PROTOCOL)")
+    p.add_argument("--fingerprint-key", help="key of the body fingerprint (default: $DELTATAP_FINGERPRINT_KEY)")
+    p.add_argument("--grace-s", type=float, default=10.0, help="on SIGTERM, let streams in flight finish this long (default 10)")
+    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="extra span attribute deltatap.label.KEY")
+    p.set_defaults(func=run)
+
+
+def _labels(values: list[str]) -> dict[str, str]:
+    out = {}
+    for v in values:
+        key, sep, val = v.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--label {v!r}: expected KEY=VALUE")
+        out[key] = val
+    return out
+
+
+def build_options(args: argparse.Namespace) -> TapOptions:
+    common = {
+        "host_header": args.host_header,
+        "timeout_s": args.timeout_s,
+        "correlation_header": args.correlation_header,
+        "clock_sync": args.clock_sync,
+        "fingerprint_key": args.fingerprint_key,
+        "grace_s": args.grace_s,
+        "labels": _labels(args.label) or None,
+        "downstream": args.downstream,
+        "upstream_name": args.upstream_name,
+        "downstream_kind": args.downstream_kind,
+        "upstream_kind": args.upstream_kind,
+        "upstream": args.upstream,
+    }
+    if args.insecure:
+        common["verify_tls"] = False
+    if args.listen:
+        common["listen_host"], common["listen_port"] = split_listen(args.listen, "--listen")
+    if args.admin:
+        common["admin_host"], common["admin_port"] = split_listen(args.admin, "--admin")
+    if args.config:
+        opts = options_from_topology(load_topology(args.config), args.link, **common)
+    else:
+        if not args.upstream:
+            raise ConfigError("--upstream URL is required (or --config FILE with the link's upstream)")
+        if not args.listen:
+            if args.link not in DEFAULT_LISTEN:
+                raise ConfigError(f"--listen HOST:PORT is required for link {args.link!r}")
+            common["listen_host"], common["listen_port"] = split_listen(DEFAULT_LISTEN[args.link], "--listen")
+        opts = TapOptions(link=args.link, **{k: v for k, v in common.items() if v is not None})
+    if not args.admin and opts.listen_port and opts.admin_port == 0:
+        opts.admin_host, opts.admin_port = opts.listen_host, opts.listen_port + 1000
+    if args.no_admin:
+        opts.admin_port = None
+    return opts
+
+
+async def _serve(opts: TapOptions, args: argparse.Namespace) -> int:
+    from proxy.server import start_tap
+
+    try:
+        telemetry = setup_telemetry(f"deltatap-tap-{opts.link}", otlp=args.otlp, protocol=args.otlp_protocol,
+                                    resource_attributes={"deltatap.link": opts.link})
+    except TelemetryConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        running = await start_tap(opts, telemetry)
+    except BaseException:
+        telemetry.shutdown()
+        raise
+    print(f"deltatap tap {opts.link}: {running.url} -> {opts.upstream} (admin {running.admin_url or 'off'})", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.warning("tap %s: stopping (grace %.1fs)", opts.link, opts.grace_s)
+    await running.close(opts.grace_s)
+    await loop.run_in_executor(None, telemetry.shutdown)
+    s = telemetry.stats
+    print(f"deltatap tap {opts.link}: stopped; spans exported {s.spans_exported}, dropped {s.spans_dropped}", flush=True)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    opts = build_options(args)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO)
+    return aio.run(_serve(opts, args))

@@ -1,0 +1,117 @@
+"""What one tap needs to run: :class:`TapOptions`, built from flags or from a topology file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from yarl import URL
+
+from deltatap.config import ConfigError
+from deltatap.topology import Topology, parse_hostport
+from deltatap.vocab import DEFAULT_COMPONENTS, DEFAULT_CORRELATION_HEADER, ComponentKind, default_link
+
+_DEFAULT_KINDS = {name: kind for name, kind in DEFAULT_COMPONENTS}
+
+
+@dataclass
+class TapOptions:
+    """One tap on one link. ``listen_port=0`` / ``admin_port=0`` pick free ports; ``admin_port=None``
+    runs no admin server."""
+
+    link: str
+    upstream: str  # http(s)://host[:port][/prefix]
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 0
+    admin_host: str = "127.0.0.1"
+    admin_port: int | None = 0
+    downstream: str = ""  # component names; default from the default topology's link of that name
+    upstream_name: str = ""
+    downstream_kind: str = ""
+    upstream_kind: str = ""
+    host_header: str | None = None  # rewrite Host (default: preserve the client's)
+    timeout_s: float | None = None  # the tap's own upstream timeout (none by default)
+    verify_tls: bool = True
+    correlation_header: str = DEFAULT_CORRELATION_HEADER
+    clock_sync: str | None = None  # collector base URL answering GET /v1/clock
+    clock_resync_s: float = 60.0
+    fingerprint_key: str | None = None  # default: $DELTATAP_FINGERPRINT_KEY, then the documented default
+    grace_s: float = 10.0  # SIGTERM: how long streams in flight may finish
+    max_capture_bytes: int = 1 << 20  # bodies up to this size are parsed (model, usage); larger ones only hashed/counted
+    labels: dict[str, str] = field(default_factory=dict)  # extra span attributes deltatap.label.<k>
+
+    def __post_init__(self) -> None:
+        self.upstream_url = check_upstream(self.upstream)
+        link = default_link(self.link)
+        self.downstream = self.downstream or (link.downstream if link else "downstream")
+        self.upstream_name = self.upstream_name or (link.upstream if link else "upstream")
+        self.downstream_kind = str(self.downstream_kind or _guess_kind(self.downstream, ComponentKind.PROXY))
+        self.upstream_kind = str(self.upstream_kind or _guess_kind(self.upstream_name, ComponentKind.PROXY))
+        for name, kind in (("--downstream-kind", self.downstream_kind), ("--upstream-kind", self.upstream_kind)):
+            if kind not in ComponentKind.__members__.values():
+                raise ConfigError(f"{name}: {kind!r} is not a component kind; use one of {[k.value for k in ComponentKind]}")
+        if not self.correlation_header or any(c in self.correlation_header for c in " :\r\n"):
+            raise ConfigError(f"--correlation-header: {self.correlation_header!r} is not a header name")
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise ConfigError(f"--timeout-s: must be > 0 (got {self.timeout_s}); leave it out for no tap timeout")
+        if self.grace_s < 0:
+            raise ConfigError(f"--grace-s: must be >= 0 (got {self.grace_s})")
+
+
+def _guess_kind(name: str, fallback: ComponentKind) -> ComponentKind:
+    if name in _DEFAULT_KINDS:
+        return _DEFAULT_KINDS[name]
+    try:
+        return ComponentKind(name)
+    except ValueError:
+        return fallback
+
+
+def check_upstream(value: str, what: str = "--upstream") -> URL:
+    try:
+        url = URL(value)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{what}: {value!r} is not a URL ({exc})") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ConfigError(f"{what}: {value!r} must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8300")
+    if url.query_string or url.fragment:
+        raise ConfigError(f"{what}: {value!r} must not carry a query or fragment")
+    return url
+
+
+def split_listen(value: str, what: str) -> tuple[str, int]:
+    try:
+        return parse_hostport(value, what)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def options_from_topology(topology: Topology, link_name: str, **overrides) -> TapOptions:
+    """TapOptions for ``link_name`` of ``topology``; keyword overrides win (None values ignored)."""
+    link = topology.link(link_name)
+    tap = link.tap
+    upstream = overrides.pop("upstream", None) or topology.upstream_url(link_name)
+    if not upstream:
+        raise ConfigError(
+            f"topology {topology.name!r}, link {link_name!r}: no upstream URL; set links[].tap.upstream "
+            f"or components[{link.upstream}].url, or pass --upstream"
+        )
+    kw: dict = {
+        "link": link.name,
+        "upstream": upstream,
+        "downstream": link.downstream,
+        "upstream_name": link.upstream,
+        "downstream_kind": topology.component(link.downstream).kind.value,
+        "upstream_kind": topology.component(link.upstream).kind.value,
+        "correlation_header": topology.correlation_header,
+    }
+    if tap is not None:
+        kw["listen_host"], kw["listen_port"] = split_listen(tap.listen, f"links[{link.name}].tap.listen")
+        if tap.admin:
+            kw["admin_host"], kw["admin_port"] = split_listen(tap.admin, f"links[{link.name}].tap.admin")
+        elif kw["listen_port"]:
+            kw["admin_host"], kw["admin_port"] = kw["listen_host"], kw["listen_port"] + 1000
+        kw["host_header"] = tap.host_header
+        kw["timeout_s"] = tap.timeout_s
+        kw["verify_tls"] = tap.verify_tls
+    kw.update({k: v for k, v in overrides.items() if v is not None})
+    return TapOptions(**kw)

@@ -1,0 +1,270 @@
+"""One request as a tap saw it, and how it becomes a span — no sockets here.
+
+The socket-owning module (:mod:`proxy.server`) only fills a :class:`TapRecord` with
+``mono_ns`` stamps and counters while it forwards; everything below turns the record into span
+events and attributes once the request is over, off the forwarding path.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.trace import Span, Status, StatusCode
+
+from deltatap.clock import to_unix_ns
+from deltatap.clocksync import ClockEstimate
+from deltatap.sse import StreamFacts, StreamObserver
+from deltatap.vocab import Attr, Observer, Outcome, TapEvent
+from proxy.errors import Failure
+
+# request path suffix -> gen_ai.operation.name
+_OPERATIONS: tuple[tuple[str, str], ...] = (
+    ("/chat/completions", "chat"),
+    ("/completions", "text_completion"),
+    ("/completion", "text_completion"),
+    ("/responses", "chat"),
+    ("/messages", "chat"),
+    ("/embeddings", "embeddings"),
+)
+_MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")
+
+
+def operation_for_path(path: str) -> str | None:
+    p = path.rstrip("/")
+    return next((op for suffix, op in _OPERATIONS if p.endswith(suffix)), None)
+
+
+@dataclass(slots=True)
+class TapRecord:
+    received: int  # first byte of the request read
+    method: str = ""
+    path: str = ""
+    query: str = ""
+    client_address: str | None = None
+    request_id: str = ""
+    request_id_created: bool = False
+    head: int | None = None  # read that completed the request head
+    body_received: int | None = None  # read that delivered the request's last byte
+    forwarded: int | None = None  # last byte of the request written upstream
+    response_headers: int | None = None  # read that completed the upstream response head
+    response_headers_forwarded: int | None = None
+    response_end: int | None = None  # read that delivered the upstream body's last byte
+    end: int | None = None  # last byte written downstream (span end)
+    downstream_closed: int | None = None
+    upstream_closed: int | None = None
+    upstream_error: int | None = None
+    timeout: int | None = None
+    status: int | None = None
+    request_bytes: int = 0
+    response_bytes: int = 0
+    chunks: int = 0
+    fingerprint: str | None = None
+    request_capture: bytearray | None = None  # small request bodies, parsed for model / max_tokens only
+    response_capture: bytearray | None = None  # small non-SSE response bodies, parsed for usage only
+    stream: StreamObserver | None = None
+    failure: Failure | None = None
+    outcome: Outcome | None = None
+    facts: StreamFacts = field(default_factory=StreamFacts)
+
+    def final_outcome(self) -> Outcome:
+        if self.outcome is not None:
+            return self.outcome
+        if self.failure is not None:
+            return self.failure.outcome
+        if self.downstream_closed is not None:
+            return Outcome.CLIENT_CANCEL
+        if self.status is not None and self.status >= 400:
+            return Outcome.HTTP_ERROR
+        return Outcome.OK
+
+    @property
+    def overhead_request_ns(self) -> int | None:
+        start = self.body_received if self.body_received is not None else self.head
+        if start is None or self.forwarded is None:
+            return None
+        return max(0, self.forwarded - start)
+
+    @property
+    def overhead_first_token_ns(self) -> int | None:
+        s = self.stream
+        if s is None or s.first_token_mono_ns is None or s.first_token_forwarded_mono_ns is None:
+            return None
+        return max(0, s.first_token_forwarded_mono_ns - s.first_token_mono_ns)
+
+
+def events(rec: TapRecord) -> list[tuple[str, int]]:
+    """``(event name, mono_ns)`` pairs, in time order (ties keep the logical order below)."""
+    s = rec.stream
+    pairs: list[tuple[str, int | None]] = [
+        (TapEvent.REQUEST_RECEIVED, rec.received),
+        (TapEvent.REQUEST_BODY_RECEIVED, rec.body_received),
+        (TapEvent.REQUEST_FORWARDED, rec.forwarded),
+        (TapEvent.RESPONSE_HEADERS, rec.response_headers),
+        (TapEvent.RESPONSE_HEADERS_FORWARDED, rec.response_headers_forwarded),
+        (TapEvent.FIRST_TOKEN_RECEIVED, s.first_token_mono_ns if s else None),
+        (TapEvent.FIRST_TOKEN_FORWARDED, s.first_token_forwarded_mono_ns if s else None),
+        (TapEvent.LAST_TOKEN_RECEIVED, s.last_token_mono_ns if s else None),
+        (TapEvent.LAST_TOKEN_FORWARDED, s.last_token_forwarded_mono_ns if s else None),
+        (TapEvent.RESPONSE_END, rec.response_end),
+        (TapEvent.UPSTREAM_CLOSED, rec.upstream_closed),
+        (TapEvent.UPSTREAM_ERROR, rec.upstream_error),
+        (TapEvent.TIMEOUT, rec.timeout),
+        (TapEvent.DOWNSTREAM_CLOSED, rec.downstream_closed),
+    ]
+    present = [(str(name), t) for name, t in pairs if t is not None]
+    return sorted(present, key=lambda p: p[1])  # stable: equal stamps keep the order above
+
+
+def _parse_json(buf: bytearray | None) -> Any:
+    if not buf:
+        return None
+    try:
+        return json.loads(buf)
+    except ValueError:
+        return None
+
+
+def _request_attributes(rec: TapRecord, attrs: dict[str, Any]) -> None:
+    doc = _parse_json(rec.request_capture)
+    if not isinstance(doc, dict):
+        return
+    if isinstance(doc.get("model"), str):
+        attrs[Attr.GENAI_REQUEST_MODEL] = doc["model"]
+    for key in _MAX_TOKEN_KEYS:
+        if isinstance(doc.get(key), int) and not isinstance(doc.get(key), bool):
+            attrs[Attr.GENAI_REQUEST_MAX_TOKENS] = doc[key]
+            break
+
+
+def _response_facts(rec: TapRecord) -> StreamFacts:
+    """Facts from the SSE stream, or from a small JSON (non-streamed) response body."""
+    if rec.stream is not None:
+        return rec.stream.facts
+    facts = rec.facts
+    doc = _parse_json(rec.response_capture)
+    if isinstance(doc, dict):
+        if isinstance(doc.get("model"), str):
+            facts.model = doc["model"]
+        if isinstance(doc.get("id"), str):
+            facts.response_id = doc["id"]
+        usage = doc.get("usage")
+        if isinstance(usage, dict) and "input_tokens" in usage:
+            facts.take_usage(usage, "input_tokens", "output_tokens")
+        else:
+            facts.take_usage(usage, "prompt_tokens", "completion_tokens")
+        facts.take_timings(doc.get("timings"))
+        for ch in doc.get("choices") or ():
+            if isinstance(ch, dict):
+                facts.take_finish(ch.get("finish_reason"))
+        facts.take_finish(doc.get("stop_reason"))
+    return facts
+
+
+_TIMING_ATTRS = {
+    "prompt_ms": Attr.ENGINE_PROMPT_MS,
+    "predicted_ms": Attr.ENGINE_PREDICTED_MS,
+    "prompt_n": Attr.ENGINE_PROMPT_N,
+    "predicted_n": Attr.ENGINE_PREDICTED_N,
+    "cache_n": Attr.ENGINE_CACHE_N,
+}
+
+
+def attributes(rec: TapRecord, *, link: str, downstream: str, downstream_kind: str, upstream: str, upstream_kind: str,
+               upstream_host: str, upstream_port: int, correlation_header: str, clock: ClockEstimate | None,
+               labels: dict[str, str]) -> dict[str, Any]:
+    """The span's attributes: names from :class:`deltatap.vocab.Attr`, never any content or secret."""
+    outcome = rec.final_outcome()
+    a: dict[str, Any] = {
+        Attr.OBSERVER: Observer.TAP.value,
+        Attr.LINK: link,
+        Attr.DOWNSTREAM: downstream,
+        Attr.DOWNSTREAM_KIND: downstream_kind,
+        Attr.UPSTREAM: upstream,
+        Attr.UPSTREAM_KIND: upstream_kind,
+        Attr.REQUEST_ID: rec.request_id,
+        Attr.CORRELATION_HEADER: correlation_header,
+        Attr.BODY_BYTES_IN: rec.request_bytes,
+        Attr.BODY_BYTES_OUT: rec.response_bytes,
+        Attr.CHUNKS: rec.chunks,
+        Attr.STREAMING: rec.stream is not None,
+        Attr.OUTCOME: outcome.value,
+        Attr.HTTP_METHOD: rec.method,
+        Attr.URL_PATH: rec.path,
+        Attr.SERVER_ADDRESS: upstream_host,
+        Attr.SERVER_PORT: upstream_port,
+    }
+    if rec.query:
+        a[Attr.URL_QUERY] = rec.query
+    if rec.client_address:
+        a[Attr.CLIENT_ADDRESS] = rec.client_address
+    if rec.fingerprint:
+        a[Attr.BODY_FINGERPRINT] = rec.fingerprint
+    if rec.status is not None:
+        a[Attr.HTTP_STATUS] = rec.status
+    if rec.failure is not None:
+        a[Attr.ERROR_TYPE] = rec.failure.error_type
+        a[Attr.ERROR_CAUSE] = rec.failure.cause
+    elif rec.status is not None and rec.status >= 500:
+        a[Attr.ERROR_TYPE] = str(rec.status)
+    for name, value in ((Attr.OVERHEAD_REQUEST_NS, rec.overhead_request_ns), (Attr.OVERHEAD_FIRST_TOKEN_NS, rec.overhead_first_token_ns)):
+        if value is not None:
+            a[name] = value
+    if clock is not None:
+        a[Attr.CLOCK_OFFSET_NS] = clock.offset_ns
+        a[Attr.CLOCK_UNCERTAINTY_NS] = clock.uncertainty_ns
+    s = rec.stream
+    if s is not None:
+        a[Attr.STREAM_FORMAT] = s.format or "none"
+        a[Attr.EVENTS] = s.events
+        a[Attr.CONTENT_EVENTS] = s.content_events
+        g, gf = s.gaps, s.gaps_forwarded
+        a[Attr.GAP_COUNT] = g.count
+        if g.count:
+            a[Attr.GAP_MEAN_MS] = g.mean_ns / 1e6
+            a[Attr.GAP_MAX_MS] = g.max_ns / 1e6
+            a[Attr.GAP_P99_MS] = g.p99_ns() / 1e6
+        if gf.count:
+            a[Attr.GAP_FWD_MEAN_MS] = gf.mean_ns / 1e6
+            a[Attr.GAP_FWD_MAX_MS] = gf.max_ns / 1e6
+            a[Attr.GAP_FWD_P99_MS] = gf.p99_ns() / 1e6
+    else:
+        a[Attr.STREAM_FORMAT] = "none"
+    op = operation_for_path(rec.path)
+    if op:
+        a[Attr.GENAI_OPERATION] = op
+        a[Attr.GENAI_SYSTEM] = "anthropic" if s is not None and s.format == "anthropic" else "openai"
+    _request_attributes(rec, a)
+    facts = _response_facts(rec)
+    if facts.model:
+        a[Attr.GENAI_RESPONSE_MODEL] = facts.model
+    if facts.response_id:
+        a[Attr.GENAI_RESPONSE_ID] = facts.response_id
+    if facts.input_tokens is not None:
+        a[Attr.GENAI_INPUT_TOKENS] = facts.input_tokens
+    if facts.output_tokens is not None:
+        a[Attr.GENAI_OUTPUT_TOKENS] = facts.output_tokens
+    elif s is not None and s.tokens:
+        a[Attr.GENAI_OUTPUT_TOKENS] = s.tokens  # counted from content events: no usage in the stream
+    if facts.finish_reasons:
+        a[Attr.GENAI_FINISH_REASONS] = list(facts.finish_reasons)
+    for key, attr in _TIMING_ATTRS.items():
+        if key in facts.timings:
+            a[attr] = facts.timings[key]
+    for k, v in labels.items():
+        a[Attr.LABEL_PREFIX + k] = v
+    return a
+
+
+def finish_span(span: Span, rec: TapRecord, attrs: dict[str, Any]) -> None:
+    """Add the events (exact timestamps), attributes and status, then end the span at ``rec.end``."""
+    for name, t in events(rec):
+        span.add_event(name, timestamp=to_unix_ns(t))
+    span.set_attributes(attrs)
+    outcome = rec.final_outcome()
+    if outcome in (Outcome.UPSTREAM_ERROR, Outcome.TIMEOUT) or (rec.status or 0) >= 500:
+        span.set_status(Status(StatusCode.ERROR, rec.failure.cause if rec.failure else f"HTTP {rec.status}"))
+    last = max((t for _, t in events(rec)), default=rec.received)
+    end = rec.end if rec.end is not None else last
+    span.end(end_time=to_unix_ns(max(end, last)))
