@@ -220,6 +220,10 @@ class Attr:
     OUTCOME = "deltatap.outcome"  # see Outcome
     ERROR_CAUSE = "deltatap.error.cause"
     FIREWALL_DECISION = "deltatap.firewall.decision"  # allow | allow_after_analysis | block_pattern | block_analysis | modify
+    FIREWALL_OUTBOUND_DECISION = "deltatap.firewall.outbound_decision"  # same values, response inspection
+    FIREWALL_INBOUND_MS = "deltatap.firewall.inbound_ms"  # inbound inspection time the cost model drew
+    FIREWALL_OUTBOUND_MS = "deltatap.firewall.outbound_ms"  # total outbound inspection time drawn
+    FIREWALL_OUTBOUND_CHECKS = "deltatap.firewall.outbound_checks"  # outbound inspections (windows)
     LABEL_PREFIX = "deltatap.label."  # workload labels: deltatap.label.workload, deltatap.label.class, ...
     RUN_ID = "deltatap.run_id"
     # engine telemetry passed through the stream (llama.cpp timings) or headers
