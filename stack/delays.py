@@ -67,6 +67,10 @@ class DelaySampler:
     async def sleep(self, spec: DelaySpec) -> float:
         """Sleep one draw of ``spec`` (no await at all when it is zero); returns the drawn ms."""
         ms = self.draw_ms(spec)
+        await self.sleep_ms(ms)
+        return ms
+
+    @staticmethod
+    async def sleep_ms(ms: float) -> None:
         if ms > 0:
             await asyncio.sleep(ms / 1000.0)
-        return ms

@@ -22,12 +22,16 @@ DONE = b"data: [DONE]\n\n"
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.code = status, message, type_, code
+        self.headers = headers or {}
 
     def response(self, headers: dict[str, str] | None = None) -> web.Response:
-        return web.json_response(error_body(self.message, self.type, self.code), status=self.status, headers=headers)
+        h = {**self.headers, **(headers or {})}
+        return web.json_response(error_body(self.message, self.type, self.code), status=self.status, headers=h)
 
 
 def error_body(message: str, type_: str, code: str | None = None) -> dict[str, Any]:

@@ -1,0 +1,77 @@
+"""Serving a reference component: socket-stamping runner, lifecycle, and what tests get back.
+
+Every component runs on :func:`deltatap.wire.make_stamping_runner` (so its ``in.arrive`` is the
+read that carried the request's first byte, and ``last_write_mono_ns`` is when a chunk was handed
+to the kernel) with ``handler_cancellation=True``: when a client goes away, the handler is
+cancelled at its current await, which is how the engine notices a disconnect and how an
+intermediary closes its own upstream request (the timeout cascade).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from deltatap.clock import mono_ns
+from deltatap.telemetry import Telemetry
+from deltatap.topology import parse_hostport
+from deltatap.wire import make_stamping_runner, request_received_mono_ns
+
+log = logging.getLogger("deltatap.stack")
+
+
+def arrival_mono(request: web.BaseRequest) -> int:
+    """The socket-level arrival of ``request`` (first byte read); the handler's own time only if
+    the runner does not stamp (never the case for servers built by :func:`serve`)."""
+    t = request_received_mono_ns(request)
+    return t if t is not None else mono_ns()
+
+
+@dataclass
+class RunningComponent:
+    """A started component. ``url`` is where it listens (port 0 resolved)."""
+
+    name: str
+    kind: str
+    url: str
+    runner: web.AppRunner
+    app: web.Application
+    telemetry: Telemetry | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    async def close(self) -> None:
+        """Stop accepting, cancel in-flight handlers, run the app's cleanup (scheduler, sessions)."""
+        await self.runner.cleanup()
+
+
+async def serve(app: web.Application, listen: str, name: str, kind: str, telemetry: Telemetry | None) -> RunningComponent:
+    host, port = parse_hostport(listen)
+    runner = make_stamping_runner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise OSError(exc.errno, f"{kind} {name}: cannot listen on {listen}: {exc.strerror}") from None
+    bound = runner.addresses[0]
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{bound[1]}"
+    log.info("%s %s listening on %s", kind, name, url)
+    return RunningComponent(name=name, kind=kind, url=url, runner=runner, app=app, telemetry=telemetry)
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+def disconnected(exc: BaseException) -> bool:
+    """A downstream disconnect, as a handler sees it (cancellation or a reset on write)."""
+    return isinstance(exc, (asyncio.CancelledError, ConnectionResetError, ConnectionError))
