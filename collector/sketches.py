@@ -1,7 +1,10 @@
 """Mergeable aggregates per delta: DDSketch quantiles plus exact count, min, max, mean, error bound.
 
 Each delta gets one :class:`ddsketch.DDSketch` (relative accuracy ``alpha``, default 0.5 %) over its
-values in ns; count, min, max and sum are exact. Sketches merge bucket by bucket, so the
+values in ns; count, min, max and sum are exact. While a delta has at most ``exact_cap`` values
+(default 50,000) they are also kept, and quantiles are exact (numpy, linear interpolation); beyond
+that, quantiles come from the sketch. The choice depends only on the total count, so merged and
+single-collector aggregates still agree. Sketches merge bucket by bucket, so the
 aggregate of several collectors (each seeing some traces, e.g. behind the OpenTelemetry
 Collector's trace-id load-balancing exporter) equals the aggregate one collector would have built
 from all rows: :meth:`Aggregator.merge`, :meth:`Aggregator.to_dict` / :meth:`Aggregator.from_dict`
@@ -33,30 +36,60 @@ def _store_from_dict(store: Any, bins: dict[str, float]) -> None:
         store.add(int(k), float(c))
 
 
-class DeltaSketch:
-    __slots__ = ("sketch", "err_max_ns")
+EXACT_CAP = 50_000
 
-    def __init__(self, alpha: float) -> None:
+
+class DeltaSketch:
+    __slots__ = ("sketch", "err_max_ns", "exact", "cap")
+
+    def __init__(self, alpha: float, cap: int = EXACT_CAP) -> None:
         self.sketch = DDSketch(relative_accuracy=alpha)
         self.err_max_ns = 0
+        self.cap = cap
+        self.exact: list[np.ndarray] | None = []
+
+    def _keep(self, values: np.ndarray) -> None:
+        if self.exact is None:
+            return
+        if self.sketch.count > self.cap:
+            self.exact = None
+        else:
+            self.exact.append(values)
 
     def add_many(self, values: np.ndarray, errors: np.ndarray) -> None:
         add = self.sketch.add
         for v in values.tolist():
             add(float(v))
+        self._keep(values.astype(np.int64))
         if errors.size:
             self.err_max_ns = max(self.err_max_ns, int(errors.max()))
 
     def merge(self, other: DeltaSketch) -> None:
         self.sketch.merge(other.sketch)
         self.err_max_ns = max(self.err_max_ns, other.err_max_ns)
+        if other.exact is None:
+            self.exact = None
+        else:
+            self._keep(np.concatenate(other.exact) if other.exact else np.zeros(0, np.int64))
+
+    def values(self) -> np.ndarray | None:
+        """Every value (int64 ns) while the delta is under the exact cap, else None."""
+        if self.exact is None:
+            return None
+        return np.concatenate(self.exact) if self.exact else np.zeros(0, np.int64)
 
     def summary(self) -> dict[str, float | int | None]:
         s = self.sketch
         n = int(s.count)
         out: dict[str, float | int | None] = {}
+        vals = self.values()
         for name, q in QUANTILES.items():
-            out[f"{name}_ms"] = None if n == 0 else s.get_quantile_value(q) / 1e6
+            if n == 0:
+                out[f"{name}_ms"] = None
+            elif vals is not None:
+                out[f"{name}_ms"] = float(np.quantile(vals, q)) / 1e6
+            else:
+                out[f"{name}_ms"] = s.get_quantile_value(q) / 1e6
         out["mean_ms"] = None if n == 0 else s.sum / n / 1e6
         out["min_ms"] = None if n == 0 else s._min / 1e6
         out["max_ms"] = None if n == 0 else s._max / 1e6
@@ -69,6 +102,7 @@ class DeltaSketch:
         return {
             "count": s._count, "sum": s._sum, "min": s._min if s._count else None, "max": s._max if s._count else None,
             "zero": s._zero_count, "pos": _store_to_dict(s._store), "neg": _store_to_dict(s._negative_store), "err_max_ns": self.err_max_ns,
+            "values": None if self.values() is None else self.values().tolist(),
         }
 
     @classmethod
@@ -83,6 +117,8 @@ class DeltaSketch:
         s._min = float(d["min"]) if d.get("min") is not None else math.inf
         s._max = float(d["max"]) if d.get("max") is not None else -math.inf
         out.err_max_ns = int(d.get("err_max_ns", 0))
+        vals = d.get("values")
+        out.exact = None if vals is None else [np.asarray(vals, dtype=np.int64)]
         return out
 
 

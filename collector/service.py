@@ -1,0 +1,220 @@
+"""The running collector: receivers + pipeline + row sink + metrics + forwarding, created and closed in one place.
+
+In-process API (the demo and the tests use it; ``deltatap collect`` is a thin shell over it)::
+
+    running = await start_collector(CollectorOptions(otlp_grpc="127.0.0.1:0", otlp_http="127.0.0.1:0"))
+    running.otlp_grpc_endpoint   # "grpc://127.0.0.1:PORT"  (a --otlp value for taps / loadgen)
+    running.otlp_http_url        # "http://127.0.0.1:PORT"  (OTLP/HTTP; also the /v1/clock base URL)
+    running.metrics_url          # "http://HOST:PORT/metrics" when a separate metrics port was asked for
+    await running.drain()        # close every open trace now and emit its row
+    running.rows()               # rows emitted so far (the last keep_rows)
+    running.aggregator           # mergeable per-delta sketches
+    await running.close()        # stop receiving, flush, write the out_dir files
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from collector.forward import Forwarder
+from collector.metrics import CollectorMetrics
+from collector.outputs import write_outputs
+from collector.pipeline import Pipeline, PipelineOptions
+from collector.receivers import http_app, metrics_app, start_grpc
+from collector.reexport import decomposition_spans, encode_records
+from collector.rows import Row
+from collector.sinks import RowWriter
+from collector.sketches import Aggregator
+from collector.spans import SpanRecord
+from deltatap.config import ConfigError
+from deltatap.topology import Topology, default_topology, parse_hostport
+
+log = logging.getLogger("deltatap.collector")
+ROWS_FORMATS = ("parquet", "csv", "jsonl")
+
+
+@dataclass
+class CollectorOptions:
+    otlp_grpc: str | None = "127.0.0.1:4317"  # HOST:PORT, or None for no gRPC receiver
+    otlp_http: str | None = "127.0.0.1:4318"
+    metrics: str | None = None  # separate HOST:PORT for /metrics (it is also on the OTLP/HTTP port)
+    topology: Topology | None = None
+    pipeline: PipelineOptions = field(default_factory=PipelineOptions)
+    out_dir: str | Path | None = None
+    rows_format: str = "parquet"
+    forward: str | None = None  # grpc://HOST:PORT or http://HOST:PORT
+    reexport: bool = False  # send synthetic decomposition spans to ``forward``
+    tick_s: float = 0.05
+
+    def check(self) -> None:
+        if self.rows_format not in ROWS_FORMATS:
+            raise ConfigError(f"--rows-format {self.rows_format!r}: use one of {', '.join(ROWS_FORMATS)}")
+        if self.reexport and not self.forward:
+            raise ConfigError("--reexport needs --forward grpc://HOST:PORT or http://HOST:PORT (where to send the decomposition spans)")
+        for flag, v in (("--otlp-grpc", self.otlp_grpc), ("--otlp-http", self.otlp_http), ("--metrics", self.metrics)):
+            if v is not None:
+                try:
+                    parse_hostport(v, flag)
+                except ValueError as exc:
+                    raise ConfigError(str(exc)) from None
+        if self.otlp_grpc is None and self.otlp_http is None:
+            raise ConfigError("no receiver: give --otlp-grpc and/or --otlp-http")
+
+
+class RunningCollector:
+    def __init__(self, options: CollectorOptions) -> None:
+        self.options = options
+        self.topology = options.topology or default_topology()
+        self.pipeline = Pipeline(self.topology, options.pipeline)
+        self.metrics = CollectorMetrics(self.pipeline.snapshot, self.pipeline.hist)
+        self.otlp_grpc_endpoint: str | None = None
+        self.otlp_http_url: str | None = None
+        self.metrics_url: str | None = None
+        self._grpc = None
+        self._runners: list[web.AppRunner] = []
+        self._tick_task: asyncio.Task | None = None
+        self._forwarder: Forwarder | None = None
+        self._writer: RowWriter | None = None
+        self._pending_rows: list[Row] = []
+        self._last_write = time.monotonic()
+        self._closed = False
+
+    # ---- callbacks from the receivers --------------------------------------------------------
+    def _on_spans(self, spans: list[SpanRecord], raw: Any) -> None:
+        self.pipeline.ingest(spans, time.monotonic())
+        if self._forwarder is not None and spans:
+            req = raw if raw is not None else encode_records(spans)
+            self._forwarder.submit(req.SerializeToString(), len(spans))
+
+    def _on_error(self, transport: str) -> None:
+        self.pipeline.decode_errors[transport] = self.pipeline.decode_errors.get(transport, 0) + 1
+
+    def _on_rows(self, rows: list[Row]) -> None:
+        if self._writer is not None:
+            self._pending_rows.extend(rows)
+        if self._forwarder is not None and self.options.reexport:
+            req = decomposition_spans(rows, self.topology)
+            n = sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+            if n:
+                self._forwarder.submit(req.SerializeToString(), n)
+
+    def _drop(self, n: int) -> None:
+        self.pipeline.forward_dropped += n
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        o = self.options
+        o.check()
+        self.pipeline.listeners.append(self._on_rows)
+        if o.out_dir is not None:
+            self._writer = RowWriter(Path(o.out_dir) / f"rows.{o.rows_format}", self.topology)
+        if o.forward:
+            self._forwarder = Forwarder(o.forward, self._drop)
+            await self._forwarder.start()
+        try:
+            if o.otlp_grpc is not None:
+                host, port = parse_hostport(o.otlp_grpc, "--otlp-grpc")
+                self._grpc, bound = await start_grpc((host, port), self._on_spans, self._on_error)
+                self.otlp_grpc_endpoint = f"grpc://{host}:{bound}"
+            if o.otlp_http is not None:
+                host, port = parse_hostport(o.otlp_http, "--otlp-http")
+                self.otlp_http_url = f"http://{host}:{await self._serve(http_app(self._on_spans, self._on_error, self.metrics.render), host, port, '--otlp-http')}"
+            if o.metrics is not None:
+                host, port = parse_hostport(o.metrics, "--metrics")
+                self.metrics_url = f"http://{host}:{await self._serve(metrics_app(self.metrics.render), host, port, '--metrics')}/metrics"
+        except BaseException:
+            await self._stop_servers()
+            raise
+        self._tick_task = asyncio.create_task(self._ticker(), name="deltatap-collector-tick")
+
+    async def _serve(self, app: web.Application, host: str, port: int, flag: str) -> int:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        self._runners.append(runner)
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise ConfigError(f"{flag} {host}:{port}: cannot listen ({exc.strerror or exc})") from None
+        return site._server.sockets[0].getsockname()[1]
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.tick_s)
+            try:
+                self.pipeline.tick(time.monotonic())
+                self._write_rows(force=False)
+            except Exception:  # a bad trace must not stop the collector
+                log.exception("collector tick failed")
+
+    def _write_rows(self, force: bool) -> None:
+        if self._writer is None or not self._pending_rows:
+            return
+        now = time.monotonic()
+        if force or len(self._pending_rows) >= 2000 or now - self._last_write >= 1.0:
+            rows, self._pending_rows = self._pending_rows, []
+            self._writer.write(rows)
+            self._last_write = now
+
+    async def drain(self) -> list[Row]:
+        """Close every open trace and pending join now; returns the rows this produced."""
+        rows = self.pipeline.flush(time.monotonic())
+        self._write_rows(force=True)
+        return rows
+
+    def rows(self) -> list[Row]:
+        return list(self.pipeline.kept)
+
+    @property
+    def aggregator(self) -> Aggregator:
+        return self.pipeline.aggregator
+
+    def stats(self) -> dict[str, Any]:
+        s = self.pipeline.snapshot()
+        if self._forwarder is not None:
+            s["forwarded_spans"] = self._forwarder.sent_spans
+        return s
+
+    async def _stop_servers(self) -> None:
+        if self._grpc is not None:
+            await self._grpc.stop(grace=0.5)
+            self._grpc = None
+        for r in self._runners:
+            await r.cleanup()
+        self._runners = []
+
+    async def close(self) -> dict[str, Path]:
+        """Stop receiving, emit every remaining row, write the output files; returns them by name."""
+        if self._closed:
+            return {}
+        self._closed = True
+        await self._stop_servers()
+        if self._tick_task is not None:
+            self._tick_task.cancel()
+            try:
+                await self._tick_task
+            except asyncio.CancelledError:
+                pass
+        await self.drain()
+        if self._forwarder is not None:
+            await self._forwarder.close()
+        written: dict[str, Path] = {}
+        if self._writer is not None:
+            self._writer.close()
+            written["rows"] = self._writer.path
+        if self.options.out_dir is not None:
+            written.update(write_outputs(self.aggregator, self.topology, self.options.out_dir, self.stats()))
+        return written
+
+
+async def start_collector(options: CollectorOptions | None = None) -> RunningCollector:
+    rc = RunningCollector(options or CollectorOptions())
+    await rc.start()
+    return rc

@@ -1,0 +1,150 @@
+"""Rows files: Parquet (pyarrow), CSV and JSON lines, chosen by suffix; written in batches, read back whole.
+
+Columns are :func:`collector.rows.record_columns` for the topology (stable across runs); Parquet
+columns are typed (int64 ns, bool, string). A point or delta outside the topology's column set
+(a span naming a component the topology lacks) is dropped from the file with one warning.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from collector.rows import Row, from_record, record_columns, to_record
+from deltatap.config import ConfigError
+from deltatap.topology import Topology
+
+log = logging.getLogger("deltatap.collector")
+
+ROW_FORMATS = {".parquet": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
+_INT_SUFFIXES = (".unix_ns", ".unc_ns", ".ns", ".err_ns", ".count", ".mean_ns", ".p99_ns", ".max_ns")
+_INT_COLUMNS = {"schema_version", "start_unix_ns", "http_status", "tokens_in", "tokens_out", "cascade.engine_end_unix_ns", "cascade.engine_busy_after_gave_up_ns", "cascade.tokens_after_gave_up"}
+
+
+def column_type(name: str) -> pa.DataType:
+    if name in _INT_COLUMNS or name.endswith(_INT_SUFFIXES):
+        return pa.int64()
+    if name.endswith(".within"):
+        return pa.bool_()
+    return pa.string()
+
+
+def row_format(path: str | Path) -> str:
+    fmt = ROW_FORMATS.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise ConfigError(f"{path}: unknown rows format; use a .parquet, .csv or .jsonl file name")
+    return fmt
+
+
+class RowWriter:
+    """Appends rows to one file; ``close()`` finishes it (Parquet needs its footer)."""
+
+    def __init__(self, path: str | Path, topology: Topology) -> None:
+        self.path = Path(path)
+        self.format = row_format(self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.columns = record_columns(topology)
+        self.topology = topology
+        self.rows_written = 0
+        self._warned = False
+        self._pq: pq.ParquetWriter | None = None
+        self._fh = None
+        self._csv: Any = None
+        if self.format == "parquet":
+            self.schema = pa.schema([(c, column_type(c)) for c in self.columns])
+        else:
+            self._fh = self.path.open("w", encoding="utf-8", newline="")
+            if self.format == "csv":
+                self._csv = csv.DictWriter(self._fh, fieldnames=self.columns, extrasaction="ignore")
+                self._csv.writeheader()
+
+    def _records(self, rows: Iterable[Row]) -> list[dict[str, Any]]:
+        recs = []
+        known = set(self.columns)
+        for r in rows:
+            rec = to_record(r, self.topology)
+            if not self._warned and len(rec) > len(known):
+                extra = sorted(set(rec) - known)[:5]
+                log.warning("%s: columns outside topology %r dropped (e.g. %s)", self.path, self.topology.name, extra)
+                self._warned = True
+            recs.append(rec)
+        return recs
+
+    def write(self, rows: list[Row]) -> None:
+        if not rows:
+            return
+        recs = self._records(rows)
+        if self.format == "parquet":
+            table = pa.Table.from_pydict({c: [r.get(c) for r in recs] for c in self.columns}, schema=self.schema)
+            if self._pq is None:
+                self._pq = pq.ParquetWriter(self.path, self.schema)
+            self._pq.write_table(table)
+        elif self.format == "csv":
+            self._csv.writerows(recs)
+            self._fh.flush()
+        else:
+            for r in recs:
+                self._fh.write(json.dumps({c: r.get(c) for c in self.columns}) + "\n")
+            self._fh.flush()
+        self.rows_written += len(rows)
+
+    def close(self) -> None:
+        if self.format == "parquet":
+            if self._pq is None:  # no rows: still leave a readable, empty file
+                pq.write_table(self.schema.empty_table(), self.path)
+            else:
+                self._pq.close()
+        elif self._fh is not None:
+            self._fh.close()
+
+
+def write_rows(rows: list[Row], path: str | Path, topology: Topology) -> Path:
+    w = RowWriter(path, topology)
+    try:
+        w.write(rows)
+    finally:
+        w.close()
+    return w.path
+
+
+def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    return pq.read_table(path).to_pylist()
+
+
+def _read_csv(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    out = []
+    with path.open(encoding="utf-8") as fh:
+        for i, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"{path}:{i}: not JSON ({exc.msg})") from None
+    return out
+
+
+_READERS: dict[str, Callable[[Path], list[dict[str, Any]]]] = {"parquet": _read_parquet, "csv": _read_csv, "jsonl": _read_jsonl}
+
+
+def read_rows(path: str | Path) -> list[Row]:
+    """Rows from a file written by :class:`RowWriter` (any of the three formats)."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{p}: file not found")
+    recs = _READERS[row_format(p)](p)
+    try:
+        return [from_record(r) for r in recs]
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ConfigError(f"{p}: not a deltatap rows file ({exc})") from None
