@@ -137,7 +137,10 @@ def build_row(
             outcome = Outcome.HTTP_ERROR
         else:
             outcome = Outcome.OK
-    tokens = _pick_by_order(ex.tokens, inner_first + [o for o in ex.tokens if o.startswith("client")])
+    tok_order = inner_first + [o for o in ex.tokens if o.startswith("client")]
+    tok_observer = next((o for o in tok_order if o in ex.tokens), next(iter(ex.tokens), None))
+    tokens = ex.tokens.get(tok_observer) if tok_observer else None
+    tok_source = None if tokens is None else (TokenSource.TOKENIZER if tok_observer in ex.tokenizer_counted else TokenSource.USAGE)
 
     cascade = Cascade(gave_up_unix_ns=dict(ex.gave_up), attempts=dict(ex.attempts))
     engine_last = points.get(point(topo.engine.name, Role.LAST_TOKEN))
@@ -146,7 +149,9 @@ def build_row(
     if first is not None and cascade.engine_end_unix_ns is not None:
         cascade.engine_busy_after_gave_up_ns = max(0, cascade.engine_end_unix_ns - first[1])
         inner, outer = topo.links[-1].name, topo.links[0].name
-        if inner in ex.content_events and outer in ex.content_events:
+        if ex.engine_tokens_after_disconnect is not None:  # the engine's own count wins
+            cascade.tokens_after_gave_up = ex.engine_tokens_after_disconnect
+        elif inner in ex.content_events and outer in ex.content_events:
             cascade.tokens_after_gave_up = max(0, ex.content_events[inner] - ex.content_events[outer])
 
     rid = Counter(ex.request_ids).most_common(1)[0][0] if ex.request_ids else None
@@ -164,7 +169,7 @@ def build_row(
         labels=ex.labels,
         tokens_in=tokens[0] if tokens else None,
         tokens_out=tokens[1] if tokens else None,
-        tokens_source=TokenSource.USAGE if tokens else None,
+        tokens_source=tok_source,
         points=points,
         deltas=deltas,
         gaps=dict(ex.gaps),

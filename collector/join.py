@@ -8,8 +8,10 @@ A request normally arrives as one closed trace (one trace id). A component that 
 2. **body fingerprint**: when a group is due (``hold_s`` after its last fragment), it is matched with
    a pending group that carries the same ``deltatap.body.fingerprint``, started within ``window_s``,
    and covers the complementary links (one's tapped links all outside the other's). The match is
-   made only when it is unique *from both sides*; otherwise the group is emitted ``unjoined`` with a
-   note naming how many candidates there were, and counted in ``ambiguous``: never guessed.
+   made only when the two groups are each other's only candidates (transitively: the candidate
+   graph around them holds exactly these two); otherwise every group involved is emitted
+   ``unjoined`` with a note naming how many fragments competed, and counted in ``ambiguous``:
+   never guessed.
 """
 
 from __future__ import annotations
@@ -161,20 +163,18 @@ class Joiner:
                 out[gid] = h
         return list(out.values())
 
-    def _finish(self, g: Group) -> Group:
-        cands = self._candidates(g)
-        if len(cands) == 1:
-            h = cands[0]
-            back = self._candidates(h)
-            if len(back) == 1 and back[0].gid == g.gid:
-                self._merge(g, h)
-                g.method = JoinMethod.FINGERPRINT
-            else:
-                g.method, g.note = JoinMethod.UNJOINED, f"ambiguous: the fingerprint partner has {len(back)} candidates"
-                self.stats.ambiguous += 1
-        elif len(cands) > 1:
-            g.method, g.note = JoinMethod.UNJOINED, f"ambiguous: {len(cands)} fragments share the body fingerprint within the window"
-            self.stats.ambiguous += 1
+    def _component(self, g: Group) -> list[Group]:
+        """Every pending group linked to ``g`` by fingerprint candidacy (transitively)."""
+        seen = {g.gid: g}
+        todo = [g]
+        while todo:
+            for h in self._candidates(todo.pop()):
+                if h.gid not in seen:
+                    seen[h.gid] = h
+                    todo.append(h)
+        return list(seen.values())
+
+    def _emit(self, g: Group) -> Group:
         self._unindex(g)
         del self._groups[g.gid]
         st = self.stats
@@ -187,6 +187,20 @@ class Joiner:
             st.joined_fingerprint += 1
         return g
 
+    def _finish(self, g: Group) -> list[Group]:
+        comp = self._component(g)
+        if len(comp) == 2:
+            h = comp[1] if comp[0] is g else comp[0]
+            self._merge(g, h)
+            g.method = JoinMethod.FINGERPRINT
+        elif len(comp) > 2:
+            # several fragments could pair up: report every one of them, guess none
+            for x in comp:
+                x.method, x.note = JoinMethod.UNJOINED, f"ambiguous: {len(comp)} fragments share the body fingerprint within the window"
+            self.stats.ambiguous += len(comp)
+            return [self._emit(x) for x in comp]
+        return [self._emit(g)]
+
     def poll(self, now: float) -> list[Group]:
         out: list[Group] = []
         while self._heap and self._heap[0][0] <= now:
@@ -194,12 +208,15 @@ class Joiner:
             g = self._groups.get(gid)
             if g is None or g.due > now:
                 continue
-            out.append(self._finish(g))
+            out.extend(self._finish(g))
         return out
 
     def flush(self) -> list[Group]:
         """Emit every pending group (offline input, shutdown), oldest request first."""
         order = sorted(self._groups.values(), key=lambda g: (g.start_ns or 0, g.gid))
-        out = [self._finish(g) for g in order if g.gid in self._groups]
+        out: list[Group] = []
+        for g in order:
+            if g.gid in self._groups:
+                out.extend(self._finish(g))
         self._heap.clear()
         return out

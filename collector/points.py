@@ -62,6 +62,8 @@ class Extracted:
     labels: dict[str, str] = field(default_factory=dict)
     tokens: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)  # observer -> (in, out)
     start_ns: int | None = None
+    tokenizer_counted: set[str] = field(default_factory=set)  # observers whose token counts come from a tokenizer
+    engine_tokens_after_disconnect: int | None = None
 
 
 def _i(v: Any) -> int | None:
@@ -210,7 +212,9 @@ def extract_client(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
     observer = f"client:{span.service or client}"
     offset, unc = _clock(span)
     _common(span, observer, ex, offset)
-    source = str(span.attrs.get("deltatap.source", "client"))
+    source = "aiperf" if span.service == "aiperf" else "client"
+    if source == "aiperf" and observer in ex.tokens:
+        ex.tokenizer_counted.add(observer)  # AIPerf counts tokens with its tokenizer
     for name, t, _ in span.events:
         role = _CLIENT_ROLES.get(name)
         if role is not None:
@@ -233,6 +237,9 @@ def extract_component(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
     offset, unc = _clock(span)
     _common(span, observer, ex, offset)
     kind = a.get(Attr.COMPONENT_KIND)
+    after = _i(a.get(Attr.ENGINE_TOKENS_AFTER_DISCONNECT))
+    if after is not None:
+        ex.engine_tokens_after_disconnect = after
     for name, t, _ in span.events:
         tc = t - offset
         role = _ROLES.get(name)
