@@ -96,7 +96,7 @@ def retry_stats(rows: Sequence[Row], topology: Topology) -> tuple[int, int]:
 
 def cascade_section(rows: Sequence[Row], topology: Topology, max_timelines: int = 20) -> Section:
     cases = find_cascades(rows, topology)
-    gave_up_any = sum(1 for r in rows if r.cascade.gave_up_unix_ns)
+    gave_up_any = sum(1 for r in rows if r.cascade.gave_up_unix_ns and r.outcome != "refused")
     retried, extra = retry_stats(rows, topology)
     section = Section("cascades", "Timeout cascades (observed)")
     summary = Table("cascade_summary", "Cascades: an outer layer gave up while the engine kept going", [Column("metric", "Metric"), Column("value", "Value", "", 3), Column("unit", "Unit")])
@@ -104,7 +104,7 @@ def cascade_section(rows: Sequence[Row], topology: Topology, max_timelines: int 
     after = np.array([c.after_gave_up_s for c in cases], dtype=float)
     toks = [c.tokens_for_nobody for c in cases if c.tokens_for_nobody is not None]
     summary.add("requests", len(rows), "")
-    summary.add("requests where some layer gave up", gave_up_any, "")
+    summary.add("requests where some layer gave up (refusals excluded)", gave_up_any, "")
     summary.add("cascades (engine still working after the give-up)", len(cases), "")
     summary.add("engine time for results nobody received, total", float(busy.sum()), "s")
     summary.add("engine time after the first give-up, total", float(after.sum()), "s")
@@ -178,3 +178,4 @@ class ObservedCascades:
 
     def build(self, inputs: ReportInputs) -> Section | None:
         return cascade_section(inputs.rows, inputs.topology) if inputs.rows else None
+

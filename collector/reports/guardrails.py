@@ -87,28 +87,37 @@ def decision_table(rows: Sequence[Row], fw: str) -> Table:
 
 
 def streaming_table(rows: Sequence[Row], fw: str, opts: ReportOptions) -> Table | None:
-    added_mean = delta_ms(rows, f"{fw}_itl_added_mean")
-    added_p99 = delta_ms(rows, f"{fw}_itl_added_p99")
+    """Streaming inspection (profiles draft: per-token delay, maximum pause, pause frequency, jitter).
+
+    Per request: the hold per token is estimated as the mean of the first token's and the last
+    token's outbound delay (exact whenever the hold changes linearly along the stream, as with
+    per-window checks); the ITL added is the mean gap released minus the mean gap received (it is
+    negative when the firewall holds the start and then releases faster); the pause added is the
+    longest gap released minus the longest received."""
+    first, last = delta_ms(rows, f"{fw}_outbound"), delta_ms(rows, f"{fw}_outbound_last")
+    hold = (first + last) / 2
+    itl_mean = delta_ms(rows, f"{fw}_itl_added_mean")
+    itl_p99 = delta_ms(rows, f"{fw}_itl_added_p99")
     pause = delta_ms(rows, f"{fw}_max_pause_added")
-    m = np.isfinite(added_mean) | np.isfinite(pause)
+    m = np.isfinite(itl_mean) | np.isfinite(pause)
     if not m.any():
         return None
-    mean_s, p99_s, pause_s = summarize(added_mean[m]), summarize(added_p99[m]), summarize(pause[m])
+    hold_s, mean_s, p99_s, pause_s = summarize(hold[m]), summarize(itl_mean[m]), summarize(itl_p99[m]), summarize(pause[m])
     n = int(m.sum())
     paused = int((pause[m] >= opts.pause_threshold_ms).sum())
-    t = Table(f"{fw}_streaming", f"{fw}: streaming inspection (gaps released minus gaps received)", [Column("metric", "Metric"), Column("value", "Value", "", 2), Column("unit", "Unit")])
+    t = Table(f"{fw}_streaming", f"{fw}: streaming inspection (both sides of the firewall)", [Column("metric", "Metric"), Column("value", "Value", "", 2), Column("unit", "Unit")])
     t.add("streamed requests measured", n, "")
-    t.add("per-token inspection delay, mean", mean_s.mean, "ms")
-    t.add("per-token inspection delay, P50 over requests", mean_s.p50, "ms")
-    t.add("per-token inspection delay, P99 over requests", mean_s.p99, "ms")
+    t.add("per-token inspection delay, P50 over requests", hold_s.p50, "ms")
+    t.add("per-token inspection delay, P99 over requests", hold_s.p99, "ms")
+    t.add("jitter contribution (std dev of per-token delay across requests)", hold_s.std, "ms")
+    t.add("ITL added (mean gap released - received), P50", mean_s.p50, "ms")
+    t.add("tail gap added (P99 gap released - received), P50", p99_s.p50, "ms")
     t.add("maximum pause added, P50 over requests", pause_s.p50, "ms")
     t.add("maximum pause added, worst request", pause_s.max, "ms")
     t.add(f"pause frequency (requests with a pause >= {opts.pause_threshold_ms:g} ms added)", rate(paused, n), "fraction")
-    t.add("jitter contribution (std dev of per-token delay across requests)", mean_s.std, "ms")
-    t.add("tail gap added (P99 gap released - received), P50", p99_s.p50, "ms")
     t.footnotes.append(
-        "The taps keep count, mean, P99 and max of the gaps on each side, not every gap: per-token delay is "
-        "the difference of means per request, the pause the difference of maxima."
+        "Per-token delay: mean of the first and last token's outbound delay per request. The taps keep count, mean, "
+        "P99 and max of the gaps on each side (not every gap), so ITL and pauses are differences of those."
     )
     return t
 

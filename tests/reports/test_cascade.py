@@ -44,7 +44,7 @@ def test_cases_are_exact():
 def test_summary_totals_and_sentence():
     s = cascade_section(rows(), default_topology())
     v = {r["metric"]: r["value"] for r in s.table("cascade_summary").records()}
-    assert v["requests"] == 4 and v["requests where some layer gave up"] == 3
+    assert v["requests"] == 4 and v["requests where some layer gave up (refusals excluded)"] == 3
     assert v["cascades (engine still working after the give-up)"] == 2
     assert v["engine time for results nobody received, total"] == pytest.approx(1.57)
     assert v["engine time after the first give-up, total"] == pytest.approx(0.8)

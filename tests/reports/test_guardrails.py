@@ -14,11 +14,11 @@ from tests.reports.factories import row
 def rows():
     return [
         row(1, firewall_decision="allow", labels={"class": "benign"},
-            deltas_ms={"firewall_inbound": 2, "firewall_outbound": 1, "firewall_itl_added_mean": 0.5, "firewall_itl_added_p99": 1, "firewall_max_pause_added": 2}),
+            deltas_ms={"firewall_inbound": 2, "firewall_outbound": 1, "firewall_outbound_last": 3, "firewall_itl_added_mean": 0.5, "firewall_itl_added_p99": 1, "firewall_max_pause_added": 2}),
         row(2, firewall_decision="allow", labels={"class": "benign"},
-            deltas_ms={"firewall_inbound": 4, "firewall_outbound": 3, "firewall_itl_added_mean": 1.5, "firewall_itl_added_p99": 3, "firewall_max_pause_added": 8}),
+            deltas_ms={"firewall_inbound": 4, "firewall_outbound": 3, "firewall_outbound_last": 1, "firewall_itl_added_mean": 1.5, "firewall_itl_added_p99": 3, "firewall_max_pause_added": 8}),
         row(3, firewall_decision="allow_after_analysis", labels={"class": "adversarial"},
-            deltas_ms={"firewall_inbound": 10, "firewall_outbound": 1, "firewall_itl_added_mean": 1.0, "firewall_itl_added_p99": 2, "firewall_max_pause_added": 5}),
+            deltas_ms={"firewall_inbound": 10, "firewall_outbound": 1, "firewall_outbound_last": 5, "firewall_itl_added_mean": 1.0, "firewall_itl_added_p99": 2, "firewall_max_pause_added": 5}),
         row(4, firewall_decision="block_pattern", outcome="refused", labels={"class": "adversarial"}, deltas_ms={"firewall_inbound_block": 1}),
         row(5, firewall_decision="block_analysis", outcome="refused", labels={"class": "trigger"}, deltas_ms={"firewall_inbound_block": 30}),
     ]
@@ -33,7 +33,8 @@ def test_inspection_latency_table_is_exact():
     assert block["count"] == 2 and block["p50_ms"] == pytest.approx(15.5) and block["max_ms"] == 30.0
     out = t.row_by("metric", "outbound, first token")
     assert out["count"] == 3 and out["p50_ms"] == 1.0 and out["mean_ms"] == pytest.approx(5 / 3)
-    assert t.row_by("metric", "outbound, last token")["count"] == 0
+    last = t.row_by("metric", "outbound, last token")
+    assert last["count"] == 3 and last["p50_ms"] == 3.0
 
 
 def test_latency_by_decision_uses_block_time_for_blocks():
@@ -49,13 +50,15 @@ def test_streaming_inspection_delay_pause_and_jitter():
     t = firewall_section(rows(), "firewall", ReportOptions(pause_threshold_ms=5)).table("firewall_streaming")
     v = {r["metric"]: r["value"] for r in t.records()}
     assert v["streamed requests measured"] == 3
-    assert v["per-token inspection delay, mean"] == pytest.approx(1.0)
-    assert v["per-token inspection delay, P50 over requests"] == pytest.approx(1.0)
+    # per-token delay = (first + last outbound) / 2 per request: 2, 2, 3 ms
+    assert v["per-token inspection delay, P50 over requests"] == 2.0
+    assert v["per-token inspection delay, P99 over requests"] == pytest.approx(2.98)
+    assert v["jitter contribution (std dev of per-token delay across requests)"] == pytest.approx(math.sqrt(2 / 9))
+    assert v["ITL added (mean gap released - received), P50"] == pytest.approx(1.0)
+    assert v["tail gap added (P99 gap released - received), P50"] == 2.0
     assert v["maximum pause added, worst request"] == 8.0
     assert v["maximum pause added, P50 over requests"] == 5.0
     assert v["pause frequency (requests with a pause >= 5 ms added)"] == pytest.approx(2 / 3)
-    assert v["jitter contribution (std dev of per-token delay across requests)"] == pytest.approx(math.sqrt(0.5 / 3))
-    assert v["tail gap added (P99 gap released - received), P50"] == 2.0
 
 
 def test_accuracy_rates_from_labels():
