@@ -54,7 +54,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
     received = request_received_mono_ns(request)
     body = await request.json()
     seen = Seen(request.headers.get("x-request-id", ""), request.headers.get("traceparent"), body, received,
-                headers=dict(request.headers))
+                headers={k.lower(): v for k, v in request.headers.items()})
     st.seen.append(seen)
     st.in_flight += 1
     st.max_in_flight = max(st.max_in_flight, st.in_flight)
