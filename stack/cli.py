@@ -78,7 +78,10 @@ async def _serve_one(args: argparse.Namespace, tels: _Telemetries) -> None:
     if args.upstream:
         cfg = _override_upstream(kind, cfg, args.upstream)
     if args.listen:
-        parse_hostport(args.listen)
+        try:
+            parse_hostport(args.listen, "--listen")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     rc = await STARTERS[kind](cfg, tels(f"deltatap-stack-{kind}"), args.listen)
     print(f"deltatap stack {kind} {rc.name}: listening on {rc.url}", flush=True)
     try:
