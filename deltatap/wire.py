@@ -201,11 +201,14 @@ def make_stamping_runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
     return _StampingAppRunner(app, **kwargs)
 
 
-def make_stamping_server_runner(handler: Any, *, handler_cancellation: bool = False, **kwargs: Any) -> web.ServerRunner:
+def make_stamping_server_runner(
+    handler: Any, *, handler_cancellation: bool = False, shutdown_timeout: float = 60.0, **kwargs: Any
+) -> web.ServerRunner:
     """A ``web.ServerRunner`` for aiohttp's low-level server (one ``handler(request)`` for every
-    request, no router); ``kwargs`` go to ``web.Server`` (e.g. ``access_log=None``)."""
+    request, no router); ``shutdown_timeout`` is how long ``cleanup()`` lets handlers run before
+    cancelling them; other ``kwargs`` go to ``web.Server`` (e.g. ``access_log=None``)."""
     server = _StampingServer(handler, handler_cancellation=handler_cancellation, **kwargs)
-    return web.ServerRunner(server)
+    return web.ServerRunner(server, shutdown_timeout=shutdown_timeout)
 
 
 def request_received_mono_ns(request: web.BaseRequest) -> int | None:

@@ -100,7 +100,8 @@ class Tap:
         if o.clock_sync:
             await self._sync_clock()
             self._clock_task = asyncio.create_task(self._clock_loop())
-        self._runner = make_stamping_server_runner(self._handle, handler_cancellation=True, access_log=None)
+        # close() waits out the grace period itself; what is left after it is cancelled at once
+        self._runner = make_stamping_server_runner(self._handle, handler_cancellation=True, shutdown_timeout=0.05, access_log=None)
         await self._runner.setup()
         self._site = web.TCPSite(self._runner, o.listen_host, o.listen_port, backlog=1024, reuse_address=True)
         try:
