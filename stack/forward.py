@@ -53,13 +53,23 @@ class DownstreamGone(Exception):
     """The client went away and the exchange cancels (``cancel_on_disconnect: true``)."""
 
 
+async def _on_body_chunk(session: Any, ctx: Any, params: Any) -> None:
+    # runs synchronously just before aiohttp hands the chunk to the transport
+    exchange = ctx.trace_request_ctx
+    if isinstance(exchange, Exchange):
+        exchange.body_sent_mono = mono_ns()
+
+
 def make_session(policy: UpstreamPolicy) -> aiohttp.ClientSession:
     timeout = aiohttp.ClientTimeout(total=None, connect=policy.connect_timeout_s)
+    trace = aiohttp.TraceConfig()
+    trace.on_request_chunk_sent.append(_on_body_chunk)
     return aiohttp.ClientSession(
         connector=make_stamping_connector(limit=0, force_close=False),
         timeout=timeout,
         auto_decompress=False,
         skip_auto_headers=("User-Agent", "Accept-Encoding"),
+        trace_configs=[trace],
     )
 
 
@@ -84,11 +94,19 @@ class Exchange:
         self.downstream_gone = False
         self.upstream: aiohttp.ClientResponse | None = None
         self.stamps: UpstreamStamps | None = None  # socket stamps of the upstream response
+        self.body_sent_mono: int | None = None
 
     # ---- upstream ------------------------------------------------------------------------------
     async def open(self, session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]) -> aiohttp.ClientResponse:
-        """POST upstream; stamps in.exit (last byte of the request written) from the socket."""
-        resp = await session.request(self.request.method, url + self.request.path_qs, data=body, headers=headers)
+        """POST upstream; stamps in.exit (last byte of the request written) from the socket - or,
+        when no response head ever came (timeout, reset), from aiohttp's last body-chunk hook."""
+        self.body_sent_mono = None
+        try:
+            resp = await session.request(self.request.method, url + self.request.path_qs, data=body, headers=headers, trace_request_ctx=self)
+        except BaseException:
+            if self.body_sent_mono is not None:
+                self.span.stamp(Role.IN_EXIT, self.body_sent_mono, overwrite=True)
+            raise
         self.upstream = resp
         self.stamps = response_stamps(resp)
         if self.stamps is not None and self.stamps.request_written_mono_ns is not None:

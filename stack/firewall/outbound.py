@@ -135,10 +135,27 @@ class OutboundStream:
         limit = self._window()
         return limit is not None and self.held_tokens >= limit
 
+    def _take(self) -> tuple[list[Held], int]:
+        """The held events up to the end of the next window (everything when buffering or when
+        inspection is off; at the end of the stream a last, shorter window)."""
+        limit = self._window() if self.cfg.enabled else None
+        if limit is None or self.held_tokens <= limit:
+            held, self.held, tokens, self.held_tokens = self.held, [], self.held_tokens, 0
+            return held, tokens
+        tokens = 0
+        for i, h in enumerate(self.held):
+            if h.text:
+                tokens += max(1, h.tokens)
+                if tokens >= limit:
+                    break
+        held, self.held = self.held[: i + 1], self.held[i + 1 :]
+        self.held_tokens -= tokens
+        return held, tokens
+
     async def release(self) -> tuple[bytes, bool]:
-        """Inspect what is held (sleeping its cost); returns the bytes to write downstream and
-        whether they carry content."""
-        held, self.held, tokens, self.held_tokens = self.held, [], self.held_tokens, 0
+        """Inspect the next window of what is held (sleeping its cost); returns the bytes to write
+        downstream and whether they carry content."""
+        held, tokens = self._take()
         if not tokens or not self.cfg.enabled:
             return b"".join(encode(h.event) for h in held), tokens > 0
         self.windows += 1

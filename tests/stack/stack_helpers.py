@@ -121,3 +121,61 @@ async def wait_for(cond, timeout_s: float = 5.0, what: str = "condition") -> Non
 
 async def flushed(telemetry) -> None:
     await asyncio.to_thread(telemetry.processor.force_flush, 5000)
+
+
+class ScriptedUpstream:
+    """A controlled upstream for the intermediaries' tests: records every request it gets and
+    answers with ``respond(request, n)`` (n = 1 for the first request); counts handlers that were
+    cancelled because the caller went away."""
+
+    def __init__(self, respond) -> None:
+        self.respond = respond
+        self.requests: list[tuple[dict[str, str], bytes]] = []
+        self.arrivals: list[int] = []  # mono_ns at handler entry
+        self.disconnects = 0
+        self.runner = None
+        self.url = ""
+
+    async def _handle(self, request):
+        self.arrivals.append(mono_ns())
+        body = await request.read()
+        self.requests.append((dict(request.headers), body))
+        try:
+            return await self.respond(request, len(self.requests))
+        except asyncio.CancelledError:
+            self.disconnects += 1
+            raise
+
+    async def start(self) -> "ScriptedUpstream":
+        from aiohttp import web
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self.runner = web.AppRunner(app, handler_cancellation=True)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        return self
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+
+async def sse_answer(request, tokens: list[str], gap_s: float = 0.0, before_s: float = 0.0):
+    """An OpenAI chat stream of ``tokens``, ``gap_s`` apart, after ``before_s``."""
+    from aiohttp import web
+
+    from stack.openai import DONE, ChatRenderer
+
+    r = ChatRenderer("cmpl-up", "deltatap-ref")
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await asyncio.sleep(before_s)
+    await resp.prepare(request)
+    await resp.write(r.start())
+    for t in tokens:
+        if gap_s:
+            await asyncio.sleep(gap_s)
+        await resp.write(r.token(t))
+    await resp.write(r.finish("stop") + DONE)
+    return resp
