@@ -131,6 +131,8 @@ class Relay:
         finally:
             if self.refused and outcome is Outcome.OK:
                 outcome = Outcome.REFUSED
+            if ex.downstream_gone and outcome is Outcome.OK:  # drained the upstream for nobody
+                outcome, error = Outcome.CLIENT_CANCEL, "client closed the connection"
             span.end(outcome, status, error=None if outcome in (Outcome.OK, Outcome.REFUSED) else error)
             st.metrics.observe(outcome, status, (mono_ns() - self.t_arrive) / 1e9)
 

@@ -105,6 +105,8 @@ class Forward:
             outcome, error = Outcome.CLIENT_CANCEL, "client closed the connection"
             raise
         finally:
+            if ex.downstream_gone and outcome is Outcome.OK:  # drained the upstream for nobody
+                outcome, error = Outcome.CLIENT_CANCEL, "client closed the connection"
             self._finish(outcome, status, error)
         return resp if resp is not None else web.Response(status=499)
 

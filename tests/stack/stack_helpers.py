@@ -179,3 +179,12 @@ async def sse_answer(request, tokens: list[str], gap_s: float = 0.0, before_s: f
         await resp.write(r.token(t))
     await resp.write(r.finish("stop") + DONE)
     return resp
+
+
+def dead_url() -> str:
+    """A loopback URL nobody listens on (connection refused)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
