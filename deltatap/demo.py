@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,10 @@ def _load_options(name: str, phase: dict[str, Any], target: str, model: str, out
 
 
 async def run_demo(out_dir: str | Path = DEFAULT_OUT, config: str | Path | None = None, console: Console | None = None,
-                   formats: list[str] | None = None, wait_rows_s: float = 20.0) -> DemoResult:
+                   formats: list[str] | None = None, wait_rows_s: float = 20.0,
+                   observe: Callable[[str, Any], None] | None = None) -> DemoResult:
+    """Run the demo; ``observe(name, telemetry)`` is called for each observer's telemetry (client, taps,
+    gateway, firewall, engine) before anything starts, e.g. to add a span processor of one's own."""
     from collector.pipeline import PipelineOptions
     from collector.reports.cli import summary_report
     from collector.reports.metadata import config_hash, run_metadata
@@ -111,6 +115,9 @@ async def run_demo(out_dir: str | Path = DEFAULT_OUT, config: str | Path | None 
                                                        pipeline=PipelineOptions(grace_s=grace)))
     otlp = collector.otlp_http_url
     tels = {n: setup_telemetry(f"deltatap-{n}", otlp=otlp) for n in ("client", "taps", "gateway", "firewall", "engine")}
+    for n, t in tels.items():
+        if observe is not None:
+            observe(n, t)
     started: list[Any] = []
     addresses: dict[str, str] = {"collector (OTLP/HTTP, /metrics, /v1/clock)": str(otlp)}
     try:

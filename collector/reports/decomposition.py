@@ -38,6 +38,23 @@ class DecompositionSection:
         total = sum(ln.ttft_ms for ln in lines if ln.ttft_ms is not None and ln.note != "residual")
         system = (agg.summary("system_ttft") or {}).get("p50_ms")
         t.add("Total", "", total, "" if system is None else f"system TTFT P50 {system:.2f} ms")
+        sec = Section(self.name, self.title, tables=[t])
+        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(agg.outcomes.items()))
+        sec.notes.append(f"{agg.rows} requests ({outcomes}). Contributions are P50s of each delta; the residual is network time plus interaction effects.")
+        return sec
+
+
+@register_section
+class PercentilesSection:
+    name = "percentiles"
+    order = 25
+    title = "Every delta: percentiles"
+
+    def build(self, inputs: ReportInputs) -> Section | None:
+        if not inputs.rows:
+            return None
+        agg = Aggregator()
+        agg.add_rows(inputs.rows)
         order = [d.name for d in delta_defs(inputs.topology)]
         pt = Table(
             "deltas",
@@ -46,7 +63,4 @@ class DecompositionSection:
         )
         for name, s in agg.summaries(order).items():
             pt.add(name, s.get("count"), *[s.get(k) for k in _STATS], s.get("error_bound_ms"))
-        sec = Section(self.name, self.title, tables=[t, pt])
-        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(agg.outcomes.items()))
-        sec.notes.append(f"{agg.rows} requests ({outcomes}). Contributions are P50s of each delta; the residual is network time plus interaction effects.")
-        return sec
+        return Section(self.name, self.title, tables=[pt], notes=["Quantiles from the collector's mergeable sketches (relative accuracy 0.5%)."])

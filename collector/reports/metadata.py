@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,9 @@ def _ram_gb_bucket() -> int | None:
 def _gpus() -> list[str]:
     """Accelerator model names only (NVML), or [] when there is none or NVML is absent."""
     try:
-        import pynvml
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # pynvml's deprecation notice
+            import pynvml
 
         pynvml.nvmlInit()
     except Exception:

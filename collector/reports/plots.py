@@ -168,10 +168,12 @@ def contribution_over_time(rows: Sequence[Row], topology: Topology, bins: int = 
     edges = np.linspace(0, float(np.nanmax(t[ok])) + 1e-9, min(bins, int(ok.sum())) + 1)
     centers = (edges[:-1] + edges[1:]) / 2
     which = np.digitize(t, edges) - 1
+    used = [b for b in range(len(centers)) if (ok & (which == b)).any()]  # empty bins are left out, not drawn as 0
     stacked = []
     for v in series.values():
-        med = [float(np.nanmedian(v[ok & (which == b)])) if np.isfinite(v[ok & (which == b)]).any() else 0.0 for b in range(len(centers))]
+        med = [float(np.nanmedian(v[ok & (which == b)])) if np.isfinite(v[ok & (which == b)]).any() else 0.0 for b in used]
         stacked.append(np.clip(med, 0, None))
+    centers = centers[used]
     fig, ax = plt.subplots(figsize=(9, 4))
     ax.stackplot(centers, *stacked, labels=list(series), colors=COLORS[: len(series)], alpha=0.85)
     ax.set_xlabel("seconds into the run")
