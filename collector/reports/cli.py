@@ -52,10 +52,11 @@ def _topology(flag: str | None, runs: list) -> Topology:
 
 
 def _emit(report, args, stem: str) -> int:
+    formats = parse_formats(args.formats)
     if not args.quiet:
         print_report(report, Console())
     if args.out:
-        written = write_report(report, args.out, parse_formats(args.formats), stem=stem)
+        written = write_report(report, args.out, formats, stem=stem)
         Console().print(f"wrote {', '.join(str(p) for p in written.values())}", highlight=False)
     return 0
 
@@ -92,6 +93,7 @@ def cmd_guardrails(args: argparse.Namespace) -> int:
         opts = ReportOptions(class_label=cfg.class_label, pause_threshold_ms=cfg.pause_threshold_ms, baseline_run=cfg.baseline)
     else:
         specs = parse_run_specs(args.runs)
+        parse_formats(args.formats)
         opts = ReportOptions(class_label=args.class_label, pause_threshold_ms=args.pause_threshold_ms, baseline_run=args.baseline)
     runs = {label: load_run(path, label) for label, path in specs}
     topology = _topology(args.topology, list(runs.values()))
@@ -102,6 +104,7 @@ def cmd_guardrails(args: argparse.Namespace) -> int:
 
 
 def cmd_cascade(args: argparse.Namespace) -> int:
+    parse_formats(args.formats)
     run = load_run(args.rows, "run") if args.rows else None
     topology = _topology(args.topology, [run] if run else [])
     inputs = ReportInputs(rows=run.rows if run else (), topology=topology)
@@ -120,6 +123,7 @@ def summary_report(run, topology: Topology, options: ReportOptions | None = None
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
+    parse_formats(args.formats)
     run = load_run(args.run, "run", records=args.records)
     topology = _topology(args.topology, [run])
     return _emit(summary_report(run, topology), args, "")
