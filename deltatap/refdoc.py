@@ -31,11 +31,15 @@ REFERENCE_PATH = Path(__file__).resolve().parent.parent / "docs" / "reference.md
 
 @dataclass(frozen=True)
 class ModelDoc:
-    """A configuration model to document: ``module:Class``, a title and where it is used."""
+    """A configuration model to document: ``module:Class``, a title and where it is used.
+
+    With ``registry=True`` the target is a registry (``name -> entry`` with ``.params``, a model, and
+    ``.description``), and each registered entry's parameter model is documented under its name."""
 
     target: str
     title: str
     used_by: str
+    registry: bool = False
 
 
 # The registry of configuration file formats. Add a line when a package adds a YAML format.
@@ -48,6 +52,13 @@ CONFIG_MODELS: tuple[ModelDoc, ...] = (
     ModelDoc("stack.config:GatewayConfig", "Reference gateway", "`deltatap stack gateway`; the `gateway:` section of `configs/demo.yaml`"),
     ModelDoc("stack.config:FirewallConfig", "Reference firewall", "`deltatap stack firewall`; the `firewall:` section of `configs/demo.yaml`"),
     ModelDoc("stack.config:EngineConfig", "Reference engine", "`deltatap stack engine`; the `engine:` section of `configs/demo.yaml`"),
+    ModelDoc("loadgen.workloads.base:WorkloadFile", "Workload file", "`deltatap load --workload FILE` (`configs/workloads/*.yaml`)"),
+    ModelDoc(
+        "loadgen.workloads:WORKLOADS",
+        "Workload parameters",
+        "the `params:` of a workload file, by `workload:` name; `deltatap load --workload NAME` uses the defaults",
+        registry=True,
+    ),
 )
 
 HEADER = """# Reference: commands and configuration keys
@@ -197,7 +208,13 @@ def _link(model: type[BaseModel], titles: Titles) -> str:
 
 
 def _type_text(annotation: Any, titles: Titles) -> str:
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if annotation is Any:
+        return "any"
     inner, optional = _unwrap(annotation)
+    if typing.get_origin(inner) is typing.Annotated:
+        inner = typing.get_args(inner)[0]
     origin = typing.get_origin(inner)
     args = typing.get_args(inner)
     if origin is typing.Literal:
@@ -295,7 +312,7 @@ def _model_table(model: type[BaseModel], titles: Titles) -> list[str]:
     return out
 
 
-def _load_model(target: str) -> type[BaseModel] | None:
+def _import(target: str) -> Any | None:
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -303,15 +320,27 @@ def _load_model(target: str) -> type[BaseModel] | None:
         if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
             return None
         raise
-    model = getattr(module, attr)
-    if not _is_model(model):
+    return getattr(module, attr)
+
+
+def _load_model(target: str) -> type[BaseModel] | None:
+    model = _import(target)
+    if model is not None and not _is_model(model):
         raise TypeError(f"{target} is not a pydantic model")
     return model
 
 
 def available_models() -> list[tuple[ModelDoc, type[BaseModel]]]:
+    """(entry, model) for every documented model in this checkout; a registry yields one pair per name."""
     found = []
     for entry in CONFIG_MODELS:
+        if entry.registry:
+            registry = _import(entry.target)
+            for name in sorted(registry or {}):
+                item = registry[name]
+                sub = ModelDoc(f"{entry.target}[{name}]", f"{entry.title}: `{name}`", f"{entry.used_by}. {item.description}")
+                found.append((sub, item.params))
+            continue
         model = _load_model(entry.target)
         if model is not None:
             found.append((entry, model))
