@@ -226,6 +226,10 @@ def _handler(kind: str):
             span.end(Outcome.HTTP_ERROR, err.status, error=err.message)
             st.metrics.observe(Outcome.HTTP_ERROR, err.status, (mono_ns() - t_arrive) / 1e9)
             return err.response({st.cfg.correlation_header: rid})
+        except asyncio.CancelledError:
+            span.stamp(TapEvent.DOWNSTREAM_CLOSED, mono_ns())
+            span.end(Outcome.CLIENT_CANCEL, None)
+            raise
         span.set(Attr.GENAI_REQUEST_MODEL, req.model)
         span.set(Attr.GENAI_REQUEST_MAX_TOKENS, max_tokens)
         span.set(Attr.STREAMING, req.stream)

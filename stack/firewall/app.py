@@ -313,6 +313,10 @@ async def handle(request: web.Request) -> web.StreamResponse:
         span.end(Outcome.HTTP_ERROR, err.status, error=err.message)
         st.metrics.observe(Outcome.HTTP_ERROR, err.status, (mono_ns() - t3) / 1e9)
         return err.response({cfg.correlation_header: rid})
+    except asyncio.CancelledError:
+        span.stamp(TapEvent.DOWNSTREAM_CLOSED, mono_ns())
+        span.end(Outcome.CLIENT_CANCEL, None)
+        raise
     span.set(Attr.GENAI_REQUEST_MODEL, req.model)
     span.set(Attr.STREAMING, req.stream)
     ex = Exchange(request, span, cfg.upstream_policy, cfg.correlation_header, rid)

@@ -223,6 +223,10 @@ async def handle(request: web.Request) -> web.StreamResponse:
         span.end(Outcome.HTTP_ERROR, err.status, error=err.message)
         st.metrics.observe(Outcome.HTTP_ERROR, err.status, (mono_ns() - t1) / 1e9)
         return err.response({cfg.correlation_header: rid})
+    except asyncio.CancelledError:
+        span.stamp(TapEvent.DOWNSTREAM_CLOSED, mono_ns())
+        span.end(Outcome.CLIENT_CANCEL, None)
+        raise
     ex = Exchange(request, span, cfg.upstream_policy, cfg.correlation_header, rid)
     return await ex.guard(Forward(st, ex, pool, body, t1).run, st.background)
 

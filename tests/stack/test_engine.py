@@ -149,3 +149,21 @@ async def test_disconnect_cancels_or_keeps_generating(telemetry, span_exporter, 
             assert state.tokens_after_disconnect == after
     finally:
         await rc.close()
+
+
+async def test_preemption_when_the_kv_cache_runs_out(telemetry, span_exporter, session) -> None:
+    cfg = engine_cfg(scheduler={"kv_capacity_tokens": 150, "max_batch": 8, "decode_base_ms": 2.0, "prefix_cache": False})
+    rc = await start_engine(cfg, telemetry, "127.0.0.1:0")
+    try:
+        results = await asyncio.gather(*[post(session, rc.url + "/v1/chat/completions", chat(f"kv pressure {i}", 40)) for i in range(4)])
+        state = rc.extra["state"]
+    finally:
+        await rc.close()
+    assert all(r.status == 200 and r.obs.content_events == 40 for r in results)  # everyone still finishes
+    await flushed(telemetry)
+    spans = spans_named(span_exporter, ENGINE_SPAN)
+    preempted = [s.attributes[Attr.ENGINE_PREEMPTIONS] for s in spans]
+    assert sum(preempted) == state.scheduler.stats.preemptions > 0
+    # a preempted request waited for its recompute: its decode took longer than an unpreempted one's
+    decode = {s.attributes[Attr.ENGINE_PREEMPTIONS] > 0: s.attributes[Attr.VLLM_DECODE] for s in spans}
+    assert decode[True] > decode[False]

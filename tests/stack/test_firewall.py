@@ -8,7 +8,6 @@ import json
 import statistics
 
 import pytest
-from aiohttp import web
 
 from deltatap.vocab import Attr, Outcome, Role, TapEvent, component_span_name
 
