@@ -5,7 +5,9 @@ A request normally arrives as one closed trace (one trace id). A component that 
 
 1. **correlation header**: fragments carrying the same ``deltatap.request_id`` are one request
    (joined as soon as the second one arrives);
-2. **body fingerprint**: when a group is due (``hold_s`` after its last fragment), it is matched with
+2. **body fingerprint**: when a group is due (``hold_s`` after its last fragment; a group that does not
+   cover the whole chain, from the client or first link to the last link, waits ``incomplete_hold_s``,
+   by default the join window, for its partner to close), it is matched with
    a pending group that carries the same ``deltatap.body.fingerprint``, started within ``window_s``,
    and covers the complementary links (one's tapped links all outside the other's). The match is
    made only when the two groups are each other's only candidates (transitively: the candidate
@@ -60,9 +62,10 @@ class Group:
 
 
 class Joiner:
-    def __init__(self, topo: Topology, window_s: float = 5.0, hold_s: float = 1.0) -> None:
+    def __init__(self, topo: Topology, window_s: float = 5.0, hold_s: float = 1.0, incomplete_hold_s: float | None = None) -> None:
         if window_s < 0 or hold_s < 0:
             raise ValueError("window_s and hold_s must be >= 0")
+        self.incomplete_hold_s = max(hold_s, window_s if incomplete_hold_s is None else incomplete_hold_s)
         self.topo = topo
         self.window_ns = int(window_s * 1e9)
         self.hold_s = hold_s
@@ -138,7 +141,8 @@ class Joiner:
                 g.method = JoinMethod.FINGERPRINT
         self._groups[g.gid] = g
         self._index(g)
-        g.due = now + self.hold_s
+        complete = g.lo <= 0 and g.hi >= len(self.topo.links) - 1
+        g.due = now + (self.hold_s if complete else self.incomplete_hold_s)
         heapq.heappush(self._heap, (g.due, g.gid))
 
     # ---- fingerprint fallback --------------------------------------------------------------

@@ -4,7 +4,9 @@ One small extractor per kind of span, registered in :data:`EXTRACTORS` and picke
 whose ``match`` accepts the span (no if-chains):
 
 * ``tap`` - deltatap's tap spans (``deltatap.observer = tap``): events -> points through
-  :func:`deltatap.vocab.tap_point`; tap overhead, gap statistics, usage, llama.cpp ``timings``
+  :func:`deltatap.vocab.tap_point` (an intermediary's ``in.exit`` is when the tap read the last byte
+  of the request body, ``request.body_received``, when the tap recorded it: the component has let the
+  request go only once it wrote it all; the client's ``send`` stays the head's arrival); tap overhead, gap statistics, usage, llama.cpp ``timings``
   (``deltatap.engine.prompt_ms``: the engine's prefill ended at the first token, so prefill began
   ``prompt_ms`` before it), disconnects (who gave up, when);
 * ``client`` - the load generator's client span (events ``client.*``), or an AIPerf record turned
@@ -162,7 +164,11 @@ def extract_tap(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
         times.setdefault(name, tc)
         p = tap_point(ev, ds, dsk, us, usk)
         if p is not None:
+            if ev == TapEvent.REQUEST_RECEIVED and dsk != ComponentKind.CLIENT and any(e[0] == TapEvent.REQUEST_BODY_RECEIVED for e in span.events):
+                continue  # an intermediary has let the request go when its last byte arrived (below)
             ex.obs.append(Obs(p, tc, unc, observer, "tap", RANK_TAP, span.start_unix_ns))
+        elif ev == TapEvent.REQUEST_BODY_RECEIVED and dsk != ComponentKind.CLIENT:
+            ex.obs.append(Obs(point(ds, Role.IN_EXIT), tc, unc, observer, "tap", RANK_TAP, span.start_unix_ns))
         elif ev == TapEvent.DOWNSTREAM_CLOSED:
             _give_up(ex, ds, tc)
         elif ev in (TapEvent.RESPONSE_END, TapEvent.UPSTREAM_CLOSED, TapEvent.UPSTREAM_ERROR) and usk == ComponentKind.ENGINE:

@@ -11,7 +11,7 @@ from collector.spans import decode_request
 from deltatap.topology import default_topology
 from deltatap.vocab import Attr, ClientEvent, Role, TapEvent
 
-from .otlpfactory import BASE, MS, component_span, default_stack, new_trace_id, request, tap_span, vllm_span
+from otlpfactory import BASE, MS, component_span, default_stack, new_trace_id, request, tap_span, vllm_span
 
 TOPO = default_topology()
 
@@ -109,7 +109,7 @@ def test_cascade_facts_client_gave_up_engine_kept_going():
     tid = new_trace_id()
     b = BASE
     client = component_span  # noqa: F841 - readability
-    from .otlpfactory import client_span
+    from otlpfactory import client_span
 
     cs = client_span(tid, {ClientEvent.SEND: b, ClientEvent.CANCEL: b + 10_000 * MS, ClientEvent.END: b + 10_000 * MS}, {Attr.REQUEST_ID: "c1", Attr.OUTCOME: "client_cancel"})
     edge = tap_span(tid, "edge", {TapEvent.REQUEST_RECEIVED: b + 100_000, TapEvent.REQUEST_FORWARDED: b + 200_000, TapEvent.DOWNSTREAM_CLOSED: b + 10_000 * MS + 100_000}, {Attr.CONTENT_EVENTS: 0})

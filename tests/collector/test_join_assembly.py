@@ -10,7 +10,7 @@ from collector.rows import JoinMethod
 from collector.sketches import Aggregator
 from collector.spans import decode_request
 
-from .otlpfactory import BASE, MS, default_stack, request
+from otlpfactory import BASE, MS, default_stack, request
 
 
 def spans_of(pb_spans):

@@ -1,0 +1,240 @@
+"""Collector throughput and memory: spans/s ingested and joined over OTLP/gRPC on one core, and RSS with 100k open traces.
+
+    .venv/bin/python benchmarks/collector_throughput.py [--requests 40000] [--open-traces 100000]
+
+The collector (``collector.start_collector``) runs in a child process pinned to one CPU; the parent,
+pinned to another, pre-builds realistic exports (a client span and three tap spans per request, with
+the attributes and events deltatap's taps and load generator emit, 50 requests per export) and sends
+them over OTLP/gRPC with 4 calls in flight. Measured: time from the first export until every span
+was received (ingest rate) and until every request was joined and decomposed into a row (joined
+rate, including the assembly grace of 0.2 s). Memory: a fresh child receives the spans of 100k
+requests whose client (root) span never arrives, so all 100k traces stay open; RSS is read from
+/proc before and after. Writes benchmarks/results/collector_throughput.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue  # noqa: E402
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span  # noqa: E402
+
+from deltatap.vocab import DEFAULT_LINKS, Attr, ClientEvent, TapEvent, tap_span_name  # noqa: E402
+
+MS = 1_000_000
+KINDS = {"client": "client", "gateway": "gateway", "firewall": "firewall", "engine": "engine"}
+
+
+def _kv(k, v):
+    if isinstance(v, bool):
+        return KeyValue(key=k, value=AnyValue(bool_value=v))
+    if isinstance(v, int):
+        return KeyValue(key=k, value=AnyValue(int_value=v))
+    if isinstance(v, float):
+        return KeyValue(key=k, value=AnyValue(double_value=v))
+    return KeyValue(key=k, value=AnyValue(string_value=str(v)))
+
+
+def request_spans(i: int, base: int, with_client: bool = True) -> list[Span]:
+    tid = os.urandom(16)
+    rid = f"req-{i:08d}"
+    t0 = base + i * 2 * MS
+    spans = []
+    root = os.urandom(8)
+    if with_client:
+        cs = Span(trace_id=tid, span_id=root, name="deltatap.client", start_time_unix_nano=t0, end_time_unix_nano=t0 + 200 * MS, kind=Span.SPAN_KIND_CLIENT)
+        cs.attributes.extend(_kv(k, v) for k, v in {Attr.OBSERVER: "client", Attr.REQUEST_ID: rid, Attr.RUN_ID: "bench", Attr.HTTP_STATUS: 200, Attr.OUTCOME: "ok",
+                                                    Attr.GENAI_REQUEST_MODEL: "m", Attr.GENAI_INPUT_TOKENS: 200, Attr.GENAI_OUTPUT_TOKENS: 100, "deltatap.label.workload": "chat"}.items())
+        for ev, dt in ((ClientEvent.SEND, 0), (ClientEvent.FIRST_TOKEN, 67), (ClientEvent.LAST_TOKEN, 190), (ClientEvent.END, 191)):
+            cs.events.add(name=ev.value, time_unix_nano=t0 + dt * MS)
+        spans.append(cs)
+    parent = root
+    offs = {"edge": 1, "gw-fw": 3, "fw-engine": 9}
+    for link in DEFAULT_LINKS:
+        sid = os.urandom(8)
+        o = offs[link.name]
+        sp = Span(trace_id=tid, span_id=sid, parent_span_id=parent, name=tap_span_name(link.name), start_time_unix_nano=t0 + o * MS, end_time_unix_nano=t0 + 180 * MS, kind=Span.SPAN_KIND_SERVER)
+        attrs = {Attr.OBSERVER: "tap", Attr.LINK: link.name, Attr.DOWNSTREAM: link.downstream, Attr.DOWNSTREAM_KIND: KINDS[link.downstream], Attr.UPSTREAM: link.upstream,
+                 Attr.UPSTREAM_KIND: KINDS[link.upstream], Attr.REQUEST_ID: rid, Attr.CORRELATION_HEADER: "x-request-id", Attr.BODY_FINGERPRINT: f"fp{i:012x}",
+                 Attr.BODY_BYTES_IN: 1200, Attr.BODY_BYTES_OUT: 9000, Attr.CHUNKS: 101, Attr.STREAMING: True, Attr.OUTCOME: "ok", Attr.HTTP_METHOD: "POST",
+                 Attr.URL_PATH: "/v1/chat/completions", Attr.SERVER_ADDRESS: "127.0.0.1", Attr.SERVER_PORT: 8100, Attr.HTTP_STATUS: 200,
+                 Attr.OVERHEAD_REQUEST_NS: 150_000, Attr.OVERHEAD_FIRST_TOKEN_NS: 60_000, Attr.STREAM_FORMAT: "openai-chat", Attr.EVENTS: 102, Attr.CONTENT_EVENTS: 100,
+                 Attr.GAP_COUNT: 99, Attr.GAP_MEAN_MS: 10.1, Attr.GAP_MAX_MS: 14.2, Attr.GAP_P99_MS: 13.9, Attr.GAP_FWD_MEAN_MS: 10.1, Attr.GAP_FWD_MAX_MS: 14.3,
+                 Attr.GAP_FWD_P99_MS: 14.0, Attr.GENAI_OPERATION: "chat", Attr.GENAI_SYSTEM: "openai", Attr.GENAI_REQUEST_MODEL: "m", Attr.GENAI_RESPONSE_MODEL: "m",
+                 Attr.GENAI_INPUT_TOKENS: 200, Attr.GENAI_OUTPUT_TOKENS: 100, Attr.GENAI_FINISH_REASONS: "stop"}
+        sp.attributes.extend(_kv(k, v) for k, v in attrs.items())
+        ev_times = {TapEvent.REQUEST_RECEIVED: o, TapEvent.REQUEST_BODY_RECEIVED: o, TapEvent.REQUEST_FORWARDED: o + 0.15, TapEvent.RESPONSE_HEADERS: 40 - o,
+                    TapEvent.RESPONSE_HEADERS_FORWARDED: 40.1 - o, TapEvent.FIRST_TOKEN_RECEIVED: 66 - o / 2, TapEvent.FIRST_TOKEN_FORWARDED: 66.06 - o / 2,
+                    TapEvent.LAST_TOKEN_RECEIVED: 170 - o / 2, TapEvent.LAST_TOKEN_FORWARDED: 170.05 - o / 2, TapEvent.RESPONSE_END: 171 - o / 2}
+        for ev, dt in ev_times.items():
+            sp.events.add(name=ev.value, time_unix_nano=t0 + round(dt * MS))
+        spans.append(sp)
+        parent = sid
+    return spans
+
+
+def build_exports(n_requests: int, per_export: int, with_client: bool) -> list[bytes]:
+    base = time.time_ns()
+    out = []
+    for start in range(0, n_requests, per_export):
+        rs = ResourceSpans()
+        rs.resource.attributes.append(_kv("service.name", "bench"))
+        ss = ScopeSpans()
+        for i in range(start, min(n_requests, start + per_export)):
+            ss.spans.extend(request_spans(i, base, with_client))
+        rs.scope_spans.append(ss)
+        out.append(ExportTraceServiceRequest(resource_spans=[rs]).SerializeToString())
+    return out
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- child
+
+
+def child(conn, cpu: int, max_open: int, orphan_wait_s: float) -> None:
+    try:
+        os.sched_setaffinity(0, {cpu})
+    except (AttributeError, OSError):
+        pass
+    import uvloop
+
+    from collector import CollectorOptions, PipelineOptions, start_collector
+
+    async def main():
+        rc = await start_collector(CollectorOptions(otlp_grpc="127.0.0.1:0", otlp_http=None, tick_s=0.05,
+                                                    pipeline=PipelineOptions(grace_s=0.2, join_hold_s=0.2, orphan_wait_s=orphan_wait_s, max_open_traces=max_open, keep_rows=0)))
+        conn.send({"endpoint": rc.otlp_grpc_endpoint, "rss": rss_bytes()})
+        while True:
+            if conn.poll():
+                cmd = conn.recv()
+                if cmd == "stop":
+                    break
+            s = rc.stats()
+            conn.send({"t": time.monotonic(), "spans": s["spans_received"], "rows": s["rows"], "open": s["open_traces"], "rss": rss_bytes(), "evicted": s["traces_evicted"], "joined": s["joined"]})
+            await asyncio.sleep(0.02)
+        await rc.close()
+
+    uvloop.run(main())
+
+
+async def send_all(endpoint: str, exports: list[bytes], inflight: int = 4) -> None:
+    import grpc
+
+    ch = grpc.aio.insecure_channel(endpoint[len("grpc://") :], options=[("grpc.max_send_message_length", 64 * 1024 * 1024)])
+    call = ch.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export", request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    queue = list(reversed(exports))
+
+    async def worker():
+        while queue:
+            await call(queue.pop(), timeout=60)
+
+    await asyncio.gather(*(worker() for _ in range(inflight)))
+    await ch.close()
+
+
+def run_phase(exports: list[bytes], spans_total: int, rows_total: int, max_open: int, orphan_wait_s: float, timeout_s: float) -> dict:
+    ctx = mp.get_context("spawn")
+    parent_conn, child_conn = ctx.Pipe()
+    proc = ctx.Process(target=child, args=(child_conn, 0, max_open, orphan_wait_s), daemon=True)
+    proc.start()
+    hello = parent_conn.recv()
+    try:
+        os.sched_setaffinity(0, {1 % (os.cpu_count() or 1)})
+    except (AttributeError, OSError):
+        pass
+    t_start = time.monotonic()
+    import threading
+
+    sender = threading.Thread(target=lambda: asyncio.run(send_all(hello["endpoint"], exports)), daemon=True)
+    sender.start()
+    t_spans = t_rows = None
+    last = {}
+    deadline = t_start + timeout_s
+    while time.monotonic() < deadline:
+        if parent_conn.poll(0.5):
+            last = parent_conn.recv()
+            if t_spans is None and last["spans"] >= spans_total:
+                t_spans = last["t"]
+            if last["rows"] >= rows_total:
+                t_rows = last["t"]
+                break
+            if rows_total == 0 and last.get("open", 0) >= spans_total // 3 and last["spans"] >= spans_total:
+                time.sleep(1.0)  # let the allocator settle
+                while parent_conn.poll():
+                    last = parent_conn.recv()
+                break
+    sender.join(timeout=60)
+    parent_conn.send("stop")
+    proc.join(timeout=30)
+    if proc.is_alive():
+        proc.kill()
+    return {"t_start": t_start, "t_spans": t_spans, "t_rows": t_rows, "last": last, "rss_start": hello["rss"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=40_000)
+    ap.add_argument("--open-traces", type=int, default=100_000)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "collector_throughput.json"))
+    args = ap.parse_args()
+
+    t = time.monotonic()
+    exports = build_exports(args.requests, 50, with_client=True)
+    spans = args.requests * 4
+    print(f"built {len(exports)} exports ({spans} spans) in {time.monotonic() - t:.1f}s", flush=True)
+    r = run_phase(exports, spans, args.requests, max_open=200_000, orphan_wait_s=10.0, timeout_s=600)
+    ingest_s = (r["t_spans"] - r["t_start"]) if r["t_spans"] else None
+    joined_s = (r["t_rows"] - r["t_start"]) if r["t_rows"] else None
+    thr = {
+        "requests": args.requests, "spans": spans, "spans_per_export": 200,
+        "ingest_s": ingest_s, "ingest_spans_per_s": spans / ingest_s if ingest_s else None,
+        "joined_s": joined_s, "joined_spans_per_s": spans / joined_s if joined_s else None,
+        "rows": r["last"].get("rows"), "joined": r["last"].get("joined"), "evicted": r["last"].get("evicted"),
+    }
+    print(json.dumps(thr), flush=True)
+
+    t = time.monotonic()
+    exports = build_exports(args.open_traces, 50, with_client=False)  # no root span: every trace stays open
+    print(f"built {len(exports)} exports for {args.open_traces} open traces in {time.monotonic() - t:.1f}s", flush=True)
+    m = run_phase(exports, args.open_traces * 3, 0, max_open=args.open_traces + 1000, orphan_wait_s=3600.0, timeout_s=600)
+    mem = {
+        "open_traces": m["last"].get("open"), "spans_held": m["last"].get("spans"), "rss_before_mb": m["rss_start"] / 2**20,
+        "rss_with_open_traces_mb": m["last"].get("rss", 0) / 2**20, "evicted": m["last"].get("evicted"),
+    }
+    print(json.dumps(mem), flush=True)
+    result = {
+        "benchmark": "collector_throughput", "command": "benchmarks/collector_throughput.py " + " ".join(sys.argv[1:]),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "collector_cpu": "one core (sched_setaffinity), sender on another",
+        "throughput": thr, "memory": mem,
+        "targets": {"spans_per_s": 30_000, "rss_mb_100k_open": 300},
+        "met": {"throughput": bool(thr["joined_spans_per_s"] and thr["joined_spans_per_s"] >= 30_000), "memory": bool(mem["rss_with_open_traces_mb"] and mem["rss_with_open_traces_mb"] <= 300)},
+        "load_average_at_end": os.getloadavg(),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
