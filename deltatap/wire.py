@@ -348,7 +348,9 @@ class UpstreamStamps:
 def upstream_stamps(resp: aiohttp.ClientResponse) -> UpstreamStamps | None:
     """Stamps for ``resp`` (call right after the response head arrived); None without a stamping connector."""
     conn = resp.connection
-    proto = conn.protocol if conn is not None else None
+    # a response that arrived whole may already have released its connection: the response
+    # still knows its protocol (aiohttp sets ``_protocol`` when the head is read)
+    proto = conn.protocol if conn is not None else getattr(resp, "_protocol", None)
     if not isinstance(proto, StampingResponseHandler):
         return None
     return UpstreamStamps(proto)

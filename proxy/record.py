@@ -11,9 +11,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry.trace import Span, Status, StatusCode
-
-from deltatap.clock import to_unix_ns
 from deltatap.clocksync import ClockEstimate
 from deltatap.sse import StreamFacts, StreamObserver
 from deltatap.vocab import Attr, Observer, Outcome, TapEvent
@@ -255,16 +252,3 @@ def attributes(rec: TapRecord, *, link: str, downstream: str, downstream_kind: s
     for k, v in labels.items():
         a[Attr.LABEL_PREFIX + k] = v
     return a
-
-
-def finish_span(span: Span, rec: TapRecord, attrs: dict[str, Any]) -> None:
-    """Add the events (exact timestamps), attributes and status, then end the span at ``rec.end``."""
-    for name, t in events(rec):
-        span.add_event(name, timestamp=to_unix_ns(t))
-    span.set_attributes(attrs)
-    outcome = rec.final_outcome()
-    if outcome in (Outcome.UPSTREAM_ERROR, Outcome.TIMEOUT) or (rec.status or 0) >= 500:
-        span.set_status(Status(StatusCode.ERROR, rec.failure.cause if rec.failure else f"HTTP {rec.status}"))
-    last = max((t for _, t in events(rec)), default=rec.received)
-    end = rec.end if rec.end is not None else last
-    span.end(end_time=to_unix_ns(max(end, last)))

