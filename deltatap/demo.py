@@ -161,6 +161,8 @@ async def run_demo(out_dir: str | Path = DEFAULT_OUT, config: str | Path | None 
             result = await run_load(opts, tels["client"])
             records += result.records
             phases[name] = {"summary_requests": len(result.records), "options": opts.model_dump(mode="json", exclude={"target", "out"})}
+        # let the engine finish what it still generates for nobody before the spans are flushed
+        await _wait_engine_idle(engine.url, (topo.engine.timeout_s or 5.0) + 1.0)
         # flush from worker threads: the exporters post to the collector, which runs on this loop
         await asyncio.gather(*(asyncio.to_thread(t.processor.force_flush, 5_000) for t in tels.values()))
         rows = await _wait_rows(collector, len(records), wait_rows_s, grace)
@@ -196,6 +198,22 @@ async def run_demo(out_dir: str | Path = DEFAULT_OUT, config: str | Path | None 
     elapsed = time.monotonic() - t_start
     _where(console, out, files, len(rows), len(records), elapsed)
     return DemoResult(out, files, rows, records, report, elapsed, addresses)
+
+
+async def _wait_engine_idle(engine_url: str, timeout_s: float) -> None:
+    """Poll the engine's Prometheus /metrics until no sequence is running or waiting."""
+    import aiohttp
+
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            async with s.get(f"{engine_url}/metrics") as r:
+                text = await r.text()
+            busy = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith(("deltatap_stack_engine_running", "deltatap_stack_engine_waiting")))
+            if busy == 0:
+                return
+            await asyncio.sleep(0.05)
 
 
 async def _wait_rows(collector, expected: int, timeout_s: float, grace_s: float) -> list:
