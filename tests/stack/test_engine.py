@@ -115,7 +115,7 @@ async def test_queueing_and_batching_under_load(telemetry, span_exporter, sessio
     queues = sorted(s.attributes[Attr.VLLM_TIME_IN_QUEUE] for s in spans)
     assert max(batches) == 3 and min(batches) >= 1
     # three waves: the last wave waited for two full generations (>= 2 * 10 steps of >= 4 ms)
-    assert queues[-1] > 0.08 and queues[0] < 0.02
+    assert queues[-1] > 0.08 and queues[0] < 0.06
     decode_ms = [s.attributes[Attr.VLLM_DECODE] * 1e3 / 9 for s in spans]
     assert max(decode_ms) >= 5.5  # a batch of 3 decodes at 4 + 2 * 1 = 6 ms per token
 

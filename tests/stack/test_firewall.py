@@ -75,7 +75,7 @@ async def test_inbound_decisions_and_their_cost(telemetry, span_exporter, sessio
     assert a[Attr.FIREWALL_DECISION] == decision
     assert a[Attr.OUTCOME] == (Outcome.REFUSED if status == 403 else Outcome.OK)
     took = (ev[Role.IN_DECISION] - ev[Role.IN_ARRIVE]) / MS
-    assert min_ms <= took < min_ms + 30, took  # the configured per-decision latency
+    assert min_ms <= took < min_ms + 100, took  # the configured per-decision latency
     assert a[Attr.FIREWALL_INBOUND_MS] == pytest.approx(min_ms)
     if status == 200:
         assert ev[Role.IN_DECISION] <= ev[Role.IN_EXIT] <= unix(upstream.arrivals[0])
@@ -221,7 +221,7 @@ async def test_upstream_timeout_answers_504_and_hangs_up(telemetry, span_exporte
         await fw.close()
         await up.close()
     assert seen.status == 504 and json.loads(seen.body)["error"]["code"] == "upstream_timeout"
-    assert 0.15 <= (seen.headers_mono - seen.sent_mono) / 1e9 < 0.6
+    assert 0.15 <= (seen.headers_mono - seen.sent_mono) / 1e9 < 1.5
     span = await _span(telemetry, span_exporter)
     ev = events(span)
     assert span.attributes[Attr.OUTCOME] == Outcome.TIMEOUT and span.attributes[Attr.HTTP_STATUS] == 504
