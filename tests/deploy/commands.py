@@ -1,0 +1,123 @@
+"""Validate a `deltatap` command line without starting it: the argument parser, then what each command
+checks before it serves (its options, config files, workload, OTLP endpoints). Shared by the compose
+and docs tests. Paths are resolved against the repository (the image's WORKDIR holds configs/)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from deltatap.cli import build_parser
+from deltatap.config import validate
+from deltatap.telemetry import make_exporter
+from deltatap.topology import load_topology, parse_hostport
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE_WORKDIR = Path("/opt/deltatap")
+
+
+def repo_path(p: str) -> Path:
+    """A config path as a command sees it (relative to the repo root or the image's WORKDIR) -> the file here."""
+    path = Path(p)
+    if path.is_absolute():
+        path = path.relative_to(IMAGE_WORKDIR)
+    assert path.parts[0] == "configs", f"{p}: only configs/ is in the image (Dockerfile COPY configs)"
+    return ROOT / path
+
+
+def parse(cmd: list[str]) -> argparse.Namespace:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            return build_parser().parse_args(cmd)
+        except SystemExit:
+            pytest.fail(f"`deltatap {' '.join(cmd)}` is rejected by the parser:\n{err.getvalue()}")
+
+
+def _check_otlp(value: str | None) -> None:
+    exporter = make_exporter(value)  # raises TelemetryConfigError for a bad endpoint; connects lazily
+    exporter.shutdown()
+
+
+def check_tap(args: argparse.Namespace) -> None:
+    from proxy.cli import build_options
+
+    if args.config:
+        args.config = str(repo_path(args.config))
+    build_options(args)
+    _check_otlp(args.otlp)
+
+
+def check_collect(args: argparse.Namespace) -> None:
+    from collector.service import CollectorOptions
+
+    topo = load_topology(repo_path(args.topology) if args.topology else None)
+    CollectorOptions(
+        otlp_grpc=args.otlp_grpc, otlp_http=args.otlp_http, metrics=args.metrics, topology=topo,
+        out_dir=args.out, rows_format=args.rows_format, forward=args.forward, reexport=args.reexport,
+    ).check()
+    if args.forward:
+        _check_otlp(args.forward)
+
+
+def check_stack(args: argparse.Namespace) -> None:
+    from stack import load_component_config, load_stack_config
+
+    if args.component == "all":
+        load_stack_config(repo_path(args.config))
+        _check_otlp(args.otlp)
+        return
+    cfg = load_component_config(repo_path(args.config), args.component)
+    if args.listen:
+        parse_hostport(args.listen)
+    if args.upstream:  # what `stack --upstream` does: replace the firewall's upstream / every route's
+        data = cfg.model_dump()
+        if args.component == "firewall":
+            data["upstream"] = args.upstream
+        else:
+            data["routes"] = [{**r, "upstreams": [args.upstream]} for r in data["routes"]]
+        validate(type(cfg), data, f"--upstream {args.upstream}")
+    _check_otlp(args.otlp)
+
+
+def check_load(args: argparse.Namespace) -> None:
+    """What `deltatap load` builds before it sends anything: LoadOptions, then the workload."""
+    from loadgen.options import LoadOptions
+    from loadgen.run import resolve_workload
+
+    fields = {k: getattr(args, k) for k in LoadOptions.model_fields if getattr(args, k, None) is not None}
+    fields.update(headers=dict(args.header), labels=dict(args.label))
+    if isinstance(fields.get("workload"), str) and fields["workload"].endswith((".yaml", ".yml")):
+        fields["workload"] = str(repo_path(fields["workload"]))
+    options = validate(LoadOptions, fields, "deltatap load")
+    resolve_workload(options)
+    _check_otlp(args.otlp)
+
+
+def check_summary(args: argparse.Namespace) -> None:
+    if args.topology:
+        load_topology(repo_path(args.topology))
+
+
+COMMAND_CHECKS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "tap": check_tap,
+    "collect": check_collect,
+    "stack": check_stack,
+    "load": check_load,
+    "summary": check_summary,
+    "demo": lambda args: None,  # its only input is the packaged config, validated by its own tests
+}
+
+
+def check_command(cmd: list[str]) -> argparse.Namespace:
+    """Parse and validate; returns the parsed arguments. Fails the test for a command with no check."""
+    args = parse(cmd)
+    check = COMMAND_CHECKS.get(cmd[0])
+    assert check is not None, f"`deltatap {cmd[0]}` has no validation in tests/deploy/commands.py"
+    check(args)
+    return args
