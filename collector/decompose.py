@@ -63,11 +63,23 @@ def _point_deltas(defs: list[DeltaDef], by: dict[str, list[Obs]]) -> dict[str, D
     return {d.name: DeltaValue(int(ns[i]), int(errs[i]), bool(within[i])) for i, d in enumerate(defs) if valid[i]}
 
 
+_LINKS_CACHE: dict[int, tuple[Topology, list[tuple[str, str | None, str | None]]]] = {}
+
+
+def _mid_links(topo: Topology) -> list[tuple[str, str | None, str | None]]:
+    """(intermediary, link it answers on, link it calls out on) per intermediary, cached per topology."""
+    hit = _LINKS_CACHE.get(id(topo))
+    if hit is None or hit[0] is not topo:
+        val = [(m, next((x.name for x in topo.links if x.upstream == m), None), next((x.name for x in topo.links if x.downstream == m), None)) for m in intermediaries(topo)]
+        hit = _LINKS_CACHE[id(topo)] = (topo, val)
+    return hit[1]
+
+
 def _itl_added(topo: Topology, ex: Extracted) -> dict[str, DeltaValue]:
     out: dict[str, DeltaValue] = {}
-    for m in intermediaries(topo):
-        link_out = next((x.name for x in topo.links if x.upstream == m), None)
-        link_in = next((x.name for x in topo.links if x.downstream == m), None)
+    if not ex.gaps:
+        return out
+    for m, link_out, link_in in _mid_links(topo):
         g_out = ex.gaps.get(link_out).up if link_out in ex.gaps else None
         g_in = ex.gaps.get(link_in).down if link_in in ex.gaps else None
         if g_out is None or g_in is None:

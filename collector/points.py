@@ -125,6 +125,20 @@ def _give_up(ex: Extracted, component: str, t: int) -> None:
 _TAP_EVENTS = {e.value: e for e in TapEvent}
 
 
+_POINTS_CACHE: dict[tuple[str, str, str, str], dict[TapEvent, str | None]] = {}
+
+
+def _tap_points(ds: str, dsk: str, us: str, usk: str) -> dict[TapEvent, str | None]:
+    """The point each tap event observes on a link (memoised: the same few links repeat)."""
+    key = (ds, dsk, us, usk)
+    m = _POINTS_CACHE.get(key)
+    if m is None:
+        if len(_POINTS_CACHE) > 4096:
+            _POINTS_CACHE.clear()
+        m = _POINTS_CACHE[key] = {ev: tap_point(ev, ds, dsk, us, usk) for ev in TapEvent}
+    return m
+
+
 def _tap_link(span: SpanRecord, topo: Topology) -> tuple[str, str, str, str, str]:
     a = span.attrs
     link = a.get(Attr.LINK) or span.name[len(SPAN_TAP) :].strip()
@@ -156,13 +170,14 @@ def extract_tap(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
     _common(span, observer, ex, offset)
     ex.attempts[link] = ex.attempts.get(link, 0) + 1
     times: dict[str, int] = {}
+    points = _tap_points(ds, dsk, us, usk)
     for name, t, _ in span.events:
         ev = _TAP_EVENTS.get(name)
         if ev is None:
             continue
         tc = t - offset
         times.setdefault(name, tc)
-        p = tap_point(ev, ds, dsk, us, usk)
+        p = points[ev]
         if p is not None:
             if ev == TapEvent.REQUEST_RECEIVED and dsk != ComponentKind.CLIENT and any(e[0] == TapEvent.REQUEST_BODY_RECEIVED for e in span.events):
                 continue  # an intermediary has let the request go when its last byte arrived (below)

@@ -206,9 +206,22 @@ def intermediaries(topology: Topology) -> list[str]:
     return [c.name for c in topology.components[1:-1] if c.kind in INTERMEDIARY_KINDS]
 
 
+_DEFS_CACHE: dict[int, tuple[Topology, list[DeltaDef]]] = {}
+
+
 def delta_defs(topology: Topology | None = None) -> list[DeltaDef]:
-    """Every delta a row of ``topology`` can carry, in report order."""
-    topo = topology or default_topology()
+    """Every delta a row of ``topology`` can carry, in report order (cached per topology object)."""
+    key = id(topology)
+    hit = _DEFS_CACHE.get(key)
+    if hit is not None and hit[0] is topology:
+        return hit[1]
+    defs = _delta_defs(topology or default_topology())
+    if topology is not None:
+        _DEFS_CACHE[key] = (topology, defs)
+    return defs
+
+
+def _delta_defs(topo: Topology) -> list[DeltaDef]:
     client, engine = topo.client.name, topo.engine.name
     mids = intermediaries(topo)
     P = point
