@@ -13,7 +13,6 @@ Each prints to the terminal and, with ``--out DIR``, writes Markdown, CSV, JSON 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from pydantic import Field
 from rich.console import Console

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from collector.reports.columns import delta_ms, ints, output_throughput, run_window_s
+from collector.reports.columns import delta_ms, ints
 from collector.reports.model import Column, Section, Table
 from collector.reports.registry import ReportInputs, register_section
 from collector.reports.stats import PERCENTILE_TITLES, summarize

@@ -22,7 +22,6 @@ from deltatap.vocab import Attr
 from tests.reports.htmlcheck import parse_page
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_deltatap_demo_runs_to_completion(tmp_path):
