@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -112,6 +112,27 @@ class Exchange:
         if self.stamps is not None and self.stamps.request_written_mono_ns is not None:
             self.span.stamp(Role.IN_EXIT, self.stamps.request_written_mono_ns, overwrite=True)
         return resp
+
+    async def read_upstream(self) -> AsyncIterator[tuple[bytes, list[tuple[bytes, int]]]]:
+        """The upstream body as it arrives: each chunk, and its pieces split at socket reads, each
+        with the ``mono_ns`` of the read that delivered it."""
+        assert self.upstream is not None
+        consumed = 0
+        async for chunk in self.upstream.content.iter_any():
+            base, consumed = consumed, consumed + len(chunk)
+            if self.stamps is None:
+                yield chunk, [(chunk, mono_ns())]
+            else:
+                yield chunk, [(chunk[s - base : e - base], t) for s, e, t in self.stamps.slices(base, consumed)]
+
+    def give_up(self, status: int, message: str, type_: str, code: str) -> tuple[int | None, web.StreamResponse]:
+        """The upstream failed or timed out: close it, and answer ``status`` - or cut the
+        downstream stream if it had begun, as a proxy does."""
+        self.close_upstream()
+        if self.downstream is not None:
+            self.cut_downstream()
+            return self.downstream.status, self.downstream
+        return status, self.error_response(status, message, type_, code)
 
     def close_upstream(self) -> None:
         if self.upstream is not None:

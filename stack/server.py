@@ -9,7 +9,6 @@ intermediary closes its own upstream request (the timeout cascade).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +18,12 @@ from aiohttp import web
 from deltatap.clock import mono_ns
 from deltatap.telemetry import Telemetry
 from deltatap.topology import parse_hostport
+from deltatap.vocab import Outcome, TapEvent
 from deltatap.wire import make_stamping_runner, request_received_mono_ns
+
+from stack.metrics import ComponentMetrics
+from stack.openai import ApiError
+from stack.spans import ComponentSpan
 
 log = logging.getLogger("deltatap.stack")
 
@@ -72,6 +76,14 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-def disconnected(exc: BaseException) -> bool:
-    """A downstream disconnect, as a handler sees it (cancellation or a reset on write)."""
-    return isinstance(exc, (asyncio.CancelledError, ConnectionResetError, ConnectionError))
+def reject(span: ComponentSpan, metrics: ComponentMetrics, err: ApiError, t_arrive: int, headers: dict[str, str]) -> web.Response:
+    """Answer a request the component refuses before any work (400/401/404/413/429...)."""
+    span.end(Outcome.HTTP_ERROR, err.status, error=err.message)
+    metrics.observe(Outcome.HTTP_ERROR, err.status, (mono_ns() - t_arrive) / 1e9)
+    return err.response(headers)
+
+
+def abandoned(span: ComponentSpan) -> None:
+    """The client left while its request was still being read."""
+    span.stamp(TapEvent.DOWNSTREAM_CLOSED, mono_ns())
+    span.end(Outcome.CLIENT_CANCEL, None)

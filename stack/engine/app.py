@@ -32,7 +32,7 @@ from stack.delays import DelaySampler
 from stack.engine.scheduler import Scheduler, Sequence, SeqState, block_hashes
 from stack.metrics import ComponentMetrics, counter, gauge
 from stack.openai import ENDPOINT_KINDS, RENDERERS, SSE_HEADERS, ApiError, DONE, GenRequest, parse_json, parse_request, usage
-from stack.server import RunningComponent, arrival_mono, health, serve
+from stack.server import RunningComponent, abandoned, arrival_mono, health, reject, serve
 from stack.spans import ComponentSpan, request_id
 from stack.tokens import TextGenerator, tokenize
 
@@ -223,12 +223,9 @@ def _handler(kind: str):
         try:
             req, tokens, max_tokens = _prepare(st, kind, await request.read())
         except ApiError as err:
-            span.end(Outcome.HTTP_ERROR, err.status, error=err.message)
-            st.metrics.observe(Outcome.HTTP_ERROR, err.status, (mono_ns() - t_arrive) / 1e9)
-            return err.response({st.cfg.correlation_header: rid})
+            return reject(span, st.metrics, err, t_arrive, {st.cfg.correlation_header: rid})
         except asyncio.CancelledError:
-            span.stamp(TapEvent.DOWNSTREAM_CLOSED, mono_ns())
-            span.end(Outcome.CLIENT_CANCEL, None)
+            abandoned(span)
             raise
         span.set(Attr.GENAI_REQUEST_MODEL, req.model)
         span.set(Attr.GENAI_REQUEST_MAX_TOKENS, max_tokens)

@@ -32,7 +32,7 @@ from stack.firewall.rules import Decision, RuleSet, Verdict, cost_ms
 from stack.forward import DownstreamGone, Exchange, cancel_background, make_session, upstream_headers
 from stack.metrics import ComponentMetrics
 from stack.openai import DONE, ENDPOINT_KINDS, RENDERERS, SSE_HEADERS, ApiError, GenRequest, error_body, parse_json, parse_request, usage
-from stack.server import RunningComponent, arrival_mono, health, serve
+from stack.server import RunningComponent, abandoned, arrival_mono, health, reject, serve
 from stack.spans import ComponentSpan, request_id
 from stack.tokens import count_tokens
 
@@ -116,11 +116,11 @@ class Relay:
             return ex.downstream or web.Response(status=499)
         except TimeoutError:
             outcome, error = Outcome.TIMEOUT, f"upstream timeout after {policy.timeout_s} s"
-            status, resp = self._give_up(504, error, "timeout", "upstream_timeout")
+            status, resp = ex.give_up(504, error, "timeout", "upstream_timeout")
             return resp
         except (aiohttp.ClientError, OSError) as exc:
             outcome, error = Outcome.UPSTREAM_ERROR, f"{type(exc).__name__}: {exc}"
-            status, resp = self._give_up(502, f"upstream failed: {error}", "upstream_error", "bad_gateway")
+            status, resp = ex.give_up(502, f"upstream failed: {error}", "upstream_error", "bad_gateway")
             return resp
         except DownstreamGone:
             outcome, error = Outcome.CLIENT_CANCEL, "client closed the connection"
@@ -135,13 +135,6 @@ class Relay:
                 outcome, error = Outcome.CLIENT_CANCEL, "client closed the connection"
             span.end(outcome, status, error=None if outcome in (Outcome.OK, Outcome.REFUSED) else error)
             st.metrics.observe(outcome, status, (mono_ns() - self.t_arrive) / 1e9)
-
-    def _give_up(self, status: int, message: str, type_: str, code: str) -> tuple[int | None, web.StreamResponse]:
-        self.ex.close_upstream()
-        if self.ex.started:
-            self.ex.cut_downstream()
-            return self.ex.downstream.status, self.ex.downstream  # type: ignore[union-attr]
-        return status, self.ex.error_response(status, message, type_, code)
 
     async def _inbound(self) -> Verdict:
         st, span = self.st, self.ex.span
@@ -197,13 +190,9 @@ class Relay:
     async def _relay_stream(self, resp: aiohttp.ClientResponse) -> None:
         st, ex, span = self.st, self.ex, self.ex.span
         out = OutboundStream(st.cfg.outbound, st.outbound_rules, st.sampler, ex.request.path)
-        up = ex.stamps
-        consumed = 0
-        async for chunk in resp.content.iter_any():
-            pieces = up.slices(consumed, consumed + len(chunk)) if up else [(consumed, consumed + len(chunk), mono_ns())]
-            base, consumed = consumed, consumed + len(chunk)
-            for s, e, t in pieces:
-                out.feed(chunk[s - base : e - base], t)
+        async for _chunk, pieces in ex.read_upstream():
+            for piece, t in pieces:
+                out.feed(piece, t)
             await self._release(out, end=False)
             if out.blocked:
                 break
@@ -310,12 +299,9 @@ async def handle(request: web.Request) -> web.StreamResponse:
         body = parse_json(raw)
         req = parse_request(ENDPOINT_KINDS[request.path], body)
     except ApiError as err:
-        span.end(Outcome.HTTP_ERROR, err.status, error=err.message)
-        st.metrics.observe(Outcome.HTTP_ERROR, err.status, (mono_ns() - t3) / 1e9)
-        return err.response({cfg.correlation_header: rid})
+        return reject(span, st.metrics, err, t3, {cfg.correlation_header: rid})
     except asyncio.CancelledError:
-        span.stamp(TapEvent.DOWNSTREAM_CLOSED, mono_ns())
-        span.end(Outcome.CLIENT_CANCEL, None)
+        abandoned(span)
         raise
     span.set(Attr.GENAI_REQUEST_MODEL, req.model)
     span.set(Attr.STREAMING, req.stream)

@@ -30,7 +30,7 @@ from stack.gateway.policy import Authenticator, RateLimiter, presented_key
 from stack.gateway.routing import Pool, Router
 from stack.metrics import ComponentMetrics, counter
 from stack.openai import ENDPOINT_KINDS, ApiError, parse_json, parse_request
-from stack.server import RunningComponent, arrival_mono, health, serve
+from stack.server import RunningComponent, abandoned, arrival_mono, health, reject, serve
 from stack.spans import ComponentSpan, request_id
 
 
@@ -95,10 +95,10 @@ class Forward:
             resp = ex.downstream
         except TimeoutError:
             outcome, error = Outcome.TIMEOUT, f"upstream timeout after {st.cfg.upstream_policy.timeout_s} s"
-            status, resp = self._give_up(504, error, "timeout", "upstream_timeout")
+            status, resp = self.ex.give_up(504, error, "timeout", "upstream_timeout")
         except (aiohttp.ClientError, OSError) as exc:
             outcome, error = Outcome.UPSTREAM_ERROR, f"{type(exc).__name__}: {exc}"
-            status, resp = self._give_up(502, f"upstream failed: {error}", "upstream_error", "bad_gateway")
+            status, resp = self.ex.give_up(502, f"upstream failed: {error}", "upstream_error", "bad_gateway")
         except DownstreamGone:
             outcome, error = Outcome.CLIENT_CANCEL, "client closed the connection"
         except asyncio.CancelledError:
@@ -109,13 +109,6 @@ class Forward:
                 outcome, error = Outcome.CLIENT_CANCEL, "client closed the connection"
             self._finish(outcome, status, error)
         return resp if resp is not None else web.Response(status=499)
-
-    def _give_up(self, status: int, message: str, type_: str, code: str) -> tuple[int | None, web.StreamResponse | None]:
-        self.ex.close_upstream()
-        if self.ex.started:  # the stream had begun: cut it, as a proxy does
-            self.ex.cut_downstream()
-            return self.ex.downstream.status if self.ex.downstream else None, self.ex.downstream
-        return status, self.ex.error_response(status, message, type_, code)
 
     async def _attempt(self, url: str, headers: dict[str, str]) -> int:
         st, ex = self.st, self.ex
@@ -148,19 +141,11 @@ class Forward:
         delays = st.cfg.delays
         sse = resp.headers.get("Content-Type", "").startswith("text/event-stream")
         obs = StreamObserver(path=ex.request.path) if sse else None
-        up = ex.stamps
-        consumed = 0
-        async for chunk in resp.content.iter_any():
-            if up is not None:
-                pieces = up.slices(consumed, consumed + len(chunk))
-            else:
-                pieces = [(consumed, consumed + len(chunk), mono_ns())]
-            base = consumed
-            consumed += len(chunk)
+        async for chunk, pieces in ex.read_upstream():
             before = obs.content_events if obs else 0
-            for s, e, t in pieces:
+            for piece, t in pieces:
                 if obs is not None:
-                    obs.feed(chunk[s - base : e - base], t)
+                    obs.feed(piece, t)
                 else:
                     span.stamp(Role.OUT_FIRST_IN, t)
                     span.stamp(Role.OUT_LAST_IN, t, overwrite=True)
@@ -220,12 +205,9 @@ async def handle(request: web.Request) -> web.StreamResponse:
     try:
         pool, body = await _admit(st, request, span)
     except ApiError as err:
-        span.end(Outcome.HTTP_ERROR, err.status, error=err.message)
-        st.metrics.observe(Outcome.HTTP_ERROR, err.status, (mono_ns() - t1) / 1e9)
-        return err.response({cfg.correlation_header: rid})
+        return reject(span, st.metrics, err, t1, {cfg.correlation_header: rid})
     except asyncio.CancelledError:
-        span.stamp(TapEvent.DOWNSTREAM_CLOSED, mono_ns())
-        span.end(Outcome.CLIENT_CANCEL, None)
+        abandoned(span)
         raise
     ex = Exchange(request, span, cfg.upstream_policy, cfg.correlation_header, rid)
     return await ex.guard(Forward(st, ex, pool, body, t1).run, st.background)
