@@ -27,6 +27,9 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 REFERENCE_PATH = Path(__file__).resolve().parent.parent / "docs" / "reference.md"
+# where the packages live (the checkout, or site-packages): defaults that are paths into it are shown
+# relative to it, so the output does not depend on where the code is
+_PACKAGES_ROOT = str(Path(__file__).resolve().parent.parent) + "/"
 
 
 @dataclass(frozen=True)
@@ -274,7 +277,7 @@ def _default_field(info: FieldInfo) -> str:
         return "(see its table)"
     if value == "":
         return "`''`"
-    return f"`{_cell(_yaml_value(value))}`"
+    return f"`{_cell(_yaml_value(value).replace(_PACKAGES_ROOT, ''))}`"
 
 
 def _key(model: type[BaseModel]) -> str:
