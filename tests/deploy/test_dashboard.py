@@ -64,17 +64,15 @@ def test_dashboard_is_valid_and_covers_what_the_issue_asks():
         assert expr.count("(") == expr.count(")") and expr.count("{") == expr.count("}"), expr
 
 
-async def test_every_dashboard_metric_exists_in_the_scraped_metrics(tmp_path: Path):
-    async with running_pipeline(tmp_path, unused_port=free_port()) as p:
-        assert len(p.collector.rows()) >= len(p.records) > 0, "the collector emitted no rows for the traffic"
-        texts = await scrape_all(p)
-    samples = _samples(texts)
+def check_queries(queries: list[tuple[str, str]], samples: list[tuple[str, dict[str, str]]]) -> list[str]:
+    """Every problem with ``queries`` against the scraped ``samples``."""
     names = {n for n, _ in samples}
     problems = []
-    for title, expr in dashboard_queries():
+    for title, expr in queries:
         expr = _substitute(expr)
         used = _METRIC.findall(expr)
-        assert used, f"{title}: no deltatap metric in {expr!r}"
+        if not used:
+            problems.append(f"{title}: no deltatap metric in {expr!r}")
         for name, selector in used:
             if name not in names:
                 problems.append(f"{title}: {name} is not exported (have {sorted(n for n in names if n.startswith(name.rsplit('_', 1)[0]))})")
@@ -97,4 +95,20 @@ async def test_every_dashboard_metric_exists_in_the_scraped_metrics(tmp_path: Pa
             for label in (x.strip() for x in group.split(",") if x.strip()):
                 if not any(label in labels for n, labels in samples if n in metric_names):
                     problems.append(f"{title}: `by ({label})` but no series of {metric_names} has that label")
+    return problems
+
+
+def test_the_check_catches_a_wrong_name_label_or_grouping():
+    samples = [("deltatap_tap_requests_total", {"link": "edge", "outcome": "ok"})]
+    assert check_queries([("ok", 'sum by (link) (rate(deltatap_tap_requests_total{outcome="ok"}[5m]))')], samples) == []
+    assert len(check_queries([("name", "rate(deltatap_tap_request_total[5m])")], samples)) == 1
+    assert len(check_queries([("value", 'deltatap_tap_requests_total{outcome="okay"}')], samples)) == 1
+    assert len(check_queries([("label", 'sum by (cause) (deltatap_tap_requests_total)')], samples)) == 1
+
+
+async def test_every_dashboard_metric_exists_in_the_scraped_metrics(tmp_path: Path):
+    async with running_pipeline(tmp_path, unused_port=free_port()) as p:
+        assert len(p.collector.rows()) >= len(p.records) > 0, "the collector emitted no rows for the traffic"
+        texts = await scrape_all(p)
+    problems = check_queries(dashboard_queries(), _samples(texts))
     assert not problems, "\n".join(problems)
