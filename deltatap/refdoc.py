@@ -55,6 +55,8 @@ CONFIG_MODELS: tuple[ModelDoc, ...] = (
     ModelDoc("stack.config:GatewayConfig", "Reference gateway", "`deltatap stack gateway`; the `gateway:` section of `configs/demo.yaml`"),
     ModelDoc("stack.config:FirewallConfig", "Reference firewall", "`deltatap stack firewall`; the `firewall:` section of `configs/demo.yaml`"),
     ModelDoc("stack.config:EngineConfig", "Reference engine", "`deltatap stack engine`; the `engine:` section of `configs/demo.yaml`"),
+    ModelDoc("deltatap.demo:DemoConfig", "Demo", "`deltatap demo --config FILE` (default: the packaged `deltatap/demo.yaml`)"),
+    ModelDoc("loadgen.options:LoadOptions", "Load options", "each phase under a demo config's `load:`; the same settings as `deltatap load`'s flags"),
     ModelDoc("loadgen.workloads.base:WorkloadFile", "Workload file", "`deltatap load --workload FILE` (`configs/workloads/*.yaml`)"),
     ModelDoc(
         "loadgen.workloads:WORKLOADS",
