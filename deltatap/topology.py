@@ -43,13 +43,13 @@ def parse_hostport(value: str, what: str = "listen address") -> tuple[str, int]:
 
 
 class ComponentSpec(StrictModel):
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    kind: ComponentKind
-    url: str | None = None  # where the component itself listens (not the tap)
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="component name; points are named <name>.<role>")
+    kind: ComponentKind = Field(description="client (first), engine (last), or an intermediary: gateway, firewall, router, cache, proxy")
+    url: str | None = Field(default=None, description="where the component itself listens (not its tap)")
     timeout_s: float | None = Field(default=None, gt=0, description="the component's timeout toward its upstream (or the client's total timeout)")
     retries: int = Field(default=0, ge=0, description="retries toward its upstream after a failure or timeout")
     cancel_on_disconnect: bool | None = Field(default=None, description="engine: stops generating when the client goes away")
-    description: str = ""
+    description: str = Field(default="", description="free text shown in reports")
 
 
 class TapSpec(StrictModel):
@@ -58,7 +58,7 @@ class TapSpec(StrictModel):
     upstream: str | None = Field(default=None, description="URL to forward to (default: the upstream component's url)")
     host_header: str | None = Field(default=None, description="rewrite Host to this value (default: preserve)")
     timeout_s: float | None = Field(default=None, gt=0, description="the tap's own upstream timeout; none by default")
-    verify_tls: bool = True
+    verify_tls: bool = Field(default=True, description="verify the upstream's TLS certificate (https upstreams)")
 
     @field_validator("listen", "admin")
     @classmethod
@@ -69,18 +69,18 @@ class TapSpec(StrictModel):
 
 
 class LinkModel(StrictModel):
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    downstream: str
-    upstream: str
-    tap: TapSpec | None = None
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="link name, e.g. edge, gw-fw, fw-engine")
+    downstream: str = Field(description="the component on the client side of the link")
+    upstream: str = Field(description="the component on the server side of the link (its neighbour toward the engine)")
+    tap: TapSpec | None = Field(default=None, description="where a tap sits on this link; absent: the link is not tapped")
 
 
 class Topology(StrictModel):
-    name: str = "default"
-    description: str = ""
-    correlation_header: str = DEFAULT_CORRELATION_HEADER
-    components: list[ComponentSpec]
-    links: list[LinkModel]
+    name: str = Field(default="default", description="topology name, shown in reports")
+    description: str = Field(default="", description="free text shown in reports")
+    correlation_header: str = Field(default=DEFAULT_CORRELATION_HEADER, description="header the taps propagate (created if absent) and the collector joins on")
+    components: list[ComponentSpec] = Field(description="the chain in order: client first, engine last")
+    links: list[LinkModel] = Field(description="links between neighbouring components, each optionally tapped")
 
     @model_validator(mode="after")
     def _check(self) -> Topology:
