@@ -13,7 +13,10 @@ import sys
 import threading
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
+
+import pytest
 
 import numpy as np
 
@@ -32,7 +35,7 @@ from deltatap.topology import Topology, load_topology  # noqa: E402
 from deltatap.vocab import Role, point  # noqa: E402
 
 __all__ = ["ROOT", "CollectorThread", "RealStack", "StartError", "Tools", "free_port", "load_topology", "missing_tools",
-           "run_aiperf", "pt", "delta_ms", "with_free_ports", "summary_ms", "aiperf_records"]
+           "run_aiperf", "pt", "delta_ms", "with_free_ports", "summary_ms", "aiperf_records", "Running", "require", "start_stack", "stop_stack"]
 
 
 class CollectorThread:
@@ -133,3 +136,47 @@ def summary_ms(values: np.ndarray) -> dict[str, float]:
     return {"count": int(values.size), "p50": float(np.percentile(values, 50)), "p90": float(np.percentile(values, 90)),
             "p99": float(np.percentile(values, 99)), "min": float(values.min()), "max": float(values.max()),
             "mean": float(values.mean())}
+
+
+# ------------------------------------------------------------------ starting a stack in a test
+
+
+RUNS = ROOT / "runs" / "realstack-tests"
+
+
+@dataclass
+class Running:
+    stack: RealStack
+    collector: CollectorThread | None
+    run_dir: Path
+
+
+def require(config: str) -> None:
+    """Skip loudly when a part of ``config`` is not installed."""
+    missing = missing_tools(load_topology(ROOT / config))
+    if missing:
+        problems = os.environ.get("DELTATAP_REALSTACK_INSTALL_PROBLEMS", "")
+        pytest.skip(f"REALSTACK PARTS NOT INSTALLED (run .ci/realstack): {'; '.join(missing)}"
+                    + (f" | install problems: {problems}" if problems else ""))
+
+
+def start_stack(config: str, name: str, *, taps: bool = True, collector: bool = True) -> Running:
+    require(config)
+    topo = with_free_ports(load_topology(ROOT / config))
+    run_dir = RUNS / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    col = CollectorThread(topo, run_dir / "collector") if collector else None
+    stack = RealStack(topo, ROOT / config, run_dir, taps=taps, otlp_grpc=col.grpc_hostport if col else None)
+    try:
+        stack.start()
+    except BaseException:
+        if col:
+            col.close()
+        raise
+    return Running(stack, col, run_dir)
+
+
+def stop_stack(r: Running) -> None:
+    r.stack.stop()
+    if r.collector:
+        r.collector.close()
+
