@@ -6,19 +6,20 @@ The launcher (``realstack/launch.py``) is imported from the repository's ``reals
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
-
-import pytest
+from urllib.parse import urlsplit
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "realstack"))
@@ -35,7 +36,7 @@ from deltatap.topology import Topology, load_topology  # noqa: E402
 from deltatap.vocab import Role, point  # noqa: E402
 
 __all__ = ["ROOT", "CollectorThread", "RealStack", "StartError", "Tools", "free_port", "load_topology", "missing_tools",
-           "run_aiperf", "pt", "delta_ms", "with_free_ports", "summary_ms", "aiperf_records", "Running", "require", "start_stack", "stop_stack"]
+           "run_aiperf", "pt", "delta_ms", "with_free_ports", "summary_ms", "aiperf_records", "Running", "require", "start_stack", "stop_stack", "stream_until_cut"]
 
 
 class CollectorThread:
@@ -105,6 +106,30 @@ def run_aiperf(tools: Tools, url: str, out: Path, *, requests: int, concurrency:
         tail = (out / "aiperf.stdout").read_text(errors="replace").splitlines()[-30:]
         raise AssertionError(f"aiperf exited {rc}; no {export}:\n" + "\n".join(tail))
     return export
+
+
+def stream_until_cut(url: str, body: dict, rid: str, timeout_s: float = 60, api_key: str | None = None) -> dict:
+    """POST a streamed chat request; read until the stream ends or is cut. Never retries."""
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout_s)
+    t0 = time.monotonic()
+    headers = {"content-type": "application/json", "x-request-id": rid}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), headers)
+    resp = conn.getresponse()
+    data, cut = b"", False
+    try:
+        while chunk := resp.read1(65536):
+            data += chunk
+    except (http.client.IncompleteRead, ConnectionError) as exc:
+        cut = True
+        data += getattr(exc, "partial", b"") or b""
+    finally:
+        conn.close()
+    done = b"[DONE]" in data
+    return {"status": resp.status, "cut": cut or (resp.status == 200 and not done), "done": done,
+            "elapsed_s": time.monotonic() - t0, "end_mono": time.monotonic(), "bytes": len(data)}
 
 
 def aiperf_records(path: Path) -> dict[str, dict[str, Any]]:

@@ -18,30 +18,9 @@ import uuid
 from urllib.parse import urlsplit
 
 import pytest
-from realstack_support import start_stack, stop_stack
+from realstack_support import start_stack, stop_stack, stream_until_cut
 
 pytestmark = [pytest.mark.realstack, pytest.mark.timeout(300)]
-
-
-def stream_until_cut(url: str, body: dict, rid: str, timeout_s: float = 60) -> dict:
-    """POST a streamed chat request; read until the stream ends or is cut. Never retries."""
-    u = urlsplit(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout_s)
-    t0 = time.monotonic()
-    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json", "x-request-id": rid})
-    resp = conn.getresponse()
-    data, cut = b"", False
-    try:
-        while chunk := resp.read1(65536):
-            data += chunk
-    except (http.client.IncompleteRead, ConnectionError) as exc:
-        cut = True
-        data += getattr(exc, "partial", b"") or b""
-    finally:
-        conn.close()
-    done = b"[DONE]" in data
-    return {"status": resp.status, "cut": cut or (resp.status == 200 and not done), "done": done,
-            "elapsed_s": time.monotonic() - t0, "end_mono": time.monotonic(), "bytes": len(data)}
 
 
 def slots_busy(base: str) -> bool:
