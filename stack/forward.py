@@ -74,10 +74,8 @@ def make_session(policy: UpstreamPolicy) -> aiohttp.ClientSession:
 
 
 def upstream_headers(incoming: Any, span: ComponentSpan, policy: UpstreamPolicy, corr_header: str, rid: str) -> dict[str, str]:
-    out = {k: v for k, v in incoming.items() if k.lower() not in NOT_FORWARDED and k.lower() not in TRACE_HEADERS}
-    out.pop(corr_header, None)
-    for k in [k for k in out if k.lower() == corr_header.lower()]:
-        del out[k]
+    drop = NOT_FORWARDED | set(TRACE_HEADERS) | {corr_header.lower()}
+    out = {k: v for k, v in incoming.items() if k.lower() not in drop}
     if policy.propagate_trace:
         span.inject(out)
         out[corr_header] = rid
