@@ -124,6 +124,7 @@ async def run_load(options: LoadOptions, telemetry: Telemetry) -> LoadResult:
             warm_records = runner.records
             runner.records = []
             runner.counters.__init__()  # type: ignore[misc]
+        runner.prebuild(plan)
         if options.mode == "batch" and options.preconnect:
             await preconnect(sessions, target.url)
         if options.progress:

@@ -97,6 +97,7 @@ class Runner:
             self._static_attrs[Attr.CLOCK_OFFSET_NS] = clock.offset_ns
             self._static_attrs[Attr.CLOCK_UNCERTAINTY_NS] = clock.uncertainty_ns
         self._seq = 0
+        self.bodies: dict[int, bytes] = {}  # prebuilt request bodies of single-turn requests, by plan index
 
     # ------------------------------------------------------------------ one request
 
@@ -199,11 +200,24 @@ class Runner:
                 if stop_mono_ns is not None and planned >= stop_mono_ns:
                     return
             msgs, extra = self._window(history, req.history_tokens)
-            rec = await self.request(session, req, planned, worker, msgs, extra, barrier=barrier if k == 0 else None)
+            body = self.bodies.get(req.index) if req.session is None else None
+            rec = await self.request(session, req, planned, worker, msgs, extra, body, barrier if k == 0 else None)
             if req.history_tokens > 0:
                 history.append(({"role": "user", "content": req.prompt}, self.tok.count(req.prompt)))
                 if rec.output_text:
                     history.append(({"role": "assistant", "content": rec.output_text}, self.tok.count(rec.output_text)))
+
+    def prebuild(self, plan: list[PlannedRequest], limit_bytes: int = 256 << 20) -> None:
+        """Serialise single-turn request bodies before the run, so the send path only stamps and writes."""
+        size = 0
+        for req in plan:
+            if req.session is None:
+                body = self.target.body(req.system, [], req.prompt, req.max_tokens)
+                size += len(body)
+                if size > limit_bytes:
+                    self.bodies.clear()
+                    return
+                self.bodies[req.index] = body
 
     def _window(self, history: list[tuple[dict[str, str], int]], budget: int) -> tuple[list[dict[str, str]], int]:
         """The newest messages that fit in ``budget`` tokens (oldest dropped; an oversize newest one is cut)."""
