@@ -72,17 +72,18 @@ def decision_table(rows: Sequence[Row], fw: str) -> Table:
             Column("inspection_p50_ms", "Inspection P50", "ms", 2),
             Column("inspection_p99_ms", "Inspection P99", "ms", 2),
             Column("inspection_mean_ms", "Inspection mean", "ms", 2),
+            Column("decision_p50_ms", "Decision P50", "ms", 2),
             Column("outbound_p50_ms", "Outbound P50", "ms", 2),
         ],
     )
-    t.footnotes.append("Inspection: t5 - t3 for requests let through, t4 - t3 (time to block) for blocked ones.")
+    t.footnotes.append("Inspection: t5 - t3 for requests let through, t4 - t3 (time to block) for blocked ones. Decision: t4 - t3 for every request (time to reach the decision, without forwarding).")
     present = [d for d in DECISION_ORDER if (dec == d).any()]
     present += sorted({d for d in dec if d not in DECISION_ORDER})
     for d in present:
         m = dec == d
         insp = block[m] if str(d).startswith("block") else inbound[m]
-        s, o = summarize(insp), summarize(outbound[m])
-        t.add(DECISION_TITLES.get(d, d), int(m.sum()), rate(int(m.sum()), len(rows)), s.p50, s.p99, s.mean, o.p50)
+        s, o, dd = summarize(insp), summarize(outbound[m]), summarize(block[m])
+        t.add(DECISION_TITLES.get(d, d), int(m.sum()), rate(int(m.sum()), len(rows)), s.p50, s.p99, s.mean, dd.p50, o.p50)
     return t
 
 

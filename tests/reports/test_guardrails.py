@@ -14,7 +14,7 @@ from tests.reports.factories import row
 def rows():
     return [
         row(1, firewall_decision="allow", labels={"class": "benign"},
-            deltas_ms={"firewall_inbound": 2, "firewall_outbound": 1, "firewall_outbound_last": 3, "firewall_itl_added_mean": 0.5, "firewall_itl_added_p99": 1, "firewall_max_pause_added": 2}),
+            deltas_ms={"firewall_inbound": 2, "firewall_inbound_block": 1.5, "firewall_outbound": 1, "firewall_outbound_last": 3, "firewall_itl_added_mean": 0.5, "firewall_itl_added_p99": 1, "firewall_max_pause_added": 2}),
         row(2, firewall_decision="allow", labels={"class": "benign"},
             deltas_ms={"firewall_inbound": 4, "firewall_outbound": 3, "firewall_outbound_last": 1, "firewall_itl_added_mean": 1.5, "firewall_itl_added_p99": 3, "firewall_max_pause_added": 8}),
         row(3, firewall_decision="allow_after_analysis", labels={"class": "adversarial"},
@@ -42,6 +42,8 @@ def test_latency_by_decision_uses_block_time_for_blocks():
     assert [r["decision"] for r in t.records()] == ["allow", "allow (flagged, deep analysis)", "block (pattern match)", "block (semantic analysis)"]
     allow = t.row_by("decision", "allow")
     assert allow["requests"] == 2 and allow["share"] == pytest.approx(0.4) and allow["inspection_p50_ms"] == 3.0 and allow["outbound_p50_ms"] == 2.0
+    assert allow["decision_p50_ms"] == 1.5  # only request 1 states its decision time (t4)
+    assert t.row_by("decision", "block (semantic analysis)")["decision_p50_ms"] == 30.0
     assert t.row_by("decision", "block (semantic analysis)")["inspection_mean_ms"] == 30.0
     assert t.row_by("decision", "block (pattern match)")["inspection_p99_ms"] == 1.0
 
