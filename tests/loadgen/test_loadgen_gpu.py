@@ -1,0 +1,50 @@
+"""GPU metrics: trapezoidal energy over a request's window; without a GPU the run says so and goes on."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadgen.gpu import GpuSampler, GpuSeries
+
+S = 1_000_000_000
+
+
+def series() -> GpuSeries:
+    s = GpuSeries(0, "test")
+    for t, p in ((0, 100.0), (1, 200.0), (2, 200.0), (3, 100.0)):
+        s.t_mono_ns.append(t * S)
+        s.power_w.append(p)
+        s.util_pct.append(50.0)
+        s.mem_used_mib.append(1000.0)
+        s.temp_c.append(60.0)
+    return s
+
+
+def test_energy_interpolates_at_the_window_edges():
+    s = series()
+    # 0.5 s -> 1 s: (150 + 200) / 2 * 0.5; 1 -> 2 s: 200; 2 -> 2.5 s: (200 + 150) / 2 * 0.5
+    assert s.energy_j(S // 2, 5 * S // 2) == pytest.approx(375.0)
+    assert s.energy_j(0, 3 * S) == pytest.approx(150 + 200 + 150)
+    # a window inside one sample interval: power interpolated at both edges
+    assert s.energy_j(S // 4, S // 2) == pytest.approx(0.25 * (125 + 150) / 2)
+
+
+def test_report_gives_tokens_per_joule_and_per_request_energy():
+    sampler = GpuSampler.__new__(GpuSampler)
+    sampler.available, sampler.reason, sampler.series, sampler.interval_s = True, "", [series()], 1.0
+    rep = sampler.report([(0, S), (S, 3 * S)], output_tokens=900, requests=2)
+    assert rep["energy_run_j"] == pytest.approx(500.0)
+    assert rep["tokens_per_joule"] == pytest.approx(1.8)
+    assert rep["energy_per_request_j"]["mean"] == pytest.approx((150 + 350) / 2)
+    assert rep["gpus"][0]["power_w"] == {"mean": 150.0, "max": 200.0}
+
+
+def test_without_a_gpu_the_sampler_says_why():
+    sampler = GpuSampler()
+    if sampler.available:
+        sampler.stop()
+        pytest.skip("this machine has an NVIDIA GPU")
+    sampler.start()  # a no-op
+    sampler.stop()
+    rep = sampler.report([], 0, 0)
+    assert rep["available"] is False and rep["reason"]
