@@ -211,11 +211,21 @@ class Exchange:
             raise
 
 
-async def cancel_background(background: set[asyncio.Task]) -> None:
-    for task in list(background):
-        task.cancel()
-    if background:
-        await asyncio.gather(*background, return_exceptions=True)
+def session_lifecycle(key: web.AppKey) -> Callable[[web.Application], AsyncIterator[None]]:
+    """Cleanup context of an intermediary: its upstream session, and on shutdown the exchanges
+    still draining an upstream (``state.background``)."""
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        st = app[key]
+        st.session = make_session(st.cfg.upstream_policy)
+        yield
+        for task in list(st.background):
+            task.cancel()
+        if st.background:
+            await asyncio.gather(*st.background, return_exceptions=True)
+        await st.session.close()
+
+    return lifecycle
 
 
 def deadline_after(timeout_s: float | None) -> float | None:

@@ -10,6 +10,7 @@ intermediary closes its own upstream request (the timeout cascade).
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,36 @@ async def serve(app: web.Application, listen: str, name: str, kind: str, telemet
 
 async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def component_app(
+    key: web.AppKey,
+    state: Any,
+    posts: dict[str, Handler],
+    lifecycle: Callable[[web.Application], AsyncIterator[None]],
+    client_max_size: int,
+) -> web.Application:
+    """An app holding a component's ``state`` (with ``.metrics``) under ``key``: its POST routes,
+    ``/health``, ``/metrics`` and its lifecycle context (scheduler, client session)."""
+    app = web.Application(client_max_size=client_max_size)
+    app[key] = state
+    app.cleanup_ctx.append(lifecycle)
+    for path, handler in posts.items():
+        app.router.add_post(path, handler)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", state.metrics.handler)
+    return app
+
+
+async def start_component(app: web.Application, key: web.AppKey, kind: str, listen: str | None) -> RunningComponent:
+    """Serve a :func:`component_app` on ``listen`` (default: its config's ``listen``)."""
+    st = app[key]
+    rc = await serve(app, listen or st.cfg.listen, st.name, kind, st.telemetry)
+    rc.extra["state"] = st
+    return rc
 
 
 def reject(span: ComponentSpan, metrics: ComponentMetrics, err: ApiError, t_arrive: int, headers: dict[str, str]) -> web.Response:

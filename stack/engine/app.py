@@ -32,7 +32,7 @@ from stack.delays import DelaySampler
 from stack.engine.scheduler import Scheduler, Sequence, SeqState, block_hashes
 from stack.metrics import ComponentMetrics, counter, gauge
 from stack.openai import ENDPOINT_KINDS, RENDERERS, SSE_HEADERS, ApiError, DONE, GenRequest, parse_json, parse_request, usage
-from stack.server import RunningComponent, abandoned, arrival_mono, health, reject, serve
+from stack.server import RunningComponent, abandoned, arrival_mono, component_app, reject, start_component
 from stack.spans import ComponentSpan, request_id
 from stack.tokens import TextGenerator, tokenize
 
@@ -266,24 +266,16 @@ async def _scheduler_ctx(app: web.Application):
 
 
 def build_engine_app(cfg: EngineConfig, telemetry: Telemetry) -> web.Application:
-    app = web.Application(client_max_size=16 * 1024 * 1024)
     st = EngineState(cfg, telemetry)
-    app[ENGINE] = st
-    app.cleanup_ctx.append(_scheduler_ctx)
-    for path, kind in ENDPOINT_KINDS.items():
-        app.router.add_post(path, _handler(kind))
+    posts = {path: _handler(kind) for path, kind in ENDPOINT_KINDS.items()}
+    app = component_app(ENGINE, st, posts, _scheduler_ctx, 16 * 1024 * 1024)
     app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", st.metrics.handler)
     return app
 
 
 async def start_engine(cfg: EngineConfig, telemetry: Telemetry, listen: str | None = None) -> RunningComponent:
     """Start the engine on ``listen`` (default ``cfg.listen``; port 0 picks a free port)."""
-    app = build_engine_app(cfg, telemetry)
-    rc = await serve(app, listen or cfg.listen, app[ENGINE].name, ComponentKind.ENGINE.value, telemetry)
-    rc.extra["state"] = app[ENGINE]
-    return rc
+    return await start_component(build_engine_app(cfg, telemetry), ENGINE, ComponentKind.ENGINE.value, listen)
 
 
 __all__ = ["ENGINE", "EngineState", "build_engine_app", "start_engine"]

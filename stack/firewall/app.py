@@ -29,10 +29,10 @@ from stack.config import FirewallConfig
 from stack.delays import DelaySampler
 from stack.firewall.outbound import OutboundStream
 from stack.firewall.rules import Decision, RuleSet, Verdict, cost_ms
-from stack.forward import DownstreamGone, Exchange, cancel_background, make_session, upstream_headers
+from stack.forward import DownstreamGone, Exchange, session_lifecycle, upstream_headers
 from stack.metrics import ComponentMetrics
 from stack.openai import DONE, ENDPOINT_KINDS, RENDERERS, SSE_HEADERS, ApiError, GenRequest, error_body, parse_json, parse_request, usage
-from stack.server import RunningComponent, abandoned, arrival_mono, health, reject, serve
+from stack.server import RunningComponent, abandoned, arrival_mono, component_app, reject, start_component
 from stack.spans import ComponentSpan, request_id
 from stack.tokens import count_tokens
 
@@ -309,29 +309,11 @@ async def handle(request: web.Request) -> web.StreamResponse:
     return await ex.guard(Relay(st, ex, req, body, raw, t3).run, st.background)
 
 
-async def _session_ctx(app: web.Application):
-    st = app[FIREWALL]
-    st.session = make_session(st.cfg.upstream_policy)
-    yield
-    await cancel_background(st.background)
-    await st.session.close()
-
-
 def build_firewall_app(cfg: FirewallConfig, telemetry: Telemetry) -> web.Application:
-    app = web.Application(client_max_size=16 * 1024 * 1024)
     st = FirewallState(cfg, telemetry)
-    app[FIREWALL] = st
-    app.cleanup_ctx.append(_session_ctx)
-    for path in ENDPOINT_KINDS:
-        app.router.add_post(path, handle)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", st.metrics.handler)
-    return app
+    return component_app(FIREWALL, st, dict.fromkeys(ENDPOINT_KINDS, handle), session_lifecycle(FIREWALL), 16 * 1024 * 1024)
 
 
 async def start_firewall(cfg: FirewallConfig, telemetry: Telemetry, listen: str | None = None) -> RunningComponent:
     """Start the firewall on ``listen`` (default ``cfg.listen``; port 0 picks a free port)."""
-    app = build_firewall_app(cfg, telemetry)
-    rc = await serve(app, listen or cfg.listen, app[FIREWALL].name, ComponentKind.FIREWALL.value, telemetry)
-    rc.extra["state"] = app[FIREWALL]
-    return rc
+    return await start_component(build_firewall_app(cfg, telemetry), FIREWALL, ComponentKind.FIREWALL.value, listen)

@@ -25,12 +25,12 @@ from deltatap.vocab import Attr, ComponentKind, Outcome, Role, TapEvent
 
 from stack.config import GatewayConfig
 from stack.delays import DelaySampler
-from stack.forward import DownstreamGone, Exchange, cancel_background, make_session, upstream_headers
+from stack.forward import DownstreamGone, Exchange, session_lifecycle, upstream_headers
 from stack.gateway.policy import Authenticator, RateLimiter, presented_key
 from stack.gateway.routing import Pool, Router
 from stack.metrics import ComponentMetrics, counter
 from stack.openai import ENDPOINT_KINDS, ApiError, parse_json, parse_request
-from stack.server import RunningComponent, abandoned, arrival_mono, health, reject, serve
+from stack.server import RunningComponent, abandoned, arrival_mono, component_app, reject, start_component
 from stack.spans import ComponentSpan, request_id
 
 
@@ -236,29 +236,11 @@ async def _admit(st: GatewayState, request: web.Request, span: ComponentSpan) ->
     return pool, body
 
 
-async def _session_ctx(app: web.Application):
-    st = app[GATEWAY]
-    st.session = make_session(st.cfg.upstream_policy)
-    yield
-    await cancel_background(st.background)
-    await st.session.close()
-
-
 def build_gateway_app(cfg: GatewayConfig, telemetry: Telemetry) -> web.Application:
-    app = web.Application(client_max_size=cfg.validation.max_body_bytes)
     st = GatewayState(cfg, telemetry)
-    app[GATEWAY] = st
-    app.cleanup_ctx.append(_session_ctx)
-    for path in ENDPOINT_KINDS:
-        app.router.add_post(path, handle)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", st.metrics.handler)
-    return app
+    return component_app(GATEWAY, st, dict.fromkeys(ENDPOINT_KINDS, handle), session_lifecycle(GATEWAY), cfg.validation.max_body_bytes)
 
 
 async def start_gateway(cfg: GatewayConfig, telemetry: Telemetry, listen: str | None = None) -> RunningComponent:
     """Start the gateway on ``listen`` (default ``cfg.listen``; port 0 picks a free port)."""
-    app = build_gateway_app(cfg, telemetry)
-    rc = await serve(app, listen or cfg.listen, app[GATEWAY].name, ComponentKind.GATEWAY.value, telemetry)
-    rc.extra["state"] = app[GATEWAY]
-    return rc
+    return await start_component(build_gateway_app(cfg, telemetry), GATEWAY, ComponentKind.GATEWAY.value, listen)
