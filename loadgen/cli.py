@@ -57,6 +57,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="ask the engine to generate exactly max_tokens")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--no-gpu", dest="gpu", action="store_false", help="do not sample GPU metrics")
+    p.add_argument("--preconnect", action=argparse.BooleanOptionalAction, default=None,
+                   help="open connections before the first timed send (default: only with --batch)")
+    p.add_argument("--spin-us", type=int, default=1500,
+                   help="final microseconds of each send wait spent yielding to the loop instead of on a timer")
     p.add_argument("--run-id")
     p.add_argument("--plan-only", action="store_true", help="write the request sequence to --out/requests.jsonl and exit")
     p.add_argument("--json", action="store_true", help="print summary.json to stdout")
@@ -74,7 +78,7 @@ def main(args: argparse.Namespace) -> int:
     fields = {k: getattr(args, k) for k in (
         "target", "endpoint", "model", "workload", "rate", "concurrency", "batch", "arrival", "requests", "duration_s",
         "seed", "warmup_requests", "warmup_probes", "warmup_rounds", "warmup_concurrency", "out", "request_timeout_s",
-        "drain_s", "workers", "clock_sync", "ignore_eos", "progress", "gpu", "run_id",
+        "drain_s", "workers", "clock_sync", "ignore_eos", "progress", "gpu", "run_id", "preconnect", "spin_us",
     )}
     fields["headers"] = dict(args.header)
     fields["labels"] = dict(args.label)

@@ -81,7 +81,7 @@ async def open_loop(runner: Runner, cfg: ModeConfig, sessions: list[aiohttp.Clie
         t_k = t_start + cfg.offsets_ns[k]
         if stop is not None and t_k >= stop:
             break
-        await sleep_coarse_until(t_k - cfg.lead_ns)
+        await sleep_coarse_until(t_k - cfg.lead_ns)  # yields even when already late: reads keep flowing
         task = asyncio.create_task(runner.unit(sessions[k % len(sessions)], unit, t_k, k % len(sessions), stop))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
@@ -121,19 +121,20 @@ async def batch_mode(runner: Runner, cfg: ModeConfig, sessions: list[aiohttp.Cli
         await asyncio.gather(*(runner.unit(sessions[i], unit, now, i, barrier=barrier) for i, unit in enumerate(group)))
 
 
-async def preconnect(sessions: list[aiohttp.ClientSession], url: str) -> None:
-    """Open one connection per session (a GET on the target's ``/v1/models``; the status is ignored),
-    so a barrier batch does not spend its first instant in TCP handshakes."""
+async def preconnect(sessions: list[aiohttp.ClientSession], url: str, headers: dict[str, str], per_session: int = 1) -> None:
+    """Open ``per_session`` connections in each session before the first timed send (GETs of the
+    target's ``/v1/models``, sent together; the status is ignored), so neither a barrier batch nor the
+    first open-loop arrivals spend their instant in TCP handshakes."""
     base = url.split("/v1/", 1)[0] if "/v1/" in url else url.rsplit("/", 1)[0]
 
     async def one(s: aiohttp.ClientSession) -> None:
         try:
-            async with s.get(base + "/v1/models") as r:
+            async with s.get(base + "/v1/models", headers=headers) as r:
                 await r.read()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             pass
 
-    await asyncio.gather(*(one(s) for s in sessions))
+    await asyncio.gather(*(one(s) for s in sessions for _ in range(max(1, per_session))))
 
 
 def open_sessions(runner: Runner, count: int) -> list[aiohttp.ClientSession]:

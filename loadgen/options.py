@@ -40,7 +40,11 @@ class LoadOptions(StrictModel):
     refusal_statuses: list[int] = Field(default_factory=lambda: [403, 451])
     ignore_eos: bool = False
     spin_us: int = Field(default=1500, ge=0, description="final part of each send wait spent yielding instead of on a timer")
-    preconnect: bool = True
+    preconnect: bool | None = Field(
+        default=None,
+        description="open connections (GET /v1/models) before timed sends; default: only for --batch "
+        "(through taps they show up as extra requests)",
+    )
     progress: bool = True
     gpu: bool = True
     write_requests: bool = True

@@ -125,8 +125,9 @@ async def run_load(options: LoadOptions, telemetry: Telemetry) -> LoadResult:
             runner.records = []
             runner.counters.__init__()  # type: ignore[misc]
         runner.prebuild(plan)
-        if options.mode == "batch" and options.preconnect:
-            await preconnect(sessions, target.url)
+        if options.preconnect or (options.preconnect is None and options.mode == "batch"):
+            per = 1 if options.rate is None else 1 + int(options.rate * 0.01 / len(sessions))
+            await preconnect(sessions, target.url, target.headers, per)
         if options.progress:
             from loadgen.progress import LiveProgress
 

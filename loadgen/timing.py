@@ -24,7 +24,7 @@ async def sleep_until(t_mono_ns: int, spin_ns: int = DEFAULT_SPIN_NS) -> None:
 
 
 async def sleep_coarse_until(t_mono_ns: int) -> None:
-    """Timer-only wait (may end up to ~1 ms off): for work that is not itself a timed send."""
+    """Timer-only wait (may end up to ~1 ms off), for work that is not itself a timed send; always
+    yields to the loop at least once."""
     d = t_mono_ns - mono_ns()
-    if d > 0:
-        await asyncio.sleep(d / 1e9)
+    await asyncio.sleep(d / 1e9 if d > 0 else 0)
