@@ -9,7 +9,8 @@ tap's own HTTP stacks set framing (``Transfer-Encoding``) and connection managem
 
 from __future__ import annotations
 
-import uuid
+import os
+import random
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -27,6 +28,9 @@ HOP_BY_HOP = frozenset(
     }
 )
 TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
+_UPSTREAM_DROP = HOP_BY_HOP | TRACE_HEADERS | {"expect"}
+_rand = random.Random(os.urandom(32))  # request ids: private generator, no syscall per id (see proxy.spans)
+os.register_at_fork(after_in_child=lambda: _rand.seed(os.urandom(32)))
 
 
 def _connection_tokens(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> set[str]:
@@ -37,8 +41,10 @@ def _connection_tokens(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> set
 
 
 def end_to_end(headers: CIMultiDictProxy[str] | CIMultiDict[str], also_drop: frozenset[str] = frozenset()) -> CIMultiDict[str]:
-    drop = HOP_BY_HOP | _connection_tokens(headers) | also_drop
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
+    drop = also_drop | HOP_BY_HOP
+    if "Connection" in headers:
+        drop = drop | _connection_tokens(headers)
+    return CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in drop])
 
 
 def upstream_request_headers(
@@ -53,12 +59,12 @@ def upstream_request_headers(
     ``trace_headers`` (``traceparent`` and maybe ``tracestate`` of the tap's span) replace the
     incoming ones.
     """
-    out = end_to_end(headers, TRACE_HEADERS | {"expect"})
+    out = end_to_end(headers, _UPSTREAM_DROP)
     if host_header:
         out["Host"] = host_header
     request_id = headers.get(correlation_header)
     if not request_id:
-        request_id = uuid.uuid4().hex
+        request_id = f"{_rand.getrandbits(128):032x}"
         out[correlation_header] = request_id
     out.update(trace_headers)
     return out, request_id

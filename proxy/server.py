@@ -18,7 +18,7 @@ from yarl import URL
 
 from deltatap.clock import mono_ns
 from deltatap.clocksync import ClockEstimate, estimate_offset
-from deltatap.fingerprint import Fingerprinter
+from deltatap.fingerprint import Fingerprinter, fingerprint, resolve_key
 from deltatap.sse import StreamObserver
 from deltatap.telemetry import Telemetry
 from deltatap.vocab import Outcome, tap_span_name
@@ -66,6 +66,8 @@ class Tap:
         self.telemetry = telemetry
         self.clock: ClockEstimate | None = None
         self.metrics = TapMetrics(options.link, telemetry.stats, lambda: self.clock)
+        self.counters = self.metrics.counters
+        self._fp_key = resolve_key(options.fingerprint_key)  # resolved once, not per request
         up = options.upstream_url
         self.upstream_str = str(up)
         self.upstream_base = str(up.with_path(up.path.rstrip("/")))  # prefix joined with each raw path
@@ -188,7 +190,7 @@ class Tap:
         )
         self.in_flight += 1
         self._idle.clear()
-        self.metrics.in_flight.inc()
+        self.counters.in_flight += 1
         span = begin(request.headers)
         resp: aiohttp.ClientResponse | None = None
         try:
@@ -218,7 +220,6 @@ class Tap:
 
     async def _request_body(self, request: web.BaseRequest, rec: TapRecord):
         """Bytes (small bodies, already read) or an async generator streaming the body upstream."""
-        fp = Fingerprinter(self.o.fingerprint_key)
         length = request.content_length
         if not request.body_exists:
             rec.body_received = rec.head
@@ -226,12 +227,12 @@ class Tap:
         if length is not None and length <= _READ_WHOLE:
             body = await request.read()
             rec.body_received = last_read_mono_ns(request) or mono_ns()
-            fp.update(body)
-            rec.fingerprint, rec.request_bytes = fp.result(), len(body)
+            rec.fingerprint, rec.request_bytes = fingerprint(body, self._fp_key), len(body)
             if len(body) <= self.o.max_capture_bytes:
                 rec.request_capture = bytearray(body)
             return body
         capture_limit = self.o.max_capture_bytes
+        fp = Fingerprinter(self._fp_key)
 
         async def stream():
             content = request.content
@@ -261,7 +262,7 @@ class Tap:
             rec.timeout = t
         else:
             rec.upstream_error = t
-        self.metrics.upstream_errors.labels(self.o.link, failure.error_type).inc()
+        _bump(self.counters.upstream_errors, failure.error_type)
         rec.status = failure.status
         out = web.StreamResponse(status=failure.status)
         out.content_type = "application/json"
@@ -365,7 +366,7 @@ class Tap:
             rec.upstream_closed = t
         else:
             rec.upstream_error = t
-        self.metrics.upstream_errors.labels(self.o.link, failure.error_type).inc()
+        _bump(self.counters.upstream_errors, failure.error_type)
         rec.end = last_write_mono_ns(request) or t
         if request.transport is not None:
             request.transport.close()
@@ -373,21 +374,24 @@ class Tap:
     def _finish(self, span: SpanStart, rec: TapRecord) -> None:
         """Bookkeeping and span export; synchronous, never raises into the request path."""
         self.in_flight -= 1
-        self.metrics.in_flight.dec()
+        c = self.counters
+        c.in_flight -= 1
         if self.in_flight == 0:
             self._idle.set()
         try:
-            m, o = self.metrics, self.o
-            m.requests.labels(o.link, rec.final_outcome().value).inc()
-            if rec.overhead_request_ns is not None:
-                m.overhead_request.observe(rec.overhead_request_ns / 1e9)
-            if rec.overhead_first_token_ns is not None:
-                m.overhead_first_token.observe(rec.overhead_first_token_ns / 1e9)
+            o = self.o
+            _bump(c.requests, rec.final_outcome().value)
+            over = rec.overhead_request_ns
+            if over is not None:
+                c.overhead_request.observe_ns(over)
+            over = rec.overhead_first_token_ns
+            if over is not None:
+                c.overhead_first_token.observe_ns(over)
             s = rec.stream
             if s is not None and s.first_token_mono_ns is not None and rec.forwarded is not None:
-                m.upstream_ttft.observe(max(0, s.first_token_mono_ns - rec.forwarded) / 1e9)
-            m.request_bytes.inc(rec.request_bytes)
-            m.response_bytes.inc(rec.response_bytes)
+                c.upstream_ttft.observe_ns(max(0, s.first_token_mono_ns - rec.forwarded))
+            c.request_bytes += rec.request_bytes
+            c.response_bytes += rec.response_bytes
             attrs = attributes(
                 rec, link=o.link, downstream=o.downstream, downstream_kind=o.downstream_kind, upstream=o.upstream_name,
                 upstream_kind=o.upstream_kind, upstream_host=self.upstream_host, upstream_port=self.upstream_port,
@@ -396,6 +400,10 @@ class Tap:
             emit(self.telemetry, self.span_name, span, rec, attrs)
         except Exception:  # pragma: no cover - a bug here must not break traffic
             log.exception("tap %s: failed to record a span", self.o.link)
+
+
+def _bump(counts: dict[str, int], key: str) -> None:
+    counts[key] = counts.get(key, 0) + 1
 
 
 def _host_for_url(host: str) -> str:

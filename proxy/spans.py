@@ -13,6 +13,7 @@ an unsampled parent yields an unsampled, unrecorded span that still propagates),
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,11 @@ from deltatap.vocab import INSTRUMENTATION_SCOPE, Outcome
 from proxy.record import TapRecord, events
 
 _W3C = TraceContextTextMapPropagator()
-_rand = random.SystemRandom()  # not seeded by anyone else's random.seed()
+# Ids as the SDK's RandomIdGenerator makes them (a Mersenne Twister, not a syscall per id:
+# SystemRandom's os.urandom cost ~100 us a call on this machine), but from a private generator
+# seeded from the OS, so nobody's random.seed() can repeat them; reseeded in forked children.
+_rand = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _rand.seed(os.urandom(32)))
 _SCOPE = InstrumentationScope(INSTRUMENTATION_SCOPE, __version__)
 
 
@@ -43,8 +48,8 @@ class SpanStart:
 
 def begin(headers: Any) -> SpanStart:
     """New span ids under the incoming W3C context (a new trace when there is none)."""
-    parent = trace.get_current_span(_W3C.extract(headers)).get_span_context()
-    if parent.is_valid:
+    parent = trace.get_current_span(_W3C.extract(headers)).get_span_context() if "traceparent" in headers else None
+    if parent is not None and parent.is_valid:
         trace_id, flags, state = parent.trace_id, parent.trace_flags, parent.trace_state
     else:
         parent = None

