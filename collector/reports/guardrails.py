@@ -53,8 +53,13 @@ def latency_table(rows: Sequence[Row], fw: str) -> Table:
     t.add("inbound, passing", "t5 - t3", *_dist(delta_ms(rows, f"{fw}_inbound")[~blocked]))
     t.add("inbound, blocking", "t4 - t3", *_dist(delta_ms(rows, f"{fw}_inbound_block")[blocked]))
     t.add("outbound, first token", "t10 - t9", *_dist(delta_ms(rows, f"{fw}_outbound")))
-    t.add("outbound, last token", "last out - last in", *_dist(delta_ms(rows, f"{fw}_outbound_last")))
+    t.add("outbound, last token", "last out - last in", *_dist(delta_ms(rows, f"{fw}_outbound_last")[_completed(rows)]))
+    t.footnotes.append("Last token: completed streams only (a stream cut by a timeout has no last-token delay).")
     return t
+
+
+def _completed(rows: Sequence[Row]) -> np.ndarray:
+    return np.array([r.outcome == "ok" for r in rows], dtype=bool)
 
 
 def decision_table(rows: Sequence[Row], fw: str) -> Table:
@@ -100,14 +105,14 @@ def streaming_table(rows: Sequence[Row], fw: str, opts: ReportOptions) -> Table 
     itl_mean = delta_ms(rows, f"{fw}_itl_added_mean")
     itl_p99 = delta_ms(rows, f"{fw}_itl_added_p99")
     pause = delta_ms(rows, f"{fw}_max_pause_added")
-    m = np.isfinite(itl_mean) | np.isfinite(pause)
+    m = (np.isfinite(itl_mean) | np.isfinite(pause)) & _completed(rows)
     if not m.any():
         return None
     hold_s, mean_s, p99_s, pause_s = summarize(hold[m]), summarize(itl_mean[m]), summarize(itl_p99[m]), summarize(pause[m])
     n = int(m.sum())
     paused = int((pause[m] >= opts.pause_threshold_ms).sum())
     t = Table(f"{fw}_streaming", f"{fw}: streaming inspection (both sides of the firewall)", [Column("metric", "Metric"), Column("value", "Value", "", 2), Column("unit", "Unit")])
-    t.add("streamed requests measured", n, "")
+    t.add("completed streams measured", n, "")
     t.add("per-token inspection delay, P50 over requests", hold_s.p50, "ms")
     t.add("per-token inspection delay, P99 over requests", hold_s.p99, "ms")
     t.add("jitter contribution (std dev of per-token delay across requests)", hold_s.std, "ms")

@@ -51,7 +51,7 @@ def test_latency_by_decision_uses_block_time_for_blocks():
 def test_streaming_inspection_delay_pause_and_jitter():
     t = firewall_section(rows(), "firewall", ReportOptions(pause_threshold_ms=5)).table("firewall_streaming")
     v = {r["metric"]: r["value"] for r in t.records()}
-    assert v["streamed requests measured"] == 3
+    assert v["completed streams measured"] == 3
     # per-token delay = (first + last outbound) / 2 per request: 2, 2, 3 ms
     assert v["per-token inspection delay, P50 over requests"] == 2.0
     assert v["per-token inspection delay, P99 over requests"] == pytest.approx(2.98)
@@ -78,6 +78,15 @@ def test_section_notes_and_disclosure():
     assert s.notes[0] == "Input filtering: observed (3 requests inspected inbound); output filtering: observed (3 first tokens inspected); requests refused during the test: 2 of 5."
     assert s.notes[1] == "firewall adds 4.00 ms inbound (t5-t3, P50) and 1.00 ms to the first token outbound (t10-t9, P50): 5.00 ms of client TTFT at P50."
     assert s.data["blocked"] == 2
+
+
+def test_cut_streams_are_left_out_of_last_token_and_streaming_figures():
+    cut = row(9, firewall_decision="allow", outcome="upstream_error",
+              deltas_ms={"firewall_inbound": 2, "firewall_outbound": 1, "firewall_outbound_last": -200, "firewall_itl_added_mean": 9, "firewall_max_pause_added": 90})
+    s = firewall_section([*rows(), cut], "firewall", ReportOptions())
+    assert s.table("firewall_latency").row_by("metric", "outbound, last token")["count"] == 3
+    v = {r["metric"]: r["value"] for r in s.table("firewall_streaming").records()}
+    assert v["completed streams measured"] == 3 and v["maximum pause added, worst request"] == 8.0
 
 
 def test_without_labels_or_streaming_those_tables_are_left_out():
