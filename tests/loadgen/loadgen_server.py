@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from deltatap.clock import mono_ns
+from deltatap.clock import mono_ns, to_unix_ns
+from deltatap.clocksync import CLOCK_PATH, clock_answer
 from deltatap.wire import last_write_mono_ns, make_stamping_runner, request_received_mono_ns
 
 
@@ -117,6 +118,12 @@ async def truncated(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+async def clock(request: web.Request) -> web.Response:
+    """The collector's clock endpoint (deltatap.clocksync), for --clock-sync."""
+    received = to_unix_ns(request_received_mono_ns(request) or mono_ns())
+    return web.Response(body=clock_answer(received), content_type="application/json")
+
+
 async def models(request: web.Request) -> web.Response:
     return web.json_response({"data": [{"id": "m"}]})
 
@@ -132,6 +139,7 @@ async def start_server(state: ServerState) -> tuple[web.AppRunner, int]:
     app.router.add_post("/bad/refused", refused)
     app.router.add_post("/bad/truncated", truncated)
     app.router.add_get("/v1/models", models)
+    app.router.add_get(CLOCK_PATH, clock)
     runner = make_stamping_runner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

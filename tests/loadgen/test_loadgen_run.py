@@ -157,3 +157,18 @@ async def test_cli_reports_bad_input_without_a_traceback(tmp_path):
     rc, _out, err = await _cli("--target", "http://127.0.0.1:1", "--workload", "synthetic-uniform", "--plan-only",
                                "--requests", "5", "--out", str(tmp_path))
     assert rc == 0 and (tmp_path / "requests.jsonl").read_text().count("\n") == 5
+
+
+async def test_clock_sync_puts_the_offset_on_every_span(sse_server, telemetry, span_exporter):
+    state, url = sse_server
+    state.tokens = 2
+    res = await run_load(opts(url, concurrency=1, requests=2, clock_sync=url), telemetry)
+    sync = res.summary["run"]["clock"]["sync"]
+    assert sync["collector"] == url and abs(sync["offset_ns"]) < 1_000_000  # same host, same clock
+    telemetry.processor.force_flush()
+    spans = [s for s in span_exporter.get_finished_spans() if s.name == "deltatap.client"]
+    assert len(spans) == 2
+    assert all(s.attributes["deltatap.clock.offset_ns"] == sync["offset_ns"] for s in spans)
+    assert all(s.attributes["deltatap.clock.uncertainty_ns"] == sync["uncertainty_ns"] for s in spans)
+    with pytest.raises(ConfigError, match="--clock-sync"):
+        await run_load(opts(url, requests=1, clock_sync=f"http://127.0.0.1:{free_port()}"), telemetry)
