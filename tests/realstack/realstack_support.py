@@ -92,9 +92,9 @@ def run_aiperf(tools: Tools, url: str, out: Path, *, requests: int, concurrency:
     argv = [str(tools.aiperf), "profile", "--model", "gemma", "--url", url, "--endpoint-type", "chat", "--streaming",
             "--request-count", str(requests), "--concurrency", str(concurrency), "--tokenizer", "cl100k_base",
             "--synthetic-input-tokens-mean", str(isl), "--synthetic-input-tokens-stddev", "0",
-            "--output-tokens-mean", str(osl), "--output-tokens-stddev", "0", "--extra-inputs", "ignore_eos:true",
+            "--output-tokens-mean", str(osl), "--output-tokens-stddev", "0", "--extra-inputs", "ignore_eos:true", "temperature:0",
             "--artifact-dir", str(out), "--ui-type", "none", "--no-gpu-telemetry", "--no-server-metrics",
-            "--random-seed", str(seed)]
+            "--random-seed", str(seed), "--export-level", "raw"]
     if api_key:
         argv += ["--api-key", api_key]
     env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(tools.tiktoken_dir))
@@ -132,8 +132,29 @@ def stream_until_cut(url: str, body: dict, rid: str, timeout_s: float = 60, api_
             "elapsed_s": time.monotonic() - t0, "end_mono": time.monotonic(), "bytes": len(data)}
 
 
+def _first_visible(raw: dict[str, Any]) -> tuple[float | None, bool]:
+    """AIPerf's raw record -> (ms from request start to the first SSE chunk whose content is not whitespace,
+    whether an earlier content chunk was whitespace only). deltatap's first content token is the first
+    non-whitespace one; AIPerf's own TTFT also counts a whitespace-only first token."""
+    leading_ws = False
+    for resp in raw.get("responses") or ():
+        for packet in resp.get("packets") or ():
+            try:
+                obj = json.loads(packet.get("value") or "")
+            except ValueError:
+                continue
+            for ch in obj.get("choices") or () if isinstance(obj, dict) else ():
+                d = ch.get("delta") or {}
+                text = "".join(str(d.get(k) or "") for k in ("content", "reasoning_content"))
+                if text and not text.isspace():
+                    return (resp["perf_ns"] - raw["start_perf_ns"]) / 1e6, leading_ws
+                leading_ws = leading_ws or bool(text)
+    return None, leading_ws
+
+
 def aiperf_records(path: Path) -> dict[str, dict[str, Any]]:
-    """x_request_id -> {ttft_ms, latency_ms, error} from AIPerf's profile_export.jsonl."""
+    """x_request_id -> {ttft_ms, visible_ttft_ms, whitespace_first, latency_ms, error} from AIPerf's profile_export.jsonl
+    (and profile_export_raw.jsonl beside it, when AIPerf ran with --export-level raw)."""
     out = {}
     for line in path.read_text().splitlines():
         if not line.strip():
@@ -142,7 +163,15 @@ def aiperf_records(path: Path) -> dict[str, dict[str, Any]]:
         meta, metrics = rec.get("metadata", {}), rec.get("metrics", {})
         ttft = metrics.get("time_to_first_token", {}).get("value")
         lat = metrics.get("request_latency", {}).get("value")
-        out[meta["x_request_id"]] = {"ttft_ms": ttft, "latency_ms": lat, "error": rec.get("error")}
+        out[meta["x_request_id"]] = {"ttft_ms": ttft, "visible_ttft_ms": None, "whitespace_first": None, "latency_ms": lat, "error": rec.get("error")}
+    raw_path = path.with_name("profile_export_raw.jsonl")
+    if raw_path.is_file():
+        for line in raw_path.read_text().splitlines():
+            if line.strip():
+                raw = json.loads(line)
+                rid = raw.get("metadata", {}).get("x_request_id")
+                if rid in out:
+                    out[rid]["visible_ttft_ms"], out[rid]["whitespace_first"] = _first_visible(raw)
     return out
 
 
