@@ -130,7 +130,7 @@ def child(conn, cpu: int, max_open: int, orphan_wait_s: float) -> None:
                     break
             s = rc.stats()
             conn.send({"t": time.monotonic(), "spans": s["spans_received"], "rows": s["rows"], "open": s["open_traces"], "rss": rss_bytes(), "evicted": s["traces_evicted"], "joined": s["joined"]})
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.1)
         await rc.close()
 
     uvloop.run(main())
@@ -169,19 +169,25 @@ def run_phase(exports: list[bytes], spans_total: int, rows_total: int, max_open:
     t_spans = t_rows = None
     last = {}
     deadline = t_start + timeout_s
-    while time.monotonic() < deadline:
-        if parent_conn.poll(0.5):
+    done = False
+    while time.monotonic() < deadline and not done:
+        if not parent_conn.poll(0.5):
+            continue
+        while parent_conn.poll():  # drain: a full pipe would block the collector's loop
             last = parent_conn.recv()
             if t_spans is None and last["spans"] >= spans_total:
                 t_spans = last["t"]
-            if last["rows"] >= rows_total:
+            if rows_total and last["rows"] >= rows_total:
                 t_rows = last["t"]
+                done = True
                 break
-            if rows_total == 0 and last.get("open", 0) >= spans_total // 3 and last["spans"] >= spans_total:
-                time.sleep(1.0)  # let the allocator settle
-                while parent_conn.poll():
-                    last = parent_conn.recv()
+            if rows_total == 0 and last["spans"] >= spans_total:
+                done = True
                 break
+    if rows_total == 0 and done:
+        time.sleep(1.0)  # let the allocator settle, then take the latest reading
+        while parent_conn.poll():
+            last = parent_conn.recv()
     sender.join(timeout=60)
     parent_conn.send("stop")
     proc.join(timeout=30)
