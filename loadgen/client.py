@@ -98,10 +98,11 @@ def resolve_url(target: str, endpoint: str) -> tuple[str, Endpoint]:
 
 
 def make_session(target: Target) -> aiohttp.ClientSession:
-    """One session per worker: its own connection pool (unlimited), stamping every read and write."""
+    """One session per worker: its own connection pool (unlimited), stamping every read and write; no
+    cookie jar, so no request is shaped by an earlier response (methodology 4.2.5, request isolation)."""
     connector = make_stamping_connector(limit=0, force_close=False, enable_cleanup_closed=False)
     timeout = aiohttp.ClientTimeout(total=target.timeout_s, sock_connect=min(target.timeout_s, 10.0))
-    return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar())
 
 
 def _fail(rec: RequestRecord, status: Outcome, kind: str, message: str) -> None:

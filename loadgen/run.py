@@ -22,7 +22,7 @@ from loadgen.gpu import GpuSampler
 from loadgen.modes import MODES, ModeConfig, open_sessions, preconnect, sessions_needed
 from loadgen.options import LoadOptions
 from loadgen.records import RecordWriter, RequestRecord
-from loadgen.runner import Runner, new_run_id
+from loadgen.runner import Counters, Runner, new_run_id
 from loadgen.summary import summarize
 from loadgen.tokens import reference_tokenizer
 from loadgen.workloads.base import PlannedRequest, WorkloadSpec, load_workload, spec_from_mapping, write_requests
@@ -123,7 +123,7 @@ async def run_load(options: LoadOptions, telemetry: Telemetry) -> LoadResult:
             warm_report = await warm_up(runner, warm_sessions, warm_plan, plan[0], options.warmup_probes, options.warmup_rounds)
             warm_records = runner.records
             runner.records = []
-            runner.counters.__init__()  # type: ignore[misc]
+            runner.counters = Counters()
         runner.prebuild(plan)
         if options.preconnect or (options.preconnect is None and options.mode == "batch"):
             per = 1 if options.rate is None else 1 + int(options.rate * 0.01 / len(sessions))
