@@ -7,12 +7,13 @@ one :class:`DelaySampler` seeded from its config, so a run is reproducible.
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import Callable
 
 from pydantic import Field, model_validator
 
+from deltatap.aio import sleep_until
+from deltatap.clock import mono_ns
 from deltatap.config import StrictModel
 
 # name -> (rng, jitter_ms) -> random part in ms. Registry, not an if-chain.
@@ -72,5 +73,7 @@ class DelaySampler:
 
     @staticmethod
     async def sleep_ms(ms: float) -> None:
+        """Wait ``ms`` to within a loop iteration (a timer alone is off by up to a millisecond,
+        which would make a configured cost untrue)."""
         if ms > 0:
-            await asyncio.sleep(ms / 1000.0)
+            await sleep_until(mono_ns() + int(ms * 1_000_000))

@@ -25,6 +25,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from deltatap.aio import sleep_until
 from deltatap.clock import mono_ns
 
 from stack.config import EngineModel
@@ -195,9 +196,7 @@ class Scheduler:
                 continue
             duration_ns, emit = work
             self._deadline = start + duration_ns
-            delay = (self._deadline - mono_ns()) / 1e9
-            if delay > 0:
-                await asyncio.sleep(delay)
+            await sleep_until(self._deadline)
             self._complete(emit, self._deadline)
 
     def _plan(self, start: int) -> tuple[int, list[Sequence]] | None:
