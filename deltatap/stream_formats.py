@@ -122,6 +122,9 @@ def _model_and_id(obj: dict, facts: StreamFacts) -> None:
         facts.response_id = obj["id"]
 
 
+_CHAT_TEXT_KEYS = ("content", "reasoning_content", "reasoning", "refusal")  # delta fields that carry content
+
+
 @register_format
 class OpenAIChat(StreamFormat):
     name = "openai-chat"
@@ -136,25 +139,35 @@ class OpenAIChat(StreamFormat):
         return isinstance(choices, list) and bool(choices) and isinstance(choices[0], dict) and "delta" in choices[0]
 
     def extract(self, obj: Any, event: str, facts: StreamFacts) -> Extracted:
+        # called for every event of a stream: look up only what is there
         if not isinstance(obj, dict):
             return _NONE
-        _model_and_id(obj, facts)
-        facts.take_usage(obj.get("usage"), "prompt_tokens", "completion_tokens")
-        facts.take_timings(obj.get("timings"))
-        facts.take_error(obj.get("error"))
+        if facts.model is None or facts.response_id is None:
+            _model_and_id(obj, facts)
+        if "usage" in obj:
+            facts.take_usage(obj["usage"], "prompt_tokens", "completion_tokens")
+        if "timings" in obj:
+            facts.take_timings(obj["timings"])
+        if "error" in obj:
+            facts.take_error(obj["error"])
         parts: list[str] = []
         for ch in obj.get("choices") or ():
             if not isinstance(ch, dict):
                 continue
-            facts.take_finish(ch.get("finish_reason"))
+            reason = ch.get("finish_reason")
+            if reason is not None:
+                facts.take_finish(reason)
             d = ch.get("delta")
             if not isinstance(d, dict):
                 continue
-            parts += (_text(d.get("content")), _text(d.get("reasoning_content")), _text(d.get("reasoning")), _text(d.get("refusal")))
+            for key in _CHAT_TEXT_KEYS:
+                v = d.get(key)
+                if v and type(v) is str:
+                    parts.append(v)
             for tc in d.get("tool_calls") or ():
                 if isinstance(tc, dict) and isinstance(tc.get("function"), dict):
                     parts.append(_text(tc["function"].get("arguments")))
-        text = "".join(parts)
+        text = "".join(parts) if parts else ""
         return text, (1 if text else 0), False
 
 
