@@ -35,10 +35,10 @@ log = logging.getLogger("deltatap.loadgen")
 class LoadResult:
     """What a run produced. ``records`` are the documented JSON-lines dicts (docs/records.md)."""
 
-    summary: dict[str, Any]
-    records: list[dict[str, Any]]
-    warmup_records: list[dict[str, Any]] = field(default_factory=list)
-    plan: list[PlannedRequest] = field(default_factory=list)
+    summary: dict[str, Any] = field(repr=False)
+    records: list[dict[str, Any]] = field(repr=False)  # repr of a whole run would take seconds
+    warmup_records: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    plan: list[PlannedRequest] = field(default_factory=list, repr=False)
     out_dir: Path | None = None
 
 
