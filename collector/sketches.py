@@ -78,18 +78,35 @@ class DeltaSketch:
             return None
         return np.concatenate(self.exact) if self.exact else np.zeros(0, np.int64)
 
+    def quantiles_ns(self, qs: Iterable[float] = QUANTILES.values()) -> list[float | None]:
+        """The quantiles ``qs`` (ascending) in ns: exact while under the cap, else from the sketch.
+
+        A sketch quantile is a bucket's representative value, which can lie up to the relative
+        accuracy outside the data (a P99.9 above the maximum); each is clamped to the exact
+        [min, max] and the list made non-decreasing, so P50 <= P90 <= ... <= max always holds and
+        every value stays within the sketch's accuracy of the true quantile."""
+        qs = list(qs)
+        s = self.sketch
+        if s.count == 0:
+            return [None] * len(qs)
+        vals = self.values()
+        if vals is not None:
+            return [float(v) for v in np.quantile(vals, qs)]
+        out: list[float | None] = []
+        lo, hi = float(s._min), float(s._max)
+        prev = lo
+        for q in qs:
+            v = min(max(float(s.get_quantile_value(q)), lo, prev), hi)
+            out.append(v)
+            prev = v
+        return out
+
     def summary(self) -> dict[str, float | int | None]:
         s = self.sketch
         n = int(s.count)
         out: dict[str, float | int | None] = {}
-        vals = self.values()
-        for name, q in QUANTILES.items():
-            if n == 0:
-                out[f"{name}_ms"] = None
-            elif vals is not None:
-                out[f"{name}_ms"] = float(np.quantile(vals, q)) / 1e6
-            else:
-                out[f"{name}_ms"] = s.get_quantile_value(q) / 1e6
+        for name, v in zip(QUANTILES, self.quantiles_ns(), strict=True):
+            out[f"{name}_ms"] = None if v is None else v / 1e6
         out["mean_ms"] = None if n == 0 else s.sum / n / 1e6
         out["min_ms"] = None if n == 0 else s._min / 1e6
         out["max_ms"] = None if n == 0 else s._max / 1e6

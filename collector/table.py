@@ -95,7 +95,7 @@ HEADER = ["Component", "TTFT Contribution", "Throughput Impact"]
 def render_rich(lines: list[DecompLine], agg: Aggregator, stat: str = "p50_ms") -> Table:
     t = Table(title=f"Delta decomposition ({stat.removesuffix('_ms')}, {agg.rows} requests)", caption=FOOTNOTE)
     for h in HEADER:
-        t.add_column(h, justify="left" if h == "Component" else "right")
+        t.add_column(h, justify="left" if h == "Component" else "right", overflow="fold")
     rows = table_rows(lines, agg, stat)
     for i, r in enumerate(rows):
         t.add_row(*r, end_section=i == len(rows) - 2)
@@ -155,10 +155,12 @@ def summary_markdown(agg: Aggregator, topo: Topology) -> str:
 
 
 def summary_rich(agg: Aggregator, topo: Topology) -> Table:
+    """Every delta's percentiles as a rich table. Cells fold onto further lines when the terminal is
+    too narrow, never cropped: a cropped "1395.443" reads "139…" and puts P95 below P90."""
     t = Table(title="Per-delta latency (ms)")
-    t.add_column("delta")
+    t.add_column("delta", overflow="fold")
     for c in ["P50", "P90", "P95", "P99", "P99.9", "mean", "min", "max", "count", "± clock"]:
-        t.add_column(c, justify="right")
+        t.add_column(c, justify="right", overflow="fold")
     for name, s in agg.summaries([d.name for d in delta_defs(topo)]).items():
         t.add_row(name, *("" if s[c] is None else (str(s[c]) if c == "count" else f"{s[c]:.3f}") for c in STAT_COLUMNS))
     return t

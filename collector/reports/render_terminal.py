@@ -13,7 +13,8 @@ def rich_table(table: Table) -> RichTable:
     rt = RichTable(title=table.title, title_justify="left", caption="\n".join(table.footnotes) or None, caption_justify="left")
     for i, col in enumerate(table.columns):
         numeric = any(isinstance(r[i], int | float) and not isinstance(r[i], bool) for r in table.rows)
-        rt.add_column(heading(col), justify="right" if numeric else "left")
+        # a number is folded onto a second line when the terminal is narrow, never cropped ("139…" for 1395.44)
+        rt.add_column(heading(col), justify="right" if numeric else "left", overflow="fold" if numeric else "ellipsis")
     for row in table.rows:
         rt.add_row(*(fmt_cell(v, c) for v, c in zip(row, table.columns, strict=True)))
     return rt
