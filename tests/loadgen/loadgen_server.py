@@ -44,14 +44,19 @@ class ServerState:
 STATE = web.AppKey("state", ServerState)
 
 
-def _chunk(delta: dict, finish: str | None = None) -> bytes:
-    obj = {"id": "x", "object": "chat.completion.chunk", "model": "m",
-           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+def _chunk(delta: dict, finish: str | None = None, completions: bool = False) -> bytes:
+    if completions:  # /v1/completions: {"object": "text_completion", "choices": [{"text": ...}]}
+        obj = {"id": "x", "object": "text_completion", "model": "m",
+               "choices": [{"index": 0, "text": delta.get("content", ""), "finish_reason": finish}]}
+    else:
+        obj = {"id": "x", "object": "chat.completion.chunk", "model": "m",
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
 async def stream(request: web.Request) -> web.StreamResponse:
     st = request.app[STATE]
+    comp = request.path.endswith("/v1/completions")
     received = request_received_mono_ns(request)
     body = await request.json()
     seen = Seen(request.headers.get("x-request-id", ""), request.headers.get("traceparent"), body, received,
@@ -63,7 +68,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
     try:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        await resp.write(_chunk({"role": "assistant", "content": ""}))
+        await resp.write(_chunk({"role": "assistant", "content": ""}, None, comp))
         n = st.tokens if st.tokens is not None else int(body.get("max_tokens", 8))
         t0 = received or mono_ns()
         for i in range(n):
@@ -71,9 +76,9 @@ async def stream(request: web.Request) -> web.StreamResponse:
             delay = (due - mono_ns()) / 1e9
             if delay > 0:
                 await asyncio.sleep(delay)
-            await resp.write(_chunk({"content": f" tok{i}"}))
+            await resp.write(_chunk({"content": f" tok{i}"}, None, comp))
             seen.token_mono_ns.append(last_write_mono_ns(request))
-        await resp.write(_chunk({}, "length"))
+        await resp.write(_chunk({}, "length", comp))
         usage = {"id": "x", "object": "chat.completion.chunk", "model": "m", "choices": [],
                  "usage": {"prompt_tokens": 11, "completion_tokens": n, "total_tokens": n + 11}}
         await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")

@@ -172,3 +172,12 @@ async def test_clock_sync_puts_the_offset_on_every_span(sse_server, telemetry, s
     assert all(s.attributes["deltatap.clock.uncertainty_ns"] == sync["uncertainty_ns"] for s in spans)
     with pytest.raises(ConfigError, match="--clock-sync"):
         await run_load(opts(url, requests=1, clock_sync=f"http://127.0.0.1:{free_port()}"), telemetry)
+
+
+async def test_completions_endpoint(sse_server, telemetry):
+    state, url = sse_server
+    state.tokens = 3
+    res = await run_load(opts(url, endpoint="completions", concurrency=1, requests=3), telemetry)
+    assert res.summary["request_count"] == 3
+    assert all(r["stream_format"] == "openai-completions" and r["content_events"] == 3 for r in res.records)
+    assert all("prompt" in s.body and "messages" not in s.body for s in state.seen)
