@@ -109,6 +109,7 @@ async def run_load(options: LoadOptions, telemetry: Telemetry) -> LoadResult:
         assert options.rate is not None
         cfg.offsets_ns = schedule_offsets_ns(options.arrival, options.rate, len(units), options.seed).tolist()
     sessions = open_sessions(runner, sessions_needed(options.mode, cfg))
+    extra_sessions: list[Any] = []
     gpu = GpuSampler() if options.gpu else None
     warm_report: dict[str, Any] | None = None
     warm_records: list[RequestRecord] = []
@@ -119,7 +120,9 @@ async def run_load(options: LoadOptions, telemetry: Telemetry) -> LoadResult:
         if options.warmup_requests > 0:
             warm_plan = group_units(spec.generate(options.warmup_requests, options.seed + 1, tok))
             wc = options.warmup_concurrency or options.concurrency or options.batch or min(8, options.workers * 2)
-            warm_sessions = sessions[:wc] if len(sessions) >= wc else sessions + open_sessions(runner, wc - len(sessions))
+            if len(sessions) < wc:
+                extra_sessions = open_sessions(runner, wc - len(sessions))
+            warm_sessions = (sessions + extra_sessions)[:wc]
             warm_report = await warm_up(runner, warm_sessions, warm_plan, plan[0], options.warmup_probes, options.warmup_rounds)
             warm_records = runner.records
             runner.records = []
@@ -140,7 +143,7 @@ async def run_load(options: LoadOptions, telemetry: Telemetry) -> LoadResult:
             await progress.stop()
         if gpu is not None:
             gpu.stop()
-        for s in sessions:
+        for s in sessions + extra_sessions:
             await s.close()
     measured = runner.records
     _count_output_tokens(measured, tok)
