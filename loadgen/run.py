@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import platform
@@ -137,8 +138,11 @@ async def run_load(options: LoadOptions, telemetry: Telemetry) -> LoadResult:
             total = len(plan) if options.duration_s is None else None
             progress = LiveProgress(runner.counters, total)
             progress.start()
+        gc.collect()
+        gc.freeze()  # the plan, bodies and libraries move out of the collector's scans: shorter pauses mid-run
         await MODES[options.mode](runner, cfg, sessions)
     finally:
+        gc.unfreeze()
         if progress is not None:
             await progress.stop()
         if gpu is not None:
