@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import random
+import statistics
 import string
 import subprocess
 import sys
@@ -70,23 +71,36 @@ async def drive(url: str, concurrency: int, n: int) -> int:
 
 
 async def measure(urls: dict[str, str], pids: dict[str, int], args: argparse.Namespace) -> dict:
+    """Per concurrency and path: CPU us per request of the path's proxy and of the upstream, median of
+    ``--rounds`` rounds (paths interleaved in a shuffled order each round)."""
     out: dict = {}
     q = f"?first_ms=0&gap_ms=0&tokens={args.tokens}"
     for conc in args.concurrency:
+        for url in urls.values():
+            await drive(url + q, conc, min(200, args.requests))  # warm-up: connections, caches
+        runs: dict[str, list[dict]] = {p: [] for p in urls}
+        for rnd in range(args.rounds):
+            order = list(urls)
+            random.Random(rnd * 7 + conc).shuffle(order)
+            for path in order:
+                watched = {"upstream": pids["upstream"]} | ({path: pids[path]} if path in pids else {})
+                before = {k: cpu_s(p) for k, p in watched.items()}
+                t = time.monotonic()
+                ok = await drive(urls[path] + q, conc, args.requests)
+                wall = time.monotonic() - t
+                used = {k: (cpu_s(p) - before[k]) / args.requests * 1e6 for k, p in watched.items()}
+                runs[path].append({"ok": ok, "wall_s": wall, "upstream": used["upstream"], "proxy": used.get(path)})
         lvl: dict = {}
-        for path in urls:
-            await drive(urls[path] + q, conc, min(200, args.requests))  # warm-up: connections, caches, JIT-free paths
-        for path, url in urls.items():
-            watched = {"upstream": pids["upstream"]} | ({path: pids[path]} if path in pids else {})
-            before = {k: cpu_s(p) for k, p in watched.items()}
-            t = time.monotonic()
-            ok = await drive(url + q, conc, args.requests)
-            wall = time.monotonic() - t
-            used = {k: cpu_s(p) - before[k] for k, p in watched.items()}
-            row = {"requests": args.requests, "ok": ok, "wall_s": round(wall, 3)}
-            row["upstream_cpu_us_per_request"] = round(used["upstream"] / args.requests * 1e6, 1)
-            if path in used:
-                row["cpu_us_per_request"] = round(used[path] / args.requests * 1e6, 1)
+        for path, rs in runs.items():
+            row = {
+                "requests": args.requests * args.rounds,
+                "ok": sum(r["ok"] for r in rs),
+                "wall_s_median": round(statistics.median(r["wall_s"] for r in rs), 3),
+                "upstream_cpu_us_per_request": round(statistics.median(r["upstream"] for r in rs), 1),
+            }
+            if rs[0]["proxy"] is not None:
+                row["cpu_us_per_request"] = round(statistics.median(r["proxy"] for r in rs), 1)
+                row["cpu_us_per_request_rounds"] = [round(r["proxy"], 1) for r in rs]
             lvl[path] = row
             print(f"c={conc} {path}: {row}", flush=True)
         out[str(conc)] = lvl
@@ -118,7 +132,8 @@ def start_tap(py: str, mode: str, up_port: int, tmp: Path, procs: list, profile:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--requests", type=int, default=3000)
+    p.add_argument("--requests", type=int, default=3000, help="requests per path per round")
+    p.add_argument("--rounds", type=int, default=3, help="rounds; figures are the median (default 3)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     p.add_argument("--tokens", type=int, default=4, help="content events per stream (default 4)")
     p.add_argument("--otlp", choices=["http", "file", "none"], nargs="+", default=["http", "file", "none"],
@@ -165,8 +180,8 @@ def main() -> int:
                     proc.kill()
     result = {
         "command": "python benchmarks/tap_cpu.py " + " ".join(sys.argv[1:]),
-        "what": "CPU seconds (user+system, all threads) of each process per request, from /proc/PID/stat; "
-                "tap-<mode>: one tap process per span export mode",
+        "what": "CPU microseconds (user+system, all threads) of each process per request, from /proc/PID/stat, "
+                "median of the rounds; tap-<mode>: one tap process per span export mode",
         "tokens_per_stream": args.tokens,
         "profiled": bool(args.profile),
         "loadavg_1m_before": load,

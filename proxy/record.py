@@ -58,7 +58,8 @@ class TapRecord:
     response_bytes: int = 0
     chunks: int = 0
     fingerprint: str | None = None
-    request_capture: bytearray | None = None  # small request bodies, parsed for model / max_tokens only
+    request_body: bytes | None = None  # a small request body read whole: fingerprinted when the request is over
+    request_capture: bytes | bytearray | None = None  # small request bodies, parsed for model / max_tokens only
     response_capture: bytearray | None = None  # small non-SSE response bodies, parsed for usage only
     stream: StreamObserver | None = None
     failure: Failure | None = None

@@ -227,9 +227,8 @@ class Tap:
         if length is not None and length <= _READ_WHOLE:
             body = await request.read()
             rec.body_received = last_read_mono_ns(request) or mono_ns()
-            rec.fingerprint, rec.request_bytes = fingerprint(body, self._fp_key), len(body)
-            if len(body) <= self.o.max_capture_bytes:
-                rec.request_capture = bytearray(body)
+            rec.request_bytes = len(body)
+            rec.request_body = body  # hashed (and parsed) in _finish, off the request path
             return body
         capture_limit = self.o.max_capture_bytes
         fp = Fingerprinter(self._fp_key)
@@ -380,6 +379,11 @@ class Tap:
             self._idle.set()
         try:
             o = self.o
+            body = rec.request_body
+            if body is not None:
+                rec.fingerprint = fingerprint(body, self._fp_key)
+                if len(body) <= o.max_capture_bytes:
+                    rec.request_capture = body
             _bump(c.requests, rec.final_outcome().value)
             over = rec.overhead_request_ns
             if over is not None:
