@@ -30,6 +30,7 @@ import yaml  # noqa: E402 - deltatap's venv has it
 from parts import ROOT, STARTERS, Ctx, Tools, needs, new_api_key  # noqa: E402
 from procs import Proc, StartError, free_port, http_ok, tcp_open  # noqa: E402
 
+from deltatap.config import ConfigError  # noqa: E402
 from deltatap.topology import Topology, load_topology, parse_hostport  # noqa: E402
 
 
@@ -38,7 +39,8 @@ def parts_of(topology: Topology) -> list[str]:
     names = [c.name for c in topology.components[1:]]
     unknown = [n for n in names if n not in STARTERS]
     if unknown:
-        raise SystemExit(f"topology {topology.name!r}: components {unknown} are not real-stack parts; known: {sorted(STARTERS)}")
+        raise ConfigError(f"topology {topology.name!r}: components {unknown} are not real-stack parts (a component's name "
+                          f"is the part to start); known: {sorted(STARTERS)}")
     return names
 
 
@@ -160,7 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--otlp-grpc", default="127.0.0.1:4317", help="collector OTLP/gRPC address (default 127.0.0.1:4317)")
     ap.add_argument("--otlp-http", default="127.0.0.1:4318", help="collector OTLP/HTTP address (default 127.0.0.1:4318)")
     args = ap.parse_args(argv)
-    topology = load_topology(args.config)
+    try:
+        topology = load_topology(args.config)
+        parts_of(topology)
+    except ConfigError as exc:
+        print(f"realstack: {exc}", file=sys.stderr)
+        return 2
     run_dir = Path(args.out) / topology.name
     collector = None if args.no_collector else _collector(args, run_dir)
     stack = RealStack(topology, Path(args.config), run_dir, taps=not args.no_taps,
