@@ -181,3 +181,25 @@ async def test_completions_endpoint(sse_server, telemetry):
     assert res.summary["request_count"] == 3
     assert all(r["stream_format"] == "openai-completions" and r["content_events"] == 3 for r in res.records)
     assert all("prompt" in s.body and "messages" not in s.body for s in state.seen)
+
+
+async def test_duration_ends_the_run_and_cancels_what_is_still_in_flight(sse_server, telemetry):
+    state, url = sse_server
+    state.first_ms, state.interval_ms, state.tokens = 2000.0, 1.0, 2  # answers outlast the run
+    t0 = asyncio.get_running_loop().time()
+    res = await run_load(opts(url, concurrency=3, duration_s=0.5, drain_s=0.2), telemetry)
+    elapsed = asyncio.get_running_loop().time() - t0
+    assert elapsed < 1.8  # 0.5 s + 0.2 s drain + start-up, not the 2 s answers
+    assert res.summary["status_counts"] == {"client_cancel": 3}
+    assert res.summary["error_kinds"] == {"cancelled": 3}
+    assert all(r["end_unix_ns"] and r["send_unix_ns"] for r in res.records)
+
+
+async def test_open_loop_duration_stops_scheduling(sse_server, telemetry):
+    state, url = sse_server
+    state.first_ms, state.interval_ms, state.tokens = 2.0, 1.0, 2
+    res = await run_load(opts(url, rate=40, duration_s=0.5, arrival="uniform"), telemetry)
+    assert 18 <= res.summary["requests_total"] <= 21  # sends at 0, 25, ... < 500 ms
+    planned = [r["planned_send_unix_ns"] for r in res.records]
+    assert max(planned) - min(planned) < 500_000_000
+    assert res.summary["request_count"] == res.summary["requests_total"]
