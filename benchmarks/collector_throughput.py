@@ -118,6 +118,9 @@ def child(conn, cpu: int, max_open: int, orphan_wait_s: float) -> None:
     import uvloop
 
     from collector import CollectorOptions, PipelineOptions, start_collector
+    from collector.service import tune_gc
+
+    tune_gc()  # as `deltatap collect` does
 
     async def main():
         rc = await start_collector(CollectorOptions(otlp_grpc="127.0.0.1:0", otlp_http=None, tick_s=0.05,

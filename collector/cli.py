@@ -15,7 +15,7 @@ from rich.console import Console
 from collector.ingest import load
 from collector.outputs import write_outputs
 from collector.pipeline import Pipeline, PipelineOptions
-from collector.service import ROWS_FORMATS, CollectorOptions, start_collector
+from collector.service import ROWS_FORMATS, CollectorOptions, start_collector, tune_gc
 from collector.sinks import write_rows
 from collector.table import RENDERERS, decomposition, summary_csv, summary_json, summary_markdown, summary_rich
 from deltatap import aio
@@ -102,6 +102,7 @@ def run_collect(args: argparse.Namespace) -> int:
 
 
 async def _collect(opts: CollectorOptions, duration: float | None) -> int:
+    tune_gc()
     running = await start_collector(opts)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -5,7 +5,8 @@ then engine telemetry, then a tap; ties go to the latest attempt). Deltas (:func
 when the chosen end and start points come from different observers but some single observer saw
 both, that observer's pair is used instead (within-observer deltas are preferred, DESIGN section 4);
 otherwise the delta's error bound is the sum of both observers' clock uncertainties. Missing points
-leave the delta missing. The arithmetic is numpy over int64 ns (:func:`point_deltas`).
+leave the delta missing. The arithmetic is on integer ns (Python ints: exact, a dozen deltas per
+row, cheaper than numpy on arrays that small).
 """
 
 from __future__ import annotations
@@ -13,18 +14,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-import numpy as np
-
 from collector.points import Extracted, Obs, extract
 from collector.rows import Cascade, DeltaDef, DeltaValue, JoinMethod, PointObs, Row, TokenSource, delta_defs, intermediaries
 from collector.spans import SpanRecord
 from deltatap.topology import Topology
 from deltatap.vocab import Outcome, Role, point
-
-
-def point_deltas(end_ns: np.ndarray, start_ns: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """``end - start`` as int64 ns; entries where ``valid`` is False are 0 (callers keep the mask)."""
-    return np.where(valid, end_ns.astype(np.int64) - start_ns.astype(np.int64), 0)
 
 
 def choose_points(obs: Sequence[Obs]) -> dict[str, list[Obs]]:
@@ -41,6 +35,8 @@ def _pair(ends: list[Obs], starts: list[Obs]) -> tuple[Obs, Obs, bool]:
     e, s = ends[0], starts[0]
     if e.observer == s.observer:
         return e, s, True
+    if len(ends) == 1 and len(starts) == 1:
+        return e, s, False
     common = {o.observer for o in ends} & {o.observer for o in starts}
     if common:
         best = min(common, key=lambda ob: (max(next(o.rank for o in ends if o.observer == ob), next(o.rank for o in starts if o.observer == ob)), ob))
@@ -49,18 +45,28 @@ def _pair(ends: list[Obs], starts: list[Obs]) -> tuple[Obs, Obs, bool]:
 
 
 def _point_deltas(defs: list[DeltaDef], by: dict[str, list[Obs]]) -> dict[str, DeltaValue]:
-    n = len(defs)
-    ends, starts = np.zeros(n, np.int64), np.zeros(n, np.int64)
-    errs, valid, within = np.zeros(n, np.int64), np.zeros(n, bool), np.zeros(n, bool)
-    for i, d in enumerate(defs):
-        e_obs, s_obs = by.get(d.end), by.get(d.start)
-        if not e_obs or not s_obs:
+    """Every point-to-point delta whose two points were observed (plain ints: a dozen per row)."""
+    out: dict[str, DeltaValue] = {}
+    for d in defs:
+        e_obs = by.get(d.end)
+        if not e_obs:
+            continue
+        s_obs = by.get(d.start)
+        if not s_obs:
             continue
         e, s, same = _pair(e_obs, s_obs)
-        ends[i], starts[i], valid[i], within[i] = e.unix_ns, s.unix_ns, True, same
-        errs[i] = 0 if same else e.unc_ns + s.unc_ns
-    ns = point_deltas(ends, starts, valid)
-    return {d.name: DeltaValue(int(ns[i]), int(errs[i]), bool(within[i])) for i, d in enumerate(defs) if valid[i]}
+        out[d.name] = DeltaValue(e.unix_ns - s.unix_ns, 0 if same else e.unc_ns + s.unc_ns, same)
+    return out
+
+
+_POINT_DEFS: dict[int, tuple[Topology, list[DeltaDef]]] = {}
+
+
+def _point_defs(topo: Topology) -> list[DeltaDef]:
+    hit = _POINT_DEFS.get(id(topo))
+    if hit is None or hit[0] is not topo:
+        hit = _POINT_DEFS[id(topo)] = (topo, [d for d in delta_defs(topo) if d.end])
+    return hit[1]
 
 
 _LINKS_CACHE: dict[int, tuple[Topology, list[tuple[str, str | None, str | None]]]] = {}
@@ -87,7 +93,7 @@ def _itl_added(topo: Topology, ex: Extracted) -> dict[str, DeltaValue]:
         for suffix, field in (("itl_added_mean", "mean_ns"), ("itl_added_p99", "p99_ns"), ("max_pause_added", "max_ns")):
             a, b = getattr(g_out, field), getattr(g_in, field)
             if a is not None and b is not None:
-                out[f"{m}_{suffix}"] = DeltaValue(int(np.int64(a) - np.int64(b)), 0, False)
+                out[f"{m}_{suffix}"] = DeltaValue(int(a) - int(b), 0, False)
     return out
 
 
@@ -102,9 +108,7 @@ def _residual(topo: Topology, deltas: dict[str, DeltaValue], ex: Extracted) -> D
     if any(n not in deltas for n in names):
         return None
     terms = [deltas[n] for n in names]
-    vals = np.array([t.ns for t in terms], dtype=np.int64)
-    errs = np.array([t.error_bound_ns for t in terms], dtype=np.int64)
-    return DeltaValue(int(total.ns - vals.sum()), int(total.error_bound_ns + errs.sum()), False)
+    return DeltaValue(total.ns - sum(t.ns for t in terms), total.error_bound_ns + sum(t.error_bound_ns for t in terms), False)
 
 
 def _pick_by_order(values: dict[str, object], order: list[str]) -> object | None:
@@ -123,8 +127,7 @@ def build_row(
 ) -> Row:
     ex = extract(list(spans), topo)
     by = choose_points(ex.obs)
-    defs = delta_defs(topo)
-    deltas = _point_deltas([d for d in defs if d.end], by)
+    deltas = _point_deltas(_point_defs(topo), by)
     for link, (req, ft, _) in ex.tap_overhead.items():
         if req is not None:
             deltas[f"tap_{link}_request"] = DeltaValue(req, 0, True)
@@ -166,7 +169,8 @@ def build_row(
         elif inner in ex.content_events and outer in ex.content_events:
             cascade.tokens_after_gave_up = max(0, ex.content_events[inner] - ex.content_events[outer])
 
-    rid = Counter(ex.request_ids).most_common(1)[0][0] if ex.request_ids else None
+    rids = ex.request_ids
+    rid = (rids[0] if len(set(rids)) == 1 else Counter(rids).most_common(1)[0][0]) if rids else None
     tids = tuple(dict.fromkeys(trace_ids or [s.trace_id for s in spans]))
     start = ex.start_ns if ex.start_ns is not None else min((p.unix_ns for p in points.values()), default=None)
     return Row(

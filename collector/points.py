@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from collector.rows import GapStats, LinkGaps
 from collector.spans import SpanRecord
@@ -35,8 +35,9 @@ from deltatap.vocab import SPAN_CLIENT, SPAN_COMPONENT_PREFIX, SPAN_TAP, Attr, C
 RANK_COMPONENT, RANK_TELEMETRY, RANK_TAP = 0, 1, 2
 
 
-@dataclass(frozen=True, slots=True)
-class Obs:
+class Obs(NamedTuple):
+    """One observation of a point (a tuple: built tens of times per request on the hot path)."""
+
     point: str
     unix_ns: int
     unc_ns: int
@@ -101,16 +102,21 @@ def _common(span: SpanRecord, observer: str, ex: Extracted, offset: int) -> None
     if fd and (ex.firewall_decision is None or observer.startswith("component")):
         ex.firewall_decision = str(fd)
     for k, v in a.items():
-        if k.startswith(Attr.LABEL_PREFIX):
-            ex.labels.setdefault(k[len(Attr.LABEL_PREFIX) :], str(v))
+        if k.startswith(_LABEL):
+            ex.labels.setdefault(k[_LABEL_LEN:], str(v))
     if a.get(Attr.RUN_ID):
         ex.labels.setdefault("run_id", str(a[Attr.RUN_ID]))
     tin, tout = _i(a.get(Attr.GENAI_INPUT_TOKENS)), _i(a.get(Attr.GENAI_OUTPUT_TOKENS))
     if tin is not None or tout is not None:
         ex.tokens[observer] = (tin, tout)
-    s = span.start_unix_ns - offset
-    if span.start_unix_ns and (ex.start_ns is None or s < ex.start_ns):
+    start = span.start_unix_ns
+    s = start - offset
+    if start and (ex.start_ns is None or s < ex.start_ns):
         ex.start_ns = s
+
+
+_LABEL = Attr.LABEL_PREFIX
+_LABEL_LEN = len(_LABEL)
 
 
 def _give_up(ex: Extracted, component: str, t: int) -> None:
@@ -123,6 +129,7 @@ def _give_up(ex: Extracted, component: str, t: int) -> None:
 # --------------------------------------------------------------------------------------------
 
 _TAP_EVENTS = {e.value: e for e in TapEvent}
+_ENGINE_END_EVENTS = frozenset({TapEvent.RESPONSE_END, TapEvent.UPSTREAM_CLOSED, TapEvent.UPSTREAM_ERROR})
 
 
 _POINTS_CACHE: dict[tuple[str, str, str, str], dict[TapEvent, str | None]] = {}
@@ -153,13 +160,17 @@ def _tap_link(span: SpanRecord, topo: Topology) -> tuple[str, str, str, str, str
     return str(link), str(ds or "downstream"), str(dsk or ""), str(us or "upstream"), str(usk or "")
 
 
+def _ms_ns(v: Any) -> int | None:
+    f = _f(v)
+    return None if f is None else round(f * 1e6)
+
+
 def _gap(a: dict, count_key: str | None, mean: str, p99: str, mx: str) -> GapStats | None:
     m = _f(a.get(mean))
     if m is None:
         return None
     cnt = _i(a.get(count_key)) if count_key else None
-    ms = lambda k: None if _f(a.get(k)) is None else round(_f(a.get(k)) * 1e6)  # noqa: E731
-    return GapStats(cnt if cnt is not None else 0, round(m * 1e6), ms(p99), ms(mx))
+    return GapStats(cnt if cnt is not None else 0, round(m * 1e6), _ms_ns(a.get(p99)), _ms_ns(a.get(mx)))
 
 
 def extract_tap(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
@@ -171,22 +182,28 @@ def extract_tap(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
     ex.attempts[link] = ex.attempts.get(link, 0) + 1
     times: dict[str, int] = {}
     points = _tap_points(ds, dsk, us, usk)
-    for name, t, _ in span.events:
+    start = span.start_unix_ns
+    events = span.events
+    obs_append = ex.obs.append
+    intermediary = dsk != ComponentKind.CLIENT
+    skip_received = intermediary and any(e[0] == TapEvent.REQUEST_BODY_RECEIVED for e in events)
+    for name, t, _ in events:
         ev = _TAP_EVENTS.get(name)
         if ev is None:
             continue
         tc = t - offset
-        times.setdefault(name, tc)
+        if name not in times:
+            times[name] = tc
         p = points[ev]
         if p is not None:
-            if ev == TapEvent.REQUEST_RECEIVED and dsk != ComponentKind.CLIENT and any(e[0] == TapEvent.REQUEST_BODY_RECEIVED for e in span.events):
+            if ev is TapEvent.REQUEST_RECEIVED and skip_received:
                 continue  # an intermediary has let the request go when its last byte arrived (below)
-            ex.obs.append(Obs(p, tc, unc, observer, "tap", RANK_TAP, span.start_unix_ns))
-        elif ev == TapEvent.REQUEST_BODY_RECEIVED and dsk != ComponentKind.CLIENT:
-            ex.obs.append(Obs(point(ds, Role.IN_EXIT), tc, unc, observer, "tap", RANK_TAP, span.start_unix_ns))
-        elif ev == TapEvent.DOWNSTREAM_CLOSED:
+            obs_append(Obs(p, tc, unc, observer, "tap", RANK_TAP, start))
+        elif ev is TapEvent.REQUEST_BODY_RECEIVED and intermediary:
+            obs_append(Obs(point(ds, Role.IN_EXIT), tc, unc, observer, "tap", RANK_TAP, start))
+        elif ev is TapEvent.DOWNSTREAM_CLOSED:
             _give_up(ex, ds, tc)
-        elif ev in (TapEvent.RESPONSE_END, TapEvent.UPSTREAM_CLOSED, TapEvent.UPSTREAM_ERROR) and usk == ComponentKind.ENGINE:
+        elif ev in _ENGINE_END_EVENTS and usk == ComponentKind.ENGINE:
             ex.engine_end = tc if ex.engine_end is None else max(ex.engine_end, tc)
     req = _i(a.get(Attr.OVERHEAD_REQUEST_NS))
     if req is None and TapEvent.REQUEST_RECEIVED in times and TapEvent.REQUEST_FORWARDED in times:
@@ -195,8 +212,8 @@ def extract_tap(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
     if ft is None and TapEvent.FIRST_TOKEN_RECEIVED in times and TapEvent.FIRST_TOKEN_FORWARDED in times:
         ft = times[TapEvent.FIRST_TOKEN_FORWARDED] - times[TapEvent.FIRST_TOKEN_RECEIVED]
     prev = ex.tap_overhead.get(link)
-    if prev is None or span.start_unix_ns >= prev[2]:
-        ex.tap_overhead[link] = (req, ft, span.start_unix_ns)
+    if prev is None or start >= prev[2]:
+        ex.tap_overhead[link] = (req, ft, start)
         up = _gap(a, Attr.GAP_COUNT, Attr.GAP_MEAN_MS, Attr.GAP_P99_MS, Attr.GAP_MAX_MS)
         down = _gap(a, Attr.GAP_COUNT, Attr.GAP_FWD_MEAN_MS, Attr.GAP_FWD_P99_MS, Attr.GAP_FWD_MAX_MS)
         if up or down:
@@ -209,7 +226,7 @@ def extract_tap(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
         first = times.get(TapEvent.FIRST_TOKEN_RECEIVED)
         if prompt_ms is not None and first is not None:
             # llama.cpp timings: prefill took prompt_ms and ended when the first token came out
-            ex.obs.append(Obs(point(us, Role.EXEC_START), first - round(prompt_ms * 1e6), unc, observer, "llamacpp", RANK_TELEMETRY, span.start_unix_ns))
+            obs_append(Obs(point(us, Role.EXEC_START), first - round(prompt_ms * 1e6), unc, observer, "llamacpp", RANK_TELEMETRY, start))
         pn, dn = _i(a.get(Attr.ENGINE_PROMPT_N)), _i(a.get(Attr.ENGINE_PREDICTED_N))
         if (pn is not None or dn is not None) and observer not in ex.tokens:
             ex.tokens[observer] = (pn, dn)

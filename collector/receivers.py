@@ -20,11 +20,12 @@ from aiohttp import web
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
 
-from collector.spans import OtlpDecodeError, SpanRecord, decode_json, decode_request
+from collector.compact import CompactSpan, decode_request_compact
+from collector.spans import OtlpDecodeError, SpanRecord, decode_json
 from deltatap.clock import now_unix_ns
 from deltatap.clocksync import CLOCK_PATH, clock_answer
 
-OnSpans = Callable[[list[SpanRecord], ExportTraceServiceRequest | None], None]
+OnSpans = Callable[[list[SpanRecord] | list[CompactSpan], ExportTraceServiceRequest | None], None]
 OnError = Callable[[str], None]
 TRACES_PATH = "/v1/traces"
 MAX_MESSAGE = 64 * 1024 * 1024
@@ -42,7 +43,7 @@ def grpc_handler(on_spans: OnSpans, on_error: OnError) -> grpc.GenericRpcHandler
     async def export(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
             req = ExportTraceServiceRequest.FromString(raw)
-            spans = decode_request(req)
+            spans = decode_request_compact(req)
         except OtlpDecodeError as exc:
             on_error("grpc")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid OTLP trace export: {exc}")
@@ -117,7 +118,7 @@ def http_app(on_spans: OnSpans, on_error: OnError, metrics: Callable[[], bytes] 
                     req.ParseFromString(data)
                 except Exception as exc:
                     raise OtlpDecodeError(f"body is not a protobuf ExportTraceServiceRequest ({exc})") from None
-                spans = decode_request(req)
+                spans = decode_request_compact(req)
         except (OtlpDecodeError, OSError, EOFError) as exc:
             on_error("http")
             body, bt = _status_body(f"invalid OTLP trace export: {exc}", as_json)
