@@ -152,6 +152,11 @@ async def run_load(options: LoadOptions, telemetry: Telemetry) -> LoadResult:
     measured = runner.records
     _count_output_tokens(measured, tok)
     _count_output_tokens(warm_records, tok)
+    if warm_report is not None:
+        warm = [r for r in warm_records if r.phase == "warmup"]
+        sent, out_tokens = len(warm), sum(r.output_tokens or 0 for r in warm)
+        warm_report.update(requests_sent=sent, output_tokens=out_tokens,
+                           meets_4_5_1_minimum=sent >= 100 and out_tokens >= 10_000)  # ">= 100 requests or 10,000 output tokens, whichever is greater"
     windows: list[tuple[int, int]] = []
     if gpu is not None and gpu.available:
         for rec in measured:

@@ -86,6 +86,8 @@ async def test_warmup_is_reported_and_kept_apart(sse_server, telemetry, tmp_path
     assert w["requests_per_round"] == 8 and len(w["probe_before_ms"]) == 3
     assert w["rounds"] and all(len(r["probe_after_ms"]) == 3 for r in w["rounds"])
     assert isinstance(w["stable"], bool) and "round" in w["verdict"]
+    assert w["requests_sent"] == 8 * len(w["rounds"]) and w["output_tokens"] == 4 * w["requests_sent"]
+    assert w["meets_4_5_1_minimum"] is False  # 8 requests is below the methodology's 100
     assert len(res.records) == 6 and all(r["phase"] == "measure" for r in res.records)
     warm = read_records(tmp_path / "warmup.jsonl")
     assert {r["phase"] for r in warm} == {"warmup", "probe"}
