@@ -24,7 +24,7 @@ import aiohttp
 from deltatap.clock import mono_ns
 from loadgen.client import make_session
 from loadgen.runner import Barrier, Runner
-from loadgen.timing import sleep_coarse_until
+from deltatap.aio import sleep_coarse_until
 from loadgen.workloads.base import PlannedRequest
 
 Unit = list[PlannedRequest]

@@ -25,7 +25,7 @@ from deltatap.clocksync import ClockEstimate
 from deltatap.vocab import SPAN_CLIENT, Attr, ClientEvent, Observer, Outcome
 from loadgen.client import Target, execute
 from loadgen.records import RequestRecord
-from loadgen.timing import sleep_until
+from deltatap.aio import sleep_until
 from loadgen.tokens import Tokenizer
 from loadgen.workloads.base import PlannedRequest
 
