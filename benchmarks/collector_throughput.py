@@ -7,7 +7,8 @@ pinned to another, pre-builds realistic exports (a client span and three tap spa
 the attributes and events deltatap's taps and load generator emit, 50 requests per export) and sends
 them over OTLP/gRPC with 4 calls in flight. Measured: time from the first export until every span
 was received (ingest rate) and until every request was joined and decomposed into a row (joined
-rate, including the assembly grace of 0.2 s). Memory: a fresh child receives the spans of 100k
+rate, including the assembly grace of 0.2 s). The child tunes the garbage collector as
+``deltatap collect`` does (``collector.service.tune_gc``). Memory: a fresh child receives the spans of 100k
 requests whose client (root) span never arrives, so all 100k traces stay open; RSS is read from
 /proc before and after. Writes benchmarks/results/collector_throughput.json.
 """
@@ -205,6 +206,7 @@ def main() -> int:
     ap.add_argument("--open-traces", type=int, default=100_000)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "collector_throughput.json"))
     args = ap.parse_args()
+    load_start = os.getloadavg()
 
     t = time.monotonic()
     exports = build_exports(args.requests, 50, with_client=True)
@@ -237,6 +239,7 @@ def main() -> int:
         "throughput": thr, "memory": mem,
         "targets": {"spans_per_s": 30_000, "rss_mb_100k_open": 300},
         "met": {"throughput": bool(thr["joined_spans_per_s"] and thr["joined_spans_per_s"] >= 30_000), "memory": bool(mem["rss_with_open_traces_mb"] and mem["rss_with_open_traces_mb"] <= 300)},
+        "load_average_at_start": load_start,
         "load_average_at_end": os.getloadavg(),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

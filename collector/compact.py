@@ -163,12 +163,25 @@ class CompactSpan:
         return self._events  # type: ignore[return-value]
 
 
+_KEEP: dict[str, bool] = {}
+
+
+def _keep(key: str) -> bool:
+    if len(_KEEP) >= _CACHE_MAX:
+        _KEEP.clear()
+    keep = _KEEP[key] = key in ATTRS_READ or key.startswith(_LABEL)
+    return keep
+
+
 def _read_attrs(kvs: Any, into: dict[str, tuple[str, Any]]) -> None:
     """(struct code, value) of each attribute the collector reads; code "" for a non-numeric value."""
-    read = ATTRS_READ
+    known = _KEEP
     for kv in kvs:
         k = kv.key
-        if k in read or k.startswith(_LABEL):
+        keep = known.get(k)
+        if keep is None:
+            keep = _keep(k)
+        if keep:
             v = kv.value
             which = v.WhichOneof("value")
             if which == "string_value":

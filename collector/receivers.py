@@ -1,6 +1,7 @@
 """OTLP receivers: gRPC (``TraceService/Export``) and HTTP (``POST /v1/traces``, protobuf and JSON).
 
-Both decode into :class:`~collector.spans.SpanRecord` and hand the spans to one callback
+Protobuf (gRPC, HTTP) decodes into :class:`~collector.compact.CompactSpan` (only what the
+decomposition reads, packed), JSON into :class:`~collector.spans.SpanRecord`; both hand the spans to one callback
 (``on_spans(spans, raw_request_or_None)``); invalid input is refused with a message that says what
 is wrong: gRPC ``INVALID_ARGUMENT``, HTTP 400 with a ``google.rpc.Status`` body (JSON for JSON
 requests), 415 for an unsupported content type. The HTTP app also answers ``GET /v1/clock`` (the

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 from ddsketch import DDSketch
+from ddsketch.mapping import LogarithmicMapping
 
 from collector.rows import Row
 
@@ -57,10 +58,32 @@ class DeltaSketch:
             self.exact.append(values)
 
     def add_many(self, values: np.ndarray, errors: np.ndarray) -> None:
-        add = self.sketch.add
-        for v in values.tolist():
-            add(float(v))
-        self._keep(values.astype(np.int64))
+        """Add int64 ns values: bucket keys computed with numpy for the whole batch, then one
+        store update per distinct bucket (what ``DDSketch.add`` does per value, batched)."""
+        s = self.sketch
+        mp = s._mapping
+        values = np.array(values, dtype=np.int64)  # a copy: the exact values are kept below
+        if not values.size:
+            return
+        if not isinstance(mp, LogarithmicMapping):  # pragma: no cover - DDSketch's default mapping is logarithmic
+            for v in values.tolist():
+                s.add(float(v))
+        else:
+            v = values.astype(np.float64)
+            lim = mp.min_possible
+            pos, neg = v > lim, v < -lim
+            for store, arr in ((s._store, v[pos]), (s._negative_store, -v[neg])):
+                if arr.size:
+                    keys = np.ceil(np.log2(arr) * mp._multiplier) + mp._offset  # LogarithmicMapping.key, vectorised
+                    uniq, counts = np.unique(keys.astype(np.int64), return_counts=True)
+                    for k, c in zip(uniq.tolist(), counts.tolist(), strict=True):
+                        store.add(k, float(c))
+            s._zero_count += float(values.size - int(pos.sum()) - int(neg.sum()))
+            s._count += float(values.size)
+            s._sum += float(values.sum())  # an exact integer sum (ns totals stay far below 2**63)
+            s._min = min(s._min, float(values.min()))
+            s._max = max(s._max, float(values.max()))
+        self._keep(values)
         if errors.size:
             self.err_max_ns = max(self.err_max_ns, int(errors.max()))
 
