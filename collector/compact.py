@@ -6,12 +6,14 @@ full :class:`~collector.spans.SpanRecord`: it keeps the attributes the collector
 resource's) and drops the rest; event attributes are dropped (no extractor reads them). While a
 trace is open its spans sit in memory in packed form:
 
-* a :class:`Layout`, shared by every span of the same shape (name, service, attribute keys and
-  value types, event names), found in a bounded cache;
-* one ``bytes`` of int64/float64/bool values (start, end, event times, numeric attributes) packed
-  with the layout's precompiled :class:`struct.Struct`;
-* a tuple of the other values (strings), deduplicated through a bounded cache so the taps' repeated
-  strings (links, kinds, outcomes) and one request's id and body fingerprint are held once.
+* a :class:`Layout`, shared by every span of the same shape (name, service, kind, status, root or
+  not, attribute keys and value types, the values of low-cardinality string attributes such as
+  links, kinds and outcome, event names), found in a bounded cache;
+* one ``bytes`` of numbers (span and parent ids, start, end and event times, numeric attributes)
+  packed with the layout's precompiled :class:`struct.Struct`;
+* a tuple of the per-request values (request id, body fingerprint, firewall decision, labels,
+  non-scalar values), strings deduplicated through a bounded cache so one request's id and body
+  fingerprint are held once for all its spans.
 
 ``attrs`` and ``events`` unpack on first use (when the trace closes) and keep the result, so the
 extractors of :mod:`collector.points` read a compact span exactly like a ``SpanRecord``.
@@ -61,8 +63,8 @@ class Layout:
         self.other_keys = other_keys
         self.event_names = event_names
         self.n_events = len(event_names)
-        # span id, parent span id, start, end, event times, then the numeric attributes
-        self.struct = struct.Struct("<8s8s" + "q" * (2 + len(event_names)) + "".join(t for _, t in packed))
+        # span id, parent span id, start, end, event times (fixed64 in OTLP), then the numeric attributes
+        self.struct = struct.Struct("<8s8s" + "Q" * (2 + len(event_names)) + "".join(t for _, t in packed))
 
 
 _LAYOUTS: dict[tuple, Layout] = {}
