@@ -233,6 +233,8 @@ def self_reported(result: dict, spans: Path) -> dict:
             # the extra hop a tap adds (one loopback trip each way, wake-ups included) is outside any
             # stamp a tap can take: with one measured round trip added the accounting should close
             "difference_with_loopback_rtt_us": (ext - self_p50 - rtt_ms) * 1e3 if both and rtt_ms else None,
+            # Envoy's processing is a few tens of us: its added p50 is mostly the same extra hop
+            "envoy_added_p50_ms": result["levels"][conc]["added_ms"].get("envoy", {}).get("p50"),
             "spans": len(vals),
         }
     return out
