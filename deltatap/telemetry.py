@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,9 @@ from deltatap import __version__
 from deltatap.vocab import INSTRUMENTATION_SCOPE
 
 log = logging.getLogger("deltatap.telemetry")
+
+
+EXPORT_SWITCH_INTERVAL_S = 0.0005
 
 
 class TelemetryConfigError(ValueError):
@@ -265,6 +269,11 @@ def setup_telemetry(
 ) -> Telemetry:
     """Create a private TracerProvider (never the global one: several observers may share a
     process in tests and in ``deltatap demo``)."""
+    # The export thread encodes protobuf in Python while holding the GIL; with CPython's default
+    # 5 ms switch interval the event loop's thread (where every stamp is taken) could wait that long
+    # for it. A short interval bounds the delay the export path can add to a stamp.
+    if sys.getswitchinterval() > EXPORT_SWITCH_INTERVAL_S:
+        sys.setswitchinterval(EXPORT_SWITCH_INTERVAL_S)
     attrs = {"service.name": service_name, "service.version": __version__}
     attrs.update(resource_attributes or {})
     provider = TracerProvider(resource=Resource.create(attrs))

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import logging
 import signal
-import sys
 
 from deltatap import aio
 from deltatap.config import ConfigError
@@ -18,10 +17,6 @@ log = logging.getLogger("deltatap.tap")
 
 # docs' port conventions for the default links (tests always use ephemeral ports)
 DEFAULT_LISTEN = {"edge": "127.0.0.1:9100", "gw-fw": "127.0.0.1:9200", "fw-engine": "127.0.0.1:9300"}
-# The span exporter's thread encodes batches of spans while holding the GIL; with CPython's default
-# 5 ms switch interval a token that arrives meanwhile waits up to 5 ms before the event loop may
-# even read it (unseen by any stamp). A tap process hands the GIL back to the loop within 0.5 ms.
-GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -131,7 +126,6 @@ async def _serve(opts: TapOptions, args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     opts = build_options(args)
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO)
     return aio.run(_serve(opts, args))
