@@ -45,6 +45,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--otlp-protocol", help="grpc or http/protobuf (default: OTEL_EXPORTER_OTLP_PROTOCOL)")
     p.add_argument("--fingerprint-key", help="key of the body fingerprint (default: $DELTATAP_FINGERPRINT_KEY)")
     p.add_argument("--grace-s", type=float, default=10.0, help="on SIGTERM, let streams in flight finish this long (default 10)")
+    p.add_argument(
+        "--respect-sampling",
+        action="store_true",
+        help="record no span for a request whose incoming traceparent is not sampled (default: record every request)",
+    )
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="extra span attribute deltatap.label.KEY")
     p.set_defaults(func=run)
 
@@ -67,6 +72,7 @@ def build_options(args: argparse.Namespace) -> TapOptions:
         "clock_sync": args.clock_sync,
         "fingerprint_key": args.fingerprint_key,
         "grace_s": args.grace_s,
+        "respect_sampling": args.respect_sampling,
         "labels": _labels(args.label) or None,
         "downstream": args.downstream,
         "upstream_name": args.upstream_name,

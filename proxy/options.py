@@ -38,6 +38,9 @@ class TapOptions:
     grace_s: float = 10.0  # SIGTERM: how long streams in flight may finish
     max_capture_bytes: int = 1 << 20  # bodies up to this size are parsed (model, usage); larger ones only hashed/counted
     labels: dict[str, str] = field(default_factory=dict)  # extra span attributes deltatap.label.<k>
+    # False (default): every request gets a span, whatever the incoming traceparent's sampled flag says (a
+    # gateway that marks traces unsampled must not blind the instrument). True: parent-based sampling.
+    respect_sampling: bool = False
 
     def __post_init__(self) -> None:
         self.upstream_url = check_upstream(self.upstream)

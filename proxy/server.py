@@ -401,7 +401,7 @@ class Tap:
                 upstream_kind=o.upstream_kind, upstream_host=self.upstream_host, upstream_port=self.upstream_port,
                 correlation_header=o.correlation_header, clock=self.clock, labels=o.labels,
             )
-            emit(self.telemetry, self.span_name, span, rec, attrs)
+            emit(self.telemetry, self.span_name, span, rec, attrs, o.respect_sampling)
         except Exception:  # pragma: no cover - a bug here must not break traffic
             log.exception("tap %s: failed to record a span", self.o.link)
 

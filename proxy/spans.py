@@ -6,9 +6,10 @@ that forwards other streams. A tap knows every event and attribute only when the
 so it builds one :class:`opentelemetry.sdk.trace.ReadableSpan` then and hands it to the telemetry's
 span processor directly — the same object the SDK would have produced, exported the same way.
 
-Context: W3C ``traceparent``/``tracestate`` are extracted from the request (parent-based sampling:
-an unsampled parent yields an unsampled, unrecorded span that still propagates), and the
-``traceparent`` sent upstream names the tap's span as the parent.
+Context: W3C ``traceparent``/``tracestate`` are extracted from the request, and the ``traceparent``
+sent upstream names the tap's span as the parent, with the incoming sampled flag unchanged. The tap
+records every request by default, also under an unsampled parent (a gateway such as Envoy may mark
+traces unsampled); with ``respect_sampling`` it follows parent-based sampling and records none for those.
 """
 
 from __future__ import annotations
@@ -62,9 +63,11 @@ def begin(headers: Any) -> SpanStart:
     return SpanStart(ctx, parent, out)
 
 
-def emit(telemetry: Telemetry, name: str, start: SpanStart, rec: TapRecord, attrs: dict[str, Any]) -> None:
+def emit(
+    telemetry: Telemetry, name: str, start: SpanStart, rec: TapRecord, attrs: dict[str, Any], respect_sampling: bool = False
+) -> None:
     """Build the finished SERVER span for ``rec`` and hand it to the span processor (never blocks)."""
-    if not start.context.trace_flags.sampled:
+    if respect_sampling and not start.context.trace_flags.sampled:
         return
     evs = events(rec)
     status = Status(StatusCode.UNSET)

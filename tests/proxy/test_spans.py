@@ -87,6 +87,29 @@ async def test_trace_context_and_correlation_header(upstream, make_tap, span_exp
     assert sent["x-request-id"] == "req-42" and span.attributes[Attr.REQUEST_ID] == "req-42"
 
 
+async def test_unsampled_parent_is_recorded_by_default_and_flag_propagates(upstream, make_tap, span_exporter, telemetry):
+    tap = await make_tap(upstream.url)
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"  # not sampled (as Envoy may send)
+    await stream_through(tap.url, "?first_ms=1&n=1", headers={"traceparent": parent})
+    (span,) = await wait_spans(span_exporter, telemetry, 1)
+    assert format(span.get_span_context().trace_id, "032x") == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert TapEvent.FIRST_TOKEN_RECEIVED in {e.name for e in span.events}
+    sent = dict((k.lower(), v) for k, v in upstream.log.headers[-1])
+    assert sent["traceparent"].endswith("-00")  # the upstream's sampling decision is left as it was
+
+
+async def test_respect_sampling_records_no_span_for_unsampled_parent(upstream, make_tap, span_exporter, telemetry):
+    tap = await make_tap(upstream.url, respect_sampling=True)
+    unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+    sampled = "00-5bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    await stream_through(tap.url, "?first_ms=1&n=1", headers={"traceparent": unsampled})
+    await stream_through(tap.url, "?first_ms=1&n=1", headers={"traceparent": sampled})
+    (span,) = await wait_spans(span_exporter, telemetry, 1)
+    assert format(span.get_span_context().trace_id, "032x") == "5bf92f3577b34da6a3ce929d0e0e4736"
+    telemetry.processor.force_flush(2000)
+    assert len(span_exporter.get_finished_spans()) == 1
+
+
 async def test_custom_correlation_header_created(upstream, make_tap, span_exporter, telemetry):
     tap = await make_tap(upstream.url, correlation_header="x-corr")
     await stream_through(tap.url, "?first_ms=1&n=1")
