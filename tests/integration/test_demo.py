@@ -101,11 +101,12 @@ async def test_guardrail_overhead_and_cascade_match_the_stack(tmp_path, quiet_co
         # forward work and on how loaded this shared machine is: ~1.4 ms when quiet)
         assert by_decision[decision] >= ms - 0.2, (decision, by_decision[decision], ms)
     # the configured deep-analysis cost is recovered from the time to decision (t4 - t3) at P50, on both the
-    # allow and the block path: within ~0.5 ms on a quiet machine; 2 ms leaves room for a loaded shared one
+    # allow and the block path: within 0.1 ms on a quiet machine since the firewall's delays end on time
+    # (deltatap.aio.sleep_until); the 1 ms is the bound
     decision = {r["decision"]: r["decision_p50_ms"] for r in res.report.section("guardrails").table("firewall_by_decision").records()}
     print({k: round(v, 3) for k, v in by_decision.items()}, {k: round(v, 3) for k, v in decision.items()})
-    assert abs(decision["allow (flagged, deep analysis)"] - decision["allow"] - deep) <= 2.0, decision
-    assert abs(decision["block (semantic analysis)"] - decision["block (pattern match)"] - deep) <= 2.0, decision
+    assert abs(decision["allow (flagged, deep analysis)"] - decision["allow"] - deep) <= 1.0, decision
+    assert abs(decision["block (semantic analysis)"] - decision["block (pattern match)"] - deep) <= 1.0, decision
 
     # cascades: the engine's own span says how long it worked on each request (gen_ai.latency.e2e: queue -> end)
     cases = {r["request_id"]: r for r in res.report.section("cascades").table("cascade_timelines").records()}
