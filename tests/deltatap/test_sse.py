@@ -12,9 +12,8 @@ from hypothesis import strategies as st
 
 from deltatap.sse import FORMATS, GapStats, SseParser, StreamObserver, detect_format, format_for_path
 
-FIXTURE = Path("/work/shared/fixtures/sse/llamacpp-chat-completions.sse")
-if not FIXTURE.exists():  # the fixture is also vendored next to the tests for fresh machines
-    FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sse" / "llamacpp-chat-completions.sse"
+# the real llama.cpp capture from shared/fixtures, vendored next to the tests
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sse" / "llamacpp-chat-completions.sse"
 
 
 def sse(*objs, event: str | None = None, eol: str = "\n") -> bytes:
