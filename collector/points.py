@@ -14,77 +14,32 @@ whose ``match`` accepts the span (no if-chains):
 * ``component`` - a component's own span (``deltatap.observer = component``): events named by
   :class:`deltatap.vocab.Role` values are that component's *true* points;
 * ``vllm`` - vLLM's ``llm_request`` span: ``gen_ai.latency.*`` seconds relative to the span start
-  (the request's arrival in the engine) give queue, prefill start, first and last token.
+  (the request's arrival in the engine) give queue, prefill start, first and last token;
+* ``litellm`` - LiteLLM proxy's own spans (service.name ``litellm``): the guardrail's end is the
+  component's ``in.decision`` (t4) and its status the firewall decision (:mod:`collector.litellm_spans`).
 
 Every observation is shifted onto the collector's clock (``t - deltatap.clock.offset_ns``) and
 carries that observer's ``deltatap.clock.uncertainty_ns``. ``rank`` orders sources when several
-observe one point: a component's own stamp (0) beats engine telemetry (1) beats a tap (2).
+observe one point: a component's own stamp (0) beats engine telemetry (1) beats a tap (2) beats a
+component's approximate stamp (3). The observation types live in :mod:`collector.observations`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
+from collector.litellm_spans import extract_litellm, is_litellm
+from collector.observations import RANK_COMPONENT, RANK_TAP, RANK_TELEMETRY, Extracted, Obs
+from collector.observations import as_float as _f
+from collector.observations import as_int as _i
+from collector.observations import clock as _clock
 from collector.rows import GapStats, LinkGaps
 from collector.spans import SpanRecord
 from deltatap.topology import Topology
 from deltatap.vocab import SPAN_CLIENT, SPAN_COMPONENT_PREFIX, SPAN_TAP, Attr, ClientEvent, ComponentKind, Observer, Role, TapEvent, point, tap_point
 
-RANK_COMPONENT, RANK_TELEMETRY, RANK_TAP = 0, 1, 2
-
-
-class Obs(NamedTuple):
-    """One observation of a point (a tuple: built tens of times per request on the hot path)."""
-
-    point: str
-    unix_ns: int
-    unc_ns: int
-    observer: str
-    source: str
-    rank: int
-    attempt_ns: int  # start of the observing span: later attempts (retries) win ties
-
-
-@dataclass(slots=True)
-class Extracted:
-    """Everything the spans of one request say, before points are chosen."""
-
-    obs: list[Obs] = field(default_factory=list)
-    tap_overhead: dict[str, tuple[int | None, int | None, int]] = field(default_factory=dict)  # link -> (req, ft, attempt)
-    gaps: dict[str, LinkGaps] = field(default_factory=dict)
-    attempts: dict[str, int] = field(default_factory=dict)
-    content_events: dict[str, int] = field(default_factory=dict)  # link -> content events read from upstream
-    gave_up: dict[str, int] = field(default_factory=dict)  # component -> earliest give-up (collector clock)
-    engine_end: int | None = None
-    request_ids: list[str] = field(default_factory=list)
-    http_status: dict[str, int] = field(default_factory=dict)  # observer -> status
-    outcome: dict[str, str] = field(default_factory=dict)
-    firewall_decision: str | None = None
-    labels: dict[str, str] = field(default_factory=dict)
-    tokens: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)  # observer -> (in, out)
-    start_ns: int | None = None
-    tokenizer_counted: set[str] = field(default_factory=set)  # observers whose token counts come from a tokenizer
-    engine_tokens_after_disconnect: int | None = None
-
-
-def _i(v: Any) -> int | None:
-    try:
-        return None if v is None else int(v)
-    except (TypeError, ValueError):
-        return None
-
-
-def _f(v: Any) -> float | None:
-    try:
-        return None if v is None else float(v)
-    except (TypeError, ValueError):
-        return None
-
-
-def _clock(span: SpanRecord) -> tuple[int, int]:
-    return _i(span.attrs.get(Attr.CLOCK_OFFSET_NS)) or 0, max(0, _i(span.attrs.get(Attr.CLOCK_UNCERTAINTY_NS)) or 0)
+__all__ = ["EXTRACTORS", "RANK_COMPONENT", "RANK_TAP", "RANK_TELEMETRY", "Extracted", "Obs", "extract", "span_kind"]
 
 
 def _common(span: SpanRecord, observer: str, ex: Extracted, offset: int) -> None:
@@ -349,6 +304,7 @@ EXTRACTORS: list[tuple[str, Callable[[SpanRecord], bool], Extractor]] = [
     ("tap", _is_tap, extract_tap),
     ("client", _is_client, extract_client),
     ("component", _is_component, extract_component),
+    ("litellm", is_litellm, extract_litellm),  # collector.litellm_spans
     ("vllm", _is_vllm, extract_vllm),
 ]
 

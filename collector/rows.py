@@ -113,7 +113,7 @@ class PointObs:
     unix_ns: int
     uncertainty_ns: int = 0  # the observer's clock uncertainty (0: shares the collector's clock)
     observer: str = ""  # clock domain: "tap:edge", "client:loadgen", "component:engine", ...
-    source: str = ""  # "tap", "client", "component", "vllm", "llamacpp", "aiperf"
+    source: str = ""  # "tap", "client", "component", "vllm", "llamacpp", "litellm", "aiperf"
 
 
 @dataclass(frozen=True, slots=True)
