@@ -59,6 +59,9 @@ def test_decomposition_with_aiperf(envoy_litellm, tools):
                            ("llama-server", Role.QUEUE), ("llama-server", Role.EXEC_START), ("llama-server", Role.FIRST_TOKEN)):
             assert pt(r, comp, role) is not None, f"{r.request_id}: point {comp}.{role} missing; points {sorted(r.points)}"
         assert r.points[f"llama-server.{Role.EXEC_START}"].source == "llamacpp"
+        # LiteLLM's own spans joined the request's trace: its guardrail's end is t4, between t3 and t5 (taps)
+        assert r.points[f"litellm.{Role.IN_DECISION}"].source == "litellm" and r.firewall_decision == "allow"
+        assert pt(r, "litellm", Role.IN_ARRIVE) < pt(r, "litellm", Role.IN_DECISION) < pt(r, "litellm", Role.IN_EXIT)
         assert r.points[f"client.{Role.SEND}"].source == "aiperf"
 
     # engine TTFT (tap) vs llama.cpp's own prompt_ms, per request. llama.cpp's prompt_ms ends at its first
@@ -130,3 +133,7 @@ def test_content_filter_blocks_before_the_engine(envoy_litellm):
     assert row.http_status == 400
     assert pt(row, "litellm", Role.IN_ARRIVE) is not None  # the gw-fw tap saw it reach LiteLLM
     assert pt(row, "llama-server", Role.QUEUE) is None, "a blocked request must never reach llama.cpp"
+    # LiteLLM's spans joined the request's trace: its guardrail's end is t4 and its status the decision
+    assert row.points[f"litellm.{Role.IN_DECISION}"].source == "litellm", f"no LiteLLM guardrail span joined: {sorted(row.points)}"
+    assert row.firewall_decision == "block_pattern"
+    assert "litellm_inbound_block" in row.deltas and row.deltas["litellm_inbound_block"].ns > 0
