@@ -1,0 +1,188 @@
+"""End-to-end accuracy harness: loadgen -> tap -> gateway -> tap -> firewall -> tap -> engine on loopback.
+
+Shared by ``tests/integration/test_accuracy.py`` (robust checks: joins, coverage, attribution) and
+``benchmarks/accuracy.py`` (the precise |error| figures). Every reference component and every tap runs
+in its own process, as deployed; the taps and the load generator export to a real collector over
+OTLP/gRPC; the components' own spans (their *true* points, stamped at the socket) go to OTLP JSON
+files the collector never sees. ``errors_vs_truth`` compares each component delta the collector
+reports with the same delta computed from the components' true points.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from collector import CollectorOptions, PipelineOptions, start_collector
+from collector.ingest import load
+from deltatap.telemetry import setup_telemetry
+from deltatap.vocab import Attr, Role
+from loadgen import LoadOptions, run_load
+
+REQUESTS = 270
+WARMUP = 20  # the first requests of fresh processes pay imports and first-call costs: not compared
+RATE = 50.0
+SPANS_PER_REQUEST = 4  # the client span and one per tap
+INJECTED_MS = {"gateway_inbound": 2.0, "firewall_inbound": 3.0}  # fixed parts of the delays in stack_yaml
+COMPONENT_DELTAS = {
+    "gateway_inbound": ("gateway", Role.IN_EXIT, Role.IN_ARRIVE),
+    "firewall_inbound": ("firewall", Role.IN_EXIT, Role.IN_ARRIVE),
+    "engine_ttft": ("engine", Role.FIRST_TOKEN, Role.QUEUE),
+    "firewall_outbound": ("firewall", Role.OUT_FIRST_OUT, Role.OUT_FIRST_IN),
+    "gateway_outbound": ("gateway", Role.OUT_FIRST_OUT, Role.OUT_FIRST_IN),
+}
+
+
+@dataclass
+class RunResult:
+    load: object  # loadgen's result
+    rows: list  # the collector's decomposition rows
+    stats: dict  # the collector's counters after draining
+    truth: dict[str, dict[str, dict[str, int]]]  # truth_index of the components' own spans
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stack_yaml(propagate: bool) -> str:
+    return f"""
+engine:
+  name: engine
+  seed: 3
+  models: ["deltatap-ref"]
+  default_max_tokens: 8
+  scheduler: {{prefill_base_ms: 4.0, prefill_per_token_ms: 0.01, decode_base_ms: 3.0}}
+firewall:
+  name: firewall
+  seed: 2
+  delays: {{inbound: {{fixed_ms: {INJECTED_MS['firewall_inbound']}, jitter_ms: 0.5}}, outbound_first: {{fixed_ms: 1.5}}}}
+  upstream_policy: {{propagate_trace: {str(propagate).lower()}}}
+gateway:
+  name: gateway
+  seed: 1
+  delays: {{inbound: {{fixed_ms: {INJECTED_MS['gateway_inbound']}, jitter_ms: 0.3}}, outbound_first: {{fixed_ms: 1.0}}}}
+"""
+
+
+def truth_index(spans) -> dict[str, dict[str, dict[str, int]]]:
+    """trace id -> component -> role -> Unix ns, from the components' own spans."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for s in spans:
+        if s.attrs.get(Attr.OBSERVER) != "component":
+            continue
+        out.setdefault(s.trace_id, {})[str(s.attrs.get(Attr.COMPONENT))] = {name: t for name, t, _ in s.events}
+    return out
+
+
+async def _wait_port(port: int, procs, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for p in procs:
+            if p.returncode is not None:
+                raise RuntimeError(f"a stack process exited early with {p.returncode}")
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            w.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.2)
+    raise TimeoutError(f"nothing listening on {port} after {timeout_s}s")
+
+
+def _commands(cfg: Path, workdir: Path, ports: dict[str, int], otlp: str) -> list[list[str]]:
+    url = lambda k: f"http://127.0.0.1:{ports[k]}"  # noqa: E731
+    exe = [sys.executable, "-m", "deltatap.cli"]
+    tap = lambda link, up: [*exe, "tap", "--link", link, "--listen", f"127.0.0.1:{ports[link]}", "--upstream", url(up), "--no-admin", "--grace-s", "0", "--otlp", otlp]  # noqa: E731
+    comp = lambda c: [*exe, "stack", c, "--config", str(cfg), "--listen", f"127.0.0.1:{ports[c]}", "--otlp", f"file:{workdir / f'truth-{c}.jsonl'}"]  # noqa: E731
+    return [
+        comp("engine"),
+        tap("fw-engine", "engine"),
+        [*comp("firewall"), "--upstream", url("fw-engine")],
+        tap("gw-fw", "firewall"),
+        [*comp("gateway"), "--upstream", url("gw-fw")],
+        tap("edge", "gateway"),
+    ]
+
+
+async def run_once(propagate: bool, workdir: Path, requests: int = REQUESTS, rate: float = RATE) -> RunResult:
+    """Each component and each tap in its own process (as deployed); the collector and the load
+    generator in this one. Components export their truth to files the collector never reads."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg = workdir / "stack.yaml"
+    cfg.write_text(stack_yaml(propagate))
+    collector = await start_collector(CollectorOptions(otlp_grpc="127.0.0.1:0", otlp_http=None, pipeline=PipelineOptions(grace_s=0.5, join_hold_s=0.5)))
+    ports = {k: free_port() for k in ("engine", "fw-engine", "firewall", "gw-fw", "gateway", "edge")}
+    procs = []
+    logs = []
+    load_tel = None
+    try:
+        for i, c in enumerate(_commands(cfg, workdir, ports, collector.otlp_grpc_endpoint)):
+            logs.append(open(workdir / f"proc{i}.log", "w"))
+            procs.append(await asyncio.create_subprocess_exec(*c, stdout=asyncio.subprocess.DEVNULL, stderr=logs[-1]))
+        load_tel = setup_telemetry("deltatap-loadgen", otlp=collector.otlp_grpc_endpoint)
+        for k in ports:
+            await _wait_port(ports[k], procs)
+        opts = LoadOptions(target=f"http://127.0.0.1:{ports['edge']}", model="deltatap-ref", rate=rate, requests=requests, seed=11, progress=False, gpu=False, write_requests=False,
+                           workload={"workload": "synthetic-uniform", "params": {"input": {"dist": "uniform", "min": 16, "max": 64}, "output": {"dist": "uniform", "min": 4, "max": 8}}})
+        result = await run_load(opts, load_tel)
+    except BaseException:
+        await collector.close()
+        raise
+    finally:
+        for p in reversed(procs):  # the edge first, like a real shutdown
+            if p.returncode is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                await asyncio.wait_for(p.wait(), 30)
+            except asyncio.TimeoutError:
+                p.kill()
+                await p.wait()
+        for f in logs:
+            f.close()
+        if load_tel is not None:
+            await asyncio.to_thread(load_tel.shutdown)
+    deadline = time.monotonic() + 30  # wait for every span to arrive, bounded
+    while collector.stats()["spans_received"] < SPANS_PER_REQUEST * requests and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    await collector.drain()
+    rows = collector.rows()
+    stats = collector.stats()
+    await collector.close()
+    truth = load([workdir / f"truth-{c}.jsonl" for c in ("engine", "firewall", "gateway")]).spans
+    return RunResult(result, rows, stats, truth_index(truth))
+
+
+def after_warmup(rows, warmup: int = WARMUP) -> list:
+    """Rows in start order without the first ``warmup`` (fresh processes' first-call costs)."""
+    return sorted(rows, key=lambda r: r.start_unix_ns or 0)[warmup:]
+
+
+def errors_vs_truth(rows, truth) -> dict[str, np.ndarray]:
+    """Per component delta, |reported - true| in ns for every row where both sides have it."""
+    errs: dict[str, list[int]] = {k: [] for k in COMPONENT_DELTAS}
+    for r in rows:
+        comps: dict[str, dict[str, int]] = {}
+        for tid in r.trace_ids:
+            comps.update(truth.get(tid, {}))
+        for name, (comp, end, start) in COMPONENT_DELTAS.items():
+            t = comps.get(comp, {})
+            if name in r.deltas and str(end) in t and str(start) in t:
+                errs[name].append(r.deltas[name].ns - (t[str(end)] - t[str(start)]))
+    return {k: np.abs(np.asarray(v, dtype=np.int64)) for k, v in errs.items()}
+
+
+def delta_median_ns(rows, name: str) -> float | None:
+    """Median of a reported delta over the rows that have it."""
+    v = [r.deltas[name].ns for r in rows if name in r.deltas]
+    return float(np.median(v)) if v else None
