@@ -10,6 +10,7 @@ Everything here is re-exported by :mod:`deltatap.sse`, the module to import from
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,15 +65,17 @@ Extracted = tuple[str, int, bool]  # (content text, tokens, ends the stream)
 _NONE: Extracted = ("", 0, False)
 
 
-class StreamFormat:
+class StreamFormat(ABC):
     name: str = ""
     paths: tuple[str, ...] = ()  # request path suffixes that usually carry this format
 
+    @abstractmethod
     def detect(self, obj: Any, event: str) -> bool:
-        raise NotImplementedError
+        """Does this parsed event belong to this format?"""
 
+    @abstractmethod
     def extract(self, obj: Any, event: str, facts: StreamFacts) -> Extracted:
-        raise NotImplementedError
+        """Content text, token count and end-of-stream flag of one event; usage/timings go into ``facts``."""
 
 
 FORMATS: dict[str, StreamFormat] = {}
