@@ -123,7 +123,8 @@ def _read_csv(path: Path) -> list[dict[str, Any]]:
         return list(csv.DictReader(fh))
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every non-blank line of a JSON-lines file; a bad line is a ConfigError naming the file and line."""
     out = []
     with path.open(encoding="utf-8") as fh:
         for i, line in enumerate(fh, 1):
@@ -135,7 +136,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-_READERS: dict[str, Callable[[Path], list[dict[str, Any]]]] = {"parquet": _read_parquet, "csv": _read_csv, "jsonl": _read_jsonl}
+_READERS: dict[str, Callable[[Path], list[dict[str, Any]]]] = {"parquet": _read_parquet, "csv": _read_csv, "jsonl": read_jsonl}
 
 
 def read_rows(path: str | Path) -> list[Row]:

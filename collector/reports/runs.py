@@ -34,18 +34,6 @@ class RunData:
     topology: Topology | None = None
 
 
-def read_records_file(path: Path) -> list[dict[str, Any]]:
-    out = []
-    with path.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ConfigError(f"{path}:{n}: not a JSON record ({exc.msg})") from None
-    return out
-
-
 def _rows_file(path: Path) -> Path:
     if path.is_file():
         return path
@@ -58,7 +46,7 @@ def _rows_file(path: Path) -> Path:
 
 
 def load_run(path: str | Path, label: str = "run", records: str | Path | None = None) -> RunData:
-    from collector.sinks import read_rows
+    from collector.sinks import read_jsonl, read_rows
 
     p = Path(path)
     rows_path = _rows_file(p)
@@ -68,7 +56,7 @@ def load_run(path: str | Path, label: str = "run", records: str | Path | None = 
     if records and not rec_path.is_file():
         raise ConfigError(f"--records {rec_path}: file not found")
     if rec_path.is_file():
-        run.records = read_records_file(rec_path)
+        run.records = read_jsonl(rec_path)
     if (base / META_FILE).is_file():
         try:
             run.metadata = json.loads((base / META_FILE).read_text(encoding="utf-8"))
