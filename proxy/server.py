@@ -37,6 +37,7 @@ from proxy.headers import downstream_response_headers, upstream_request_headers
 from proxy.metrics import TapMetrics, admin_app
 from proxy.options import TapOptions
 from proxy.record import TapRecord, attributes
+from proxy.response import RelayedResponse
 from proxy.spans import SpanStart, begin, emit
 
 log = logging.getLogger("deltatap.tap")
@@ -283,7 +284,7 @@ class Tap:
         rec.forwarded = (up.request_written_mono_ns if up else None) or now
         rec.response_headers = (up.head_mono_ns if up else None) or now
         rec.status = resp.status
-        out = web.StreamResponse(status=resp.status, reason=resp.reason)
+        out = RelayedResponse(status=resp.status, reason=resp.reason)
         out.headers.extend(downstream_response_headers(resp.headers))
         content = resp.content
         if content.total_bytes or content.is_eof():

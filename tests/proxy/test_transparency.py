@@ -187,3 +187,30 @@ async def test_keep_alive_and_upstream_pooling(upstream, make_tap):
                 assert r.status == 200
     connector = tap.tap._session.connector
     assert sum(len(v) for v in connector._conns.values()) == 1  # one pooled upstream connection reused
+
+
+async def test_bare_upstream_head_gets_no_aiohttp_defaults(make_tap):
+    """An upstream that sends no Date, Server or Content-Type: the client sees none through the tap either."""
+
+    async def bare(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Only: 1\r\n\r\nhello")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(bare, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        tap = await make_tap(f"http://127.0.0.1:{port}")
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", tap.port), 5)
+        writer.write(b"GET /x HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        raw = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+    finally:
+        server.close()
+        await server.wait_closed()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    names = {line.split(b":", 1)[0].strip().lower() for line in head.split(b"\r\n")[1:]}
+    assert body == b"hello" and head.startswith(b"HTTP/1.1 200 OK")
+    assert b"x-only" in names and b"content-length" in names
+    assert not names & {b"date", b"server", b"content-type"}, head
