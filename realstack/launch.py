@@ -65,8 +65,13 @@ class RealStack:
     """The running parts and taps of one topology; ``stop()`` ends them all."""
 
     def __init__(self, topology: Topology, config_path: Path, run_dir: Path, *, taps: bool = True,
-                 otlp_grpc: str | None = None, tools: Tools | None = None, api_key: str | None = None) -> None:
+                 otlp_grpc: str | None = None, tools: Tools | None = None, api_key: str | None = None,
+                 reuse: frozenset[str] = frozenset()) -> None:
+        unknown = set(reuse) - {c.name for c in topology.components[1:]}
+        if unknown:
+            raise ConfigError(f"topology {topology.name!r}: reuse names {sorted(unknown)} that are not its components")
         self.topology = topology
+        self.reuse = frozenset(reuse)  # components already running at their topology URL (e.g. another RealStack's)
         self.config_path = Path(config_path)
         self.run_dir = Path(run_dir)
         self.taps = taps
@@ -111,7 +116,8 @@ class RealStack:
                 ctx = Ctx(name=comp.name, listen_host=host, listen_port=port, upstream=upstream, timeout_s=comp.timeout_s,
                           config_path=self.config_path, run_dir=self.run_dir, tools=self.tools, otlp_grpc=self.otlp_grpc,
                           api_key=self.api_key)
-                self.procs.append(STARTERS[comp.name](ctx))
+                if comp.name not in self.reuse:
+                    self.procs.append(STARTERS[comp.name](ctx))
                 if self._tapped(i - 1):
                     self.procs.append(self._start_tap(i - 1))
         except BaseException:
