@@ -34,7 +34,7 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tap_overhead import BODY, envoy_binary, free_port, wait_port  # noqa: E402
+from tap_overhead import BODY, envoy_binary, free_port, stop_all, wait_port  # noqa: E402
 
 from deltatap import aio  # noqa: E402
 
@@ -171,13 +171,7 @@ def main() -> int:
         for proc in procs[1:]:
             proc.wait(30)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        stop_all(procs)
     result = {
         "command": "python benchmarks/tap_cpu.py " + " ".join(sys.argv[1:]),
         "what": "CPU microseconds (user+system, all threads) of each process per request, from /proc/PID/stat, "

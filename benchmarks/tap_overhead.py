@@ -58,6 +58,17 @@ HERE = Path(__file__).resolve().parent
 BODY = json.dumps({"model": "mock", "messages": [{"role": "user", "content": "hello"}], "stream": True}).encode()
 
 
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """Terminate every process still running; kill those that do not stop within 10 s."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -300,13 +311,7 @@ def main() -> int:
         result["self_reported_vs_external"] = self_reported(result, spans)
         result["wall_s"] = time.monotonic() - t_start
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        stop_all(procs)
     lv = result["levels"]
     targets = {}
     if "envoy" in urls:
