@@ -19,12 +19,12 @@ from aiohttp import web
 from deltatap.clock import mono_ns
 from deltatap.telemetry import Telemetry
 from deltatap.topology import parse_hostport
-from deltatap.vocab import Outcome, TapEvent
+from deltatap.vocab import Attr, Outcome, Role, TapEvent
 from deltatap.wire import make_stamping_runner, request_received_mono_ns
 
 from stack.metrics import ComponentMetrics
 from stack.openai import ApiError
-from stack.spans import ComponentSpan
+from stack.spans import ComponentSpan, request_id
 
 log = logging.getLogger("deltatap.stack")
 
@@ -35,6 +35,26 @@ def arrival_mono(request: web.BaseRequest) -> int:
     t = request_received_mono_ns(request)
     return t if t is not None else mono_ns()
 
+
+
+def request_span(
+    request: web.BaseRequest,
+    telemetry: Telemetry,
+    component: str,
+    kind: str,
+    correlation_header: str,
+    arrive_role: Role,
+    attributes: dict[str, Any],
+) -> tuple[ComponentSpan, str]:
+    """The component's span for ``request``, started at its socket-level arrival and stamped there as
+    ``arrive_role``, with the request id (correlation header, created if absent), method and path set;
+    returns the span and the request id. ``span.start_mono`` is the arrival."""
+    t = arrival_mono(request)
+    rid = request_id(request.headers, correlation_header)
+    attrs = {Attr.REQUEST_ID: rid, Attr.HTTP_METHOD: request.method, Attr.URL_PATH: request.path, **attributes}
+    span = ComponentSpan(telemetry, component, kind, request.headers, t, attrs)
+    span.stamp(arrive_role, t)
+    return span, rid
 
 @dataclass
 class RunningComponent:

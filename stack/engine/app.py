@@ -32,8 +32,8 @@ from stack.delays import DelaySampler
 from stack.engine.scheduler import Scheduler, Sequence, SeqState, block_hashes
 from stack.metrics import ComponentMetrics, counter, gauge
 from stack.openai import ENDPOINT_KINDS, RENDERERS, SSE_HEADERS, ApiError, DONE, GenRequest, parse_json, parse_request, usage
-from stack.server import RunningComponent, abandoned, arrival_mono, component_app, reject, start_component
-from stack.spans import ComponentSpan, request_id
+from stack.server import RunningComponent, abandoned, component_app, reject, request_span, start_component
+from stack.spans import ComponentSpan
 from stack.tokens import TextGenerator, tokenize
 
 
@@ -203,23 +203,11 @@ def _prepare(st: EngineState, kind: str, body: bytes) -> tuple[GenRequest, list[
 def _handler(kind: str):
     async def generate(request: web.Request) -> web.StreamResponse:
         st = request.app[ENGINE]
-        t_arrive = arrival_mono(request)
-        rid = request_id(request.headers, st.cfg.correlation_header)
-        span = ComponentSpan(
-            st.telemetry,
-            st.name,
-            ComponentKind.ENGINE.value,
-            request.headers,
-            t_arrive,
-            {
-                Attr.REQUEST_ID: rid,
-                Attr.HTTP_METHOD: request.method,
-                Attr.URL_PATH: request.path,
-                Attr.GENAI_SYSTEM: "deltatap-ref",
-                Attr.GENAI_OPERATION: "chat" if kind == "chat" else "text_completion",
-            },
+        span, rid = request_span(
+            request, st.telemetry, st.name, ComponentKind.ENGINE.value, st.cfg.correlation_header, Role.QUEUE,
+            {Attr.GENAI_SYSTEM: "deltatap-ref", Attr.GENAI_OPERATION: "chat" if kind == "chat" else "text_completion"},
         )
-        span.stamp(Role.QUEUE, t_arrive)
+        t_arrive = span.start_mono
         try:
             req, tokens, max_tokens = _prepare(st, kind, await request.read())
         except ApiError as err:

@@ -32,8 +32,7 @@ from stack.firewall.rules import Decision, RuleSet, Verdict, cost_ms
 from stack.forward import DownstreamGone, Exchange, session_lifecycle, upstream_headers
 from stack.metrics import ComponentMetrics
 from stack.openai import DONE, ENDPOINT_KINDS, RENDERERS, SSE_HEADERS, ApiError, GenRequest, error_body, parse_json, parse_request, usage
-from stack.server import RunningComponent, abandoned, arrival_mono, component_app, reject, start_component
-from stack.spans import ComponentSpan, request_id
+from stack.server import RunningComponent, abandoned, component_app, reject, request_span, start_component
 from stack.tokens import count_tokens
 
 
@@ -283,17 +282,11 @@ def _response_text(body: bytes) -> str:
 async def handle(request: web.Request) -> web.StreamResponse:
     st = request.app[FIREWALL]
     cfg = st.cfg
-    t3 = arrival_mono(request)
-    rid = request_id(request.headers, cfg.correlation_header)
-    span = ComponentSpan(
-        st.telemetry,
-        st.name,
-        ComponentKind.FIREWALL.value,
-        request.headers,
-        t3,
-        {Attr.REQUEST_ID: rid, Attr.HTTP_METHOD: request.method, Attr.URL_PATH: request.path, Attr.TIMEOUT_S: cfg.upstream_policy.timeout_s},
+    span, rid = request_span(
+        request, st.telemetry, st.name, ComponentKind.FIREWALL.value, cfg.correlation_header, Role.IN_ARRIVE,
+        {Attr.TIMEOUT_S: cfg.upstream_policy.timeout_s},
     )
-    span.stamp(Role.IN_ARRIVE, t3)
+    t3 = span.start_mono
     try:
         raw = await request.read()
         body = parse_json(raw)

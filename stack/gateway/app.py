@@ -30,8 +30,8 @@ from stack.gateway.policy import Authenticator, RateLimiter, presented_key
 from stack.gateway.routing import Pool, Router
 from stack.metrics import ComponentMetrics, counter
 from stack.openai import ENDPOINT_KINDS, ApiError, parse_json, parse_request
-from stack.server import RunningComponent, abandoned, arrival_mono, component_app, reject, start_component
-from stack.spans import ComponentSpan, request_id
+from stack.server import RunningComponent, abandoned, component_app, reject, request_span, start_component
+from stack.spans import ComponentSpan
 
 
 class Retry(Exception):
@@ -186,22 +186,11 @@ class Forward:
 async def handle(request: web.Request) -> web.StreamResponse:
     st = request.app[GATEWAY]
     cfg = st.cfg
-    t1 = arrival_mono(request)
-    rid = request_id(request.headers, cfg.correlation_header)
-    span = ComponentSpan(
-        st.telemetry,
-        st.name,
-        ComponentKind.GATEWAY.value,
-        request.headers,
-        t1,
-        {
-            Attr.REQUEST_ID: rid,
-            Attr.HTTP_METHOD: request.method,
-            Attr.URL_PATH: request.path,
-            Attr.TIMEOUT_S: cfg.upstream_policy.timeout_s,
-        },
+    span, rid = request_span(
+        request, st.telemetry, st.name, ComponentKind.GATEWAY.value, cfg.correlation_header, Role.IN_ARRIVE,
+        {Attr.TIMEOUT_S: cfg.upstream_policy.timeout_s},
     )
-    span.stamp(Role.IN_ARRIVE, t1)
+    t1 = span.start_mono
     try:
         pool, body = await _admit(st, request, span)
     except ApiError as err:
