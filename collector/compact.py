@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import struct
 import sys
+from operator import itemgetter
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from collector.litellm_spans import ATTRS as LITELLM_ATTRS
 from collector.spans import OtlpDecodeError, _pb_value
@@ -200,7 +202,7 @@ def _read_attrs(kvs: Any, into: dict[str, tuple[str, Any]]) -> None:
 
 
 def decode_request_compact(req: ExportTraceServiceRequest) -> list[CompactSpan]:
-    """Compact spans of one ExportTraceServiceRequest (the receivers' hot path)."""
+    """Compact spans of one parsed ExportTraceServiceRequest (tests, and the fallback of :func:`decode_compact`)."""
     out: list[CompactSpan] = []
     append = out.append
     tids: dict[bytes, str] = {}
@@ -213,10 +215,7 @@ def decode_request_compact(req: ExportTraceServiceRequest) -> list[CompactSpan]:
             for k, sp in enumerate(ss.spans):
                 tid, sid = sp.trace_id, sp.span_id
                 if len(tid) != 16 or len(sid) != 8:
-                    raise OtlpDecodeError(
-                        f"resourceSpans[{ri}].scopeSpans[{si}].spans[{k}]: traceId must be 16 bytes and spanId 8 bytes "
-                        f"(got {len(tid)} and {len(sid)})"
-                    )
+                    raise _bad_ids(ri, si, k, tid, sid)
                 attrs = dict(res) if res else {}
                 _read_attrs(sp.attributes, attrs)
                 fixed, packed_k, packed_v, other_k, other_v = [], [], [], [], []
@@ -240,4 +239,318 @@ def decode_request_compact(req: ExportTraceServiceRequest) -> list[CompactSpan]:
                     hx = tids[tid] = tid.hex()
                 packed = lay.struct.pack(sid, parent, sp.start_time_unix_nano, sp.end_time_unix_nano, *times, *packed_v)
                 append(CompactSpan(hx, lay, packed, tuple(other_v)))
+    return out
+
+
+def _bad_ids(ri: int, si: int, k: int, tid: bytes, sid: bytes) -> OtlpDecodeError:
+    return OtlpDecodeError(
+        f"resourceSpans[{ri}].scopeSpans[{si}].spans[{k}]: traceId must be 16 bytes and spanId 8 bytes "
+        f"(got {len(tid)} and {len(sid)})"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# the hot path: a slim wire view of the request, decoded through plans cached per shape
+# --------------------------------------------------------------------------------------------
+#
+# Parsing into the generated OTLP classes and walking every KeyValue costs ~0.6 us per attribute
+# (a wrapper object per KeyValue and per AnyValue, a WhichOneof per value). The slim view below is
+# wire-compatible with opentelemetry-proto's trace/v1 messages but declares only what is read, and
+# declares a span's repeated ``attributes`` and ``events`` as ONE message each: protobuf merges
+# repeated occurrences of a singular message field, concatenating its repeated fields, so a span's
+# attributes arrive as two parallel lists (every key, every raw AnyValue) and its events as two
+# (every time, every name), built in C. What depends only on the span's shape (which keys are kept,
+# where they go, the Layout) is worked out once per shape and cached; per span only the raw values of
+# kept attributes are decoded (through a bounded cache: most repeat). A field left out on the wire
+# (a KeyValue without value, an event without name) would misalign the parallel lists: their lengths
+# are checked, and a request where they differ is decoded by :func:`decode_request_compact` instead.
+# What the lengths cannot show is two such omissions that cancel out in one span: a KeyValue with an
+# empty key (invalid in OpenTelemetry: keys must be non-empty) beside one without a value, or an event
+# with time 0 beside one with an empty name; such a span's values would be read against the wrong keys.
+
+
+def _slim_request_class() -> Any:
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    F = descriptor_pb2.FieldDescriptorProto
+    fdp = descriptor_pb2.FileDescriptorProto(name="deltatap/collector/slim_trace.proto", package="deltatap.slim", syntax="proto3")
+    rep, opt = F.LABEL_REPEATED, F.LABEL_OPTIONAL
+
+    def message(name: str, *fields: tuple[int, str, int, int, str | None]) -> None:
+        m = fdp.message_type.add(name=name)
+        for number, fname, ftype, label, tname in fields:
+            f = m.field.add(name=fname, number=number, type=ftype, label=label)
+            if tname:
+                f.type_name = ".deltatap.slim." + tname
+
+    # KeyValue{string key = 1; AnyValue value = 2}, merged: keys as bytes (no per-key UTF-8 object; checked once per shape)
+    message("Attrs", (1, "key", F.TYPE_BYTES, rep, None), (2, "value", F.TYPE_BYTES, rep, None))
+    # Span.Event{fixed64 time_unix_nano = 1; string name = 2; ...}, merged
+    message("Events", (1, "time", F.TYPE_FIXED64, rep, None), (2, "name", F.TYPE_BYTES, rep, None))
+    message("Status", (3, "code", F.TYPE_INT32, opt, None))
+    message("Span", (1, "trace_id", F.TYPE_BYTES, opt, None), (2, "span_id", F.TYPE_BYTES, opt, None),
+            (4, "parent_span_id", F.TYPE_BYTES, opt, None), (5, "name", F.TYPE_STRING, opt, None), (6, "kind", F.TYPE_INT32, opt, None),
+            (7, "start", F.TYPE_FIXED64, opt, None), (8, "end", F.TYPE_FIXED64, opt, None), (9, "attributes", F.TYPE_MESSAGE, opt, "Attrs"),
+            (11, "events", F.TYPE_MESSAGE, opt, "Events"), (15, "status", F.TYPE_MESSAGE, opt, "Status"))
+    message("Resource", (1, "attributes", F.TYPE_MESSAGE, opt, "Attrs"))
+    message("ScopeSpans", (2, "spans", F.TYPE_MESSAGE, rep, "Span"))
+    message("ResourceSpans", (1, "resource", F.TYPE_MESSAGE, opt, "Resource"), (2, "scope_spans", F.TYPE_MESSAGE, rep, "ScopeSpans"))
+    message("Request", (1, "resource_spans", F.TYPE_MESSAGE, rep, "ResourceSpans"))
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("deltatap.slim.Request"))
+
+
+_SlimRequest = _slim_request_class()
+
+
+class _Misaligned(Exception):
+    """A span's parallel lists differ in length: decode the request the long way."""
+
+
+def _getter(idx: tuple[int, ...]) -> Any:
+    """idx -> a function returning the tuple of those items (itemgetter, but always a tuple)."""
+    if not idx:
+        return lambda seq: ()
+    if len(idx) == 1:
+        i = idx[0]
+        return lambda seq: (seq[i],)
+    return itemgetter(*idx)
+
+
+def _utf8(b: bytes, what: str) -> str:
+    try:
+        return _intern(b.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise OtlpDecodeError(f"{what} {b[:40]!r} is not valid UTF-8") from None
+
+
+class _KeyPlan:
+    """Per tuple of attribute keys: which are kept (the last of duplicate keys wins), in two groups:
+    shape-forming (their string values are part of the Layout) and per-span (request id, body
+    fingerprint, decision, labels: their values are held per span)."""
+
+    __slots__ = ("keys", "get_n", "get_p", "n_norm")
+
+    def __init__(self, raw_keys: tuple[bytes, ...]) -> None:
+        last: dict[str, int] = {}
+        for i, rk in enumerate(raw_keys):
+            k = _utf8(rk, "attribute key")
+            if k in ATTRS_READ or k.startswith(_LABEL):
+                last.pop(k, None)
+                last[k] = i
+        norm = [(k, i) for k, i in last.items() if k not in _PER_SPAN and not k.startswith(_LABEL)]
+        per = [(k, i) for k, i in last.items() if k in _PER_SPAN or k.startswith(_LABEL)]
+        self.keys = tuple(k for k, _ in norm) + tuple(k for k, _ in per)
+        self.n_norm = len(norm)
+        self.get_n = _getter(tuple(i for _, i in norm))
+        self.get_p = _getter(tuple(i for _, i in per))
+
+
+_KPLANS: dict[tuple[bytes, ...], _KeyPlan] = {}
+
+
+def _key_plan(raw_keys: tuple[bytes, ...]) -> _KeyPlan:
+    if len(_KPLANS) >= 4096:
+        _KPLANS.clear()
+    kp = _KPLANS[raw_keys] = _KeyPlan(raw_keys)
+    return kp
+
+
+_OTHER = object()  # the shape of a value that is neither a number nor a string (arrays, kvlists, bytes, none)
+_S_DOUBLE = struct.Struct("<d")
+
+
+def _varint(b: bytes, i: int) -> tuple[int, int]:
+    """(value, index after it) of the varint at b[i]; IndexError when it runs past the end."""
+    v = shift = 0
+    while True:
+        c = b[i]
+        i += 1
+        v |= (c & 0x7F) << shift
+        if c < 0x80:
+            return v, i
+        shift += 7
+        if shift > 63:
+            raise OtlpDecodeError("varint longer than 10 bytes in an attribute value")
+
+
+def _any_value(raw: bytes) -> tuple[str, Any, Any]:
+    """(struct code, value, shape) of a serialized AnyValue: code "" for non-numbers; the shape is the
+    code for numbers, the string itself for strings, _OTHER otherwise."""
+    n = len(raw)
+    try:
+        if n == 0:
+            return ("", None, _OTHER)
+        tag = raw[0]
+        if tag == 0x0A:  # string_value
+            ln, i = _varint(raw, 1)
+            if i + ln == n:
+                s = _shared(raw[i:].decode("utf-8"))
+                return ("", s, s)
+        elif tag == 0x18:  # int_value (int64, two's complement)
+            v, i = _varint(raw, 1)
+            if i == n:
+                return ("q", v - (1 << 64) if v >= 1 << 63 else v, "q")
+        elif tag == 0x21 and n == 9:  # double_value
+            return ("d", _S_DOUBLE.unpack_from(raw, 1)[0], "d")
+        elif tag == 0x10:  # bool_value
+            v, i = _varint(raw, 1)
+            if i == n:
+                return ("?", v != 0, "?")
+    except (IndexError, UnicodeDecodeError):
+        pass
+    # arrays, kvlists, bytes, repeated or unusual encodings: the generated class decides
+    try:
+        av = AnyValue.FromString(raw)
+    except Exception as exc:
+        raise OtlpDecodeError(f"attribute value is not an AnyValue ({exc})") from None
+    which = av.WhichOneof("value")
+    if which == "string_value":
+        return ("", _shared(av.string_value), av.string_value)
+    if which == "int_value":
+        return ("q", av.int_value, "q")
+    if which == "double_value":
+        return ("d", av.double_value, "d")
+    if which == "bool_value":
+        return ("?", av.bool_value, "?")
+    return ("", None if which is None else _pb_value(av), _OTHER)
+
+
+_VALUES_RAW: dict[bytes, tuple[str, Any, Any]] = {}
+
+
+def _value(raw: bytes) -> tuple[str, Any, Any]:
+    got = _any_value(raw)
+    if got[2] is not _OTHER:  # lists and dicts are mutable: never shared
+        if len(_VALUES_RAW) >= _CACHE_MAX:
+            _VALUES_RAW.clear()
+        _VALUES_RAW[raw] = got
+    return got
+
+
+class _SpanPlan:
+    """Per span shape: its Layout and where its packed numbers and per-span values come from."""
+
+    __slots__ = ("layout", "get_packed", "get_other", "res_other")
+
+    def __init__(self, layout: Layout, packed_idx: tuple[int, ...], other_idx: tuple[int, ...], res_other: tuple) -> None:
+        self.layout = layout
+        self.get_packed = _getter(packed_idx)
+        self.get_other = _getter(other_idx)
+        self.res_other = res_other  # the resource's non-scalar values (lists, dicts: not part of a hashable Layout)
+
+
+_SPLANS: dict[tuple, _SpanPlan] = {}
+
+
+def _span_plan(key: tuple, kp: _KeyPlan, res: tuple[tuple[str, str, Any], ...], service: str, name: str,
+               kind: int, status: int, rooted: bool, dec: list[tuple[str, Any, Any]], raw_names: tuple[bytes, ...]) -> _SpanPlan:
+    own = set(kp.keys)
+    fixed: list[tuple[str, Any]] = []
+    packed: list[tuple[str, str]] = []
+    packed_idx: list[int] = []
+    other: list[str] = []
+    other_idx: list[int] = []
+    res_other_k: list[str] = []
+    res_other_v: list[Any] = []
+    attrs: dict[str, tuple[int, str, Any]] = {}  # resource first, then the span's own (a span's attribute wins), in order
+    for k, code, v in res:
+        if k not in own:
+            attrs[k] = (-1, code, v)
+    for i, (k, (code, v, _)) in enumerate(zip(kp.keys, dec)):
+        attrs[k] = (i, code, v)
+    for k, (i, code, v) in attrs.items():
+        if i < 0 and isinstance(v, (list, dict)):
+            res_other_k.append(k)
+            res_other_v.append(v)
+        elif i < 0 or (code == "" and i < kp.n_norm and isinstance(v, str)):
+            fixed.append((k, v))  # resource values and shape-forming strings are part of the layout
+        elif code:
+            packed.append((k, code))
+            packed_idx.append(i)
+        else:
+            other.append(k)
+            other_idx.append(i)
+    names = tuple(_utf8(n, "event name") for n in raw_names)
+    lay = _layout((name, service, kind, status, rooted, tuple(fixed), tuple(packed), tuple(other + res_other_k), names))
+    if len(_SPLANS) >= _CACHE_MAX:
+        _SPLANS.clear()
+    sp = _SPLANS[key] = _SpanPlan(lay, tuple(packed_idx), tuple(other_idx), tuple(res_other_v))
+    return sp
+
+
+def _resource(rs: Any) -> tuple[tuple[tuple[str, str, Any], ...], str, tuple]:
+    """Kept resource attributes as (key, code, value), the service name, and a hashable key of them."""
+    a = rs.resource.attributes
+    raw_keys, raw_vals = tuple(a.key), tuple(a.value)
+    if len(raw_keys) != len(raw_vals):
+        raise _Misaligned
+    kp = _KPLANS.get(raw_keys) or _key_plan(raw_keys)
+    raws = kp.get_n(raw_vals) + kp.get_p(raw_vals)
+    items = tuple((k, *_any_value(r)[:2]) for k, r in zip(kp.keys, raws))
+    service = next((str(v) for k, _, v in items if k == "service.name"), "")
+    return items, service, (raw_keys, raw_vals)
+
+
+def decode_compact(data: bytes) -> list[CompactSpan]:
+    """Compact spans of one serialized ExportTraceServiceRequest (the receivers' hot path).
+
+    Raises :class:`OtlpDecodeError` when ``data`` is not a valid request."""
+    try:
+        req = _SlimRequest.FromString(data)
+    except Exception as exc:
+        raise OtlpDecodeError(f"not a protobuf ExportTraceServiceRequest ({exc})") from None
+    try:
+        return _decode_slim(req)
+    except _Misaligned:
+        try:
+            full = ExportTraceServiceRequest.FromString(data)
+        except Exception as exc:
+            raise OtlpDecodeError(f"not a protobuf ExportTraceServiceRequest ({exc})") from None
+        return decode_request_compact(full)
+
+
+def _decode_slim(req: Any) -> list[CompactSpan]:
+    out: list[CompactSpan] = []
+    append = out.append
+    tids: dict[bytes, str] = {}
+    kplans_get, splans_get, vals_get = _KPLANS.get, _SPLANS.get, _VALUES_RAW.get
+    for ri, rs in enumerate(req.resource_spans):
+        res, service, res_key = _resource(rs)
+        for si, ss in enumerate(rs.scope_spans):
+            for k, sp in enumerate(ss.spans):
+                tid, sid = sp.trace_id, sp.span_id
+                if len(tid) != 16 or len(sid) != 8:
+                    raise _bad_ids(ri, si, k, tid, sid)
+                a = sp.attributes
+                raw_keys = tuple(a.key)
+                vals = a.value
+                if len(vals) != len(raw_keys):
+                    raise _Misaligned
+                kp = kplans_get(raw_keys) or _key_plan(raw_keys)
+                dn = [vals_get(r) or _value(r) for r in kp.get_n(vals)]
+                dp = [vals_get(r) or _value(r) for r in kp.get_p(vals)]
+                ev = sp.events
+                raw_names = tuple(ev.name)
+                times = ev.time
+                if len(times) != len(raw_names):
+                    raise _Misaligned
+                parent = sp.parent_span_id
+                name, kind, status = sp.name, sp.kind, sp.status.code
+                key = (kp, res_key, name, kind, status, not parent, tuple([d[2] for d in dn]), tuple([d[0] for d in dp]), raw_names)
+                plan = splans_get(key)
+                if plan is None:
+                    plan = _span_plan(key, kp, res, service, name, kind, status, not parent, dn + dp, raw_names)
+                values = [d[1] for d in dn]
+                if dp:
+                    values += [d[1] for d in dp]
+                hx = tids.get(tid)
+                if hx is None:
+                    hx = tids[tid] = tid.hex()
+                packed = plan.layout.struct.pack(sid, parent, sp.start, sp.end, *times, *plan.get_packed(values))
+                others = plan.get_other(values)
+                if plan.res_other:
+                    others += plan.res_other
+                append(CompactSpan(hx, plan.layout, packed, others))
     return out

@@ -2,7 +2,7 @@
 
 Protobuf (gRPC, HTTP) decodes into :class:`~collector.compact.CompactSpan` (only what the
 decomposition reads, packed), JSON into :class:`~collector.spans.SpanRecord`; both hand the spans to one callback
-(``on_spans(spans, raw_request_or_None)``); invalid input is refused with a message that says what
+(``on_spans(spans, serialized_request_or_None)``: the protobuf bytes as received, for forwarding); invalid input is refused with a message that says what
 is wrong: gRPC ``INVALID_ARGUMENT``, HTTP 400 with a ``google.rpc.Status`` body (JSON for JSON
 requests), 415 for an unsupported content type. The HTTP app also answers ``GET /v1/clock`` (the
 NTP-style exchange of :mod:`deltatap.clocksync`; the receive time is stamped first thing in the
@@ -19,14 +19,14 @@ from collections.abc import Callable
 import grpc
 from aiohttp import web
 from google.rpc import status_pb2
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from collector.compact import CompactSpan, decode_request_compact
+from collector.compact import CompactSpan, decode_compact
 from collector.spans import OtlpDecodeError, SpanRecord, decode_json
 from deltatap.clock import now_unix_ns
 from deltatap.clocksync import CLOCK_PATH, clock_answer
 
-OnSpans = Callable[[list[SpanRecord] | list[CompactSpan], ExportTraceServiceRequest | None], None]
+OnSpans = Callable[[list[SpanRecord] | list[CompactSpan], bytes | None], None]  # spans, the serialized request (None for JSON)
 OnError = Callable[[str], None]
 TRACES_PATH = "/v1/traces"
 MAX_MESSAGE = 64 * 1024 * 1024
@@ -43,15 +43,11 @@ def grpc_handler(on_spans: OnSpans, on_error: OnError) -> grpc.GenericRpcHandler
 
     async def export(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
-            req = ExportTraceServiceRequest.FromString(raw)
-            spans = decode_request_compact(req)
+            spans = decode_compact(raw)
         except OtlpDecodeError as exc:
             on_error("grpc")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid OTLP trace export: {exc}")
-        except Exception as exc:  # protobuf DecodeError
-            on_error("grpc")
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid OTLP trace export: not an ExportTraceServiceRequest ({exc})")
-        on_spans(spans, req)
+        on_spans(spans, raw)
         return empty
 
     handler = grpc.unary_unary_rpc_method_handler(export, request_deserializer=None, response_serializer=None)
@@ -114,12 +110,7 @@ def http_app(on_spans: OnSpans, on_error: OnError, metrics: Callable[[], bytes] 
                     raise OtlpDecodeError(f"body is not JSON ({exc})") from None
                 spans, req = decode_json(doc), None
             else:
-                req = ExportTraceServiceRequest()
-                try:
-                    req.ParseFromString(data)
-                except Exception as exc:
-                    raise OtlpDecodeError(f"body is not a protobuf ExportTraceServiceRequest ({exc})") from None
-                spans = decode_request_compact(req)
+                spans, req = decode_compact(data), data
         except (OtlpDecodeError, OSError, EOFError) as exc:
             on_error("http")
             body, bt = _status_body(f"invalid OTLP trace export: {exc}", as_json)

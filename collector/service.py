@@ -91,8 +91,8 @@ class RunningCollector:
     def _on_spans(self, spans: list[SpanRecord], raw: Any) -> None:
         self.pipeline.ingest(spans, time.monotonic())
         if self._forwarder is not None and spans:
-            req = raw if raw is not None else encode_records(spans)
-            self._forwarder.submit(req.SerializeToString(), len(spans))
+            data = raw if raw is not None else encode_records(spans).SerializeToString()
+            self._forwarder.submit(data, len(spans))
 
     def _on_error(self, transport: str) -> None:
         self.pipeline.decode_errors[transport] = self.pipeline.decode_errors.get(transport, 0) + 1
