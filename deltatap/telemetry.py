@@ -11,6 +11,11 @@ Exporter selection, first match wins: the ``exporter`` argument (a SpanExporter,
 * ``grpc://host:port`` or ``http://host:4317`` with protocol grpc - OTLP/gRPC
 * ``http://host:4318`` (protocol ``http/protobuf``) - OTLP/HTTP protobuf, ``/v1/traces`` appended
 * ``file:PATH`` - OTLP JSON lines, the OpenTelemetry Collector file exporter's format
+
+``https://`` endpoints use TLS. The gRPC and HTTP exporters are deltatap's own
+(:mod:`deltatap.otlp_export`): they send the bytes :mod:`deltatap.otlp_encode` writes directly, a few times
+cheaper than the SDK exporters' protobuf objects. They also read ``OTEL_EXPORTER_OTLP_[TRACES_]HEADERS``,
+``..._COMPRESSION`` (gzip or none) and ``..._CERTIFICATE`` / ``..._CLIENT_CERTIFICATE`` / ``..._CLIENT_KEY``.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from pathlib import Path
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.util.re import parse_env_headers
 
 from deltatap import __version__
 from deltatap.vocab import INSTRUMENTATION_SCOPE
@@ -125,7 +131,7 @@ class BoundedSpanProcessor(SpanProcessor):
         try:
             result = self.exporter.export(batch)
             ok = result == SpanExportResult.SUCCESS
-            err = "" if ok else "exporter returned FAILURE"
+            err = "" if ok else getattr(self.exporter, "last_error", "") or "exporter returned FAILURE"
         except Exception as exc:  # exporter bugs must not kill the thread
             ok, err = False, f"{type(exc).__name__}: {exc}"
         with self.stats.lock:
@@ -169,9 +175,11 @@ class OtlpJsonFileExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         from google.protobuf.json_format import MessageToJson
-        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-        line = MessageToJson(encode_spans(spans), indent=None)
+        from deltatap.otlp_encode import encode_export_request
+
+        line = MessageToJson(ExportTraceServiceRequest.FromString(encode_export_request(spans)), indent=None)
         with self._lock:
             self._fh.write(line + "\n")
             self._fh.flush()
@@ -213,20 +221,44 @@ def make_exporter(otlp: str | None = None, protocol: str | None = None, timeout_
         )
     if not proto:
         proto = "grpc" if target.rstrip("/").endswith(":4317") else "http/protobuf"
+    if proto not in ("grpc", "http/protobuf", "http"):
+        raise TelemetryConfigError(
+            f"OTLP protocol {proto!r} is not supported; use grpc or http/protobuf "
+            "(OTEL_EXPORTER_OTLP_PROTOCOL / --otlp-protocol)"
+        )
+    from deltatap import otlp_export
+
+    headers = parse_env_headers(_env("HEADERS") or "", liberal=True)
+    compression = (_env("COMPRESSION") or "none").strip().lower()
+    if compression not in ("none", "gzip") and not (compression == "deflate" and proto != "grpc"):
+        raise TelemetryConfigError(
+            f"OTEL_EXPORTER_OTLP_COMPRESSION: {compression!r} is not supported; use gzip or none"
+            + (" (or deflate over OTLP/HTTP)" if proto != "grpc" else "")
+        )
+    ca, client_cert, client_key = _env("CERTIFICATE"), _env("CLIENT_CERTIFICATE"), _env("CLIENT_KEY")
     if proto == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+        creds = None
+        if target.startswith("https://") and (ca or client_cert):
+            creds = grpc_credentials(ca, client_cert, client_key)
+        return otlp_export.OtlpGrpcExporter(target, timeout_s=timeout_s, headers=headers, compression=compression, credentials=creds)
+    endpoint = target if target.rstrip("/").endswith("/v1/traces") else target.rstrip("/") + "/v1/traces"
+    context = otlp_export.ssl_context(ca, client_cert, client_key) if target.startswith("https://") else None
+    return otlp_export.OtlpHttpExporter(endpoint, timeout_s=timeout_s, headers=headers, compression=compression, context=context)
 
-        insecure = target.startswith("http://")
-        return GrpcExporter(endpoint=target, insecure=insecure, timeout=timeout_s)
-    if proto in ("http/protobuf", "http"):
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
-        endpoint = target if target.rstrip("/").endswith("/v1/traces") else target.rstrip("/") + "/v1/traces"
-        return HttpExporter(endpoint=endpoint, timeout=timeout_s)
-    raise TelemetryConfigError(
-        f"OTLP protocol {proto!r} is not supported; use grpc or http/protobuf "
-        "(OTEL_EXPORTER_OTLP_PROTOCOL / --otlp-protocol)"
-    )
+def _env(name: str) -> str | None:
+    """``OTEL_EXPORTER_OTLP_TRACES_<name>``, else ``OTEL_EXPORTER_OTLP_<name>``."""
+    return os.environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or os.environ.get(f"OTEL_EXPORTER_OTLP_{name}") or None
+
+
+def grpc_credentials(ca: str | None, client_cert: str | None, client_key: str | None):
+    """TLS credentials for gRPC from PEM files (``OTEL_EXPORTER_OTLP_CERTIFICATE`` / ``CLIENT_*``)."""
+    import grpc
+
+    def read(path: str | None) -> bytes | None:
+        return Path(path).read_bytes() if path else None
+
+    return grpc.ssl_channel_credentials(root_certificates=read(ca), private_key=read(client_key), certificate_chain=read(client_cert))
 
 
 @dataclass

@@ -2,9 +2,11 @@ import json
 import threading
 import time
 
+import pytest
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from deltatap.clock import ANCHOR, mono_ns, now_unix_ns, to_unix_ns
+from deltatap.otlp_export import OtlpGrpcExporter, OtlpHttpExporter
 from deltatap.telemetry import OtlpJsonFileExporter, make_exporter, setup_telemetry, NullExporter, TelemetryConfigError
 
 
@@ -82,10 +84,24 @@ def test_exporter_selection(monkeypatch):
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
     assert isinstance(make_exporter(None), NullExporter)
-    assert type(make_exporter("grpc://127.0.0.1:4317")).__module__.endswith("grpc.trace_exporter")
-    assert type(make_exporter("http://127.0.0.1:4318")).__module__.endswith("http.trace_exporter")
+    grpc_exp = make_exporter("grpc://127.0.0.1:4317")
+    assert isinstance(grpc_exp, OtlpGrpcExporter) and grpc_exp.target == "127.0.0.1:4317" and not grpc_exp.secure
+    http_exp = make_exporter("http://127.0.0.1:4318")
+    assert isinstance(http_exp, OtlpHttpExporter) and http_exp.url == "http://127.0.0.1:4318/v1/traces"
+    assert make_exporter("http://127.0.0.1:4318/v1/traces").url == "http://127.0.0.1:4318/v1/traces"
+    assert make_exporter("https://collector.example:4317").secure
+    assert make_exporter("https://collector.example", protocol="http/protobuf").url == "https://collector.example/v1/traces"
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317")
-    assert type(make_exporter(None)).__module__.endswith("grpc.trace_exporter")
+    assert isinstance(make_exporter(None), OtlpGrpcExporter)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+    assert isinstance(make_exporter(None), OtlpHttpExporter)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+    with pytest.raises(TelemetryConfigError, match="'http/json' is not supported; use grpc or http/protobuf"):
+        make_exporter(None)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd")
+    with pytest.raises(TelemetryConfigError, match="OTEL_EXPORTER_OTLP_COMPRESSION: 'zstd'"):
+        make_exporter(None)
     try:
         make_exporter("127.0.0.1:4317")
     except TelemetryConfigError as exc:
