@@ -84,7 +84,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -106,8 +106,11 @@ class TokenSource(StrEnum):
     TOKENIZER = "tokenizer"
 
 
-@dataclass(frozen=True, slots=True)
-class PointObs:
+# The small per-row records are NamedTuples: immutable, compared and printed like the frozen dataclasses
+# they replace, and several times cheaper to build (a row holds ~20 points and ~25 deltas).
+
+
+class PointObs(NamedTuple):
     """One observed point, on the collector's clock."""
 
     unix_ns: int
@@ -116,15 +119,13 @@ class PointObs:
     source: str = ""  # "tap", "client", "component", "vllm", "llamacpp", "litellm", "aiperf"
 
 
-@dataclass(frozen=True, slots=True)
-class DeltaValue:
+class DeltaValue(NamedTuple):
     ns: int
     error_bound_ns: int = 0
     within_observer: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class GapStats:
+class GapStats(NamedTuple):
     """Inter-content-event gaps on one side of a tap."""
 
     count: int
@@ -133,8 +134,7 @@ class GapStats:
     max_ns: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class LinkGaps:
+class LinkGaps(NamedTuple):
     up: GapStats | None = None  # as released by the link's upstream component (tap received)
     down: GapStats | None = None  # as forwarded to the link's downstream component
 
