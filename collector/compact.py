@@ -418,12 +418,13 @@ def _any_value(raw: bytes) -> tuple[str, Any, Any]:
 
 
 _VALUES_RAW: dict[bytes, tuple[str, Any, Any]] = {}
+_VALUES_RAW_MAX = 4096  # the values that repeat are few; per-request ones (ids, timings) only pass through
 
 
 def _value(raw: bytes) -> tuple[str, Any, Any]:
     got = _any_value(raw)
     if got[2] is not _OTHER:  # lists and dicts are mutable: never shared
-        if len(_VALUES_RAW) >= _CACHE_MAX:
+        if len(_VALUES_RAW) >= _VALUES_RAW_MAX:
             _VALUES_RAW.clear()
         _VALUES_RAW[raw] = got
     return got
