@@ -81,7 +81,7 @@ _TAG_RES_ATTR = b"\x0a"
 _TAG_SCOPE_ATTR = b"\x1a"
 
 _CACHE_MAX = 4096
-_keys: dict[Any, bytes] = {}  # attribute key -> KeyValue.key field (tag, length, UTF-8)
+_keys: dict[Any, bytes] = {}  # attribute key -> KeyValue.key field (tag, length, UTF-8) + KeyValue.value's tag
 _events: dict[str, tuple[bytes, bytes]] = {}  # event name -> (prefix up to the timestamp, Event.name field)
 _resources: dict[int, tuple[Any, bytes, bytes]] = {}  # id(Resource) -> (it, ResourceSpans.resource field, .schema_url field)
 _scopes: dict[int, tuple[Any, bytes, bytes]] = {}  # id(scope) -> (it, ScopeSpans.scope field, .schema_url field)
@@ -234,8 +234,8 @@ def _scope_fields(scope: Any) -> tuple[bytes, bytes]:
     return head, tail
 
 
-def _event_head(name: str) -> tuple[bytes, bytes]:
-    e = name.encode()
+def _event_head(name: str | None) -> tuple[bytes, bytes]:
+    e = name.encode() if name else b""
     name_field = b"\x12" + _varint(len(e)) + e if e else b""
     # Span.events (11) + length, then Event.time_unix_nano's tag (1, fixed64): the 8 time bytes follow
     pair = (b"\x5a" + _varint(9 + len(name_field)) + b"\x09", name_field)

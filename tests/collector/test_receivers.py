@@ -89,7 +89,7 @@ async def test_invalid_otlp_is_refused_clearly(running):
 async def test_clock_endpoint_and_metrics(running):
     est = await estimate_offset(running.otlp_http_url, samples=6)
     assert abs(est.offset_ns) <= est.uncertainty_ns + 200_000  # same host, same clock
-    tel = setup_telemetry("t", otlp=running.otlp_grpc_endpoint)  # the real SDK exporter
+    tel = setup_telemetry("t", otlp=running.otlp_grpc_endpoint)  # the real exporter (deltatap.otlp_export, gRPC)
     try:
         with tel.tracer.start_as_current_span("unrelated"):
             pass
