@@ -6,7 +6,8 @@ when the chosen end and start points come from different observers but some sing
 both, that observer's pair is used instead (within-observer deltas are preferred, DESIGN section 4);
 otherwise the delta's error bound is the sum of both observers' clock uncertainties. Missing points
 leave the delta missing. The arithmetic is on integer ns (Python ints: exact, a dozen deltas per
-row, cheaper than numpy on arrays that small).
+row, cheaper than numpy on arrays that small). What depends only on the topology (delta names, the
+links around each intermediary, the observer order) is worked out once per topology object.
 """
 
 from __future__ import annotations
@@ -15,19 +16,39 @@ from collections import Counter
 from collections.abc import Sequence
 
 from collector.points import Extracted, Obs, extract
-from collector.rows import Cascade, DeltaDef, DeltaValue, JoinMethod, PointObs, Row, TokenSource, delta_defs, intermediaries
+from collector.rows import Cascade, DeltaValue, JoinMethod, PointObs, Row, TokenSource, delta_defs, intermediaries
 from collector.spans import SpanRecord
 from deltatap.topology import Topology
 from deltatap.vocab import Outcome, Role, point
 
 
+_new = tuple.__new__  # builds a NamedTuple (PointObs, DeltaValue) without its Python-level __new__
+
+
+def _best_first(o: Obs) -> tuple[int, int]:
+    return (o[5], -o[6])  # (rank, -attempt_ns)
+
+
 def choose_points(obs: Sequence[Obs]) -> dict[str, list[Obs]]:
     """Observations per point, best first."""
     by: dict[str, list[Obs]] = {}
+    several: list[list[Obs]] = []
+    get = by.get
     for o in obs:
-        by.setdefault(o.point, []).append(o)
-    for lst in by.values():
-        lst.sort(key=lambda o: (o.rank, -o.attempt_ns))
+        lst = get(o[0])
+        if lst is None:
+            by[o[0]] = [o]
+        else:
+            if len(lst) == 1:
+                several.append(lst)
+            lst.append(o)
+    for lst in several:  # a point seen once needs no sorting (the usual case)
+        if len(lst) == 2:
+            a, b = lst
+            if (b[5], -b[6]) < (a[5], -a[6]):  # what a stable sort on _best_first does with two
+                lst.reverse()
+        else:
+            lst.sort(key=_best_first)
     return by
 
 
@@ -35,8 +56,12 @@ def _pair(ends: list[Obs], starts: list[Obs]) -> tuple[Obs, Obs, bool]:
     e, s = ends[0], starts[0]
     if e.observer == s.observer:
         return e, s, True
-    if len(ends) == 1 and len(starts) == 1:
-        return e, s, False
+    if len(starts) == 1:  # only the start's observer can have seen both
+        ob = s.observer
+        return next(((o, s, True) for o in ends if o.observer == ob), (e, s, False))
+    if len(ends) == 1:
+        ob = e.observer
+        return next(((e, o, True) for o in starts if o.observer == ob), (e, s, False))
     common = {o.observer for o in ends} & {o.observer for o in starts}
     if common:
         best = min(common, key=lambda ob: (max(next(o.rank for o in ends if o.observer == ob), next(o.rank for o in starts if o.observer == ob)), ob))
@@ -44,71 +69,119 @@ def _pair(ends: list[Obs], starts: list[Obs]) -> tuple[Obs, Obs, bool]:
     return e, s, False
 
 
-def _point_deltas(defs: list[DeltaDef], by: dict[str, list[Obs]]) -> dict[str, DeltaValue]:
-    """Every point-to-point delta whose two points were observed (plain ints: a dozen per row)."""
+def _point_deltas(defs: list[tuple[str, str, str]], by: dict[str, list[Obs]]) -> dict[str, DeltaValue]:
+    """Every point-to-point delta whose two points were observed (plain ints: a dozen per row);
+    ``defs``: (name, end point, start point) as :func:`_point_defs` gives them."""
     out: dict[str, DeltaValue] = {}
-    for d in defs:
-        e_obs = by.get(d.end)
-        if not e_obs:
+    get = by.get
+    for name, end, start in defs:
+        e_obs = get(end)
+        if e_obs is None:
             continue
-        s_obs = by.get(d.start)
-        if not s_obs:
+        s_obs = get(start)
+        if s_obs is None:
             continue
-        e, s, same = _pair(e_obs, s_obs)
-        out[d.name] = DeltaValue(e.unix_ns - s.unix_ns, 0 if same else e.unc_ns + s.unc_ns, same)
+        e, s = e_obs[0], s_obs[0]
+        if e[3] == s[3]:  # one observer saw both
+            out[name] = _new(DeltaValue, (e[1] - s[1], 0, True))
+        elif len(e_obs) == 1 and len(s_obs) == 1:
+            out[name] = _new(DeltaValue, (e[1] - s[1], e[2] + s[2], False))
+        else:
+            e, s, same = _pair(e_obs, s_obs)
+            out[name] = _new(DeltaValue, (e[1] - s[1], 0 if same else e[2] + s[2], same))
     return out
 
 
-_POINT_DEFS: dict[int, tuple[Topology, list[DeltaDef]]] = {}
+class _TopoPlan:
+    """What build_row needs of a topology, worked out once per topology object."""
+
+    __slots__ = ("point_defs", "mid_links", "residual_terms", "residual_taps", "order", "inner_first", "engine_last", "inner", "outer")
+
+    def __init__(self, topo: Topology) -> None:
+        defs = delta_defs(topo)
+        self.point_defs = [(d.name, d.end, d.start) for d in defs if d.end]
+        self.mid_links = [
+            (link_out, link_in, [(f"{m}_{suffix}", i) for suffix, i in _ITL_FIELDS])
+            for m, link_out, link_in in _mid_links(topo)
+        ]
+        self.residual_terms = [d.name for d in defs if d.contributes and d.phase != "tap"]
+        self.residual_taps = [(x.name, _tap_names(x.name)) for x in topo.links]
+        self.order = [f"tap:{x.name}" for x in topo.links] + [f"component:{c.name}" for c in topo.components]
+        self.inner_first = [f"tap:{x.name}" for x in reversed(topo.links)] + [f"component:{topo.engine.name}"]
+        self.engine_last = point(topo.engine.name, Role.LAST_TOKEN)
+        self.inner, self.outer = topo.links[-1].name, topo.links[0].name
 
 
-def _point_defs(topo: Topology) -> list[DeltaDef]:
-    hit = _POINT_DEFS.get(id(topo))
+# the statistic each ITL delta compares (GapStats fields: count, mean_ns, p99_ns, max_ns)
+_ITL_FIELDS = (("itl_added_mean", 1), ("itl_added_p99", 2), ("max_pause_added", 3))
+_TOPO_PLANS: dict[int, tuple[Topology, _TopoPlan]] = {}
+
+
+def _topo_plan(topo: Topology) -> _TopoPlan:
+    hit = _TOPO_PLANS.get(id(topo))
     if hit is None or hit[0] is not topo:
-        hit = _POINT_DEFS[id(topo)] = (topo, [d for d in delta_defs(topo) if d.end])
+        if len(_TOPO_PLANS) >= 64:
+            _TOPO_PLANS.clear()
+        hit = _TOPO_PLANS[id(topo)] = (topo, _TopoPlan(topo))
     return hit[1]
 
 
-_LINKS_CACHE: dict[int, tuple[Topology, list[tuple[str, str | None, str | None]]]] = {}
+def _point_defs(topo: Topology) -> list[tuple[str, str, str]]:
+    """(name, end point, start point) of every point-to-point delta of ``topo``."""
+    return _topo_plan(topo).point_defs
+
+
+_TAP_NAMES: dict[str, tuple[str, str]] = {}
+
+
+def _tap_names(link: str) -> tuple[str, str]:
+    """The names of a link's two tap-overhead deltas (memoised: the same few links repeat)."""
+    got = _TAP_NAMES.get(link)
+    if got is None:
+        if len(_TAP_NAMES) >= 4096:
+            _TAP_NAMES.clear()
+        got = _TAP_NAMES[link] = (f"tap_{link}_request", f"tap_{link}_first_token")
+    return got
 
 
 def _mid_links(topo: Topology) -> list[tuple[str, str | None, str | None]]:
-    """(intermediary, link it answers on, link it calls out on) per intermediary, cached per topology."""
-    hit = _LINKS_CACHE.get(id(topo))
-    if hit is None or hit[0] is not topo:
-        val = [(m, next((x.name for x in topo.links if x.upstream == m), None), next((x.name for x in topo.links if x.downstream == m), None)) for m in intermediaries(topo)]
-        hit = _LINKS_CACHE[id(topo)] = (topo, val)
-    return hit[1]
+    """(intermediary, link it answers on, link it calls out on) per intermediary."""
+    return [(m, next((x.name for x in topo.links if x.upstream == m), None), next((x.name for x in topo.links if x.downstream == m), None)) for m in intermediaries(topo)]
 
 
-def _itl_added(topo: Topology, ex: Extracted) -> dict[str, DeltaValue]:
-    out: dict[str, DeltaValue] = {}
-    if not ex.gaps:
-        return out
-    for m, link_out, link_in in _mid_links(topo):
-        g_out = ex.gaps.get(link_out).up if link_out in ex.gaps else None
-        g_in = ex.gaps.get(link_in).down if link_in in ex.gaps else None
+def _itl_added(tp: _TopoPlan, ex: Extracted, out: dict[str, DeltaValue]) -> None:
+    gaps = ex.gaps
+    if not gaps:
+        return
+    for link_out, link_in, names in tp.mid_links:
+        g = gaps.get(link_out)
+        g_out = None if g is None else g[0]  # .up
+        g = gaps.get(link_in)
+        g_in = None if g is None else g[1]  # .down
         if g_out is None or g_in is None:
             continue
-        for suffix, field in (("itl_added_mean", "mean_ns"), ("itl_added_p99", "p99_ns"), ("max_pause_added", "max_ns")):
-            a, b = getattr(g_out, field), getattr(g_in, field)
+        for name, i in names:
+            a, b = g_out[i], g_in[i]
             if a is not None and b is not None:
-                out[f"{m}_{suffix}"] = DeltaValue(int(a) - int(b), 0, False)
-    return out
+                out[name] = _new(DeltaValue, (int(a) - int(b), 0, False))
 
 
-def _residual(topo: Topology, deltas: dict[str, DeltaValue], ex: Extracted) -> DeltaValue | None:
+def _residual(tp: _TopoPlan, deltas: dict[str, DeltaValue], ex: Extracted) -> DeltaValue | None:
     total = deltas.get("system_ttft")
     if total is None:
         return None
-    names = [d.name for d in delta_defs(topo) if d.contributes and d.phase != "tap"]
-    for link in topo.links:
-        if ex.attempts.get(link.name, 0):  # an untapped link costs nothing
-            names += [f"tap_{link.name}_request", f"tap_{link.name}_first_token"]
-    if any(n not in deltas for n in names):
-        return None
-    terms = [deltas[n] for n in names]
-    return DeltaValue(total.ns - sum(t.ns for t in terms), total.error_bound_ns + sum(t.error_bound_ns for t in terms), False)
+    names = tp.residual_terms
+    attempts = ex.attempts
+    taps = [n for link, pair in tp.residual_taps if attempts.get(link, 0) for n in pair]  # an untapped link costs nothing
+    ns = err = 0
+    for group in (names, taps):
+        for n in group:
+            d = deltas.get(n)
+            if d is None:
+                return None
+            ns += d[0]
+            err += d[1]
+    return _new(DeltaValue, (total[0] - ns, total[1] + err, False))
 
 
 def _pick_by_order(values: dict[str, object], order: list[str]) -> object | None:
@@ -125,24 +198,25 @@ def build_row(
     join_note: str = "",
     trace_ids: Sequence[str] = (),
 ) -> Row:
+    tp = _topo_plan(topo)
     ex = extract(list(spans), topo)
     by = choose_points(ex.obs)
-    deltas = _point_deltas(_point_defs(topo), by)
+    deltas = _point_deltas(tp.point_defs, by)
     for link, (req, ft, _) in ex.tap_overhead.items():
+        names = _tap_names(link)
         if req is not None:
-            deltas[f"tap_{link}_request"] = DeltaValue(req, 0, True)
+            deltas[names[0]] = _new(DeltaValue, (req, 0, True))
         if ft is not None:
-            deltas[f"tap_{link}_first_token"] = DeltaValue(ft, 0, True)
-    deltas.update(_itl_added(topo, ex))
-    res = _residual(topo, deltas, ex)
+            deltas[names[1]] = _new(DeltaValue, (ft, 0, True))
+    _itl_added(tp, ex, deltas)
+    res = _residual(tp, deltas, ex)
     if res is not None:
         deltas["residual"] = res
-    points = {p: PointObs(o[0].unix_ns, o[0].unc_ns, o[0].observer, o[0].source) for p, o in by.items()}
+    points = {p: _new(PointObs, o[0][1:5]) for p, o in by.items()}  # Obs[1:5]: unix_ns, unc_ns, observer, source
 
     # outermost observer first: the client, then taps from the edge inwards, then components
     order = [o for o in ex.http_status | ex.outcome if o.startswith("client")]
-    order += [f"tap:{x.name}" for x in topo.links] + [f"component:{c.name}" for c in topo.components]
-    inner_first = [f"tap:{x.name}" for x in reversed(topo.links)] + [f"component:{topo.engine.name}"]
+    order += tp.order
     status = _pick_by_order(ex.http_status, order)
     outcome = _pick_by_order(ex.outcome, order)
     if outcome is None:
@@ -152,18 +226,22 @@ def build_row(
             outcome = Outcome.HTTP_ERROR
         else:
             outcome = Outcome.OK
-    tok_order = inner_first + [o for o in ex.tokens if o.startswith("client")]
-    tok_observer = next((o for o in tok_order if o in ex.tokens), next(iter(ex.tokens), None))
-    tokens = ex.tokens.get(tok_observer) if tok_observer else None
+    toks = ex.tokens
+    tok_observer = next((o for o in tp.inner_first if o in toks), None)  # innermost first, then the client
+    if tok_observer is None:
+        tok_observer = next((o for o in toks if o.startswith("client")), None)
+        if tok_observer is None:
+            tok_observer = next(iter(toks), None)
+    tokens = toks.get(tok_observer) if tok_observer else None
     tok_source = None if tokens is None else (TokenSource.TOKENIZER if tok_observer in ex.tokenizer_counted else TokenSource.USAGE)
 
-    cascade = Cascade(gave_up_unix_ns=dict(ex.gave_up), attempts=dict(ex.attempts))
-    engine_last = points.get(point(topo.engine.name, Role.LAST_TOKEN))
+    cascade = Cascade(dict(ex.gave_up), None, None, None, dict(ex.attempts))
+    engine_last = points.get(tp.engine_last)
     cascade.engine_end_unix_ns = ex.engine_end if ex.engine_end is not None else (engine_last.unix_ns if engine_last else None)
     first = cascade.first_gave_up
     if first is not None and cascade.engine_end_unix_ns is not None:
         cascade.engine_busy_after_gave_up_ns = max(0, cascade.engine_end_unix_ns - first[1])
-        inner, outer = topo.links[-1].name, topo.links[0].name
+        inner, outer = tp.inner, tp.outer
         if ex.engine_tokens_after_disconnect is not None:  # the engine's own count wins
             cascade.tokens_after_gave_up = ex.engine_tokens_after_disconnect
         elif inner in ex.content_events and outer in ex.content_events:
@@ -173,22 +251,8 @@ def build_row(
     rid = (rids[0] if len(set(rids)) == 1 else Counter(rids).most_common(1)[0][0]) if rids else None
     tids = tuple(dict.fromkeys(trace_ids or [s.trace_id for s in spans]))
     start = ex.start_ns if ex.start_ns is not None else min((p.unix_ns for p in points.values()), default=None)
-    return Row(
-        trace_id=tids[0] if tids else "",
-        request_id=rid,
-        join_method=join_method,
-        join_note=join_note,
-        start_unix_ns=start,
-        outcome=str(outcome),
-        http_status=status if isinstance(status, int) else None,
-        firewall_decision=ex.firewall_decision,
-        labels=ex.labels,
-        tokens_in=tokens[0] if tokens else None,
-        tokens_out=tokens[1] if tokens else None,
-        tokens_source=tok_source,
-        points=points,
-        deltas=deltas,
-        gaps=dict(ex.gaps),
-        cascade=cascade,
-        trace_ids=tids,
+    return Row(  # positional, in field order: trace_id .. trace_ids
+        tids[0] if tids else "", rid, join_method, join_note, start, str(outcome), status if isinstance(status, int) else None,
+        ex.firewall_decision, ex.labels, tokens[0] if tokens else None, tokens[1] if tokens else None, tok_source, points, deltas,
+        dict(ex.gaps), cascade, tids,
     )

@@ -22,6 +22,16 @@ Every observation is shifted onto the collector's clock (``t - deltatap.clock.of
 carries that observer's ``deltatap.clock.uncertainty_ns``. ``rank`` orders sources when several
 observe one point: a component's own stamp (0) beats engine telemetry (1) beats a tap (2) beats a
 component's approximate stamp (3). The observation types live in :mod:`collector.observations`.
+
+Live spans (:class:`collector.compact.CompactSpan`) go through *plans*: everything that depends only on
+a span's :class:`~collector.compact.Layout` (which extractor, the link and its components, the
+observer, which event index observes which point, which attributes exist) is worked out once per
+(layout, topology) from the first span of that shape, with the same rules as the extractors above, and
+cached; per span only its numbers and per-request values are read. A layout whose shape-forming
+attributes (observer, link, components, component name or kind) are not part of the layout is
+extracted by the plain extractor, as are vLLM and LiteLLM spans and every ``SpanRecord`` (offline
+input). The plans assume the registry below is the module's own: if :data:`EXTRACTORS` is changed,
+every span takes the plain path.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from collector.compact import CompactSpan
 from collector.litellm_spans import extract_litellm, is_litellm
 from collector.observations import RANK_COMPONENT, RANK_TAP, RANK_TELEMETRY, Extracted, Obs
 from collector.observations import as_float as _f
@@ -72,6 +83,9 @@ def _common(span: SpanRecord, observer: str, ex: Extracted, offset: int) -> None
 
 _LABEL = Attr.LABEL_PREFIX
 _LABEL_LEN = len(_LABEL)
+
+
+_new = tuple.__new__  # builds a NamedTuple (Obs, GapStats) without its Python-level __new__
 
 
 def _give_up(ex: Extracted, component: str, t: int) -> None:
@@ -120,12 +134,23 @@ def _ms_ns(v: Any) -> int | None:
     return None if f is None else round(f * 1e6)
 
 
-def _gap(a: dict, count_key: str | None, mean: str, p99: str, mx: str) -> GapStats | None:
-    m = _f(a.get(mean))
-    if m is None:
-        return None
-    cnt = _i(a.get(count_key)) if count_key else None
-    return GapStats(cnt if cnt is not None else 0, round(m * 1e6), _ms_ns(a.get(p99)), _ms_ns(a.get(mx)))
+def _gap(a: dict, count_key: str, mean: str, p99: str, mx: str) -> GapStats | None:
+    # the usual values (a float per statistic, an int count) skip the generic readers
+    m = a.get(mean)
+    if m.__class__ is not float:
+        m = _f(m)
+        if m is None:
+            return None
+    cnt = a.get(count_key)
+    if cnt.__class__ is not int:
+        cnt = _i(cnt)
+        if cnt is None:
+            cnt = 0
+    p = a.get(p99)
+    p = round(p * 1e6) if p.__class__ is float else _ms_ns(p)
+    x = a.get(mx)
+    x = round(x * 1e6) if x.__class__ is float else _ms_ns(x)
+    return _new(GapStats, (cnt, round(m * 1e6), p, x))
 
 
 def extract_tap(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
@@ -309,7 +334,24 @@ EXTRACTORS: list[tuple[str, Callable[[SpanRecord], bool], Extractor]] = [
 ]
 
 
+_DEFAULT_EXTRACTORS = list(EXTRACTORS)
+
+
 def span_kind(span: SpanRecord) -> str | None:
+    if span.__class__ is CompactSpan and EXTRACTORS == _DEFAULT_EXTRACTORS:
+        kind = _KINDS.get(span.layout, _UNSEEN)
+        if kind is not _UNSEEN:
+            return kind  # type: ignore[return-value]
+        kind = _kind(span)
+        if _kind_is_shape(span):
+            if len(_KINDS) >= _CACHE_MAX:
+                _KINDS.clear()
+            _KINDS[span.layout] = kind
+        return kind
+    return _kind(span)
+
+
+def _kind(span: SpanRecord) -> str | None:
     for name, match, _ in EXTRACTORS:
         if match(span):
             return name
@@ -319,9 +361,321 @@ def span_kind(span: SpanRecord) -> str | None:
 def extract(spans: list[SpanRecord], topo: Topology) -> Extracted:
     """Observations and facts of every span of one request (spans no extractor knows are ignored)."""
     ex = Extracted()
+    plans = _plans(topo) if EXTRACTORS == _DEFAULT_EXTRACTORS else None
     for span in spans:
-        for _, match, fn in EXTRACTORS:
-            if match(span):
-                fn(span, topo, ex)
-                break
+        if plans is not None and span.__class__ is CompactSpan:
+            run = plans.get(span.layout) or _plan(span, topo, plans)
+            run(span, topo, ex)
+        else:
+            _unplanned(span, topo, ex)
     return ex
+
+
+def _unplanned(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
+    for _, match, fn in EXTRACTORS:
+        if match(span):
+            fn(span, topo, ex)
+            break
+
+
+# --------------------------------------------------------------------------------------------
+# plans: per (layout, topology), what the extractors above work out from a span's shape
+# --------------------------------------------------------------------------------------------
+
+_CACHE_MAX = 4096
+_UNSEEN = object()
+_KINDS: dict[Any, str | None] = {}  # layout -> extractor name (span_kind, for the joiner)
+_PLANS: dict[int, tuple[Topology, dict[Any, Extractor]]] = {}  # id(topology) -> (topology, layout -> runner)
+# attributes whose values decide a span's kind, link or component: a plan needs them in the layout
+_SHAPE_TAP = (Attr.OBSERVER, Attr.LINK, Attr.DOWNSTREAM, Attr.DOWNSTREAM_KIND, Attr.UPSTREAM, Attr.UPSTREAM_KIND)
+_SHAPE_COMPONENT = (Attr.OBSERVER, Attr.COMPONENT, Attr.COMPONENT_KIND)
+
+
+def _skip(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
+    """The runner of a span no extractor knows."""
+
+
+def _plans(topo: Topology) -> dict[Any, Extractor]:
+    hit = _PLANS.get(id(topo))
+    if hit is None or hit[0] is not topo:
+        if len(_PLANS) >= 64:
+            _PLANS.clear()
+        hit = _PLANS[id(topo)] = (topo, {})
+    return hit[1]
+
+
+def _varying(span: CompactSpan) -> set[str] | None:
+    """The attribute keys whose values are not part of ``span``'s layout (None: unknown layout kind)."""
+    fixed = getattr(span.layout, "fixed", None)
+    if fixed is None:
+        return None
+    return set(span.attrs) - {k for k, _ in fixed}
+
+
+def _kind_is_shape(span: CompactSpan) -> bool:
+    """True when the span's kind follows from its layout (the observer attribute, if any, is in it)."""
+    v = _varying(span)
+    return v is not None and Attr.OBSERVER not in v
+
+
+def _plan(span: CompactSpan, topo: Topology, plans: dict[Any, Extractor]) -> Extractor:
+    """The runner for ``span``'s layout (cached in ``plans``): a planned extractor, the plain one, or ``_skip``."""
+    if len(plans) >= _CACHE_MAX:
+        plans.clear()
+    varying = _varying(span)
+    if varying is None or Attr.OBSERVER in varying:
+        run: Extractor | None = _unplanned  # the kind may change from span to span: dispatch each one
+    else:
+        kind = _kind(span)
+        run = None
+        if kind == "tap":
+            run = _plan_tap(span, topo, varying)
+        elif kind == "client":
+            run = _plan_client(span, topo, varying)
+        elif kind == "component":
+            run = _plan_component(span, topo, varying)
+        if run is None:
+            run = next((fn for name, _, fn in EXTRACTORS if name == kind), _skip)
+    plans[span.layout] = run
+    return run
+
+
+def _common_plan(span: CompactSpan, observer: str) -> Callable[[SpanRecord, dict, Extracted, int], None]:
+    """:func:`_common` for one layout: only the attributes the layout has are read."""
+    keys = set(span.attrs)
+    has_rid, has_st, has_oc, has_fd = Attr.REQUEST_ID in keys, Attr.HTTP_STATUS in keys, Attr.OUTCOME in keys, Attr.FIREWALL_DECISION in keys
+    labels = tuple((k, k[_LABEL_LEN:]) for k in span.attrs if k.startswith(_LABEL))
+    has_run = Attr.RUN_ID in keys
+    has_tok = Attr.GENAI_INPUT_TOKENS in keys or Attr.GENAI_OUTPUT_TOKENS in keys
+    fd_wins = observer.startswith("component")
+
+    def common(span: SpanRecord, a: dict, ex: Extracted, offset: int) -> None:
+        if has_rid:
+            rid = a.get(Attr.REQUEST_ID)
+            if rid:
+                ex.request_ids.append(str(rid))
+        if has_st:
+            st = a.get(Attr.HTTP_STATUS)
+            if st.__class__ is not int:
+                st = _i(st)
+            if st is not None:
+                ex.http_status[observer] = st
+        if has_oc:
+            oc = a.get(Attr.OUTCOME)
+            if oc:
+                ex.outcome[observer] = str(oc)
+        if has_fd:
+            fd = a.get(Attr.FIREWALL_DECISION)
+            if fd and (ex.firewall_decision is None or fd_wins):
+                ex.firewall_decision = str(fd)
+        if labels:
+            setlabel = ex.labels.setdefault
+            for k, name in labels:
+                setlabel(name, str(a[k]))
+        if has_run and a.get(Attr.RUN_ID):
+            ex.labels.setdefault("run_id", str(a[Attr.RUN_ID]))
+        if has_tok:
+            tin, tout = a.get(Attr.GENAI_INPUT_TOKENS), a.get(Attr.GENAI_OUTPUT_TOKENS)
+            if tin.__class__ is not int:
+                tin = _i(tin)
+            if tout.__class__ is not int:
+                tout = _i(tout)
+            if tin is not None or tout is not None:
+                ex.tokens[observer] = (tin, tout)
+        start = span.start_unix_ns
+        s = start - offset
+        if start and (ex.start_ns is None or s < ex.start_ns):
+            ex.start_ns = s
+
+    return common
+
+
+def _clock_plan(varying: set[str]) -> tuple[int, int] | None:
+    """(0, 0) when the layout states no clock offset or uncertainty, else None (read per span)."""
+    return None if Attr.CLOCK_OFFSET_NS in varying or Attr.CLOCK_UNCERTAINTY_NS in varying else (0, 0)
+
+
+def _plan_tap(span: CompactSpan, topo: Topology, varying: set[str]) -> Extractor | None:
+    if any(k in varying for k in _SHAPE_TAP):
+        return None
+    keys = set(span.attrs)
+    link, ds, dsk, us, usk = _tap_link(span, topo)
+    observer = f"tap:{link}"
+    fixed_clock = _clock_plan(varying)
+    if fixed_clock is not None:
+        fixed_clock = _clock(span)  # the layout's own values (or none: 0, 0)
+    common = _common_plan(span, observer)
+    points = _tap_points(ds, dsk, us, usk)
+    names = tuple(e[0] for e in span.events)
+    n_events = len(names)
+    intermediary = dsk != ComponentKind.CLIENT
+    skip_received = intermediary and any(n == TapEvent.REQUEST_BODY_RECEIVED for n in names)
+    emits: list[tuple[int, str]] = []  # (event index, point), in event order
+    give_ups: list[int] = []
+    engine_ends: list[int] = []
+    first: dict[str, int] = {}  # event -> index of its first occurrence
+    to_engine = usk == ComponentKind.ENGINE
+    for i, name in enumerate(names):
+        ev = _TAP_EVENTS.get(name)
+        if ev is None:
+            continue
+        first.setdefault(name, i)
+        p = points[ev]
+        if p is not None:
+            if ev is TapEvent.REQUEST_RECEIVED and skip_received:
+                continue
+            emits.append((i, p))
+        elif ev is TapEvent.REQUEST_BODY_RECEIVED and intermediary:
+            emits.append((i, point(ds, Role.IN_EXIT)))
+        elif ev is TapEvent.DOWNSTREAM_CLOSED:
+            give_ups.append(i)
+        elif ev in _ENGINE_END_EVENTS and to_engine:
+            engine_ends.append(i)
+    i_rr, i_rf = first.get(TapEvent.REQUEST_RECEIVED), first.get(TapEvent.REQUEST_FORWARDED)
+    i_fr, i_ff = first.get(TapEvent.FIRST_TOKEN_RECEIVED), first.get(TapEvent.FIRST_TOKEN_FORWARDED)
+    req_pair = i_rr is not None and i_rf is not None
+    ft_pair = i_fr is not None and i_ff is not None
+    has_req, has_ft = Attr.OVERHEAD_REQUEST_NS in keys, Attr.OVERHEAD_FIRST_TOKEN_NS in keys
+    has_up, has_down, has_ce = Attr.GAP_MEAN_MS in keys, Attr.GAP_FWD_MEAN_MS in keys, Attr.CONTENT_EVENTS in keys
+    prompt = to_engine and Attr.ENGINE_PROMPT_MS in keys and i_fr is not None
+    exec_start = point(us, Role.EXEC_START)
+    engine_n = to_engine and (Attr.ENGINE_PROMPT_N in keys or Attr.ENGINE_PREDICTED_N in keys)
+
+    def run(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
+        a = span.attrs
+        events = span.events
+        if len(events) != n_events:  # not the shape this plan was made for
+            extract_tap(span, topo, ex)
+            return
+        offset, unc = fixed_clock if fixed_clock is not None else _clock(span)
+        common(span, a, ex, offset)
+        attempts = ex.attempts
+        attempts[link] = attempts.get(link, 0) + 1
+        start = span.start_unix_ns
+        append = ex.obs.append
+        for i, p in emits:
+            append(_new(Obs, (p, events[i][1] - offset, unc, observer, "tap", RANK_TAP, start)))
+        for i in give_ups:
+            _give_up(ex, ds, events[i][1] - offset)
+        for i in engine_ends:
+            tc = events[i][1] - offset
+            ex.engine_end = tc if ex.engine_end is None else max(ex.engine_end, tc)
+        req = a.get(Attr.OVERHEAD_REQUEST_NS) if has_req else None
+        if req.__class__ is not int:
+            req = _i(req)
+        if req is None and req_pair:
+            req = (events[i_rf][1] - offset) - (events[i_rr][1] - offset)
+        ft = a.get(Attr.OVERHEAD_FIRST_TOKEN_NS) if has_ft else None
+        if ft.__class__ is not int:
+            ft = _i(ft)
+        if ft is None and ft_pair:
+            ft = (events[i_ff][1] - offset) - (events[i_fr][1] - offset)
+        prev = ex.tap_overhead.get(link)
+        if prev is None or start >= prev[2]:
+            ex.tap_overhead[link] = (req, ft, start)
+            up = _gap(a, Attr.GAP_COUNT, Attr.GAP_MEAN_MS, Attr.GAP_P99_MS, Attr.GAP_MAX_MS) if has_up else None
+            down = _gap(a, Attr.GAP_COUNT, Attr.GAP_FWD_MEAN_MS, Attr.GAP_FWD_P99_MS, Attr.GAP_FWD_MAX_MS) if has_down else None
+            if up or down:
+                ex.gaps[link] = LinkGaps(up, down)
+            if has_ce:
+                ce = a.get(Attr.CONTENT_EVENTS)
+                if ce.__class__ is not int:
+                    ce = _i(ce)
+                if ce is not None:
+                    ex.content_events[link] = ce
+        if prompt:
+            prompt_ms = _f(a.get(Attr.ENGINE_PROMPT_MS))
+            if prompt_ms is not None:
+                # llama.cpp timings: prefill took prompt_ms and ended when the first token came out
+                t = (events[i_fr][1] - offset) - round(prompt_ms * 1e6)
+                append(Obs(exec_start, t, unc, observer, "llamacpp", RANK_TELEMETRY, start))
+        if engine_n:
+            pn, dn = _i(a.get(Attr.ENGINE_PROMPT_N)), _i(a.get(Attr.ENGINE_PREDICTED_N))
+            if (pn is not None or dn is not None) and observer not in ex.tokens:
+                ex.tokens[observer] = (pn, dn)
+
+    return run
+
+
+def _plan_client(span: CompactSpan, topo: Topology, varying: set[str]) -> Extractor | None:
+    client = topo.client.name
+    observer = f"client:{span.service or client}"
+    fixed_clock = _clock_plan(varying)
+    if fixed_clock is not None:
+        fixed_clock = _clock(span)
+    common = _common_plan(span, observer)
+    source = "aiperf" if span.service == "aiperf" else "client"
+    aiperf = source == "aiperf"
+    names = tuple(e[0] for e in span.events)
+    n_events = len(names)
+    emits = tuple((i, point(client, _CLIENT_ROLES[n])) for i, n in enumerate(names) if n in _CLIENT_ROLES)
+    gave_up = tuple(i for i, n in enumerate(names) if n not in _CLIENT_ROLES and n in _CLIENT_GAVE_UP)
+
+    def run(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
+        events = span.events
+        if len(events) != n_events:
+            extract_client(span, topo, ex)
+            return
+        offset, unc = fixed_clock if fixed_clock is not None else _clock(span)
+        common(span, span.attrs, ex, offset)
+        if aiperf and observer in ex.tokens:
+            ex.tokenizer_counted.add(observer)  # AIPerf counts tokens with its tokenizer
+        start = span.start_unix_ns
+        append = ex.obs.append
+        for i, p in emits:
+            append(_new(Obs, (p, events[i][1] - offset, unc, observer, source, RANK_COMPONENT, start)))
+        for i in gave_up:
+            _give_up(ex, client, events[i][1] - offset)
+
+    return run
+
+
+def _plan_component(span: CompactSpan, topo: Topology, varying: set[str]) -> Extractor | None:
+    if any(k in varying for k in _SHAPE_COMPONENT):
+        return None
+    a = span.attrs
+    comp = str(a.get(Attr.COMPONENT) or span.name[len(SPAN_COMPONENT_PREFIX) :].lstrip(".") or span.service)
+    observer = f"component:{comp}"
+    fixed_clock = _clock_plan(varying)
+    if fixed_clock is not None:
+        fixed_clock = _clock(span)
+    common = _common_plan(span, observer)
+    engine = a.get(Attr.COMPONENT_KIND) == ComponentKind.ENGINE or comp == topo.engine.name
+    has_after = Attr.ENGINE_TOKENS_AFTER_DISCONNECT in a
+    names = tuple(e[0] for e in span.events)
+    n_events = len(names)
+    emits: list[tuple[int, str, bool]] = []  # (event index, point, the engine's last token)
+    timeouts: list[int] = []
+    for i, name in enumerate(names):
+        role = _ROLES.get(name)
+        if role is not None:
+            emits.append((i, point(comp, role), role == Role.LAST_TOKEN and engine))
+        elif name == TapEvent.TIMEOUT.value:
+            timeouts.append(i)
+
+    def run(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
+        events = span.events
+        if len(events) != n_events:
+            extract_component(span, topo, ex)
+            return
+        a = span.attrs
+        offset, unc = fixed_clock if fixed_clock is not None else _clock(span)
+        common(span, a, ex, offset)
+        if has_after:
+            after = _i(a.get(Attr.ENGINE_TOKENS_AFTER_DISCONNECT))
+            if after is not None:
+                ex.engine_tokens_after_disconnect = after
+        start = span.start_unix_ns
+        append = ex.obs.append
+        for i, p, last in emits:
+            tc = events[i][1] - offset
+            append(_new(Obs, (p, tc, unc, observer, "component", RANK_COMPONENT, start)))
+            if last:
+                ex.engine_end = tc if ex.engine_end is None else max(ex.engine_end, tc)
+        for i in timeouts:  # the component's own timeout toward its upstream fired
+            _give_up(ex, comp, events[i][1] - offset)
+        if engine and span.end_unix_ns:
+            end = span.end_unix_ns - offset
+            ex.engine_end = end if ex.engine_end is None else max(ex.engine_end, end)
+
+    return run
