@@ -443,6 +443,7 @@ class _SpanPlan:
 
 
 _SPLANS: dict[tuple, _SpanPlan] = {}
+_CODE, _VAL, _SHAPE = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
 def _span_plan(key: tuple, kp: _KeyPlan, res: tuple[tuple[str, str, Any], ...], service: str, name: str,
@@ -530,8 +531,18 @@ def _decode_slim(req: Any) -> list[CompactSpan]:
                 if len(vals) != len(raw_keys):
                     raise _Misaligned
                 kp = kplans_get(raw_keys) or _key_plan(raw_keys)
-                dn = [vals_get(r) or _value(r) for r in kp.get_n(vals)]
-                dp = [vals_get(r) or _value(r) for r in kp.get_p(vals)]
+                raws = kp.get_n(vals)
+                dn = list(map(vals_get, raws))
+                if None in dn:
+                    dn = [d or _value(r) for d, r in zip(dn, raws)]
+                raws = kp.get_p(vals)
+                if raws:
+                    dp = list(map(vals_get, raws))
+                    if None in dp:
+                        dp = [d or _value(r) for d, r in zip(dp, raws)]
+                    ps = tuple(map(_CODE, dp))
+                else:
+                    dp, ps = (), ()
                 ev = sp.events
                 raw_names = tuple(ev.name)
                 times = ev.time
@@ -539,13 +550,13 @@ def _decode_slim(req: Any) -> list[CompactSpan]:
                     raise _Misaligned
                 parent = sp.parent_span_id
                 name, kind, status = sp.name, sp.kind, sp.status.code
-                key = (kp, res_key, name, kind, status, not parent, tuple([d[2] for d in dn]), tuple([d[0] for d in dp]), raw_names)
+                key = (kp, res_key, name, kind, status, not parent, tuple(map(_SHAPE, dn)), ps, raw_names)
                 plan = splans_get(key)
                 if plan is None:
-                    plan = _span_plan(key, kp, res, service, name, kind, status, not parent, dn + dp, raw_names)
-                values = [d[1] for d in dn]
+                    plan = _span_plan(key, kp, res, service, name, kind, status, not parent, [*dn, *dp], raw_names)
+                values = list(map(_VAL, dn))
                 if dp:
-                    values += [d[1] for d in dp]
+                    values += map(_VAL, dp)
                 hx = tids.get(tid)
                 if hx is None:
                     hx = tids[tid] = tid.hex()
