@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from collector.points import Extracted, Obs, extract
+from collector.points import Extracted, Obs, Shape, extract, extract_flat
 from collector.rows import Cascade, DeltaValue, JoinMethod, PointObs, Row, TokenSource, delta_defs, intermediaries
 from collector.spans import SpanRecord
 from deltatap.topology import Topology
@@ -95,7 +95,7 @@ def _point_deltas(defs: list[tuple[str, str, str]], by: dict[str, list[Obs]]) ->
 class _TopoPlan:
     """What build_row needs of a topology, worked out once per topology object."""
 
-    __slots__ = ("point_defs", "mid_links", "residual_terms", "residual_taps", "order", "inner_first", "engine_last", "inner", "outer")
+    __slots__ = ("point_defs", "mid_links", "residual_terms", "residual_taps", "order", "inner_first", "engine_last", "inner", "outer", "rows")
 
     def __init__(self, topo: Topology) -> None:
         defs = delta_defs(topo)
@@ -110,6 +110,7 @@ class _TopoPlan:
         self.inner_first = [f"tap:{x.name}" for x in reversed(topo.links)] + [f"component:{topo.engine.name}"]
         self.engine_last = point(topo.engine.name, Role.LAST_TOKEN)
         self.inner, self.outer = topo.links[-1].name, topo.links[0].name
+        self.rows: dict[tuple[Shape, ...], _RowPlan | None] = {}  # row plans by the Shapes of a request's spans
 
 
 # the statistic each ITL delta compares (GapStats fields: count, mean_ns, p99_ns, max_ns)
@@ -184,6 +185,67 @@ def _residual(tp: _TopoPlan, deltas: dict[str, DeltaValue], ex: Extracted) -> De
     return _new(DeltaValue, (total[0] - ns, total[1] + err, False))
 
 
+class _RowPlan:
+    """choose_points and the point deltas, worked out for one sequence of span Shapes.
+
+    Which observation is best for a point, and which pair a delta uses, depend only on the
+    observations' points, observers and ranks, except where two spans observe one point at the same
+    rank (retries: the later attempt wins); for such Shapes there is no plan (None) and the row is
+    built the general way."""
+
+    __slots__ = ("points", "deltas")
+
+    def __init__(self, points: list[tuple[str, int, int, str, str]], deltas: list[tuple[str, int, int, int, int, bool]]) -> None:
+        self.points = points  # (point, observation index, span index, observer, source)
+        self.deltas = deltas  # (name, end index, start index, end span, start span, one observer)
+
+
+def _row_plan(shapes: tuple[Shape, ...], tp: _TopoPlan) -> _RowPlan | None:
+    # the observations with their index in place of a time and their span's index in place of the attempt
+    obs = [Obs(p, i, 0, observer, source, rank, si) for i, (si, (p, observer, source, rank)) in
+           enumerate((si, slot) for si, sh in enumerate(shapes) for slot in sh.slots)]
+    by: dict[str, list[Obs]] = {}
+    for o in obs:
+        by.setdefault(o.point, []).append(o)
+    for lst in by.values():
+        if len({(o.rank, o.attempt_ns) for o in lst}) != len({o.rank for o in lst}):
+            return None  # two spans observe this point at one rank: the later attempt wins, a matter of times
+        lst.sort(key=lambda o: o.rank)  # stable: within one span, first observed first (as choose_points)
+    points = [(p, lst[0].unix_ns, lst[0].attempt_ns, lst[0].observer, lst[0].source) for p, lst in by.items()]
+    deltas = []
+    for name, end, start in tp.point_defs:
+        if end in by and start in by:
+            e, s, same = _pair(by[end], by[start])
+            deltas.append((name, e.unix_ns, s.unix_ns, e.attempt_ns, s.attempt_ns, same))
+    return _RowPlan(points, deltas)
+
+
+_NO_PLAN = object()
+
+
+def _planned_points(spans: Sequence[SpanRecord], topo: Topology, tp: _TopoPlan) -> tuple[Extracted, dict[str, PointObs], dict[str, DeltaValue]] | None:
+    """Points and point deltas through a row plan, when every span is planned and the Shapes have one."""
+    got = extract_flat(spans, topo)  # type: ignore[arg-type]
+    if got is None:
+        return None
+    ex, vals, uncs, shapes = got
+    rp = tp.rows.get(shapes, _NO_PLAN)
+    if rp is _NO_PLAN:
+        if len(tp.rows) >= 4096:
+            tp.rows.clear()
+        rp = tp.rows[shapes] = _row_plan(shapes, tp)
+    if rp is None:  # rebuild the observations and choose the general way
+        starts = [s.start_unix_ns for s in spans]
+        it = iter(vals)
+        ex.obs = [_new(Obs, (p, next(it), uncs[si], observer, source, rank, starts[si]))
+                  for si, sh in enumerate(shapes) for p, observer, source, rank in sh.slots]
+        by = choose_points(ex.obs)
+        return ex, {p: _new(PointObs, o[0][1:5]) for p, o in by.items()}, _point_deltas(tp.point_defs, by)
+    points = {p: _new(PointObs, (vals[i], uncs[si], observer, source)) for p, i, si, observer, source in rp.points}
+    deltas = {name: _new(DeltaValue, (vals[e] - vals[s], 0 if same else uncs[es] + uncs[ss], same)) for name, e, s, es, ss, same in rp.deltas}
+    return ex, points, deltas
+
+
 def _pick_by_order(values: dict[str, object], order: list[str]) -> object | None:
     for ob in order:
         if ob in values:
@@ -199,9 +261,14 @@ def build_row(
     trace_ids: Sequence[str] = (),
 ) -> Row:
     tp = _topo_plan(topo)
-    ex = extract(list(spans), topo)
-    by = choose_points(ex.obs)
-    deltas = _point_deltas(tp.point_defs, by)
+    got = _planned_points(spans, topo, tp)
+    if got is not None:
+        ex, points, deltas = got
+    else:
+        ex = extract(list(spans), topo)
+        by = choose_points(ex.obs)
+        deltas = _point_deltas(tp.point_defs, by)
+        points = {p: _new(PointObs, o[0][1:5]) for p, o in by.items()}  # Obs[1:5]: unix_ns, unc_ns, observer, source
     for link, (req, ft, _) in ex.tap_overhead.items():
         names = _tap_names(link)
         if req is not None:
@@ -212,7 +279,6 @@ def build_row(
     res = _residual(tp, deltas, ex)
     if res is not None:
         deltas["residual"] = res
-    points = {p: _new(PointObs, o[0][1:5]) for p, o in by.items()}  # Obs[1:5]: unix_ns, unc_ns, observer, source
 
     # outermost observer first: the client, then taps from the edge inwards, then components
     order = [o for o in ex.http_status | ex.outcome if o.startswith("client")]

@@ -364,8 +364,7 @@ def extract(spans: list[SpanRecord], topo: Topology) -> Extracted:
     plans = _plans(topo) if EXTRACTORS == _DEFAULT_EXTRACTORS else None
     for span in spans:
         if plans is not None and span.__class__ is CompactSpan:
-            run = plans.get(span.layout) or _plan(span, topo, plans)
-            run(span, topo, ex)
+            (plans.get(span.layout) or _plan(span, topo, plans))[0](span, topo, ex)
         else:
             _unplanned(span, topo, ex)
     return ex
@@ -381,27 +380,69 @@ def _unplanned(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
 # --------------------------------------------------------------------------------------------
 # plans: per (layout, topology), what the extractors above work out from a span's shape
 # --------------------------------------------------------------------------------------------
+#
+# A planned span is extracted by a "flat" runner: it records the request's facts in an Extracted
+# exactly as the extractor above would, but appends only the *times* of its observations to a flat
+# list (and its clock uncertainty, once, to another) and returns a Shape: the (point, observer,
+# source, rank) of each of those observations, fixed for the layout (a tap to the engine has two
+# Shapes: with and without llama.cpp's prefill start). extract() turns them back into Obs;
+# collector.decompose.build_row builds rows straight from the times when every span of a request
+# is planned (extract_flat).
+
+
+class Shape:
+    """The observations a planned span contributes, in order: (point, observer, source, rank) each."""
+
+    __slots__ = ("slots",)
+
+    def __init__(self, slots: tuple[tuple[str, str, str, int], ...]) -> None:
+        self.slots = slots
+
+
+FlatRunner = Callable[[SpanRecord, Extracted, list, list], Shape]
+
+
+class _OtherShape(Exception):
+    """A span does not have the shape its layout's plan was made for (the plain extractor takes it)."""
+
 
 _CACHE_MAX = 4096
 _UNSEEN = object()
 _KINDS: dict[Any, str | None] = {}  # layout -> extractor name (span_kind, for the joiner)
-_PLANS: dict[int, tuple[Topology, dict[Any, Extractor]]] = {}  # id(topology) -> (topology, layout -> runner)
+# id(topology) -> (topology, layout -> (runner, flat runner or None))
+_PLANS: dict[int, tuple[Topology, dict[Any, tuple[Extractor, FlatRunner | None]]]] = {}
 # attributes whose values decide a span's kind, link or component: a plan needs them in the layout
 _SHAPE_TAP = (Attr.OBSERVER, Attr.LINK, Attr.DOWNSTREAM, Attr.DOWNSTREAM_KIND, Attr.UPSTREAM, Attr.UPSTREAM_KIND)
 _SHAPE_COMPONENT = (Attr.OBSERVER, Attr.COMPONENT, Attr.COMPONENT_KIND)
+_NO_OBS = Shape(())
 
 
 def _skip(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
     """The runner of a span no extractor knows."""
 
 
-def _plans(topo: Topology) -> dict[Any, Extractor]:
+def _skip_flat(span: SpanRecord, ex: Extracted, vals: list, uncs: list) -> Shape:
+    uncs.append(0)
+    return _NO_OBS
+
+
+def _plans(topo: Topology) -> dict[Any, tuple[Extractor, FlatRunner | None]]:
     hit = _PLANS.get(id(topo))
     if hit is None or hit[0] is not topo:
         if len(_PLANS) >= 64:
             _PLANS.clear()
         hit = _PLANS[id(topo)] = (topo, {})
     return hit[1]
+
+
+def plans_apply() -> bool:
+    """True while :data:`EXTRACTORS` is the module's own registry (what every plan assumes)."""
+    return EXTRACTORS == _DEFAULT_EXTRACTORS
+
+
+def varying_keys(span: CompactSpan) -> set[str] | None:
+    """The attribute keys whose values are not part of ``span``'s layout (None: unknown layout kind)."""
+    return _varying(span)
 
 
 def _varying(span: CompactSpan) -> set[str] | None:
@@ -418,26 +459,73 @@ def _kind_is_shape(span: CompactSpan) -> bool:
     return v is not None and Attr.OBSERVER not in v
 
 
-def _plan(span: CompactSpan, topo: Topology, plans: dict[Any, Extractor]) -> Extractor:
-    """The runner for ``span``'s layout (cached in ``plans``): a planned extractor, the plain one, or ``_skip``."""
+def _plan(span: CompactSpan, topo: Topology, plans: dict[Any, tuple[Extractor, FlatRunner | None]]) -> tuple[Extractor, FlatRunner | None]:
+    """(runner, flat runner or None) for ``span``'s layout, cached in ``plans``."""
     if len(plans) >= _CACHE_MAX:
         plans.clear()
     varying = _varying(span)
+    plan: tuple[Extractor, FlatRunner | None] | None = None
     if varying is None or Attr.OBSERVER in varying:
-        run: Extractor | None = _unplanned  # the kind may change from span to span: dispatch each one
+        plan = (_unplanned, None)  # the kind may change from span to span: dispatch each one
     else:
         kind = _kind(span)
-        run = None
+        flat: FlatRunner | None = None
         if kind == "tap":
-            run = _plan_tap(span, topo, varying)
+            flat = _plan_tap(span, topo, varying)
         elif kind == "client":
-            run = _plan_client(span, topo, varying)
+            flat = _plan_client(span, topo, varying)
         elif kind == "component":
-            run = _plan_component(span, topo, varying)
-        if run is None:
-            run = next((fn for name, _, fn in EXTRACTORS if name == kind), _skip)
-    plans[span.layout] = run
+            flat = _plan_component(span, topo, varying)
+        elif kind is None:
+            plan = (_skip, _skip_flat)
+        if flat is not None:
+            plan = (_obs_runner(flat, next(fn for name, _, fn in EXTRACTORS if name == kind)), flat)
+        elif plan is None:
+            plan = (next(fn for name, _, fn in EXTRACTORS if name == kind), None)
+    plans[span.layout] = plan
+    return plan
+
+
+def _obs_runner(flat: FlatRunner, plain: Extractor) -> Extractor:
+    """An extractor (Obs into ``ex.obs``) from a flat runner; ``plain`` takes spans of another shape."""
+
+    def run(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
+        vals: list[int] = []
+        uncs: list[int] = []
+        try:
+            shape = flat(span, ex, vals, uncs)
+        except _OtherShape:
+            plain(span, topo, ex)
+            return
+        unc, start, append = uncs[0], span.start_unix_ns, ex.obs.append
+        for (p, observer, source, rank), t in zip(shape.slots, vals):
+            append(_new(Obs, (p, t, unc, observer, source, rank, start)))
+
     return run
+
+
+def extract_flat(spans: list[SpanRecord], topo: Topology) -> tuple[Extracted, list[int], list[int], tuple[Shape, ...]] | None:
+    """For a request whose every span is planned: (facts, the observations' times in order, each span's clock
+    uncertainty, each span's Shape); None otherwise (use :func:`extract`)."""
+    if EXTRACTORS != _DEFAULT_EXTRACTORS:
+        return None
+    plans = _plans(topo)
+    flats = []
+    for span in spans:
+        if span.__class__ is not CompactSpan:
+            return None
+        flat = (plans.get(span.layout) or _plan(span, topo, plans))[1]
+        if flat is None:
+            return None
+        flats.append(flat)
+    ex = Extracted()
+    vals: list[int] = []
+    uncs: list[int] = []
+    try:
+        shapes = tuple([flat(span, ex, vals, uncs) for flat, span in zip(flats, spans)])
+    except _OtherShape:
+        return None
+    return ex, vals, uncs, shapes
 
 
 def _common_plan(span: CompactSpan, observer: str) -> Callable[[SpanRecord, dict, Extracted, int], None]:
@@ -490,20 +578,18 @@ def _common_plan(span: CompactSpan, observer: str) -> Callable[[SpanRecord, dict
     return common
 
 
-def _clock_plan(varying: set[str]) -> tuple[int, int] | None:
-    """(0, 0) when the layout states no clock offset or uncertainty, else None (read per span)."""
-    return None if Attr.CLOCK_OFFSET_NS in varying or Attr.CLOCK_UNCERTAINTY_NS in varying else (0, 0)
+def _fixed_clock(span: CompactSpan, varying: set[str]) -> tuple[int, int] | None:
+    """The (offset, uncertainty) of every span of the layout, or None when they are read per span."""
+    return None if Attr.CLOCK_OFFSET_NS in varying or Attr.CLOCK_UNCERTAINTY_NS in varying else _clock(span)
 
 
-def _plan_tap(span: CompactSpan, topo: Topology, varying: set[str]) -> Extractor | None:
+def _plan_tap(span: CompactSpan, topo: Topology, varying: set[str]) -> FlatRunner | None:
     if any(k in varying for k in _SHAPE_TAP):
         return None
     keys = set(span.attrs)
     link, ds, dsk, us, usk = _tap_link(span, topo)
     observer = f"tap:{link}"
-    fixed_clock = _clock_plan(varying)
-    if fixed_clock is not None:
-        fixed_clock = _clock(span)  # the layout's own values (or none: 0, 0)
+    fixed_clock = _fixed_clock(span, varying)
     common = _common_plan(span, observer)
     points = _tap_points(ds, dsk, us, usk)
     names = tuple(e[0] for e in span.events)
@@ -523,7 +609,7 @@ def _plan_tap(span: CompactSpan, topo: Topology, varying: set[str]) -> Extractor
         p = points[ev]
         if p is not None:
             if ev is TapEvent.REQUEST_RECEIVED and skip_received:
-                continue
+                continue  # an intermediary has let the request go when its last byte arrived (below)
             emits.append((i, p))
         elif ev is TapEvent.REQUEST_BODY_RECEIVED and intermediary:
             emits.append((i, point(ds, Role.IN_EXIT)))
@@ -531,6 +617,9 @@ def _plan_tap(span: CompactSpan, topo: Topology, varying: set[str]) -> Extractor
             give_ups.append(i)
         elif ev in _ENGINE_END_EVENTS and to_engine:
             engine_ends.append(i)
+    emit_idx = tuple(i for i, _ in emits)
+    plain = Shape(tuple((p, observer, "tap", RANK_TAP) for _, p in emits))
+    with_prefill = Shape(plain.slots + ((point(us, Role.EXEC_START), observer, "llamacpp", RANK_TELEMETRY),))
     i_rr, i_rf = first.get(TapEvent.REQUEST_RECEIVED), first.get(TapEvent.REQUEST_FORWARDED)
     i_fr, i_ff = first.get(TapEvent.FIRST_TOKEN_RECEIVED), first.get(TapEvent.FIRST_TOKEN_FORWARDED)
     req_pair = i_rr is not None and i_rf is not None
@@ -538,23 +627,20 @@ def _plan_tap(span: CompactSpan, topo: Topology, varying: set[str]) -> Extractor
     has_req, has_ft = Attr.OVERHEAD_REQUEST_NS in keys, Attr.OVERHEAD_FIRST_TOKEN_NS in keys
     has_up, has_down, has_ce = Attr.GAP_MEAN_MS in keys, Attr.GAP_FWD_MEAN_MS in keys, Attr.CONTENT_EVENTS in keys
     prompt = to_engine and Attr.ENGINE_PROMPT_MS in keys and i_fr is not None
-    exec_start = point(us, Role.EXEC_START)
     engine_n = to_engine and (Attr.ENGINE_PROMPT_N in keys or Attr.ENGINE_PREDICTED_N in keys)
 
-    def run(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
-        a = span.attrs
+    def flat(span: SpanRecord, ex: Extracted, vals: list, uncs: list) -> Shape:
         events = span.events
-        if len(events) != n_events:  # not the shape this plan was made for
-            extract_tap(span, topo, ex)
-            return
-        offset, unc = fixed_clock if fixed_clock is not None else _clock(span)
+        if len(events) != n_events:
+            raise _OtherShape
+        a = span.attrs
+        offset, unc = fixed_clock or _clock(span)
         common(span, a, ex, offset)
+        uncs.append(unc)
         attempts = ex.attempts
         attempts[link] = attempts.get(link, 0) + 1
         start = span.start_unix_ns
-        append = ex.obs.append
-        for i, p in emits:
-            append(_new(Obs, (p, events[i][1] - offset, unc, observer, "tap", RANK_TAP, start)))
+        vals += [events[i][1] - offset for i in emit_idx]
         for i in give_ups:
             _give_up(ex, ds, events[i][1] - offset)
         for i in engine_ends:
@@ -576,69 +662,67 @@ def _plan_tap(span: CompactSpan, topo: Topology, varying: set[str]) -> Extractor
             up = _gap(a, Attr.GAP_COUNT, Attr.GAP_MEAN_MS, Attr.GAP_P99_MS, Attr.GAP_MAX_MS) if has_up else None
             down = _gap(a, Attr.GAP_COUNT, Attr.GAP_FWD_MEAN_MS, Attr.GAP_FWD_P99_MS, Attr.GAP_FWD_MAX_MS) if has_down else None
             if up or down:
-                ex.gaps[link] = LinkGaps(up, down)
+                ex.gaps[link] = _new(LinkGaps, (up, down))
             if has_ce:
                 ce = a.get(Attr.CONTENT_EVENTS)
                 if ce.__class__ is not int:
                     ce = _i(ce)
                 if ce is not None:
                     ex.content_events[link] = ce
+        shape = plain
         if prompt:
             prompt_ms = _f(a.get(Attr.ENGINE_PROMPT_MS))
             if prompt_ms is not None:
                 # llama.cpp timings: prefill took prompt_ms and ended when the first token came out
-                t = (events[i_fr][1] - offset) - round(prompt_ms * 1e6)
-                append(Obs(exec_start, t, unc, observer, "llamacpp", RANK_TELEMETRY, start))
+                vals.append((events[i_fr][1] - offset) - round(prompt_ms * 1e6))
+                shape = with_prefill
         if engine_n:
             pn, dn = _i(a.get(Attr.ENGINE_PROMPT_N)), _i(a.get(Attr.ENGINE_PREDICTED_N))
             if (pn is not None or dn is not None) and observer not in ex.tokens:
                 ex.tokens[observer] = (pn, dn)
+        return shape
 
-    return run
+    return flat
 
 
-def _plan_client(span: CompactSpan, topo: Topology, varying: set[str]) -> Extractor | None:
+def _plan_client(span: CompactSpan, topo: Topology, varying: set[str]) -> FlatRunner | None:
     client = topo.client.name
     observer = f"client:{span.service or client}"
-    fixed_clock = _clock_plan(varying)
-    if fixed_clock is not None:
-        fixed_clock = _clock(span)
+    fixed_clock = _fixed_clock(span, varying)
     common = _common_plan(span, observer)
     source = "aiperf" if span.service == "aiperf" else "client"
     aiperf = source == "aiperf"
     names = tuple(e[0] for e in span.events)
     n_events = len(names)
     emits = tuple((i, point(client, _CLIENT_ROLES[n])) for i, n in enumerate(names) if n in _CLIENT_ROLES)
+    emit_idx = tuple(i for i, _ in emits)
+    shape = Shape(tuple((p, observer, source, RANK_COMPONENT) for _, p in emits))
     gave_up = tuple(i for i, n in enumerate(names) if n not in _CLIENT_ROLES and n in _CLIENT_GAVE_UP)
 
-    def run(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
+    def flat(span: SpanRecord, ex: Extracted, vals: list, uncs: list) -> Shape:
         events = span.events
         if len(events) != n_events:
-            extract_client(span, topo, ex)
-            return
-        offset, unc = fixed_clock if fixed_clock is not None else _clock(span)
+            raise _OtherShape
+        offset, unc = fixed_clock or _clock(span)
         common(span, span.attrs, ex, offset)
+        uncs.append(unc)
         if aiperf and observer in ex.tokens:
             ex.tokenizer_counted.add(observer)  # AIPerf counts tokens with its tokenizer
-        start = span.start_unix_ns
-        append = ex.obs.append
-        for i, p in emits:
-            append(_new(Obs, (p, events[i][1] - offset, unc, observer, source, RANK_COMPONENT, start)))
+        vals += [events[i][1] - offset for i in emit_idx]
         for i in gave_up:
             _give_up(ex, client, events[i][1] - offset)
+        return shape
 
-    return run
+    return flat
 
 
-def _plan_component(span: CompactSpan, topo: Topology, varying: set[str]) -> Extractor | None:
+def _plan_component(span: CompactSpan, topo: Topology, varying: set[str]) -> FlatRunner | None:
     if any(k in varying for k in _SHAPE_COMPONENT):
         return None
     a = span.attrs
     comp = str(a.get(Attr.COMPONENT) or span.name[len(SPAN_COMPONENT_PREFIX) :].lstrip(".") or span.service)
     observer = f"component:{comp}"
-    fixed_clock = _clock_plan(varying)
-    if fixed_clock is not None:
-        fixed_clock = _clock(span)
+    fixed_clock = _fixed_clock(span, varying)
     common = _common_plan(span, observer)
     engine = a.get(Attr.COMPONENT_KIND) == ComponentKind.ENGINE or comp == topo.engine.name
     has_after = Attr.ENGINE_TOKENS_AFTER_DISCONNECT in a
@@ -652,30 +736,31 @@ def _plan_component(span: CompactSpan, topo: Topology, varying: set[str]) -> Ext
             emits.append((i, point(comp, role), role == Role.LAST_TOKEN and engine))
         elif name == TapEvent.TIMEOUT.value:
             timeouts.append(i)
+    emit_idx = tuple(i for i, _, _ in emits)
+    last_idx = tuple(i for i, _, last in emits if last)
+    shape = Shape(tuple((p, observer, "component", RANK_COMPONENT) for _, p, _ in emits))
 
-    def run(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
+    def flat(span: SpanRecord, ex: Extracted, vals: list, uncs: list) -> Shape:
         events = span.events
         if len(events) != n_events:
-            extract_component(span, topo, ex)
-            return
+            raise _OtherShape
         a = span.attrs
-        offset, unc = fixed_clock if fixed_clock is not None else _clock(span)
+        offset, unc = fixed_clock or _clock(span)
         common(span, a, ex, offset)
+        uncs.append(unc)
         if has_after:
             after = _i(a.get(Attr.ENGINE_TOKENS_AFTER_DISCONNECT))
             if after is not None:
                 ex.engine_tokens_after_disconnect = after
-        start = span.start_unix_ns
-        append = ex.obs.append
-        for i, p, last in emits:
+        vals += [events[i][1] - offset for i in emit_idx]
+        for i in last_idx:
             tc = events[i][1] - offset
-            append(_new(Obs, (p, tc, unc, observer, "component", RANK_COMPONENT, start)))
-            if last:
-                ex.engine_end = tc if ex.engine_end is None else max(ex.engine_end, tc)
+            ex.engine_end = tc if ex.engine_end is None else max(ex.engine_end, tc)
         for i in timeouts:  # the component's own timeout toward its upstream fired
             _give_up(ex, comp, events[i][1] - offset)
         if engine and span.end_unix_ns:
             end = span.end_unix_ns - offset
             ex.engine_end = end if ex.engine_end is None else max(ex.engine_end, end)
+        return shape
 
-    return run
+    return flat
