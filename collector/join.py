@@ -22,10 +22,14 @@ import heapq
 from dataclasses import dataclass, field
 
 from collector.assembly import Fragment
-from collector.points import span_kind
+from collector.compact import CompactSpan
+from collector.points import plans_apply, span_kind, varying_keys
 from collector.rows import JoinMethod
 from deltatap.topology import Topology
 from deltatap.vocab import SPAN_TAP, Attr
+
+
+_UNSEEN = object()
 
 
 @dataclass
@@ -76,6 +80,7 @@ class Joiner:
         self._by_fp: dict[str, set[int]] = {}
         self._heap: list[tuple[float, int]] = []
         self._next = 0
+        self._layout_index: dict[object, int | None] = {}  # compact span layout -> its link index (see _span_index)
 
     @property
     def pending(self) -> int:
@@ -84,23 +89,49 @@ class Joiner:
     # ---- building groups -------------------------------------------------------------------
     def _absorb(self, g: Group, f: Fragment) -> None:
         g.fragments.append(f)
+        rids, fps = g.rids, g.fps
+        lo, hi, start_ns = g.lo, g.hi, g.start_ns
+        by_layout = self._layout_index if plans_apply() else None
         for s in f.spans:
             a = s.attrs
             rid, fp = a.get(Attr.REQUEST_ID), a.get(Attr.BODY_FINGERPRINT)
             if rid:
-                g.rids.add(str(rid))
+                rids.add(str(rid))
             if fp:
-                g.fps.add(str(fp))
-            kind = span_kind(s)
-            idx = None
-            if kind == "client":
-                idx = -1
-            elif kind == "tap":
-                idx = self._link_index.get(str(a.get(Attr.LINK) or s.name[len(SPAN_TAP) :].strip()))
+                fps.add(str(fp))
+            if by_layout is not None and s.__class__ is CompactSpan:
+                idx = by_layout.get(s.layout, _UNSEEN)
+                if idx is _UNSEEN:
+                    idx = self._span_index(s, by_layout)
+            else:
+                idx = self._span_index(s, None)
             if idx is not None:
-                g.lo, g.hi = min(g.lo, idx), max(g.hi, idx)
-            if s.start_unix_ns and (g.start_ns is None or s.start_unix_ns < g.start_ns):
-                g.start_ns = s.start_unix_ns
+                if idx < lo:
+                    lo = idx
+                if idx > hi:
+                    hi = idx
+            st = s.start_unix_ns
+            if st and (start_ns is None or st < start_ns):
+                start_ns = st
+        g.lo, g.hi, g.start_ns = lo, hi, start_ns
+
+    def _span_index(self, s: object, by_layout: dict[object, int | None] | None) -> int | None:
+        """The link index a span covers (-1: the client; None: no link), remembered per compact span
+        layout when its kind and link follow from the layout."""
+        kind = span_kind(s)  # type: ignore[arg-type]
+        a = s.attrs  # type: ignore[attr-defined]
+        idx = None
+        if kind == "client":
+            idx = -1
+        elif kind == "tap":
+            idx = self._link_index.get(str(a.get(Attr.LINK) or s.name[len(SPAN_TAP) :].strip()))  # type: ignore[attr-defined]
+        if by_layout is not None:
+            varying = varying_keys(s)  # type: ignore[arg-type]
+            if varying is not None and Attr.OBSERVER not in varying and Attr.LINK not in varying:
+                if len(by_layout) >= 4096:
+                    by_layout.clear()
+                by_layout[s.layout] = idx  # type: ignore[attr-defined]
+        return idx
 
     def _index(self, g: Group) -> None:
         for r in g.rids:
