@@ -24,7 +24,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from collector.rows import Row
+from collector.rows import Row, delta_columns
 
 PREFIX = "deltatap_collector"
 BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -39,12 +39,9 @@ class DeltaHistograms:
         self.counts: dict[str, np.ndarray] = {}
         self.sums: dict[str, int] = {}
 
-    def add_rows(self, rows: Iterable[Row]) -> None:
-        vals: dict[str, list[int]] = {}
-        for r in rows:
-            for k, d in r.deltas.items():
-                vals.setdefault(k, []).append(d.ns)
-        for k, v in vals.items():
+    def add_rows(self, rows: Iterable[Row], columns: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None) -> None:
+        """Add rows; ``columns`` is ``rows.delta_columns(rows)`` when the caller has it already."""
+        for k, (v, _) in (delta_columns(rows) if columns is None else columns).items():
             arr = np.asarray(v, dtype=np.int64)
             idx = np.searchsorted(_EDGES_NS, arr, side="left")  # value <= edge goes in that bucket
             c = self.counts.get(k)

@@ -17,7 +17,7 @@ from collector.assembly import TraceAssembler
 from collector.decompose import build_row
 from collector.join import Group, Joiner
 from collector.metrics import DeltaHistograms
-from collector.rows import JoinMethod, Row, delta_defs
+from collector.rows import JoinMethod, Row, delta_columns, delta_defs
 from collector.sketches import Aggregator
 from collector.spans import SpanRecord
 from deltatap.topology import Topology, default_topology
@@ -58,8 +58,9 @@ class Pipeline:
         if rows:
             for r in rows:
                 self.joined[str(r.join_method)] += 1
-            self.aggregator.add_rows(rows)
-            self.hist.add_rows(rows)
+            cols = delta_columns(rows)  # one pass over the rows' deltas for both aggregates
+            self.aggregator.add_rows(rows, cols)
+            self.hist.add_rows(rows, cols)
             self.kept.extend(rows)
             for fn in self.listeners:
                 fn(rows)

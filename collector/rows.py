@@ -75,7 +75,7 @@ Rows files are written and read back by :mod:`collector.sinks` (``write_rows`` /
 CSV, JSON lines, chosen by suffix).
 
 Computation over many rows is numpy: :func:`delta_ns` returns one delta as an int64 array with a
-validity mask.
+validity mask, :func:`delta_columns` every delta's values and error bounds at once.
 """
 
 from __future__ import annotations
@@ -415,6 +415,25 @@ def delta_ns(rows: Sequence[Row], name: str) -> tuple[np.ndarray, np.ndarray]:
 def delta_error_ns(rows: Sequence[Row], name: str) -> np.ndarray:
     """Error bounds (int64 ns, 0 where the delta is missing) of delta ``name`` over ``rows``."""
     return np.array([r.deltas[name].error_bound_ns if name in r.deltas else 0 for r in rows], dtype=np.int64)
+
+
+def delta_columns(rows: Iterable[Row]) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """delta -> (values, error bounds) in ns over the rows that carry it, in row order; deltas in
+    first-seen order. One pass over a batch of rows for every aggregate built from it."""
+    cols: dict[str, list[DeltaValue]] = {}
+    get = cols.get
+    for r in rows:
+        for name, d in r.deltas.items():
+            c = get(name)
+            if c is None:
+                cols[name] = [d]
+            else:
+                c.append(d)
+    out: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    for name, c in cols.items():
+        ns, err, _ = zip(*c, strict=True)
+        out[name] = (ns, err)
+    return out
 
 
 def delta_names_present(rows: Iterable[Row]) -> list[str]:

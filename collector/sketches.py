@@ -22,7 +22,7 @@ import numpy as np
 from ddsketch import DDSketch
 from ddsketch.mapping import LogarithmicMapping
 
-from collector.rows import Row
+from collector.rows import Row, delta_columns
 
 QUANTILES: dict[str, float] = {"p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99, "p999": 0.999}
 SKETCH_FORMAT = "deltatap-sketches/1"
@@ -173,20 +173,18 @@ class Aggregator:
         self.rows = 0
         self.outcomes: dict[str, int] = {}
 
-    def add_rows(self, rows: Iterable[Row]) -> None:
-        vals: dict[str, list[int]] = {}
-        errs: dict[str, list[int]] = {}
+    def add_rows(self, rows: Iterable[Row], columns: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None) -> None:
+        """Add rows; ``columns`` is ``rows.delta_columns(rows)`` when the caller has it already."""
+        rows = rows if isinstance(rows, list) else list(rows)
+        self.rows += len(rows)
+        outcomes = self.outcomes
         for r in rows:
-            self.rows += 1
-            self.outcomes[r.outcome] = self.outcomes.get(r.outcome, 0) + 1
-            for name, d in r.deltas.items():
-                vals.setdefault(name, []).append(d.ns)
-                errs.setdefault(name, []).append(d.error_bound_ns)
-        for name, v in vals.items():
+            outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
+        for name, (v, e) in (delta_columns(rows) if columns is None else columns).items():
             sk = self.deltas.get(name)
             if sk is None:
                 sk = self.deltas[name] = DeltaSketch(self.alpha)
-            sk.add_many(np.asarray(v, dtype=np.int64), np.asarray(errs[name], dtype=np.int64))
+            sk.add_many(np.asarray(v, dtype=np.int64), np.asarray(e, dtype=np.int64))
 
     def merge(self, other: Aggregator) -> None:
         if not math.isclose(other.alpha, self.alpha):
