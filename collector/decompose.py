@@ -152,8 +152,6 @@ def _mid_links(topo: Topology) -> list[tuple[str, str | None, str | None]]:
 
 def _itl_added(tp: _TopoPlan, ex: Extracted, out: dict[str, DeltaValue]) -> None:
     gaps = ex.gaps
-    if not gaps:
-        return
     for link_out, link_in, names in tp.mid_links:
         g = gaps.get(link_out)
         g_out = None if g is None else g[0]  # .up
@@ -246,6 +244,9 @@ def _planned_points(spans: Sequence[SpanRecord], topo: Topology, tp: _TopoPlan) 
     return ex, points, deltas
 
 
+_UNSET = object()
+
+
 def _pick_by_order(values: dict[str, object], order: list[str]) -> object | None:
     for ob in order:
         if ob in values:
@@ -270,21 +271,37 @@ def build_row(
         deltas = _point_deltas(tp.point_defs, by)
         points = {p: _new(PointObs, o[0][1:5]) for p, o in by.items()}  # Obs[1:5]: unix_ns, unc_ns, observer, source
     for link, (req, ft, _) in ex.tap_overhead.items():
-        names = _tap_names(link)
+        names = _TAP_NAMES.get(link) or _tap_names(link)
         if req is not None:
             deltas[names[0]] = _new(DeltaValue, (req, 0, True))
         if ft is not None:
             deltas[names[1]] = _new(DeltaValue, (ft, 0, True))
-    _itl_added(tp, ex, deltas)
+    if ex.gaps:
+        _itl_added(tp, ex, deltas)
     res = _residual(tp, deltas, ex)
     if res is not None:
         deltas["residual"] = res
 
     # outermost observer first: the client, then taps from the edge inwards, then components
-    order = [o for o in ex.http_status | ex.outcome if o.startswith("client")]
-    order += tp.order
-    status = _pick_by_order(ex.http_status, order)
-    outcome = _pick_by_order(ex.outcome, order)
+    # (the client observers in the order they first appear in http_status, then in outcome)
+    hs, ocs = ex.http_status, ex.outcome
+    status = outcome = _UNSET
+    for o in hs:
+        if o.startswith("client"):
+            if status is _UNSET:
+                status = hs[o]
+            if o in ocs:
+                outcome = ocs[o]
+                break
+    if status is _UNSET:
+        status = _pick_by_order(hs, tp.order)
+    if outcome is _UNSET:
+        for o in ocs:
+            if o.startswith("client"):
+                outcome = ocs[o]
+                break
+        else:
+            outcome = _pick_by_order(ocs, tp.order)
     if outcome is None:
         if ex.firewall_decision and str(ex.firewall_decision).startswith("block"):
             outcome = Outcome.REFUSED
@@ -293,15 +310,24 @@ def build_row(
         else:
             outcome = Outcome.OK
     toks = ex.tokens
-    tok_observer = next((o for o in tp.inner_first if o in toks), None)  # innermost first, then the client
-    if tok_observer is None:
-        tok_observer = next((o for o in toks if o.startswith("client")), None)
-        if tok_observer is None:
-            tok_observer = next(iter(toks), None)
+    tok_observer = None
+    if toks:  # innermost observer first, then the client, then whoever counted
+        for o in tp.inner_first:
+            if o in toks:
+                tok_observer = o
+                break
+        else:
+            for o in toks:
+                if o.startswith("client"):
+                    tok_observer = o
+                    break
+            else:
+                tok_observer = next(iter(toks))
     tokens = toks.get(tok_observer) if tok_observer else None
     tok_source = None if tokens is None else (TokenSource.TOKENIZER if tok_observer in ex.tokenizer_counted else TokenSource.USAGE)
 
-    cascade = Cascade(dict(ex.gave_up), None, None, None, dict(ex.attempts))
+    # ex is this call's own: its dicts become the row's
+    cascade = Cascade(ex.gave_up, None, None, None, ex.attempts)
     engine_last = points.get(tp.engine_last)
     cascade.engine_end_unix_ns = ex.engine_end if ex.engine_end is not None else (engine_last.unix_ns if engine_last else None)
     first = cascade.first_gave_up
@@ -314,11 +340,11 @@ def build_row(
             cascade.tokens_after_gave_up = max(0, ex.content_events[inner] - ex.content_events[outer])
 
     rids = ex.request_ids
-    rid = (rids[0] if len(set(rids)) == 1 else Counter(rids).most_common(1)[0][0]) if rids else None
+    rid = (rids[0] if rids.count(rids[0]) == len(rids) else Counter(rids).most_common(1)[0][0]) if rids else None
     tids = tuple(dict.fromkeys(trace_ids or [s.trace_id for s in spans]))
     start = ex.start_ns if ex.start_ns is not None else min((p.unix_ns for p in points.values()), default=None)
     return Row(  # positional, in field order: trace_id .. trace_ids
         tids[0] if tids else "", rid, join_method, join_note, start, str(outcome), status if isinstance(status, int) else None,
         ex.firewall_decision, ex.labels, tokens[0] if tokens else None, tokens[1] if tokens else None, tok_source, points, deltas,
-        dict(ex.gaps), cascade, tids,
+        ex.gaps, cascade, tids,
     )

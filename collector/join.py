@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from collector.assembly import Fragment
 from collector.compact import CompactSpan
-from collector.points import plans_apply, span_kind, varying_keys
+from collector.points import plans_apply, span_kind, span_reader, varying_keys
 from collector.rows import JoinMethod
 from deltatap.topology import Topology
 from deltatap.vocab import SPAN_TAP, Attr
@@ -80,7 +80,7 @@ class Joiner:
         self._by_fp: dict[str, set[int]] = {}
         self._heap: list[tuple[float, int]] = []
         self._next = 0
-        self._layout_index: dict[object, int | None] = {}  # compact span layout -> its link index (see _span_index)
+        self._by_layout: dict[object, tuple | None] = {}  # compact span layout -> how to read it (see _layout_plan)
 
     @property
     def pending(self) -> int:
@@ -91,47 +91,56 @@ class Joiner:
         g.fragments.append(f)
         rids, fps = g.rids, g.fps
         lo, hi, start_ns = g.lo, g.hi, g.start_ns
-        by_layout = self._layout_index if plans_apply() else None
+        by_layout = self._by_layout if plans_apply() else None
         for s in f.spans:
-            a = s.attrs
-            rid, fp = a.get(Attr.REQUEST_ID), a.get(Attr.BODY_FINGERPRINT)
+            lp = None
+            if by_layout is not None and s.__class__ is CompactSpan:
+                lp = by_layout.get(s.layout, _UNSEEN)
+                if lp is _UNSEEN:
+                    lp = self._layout_plan(s, by_layout)
+            if lp is not None:  # read by position: the span's attrs are never unpacked
+                idx, read, p_rid, p_fp = lp
+                src = read(s)
+                rid, fp, st = src[p_rid], src[p_fp], src[0]
+            else:
+                a = s.attrs
+                rid, fp, st = a.get(Attr.REQUEST_ID), a.get(Attr.BODY_FINGERPRINT), s.start_unix_ns
+                idx = self._span_index(s)
             if rid:
                 rids.add(str(rid))
             if fp:
                 fps.add(str(fp))
-            if by_layout is not None and s.__class__ is CompactSpan:
-                idx = by_layout.get(s.layout, _UNSEEN)
-                if idx is _UNSEEN:
-                    idx = self._span_index(s, by_layout)
-            else:
-                idx = self._span_index(s, None)
             if idx is not None:
                 if idx < lo:
                     lo = idx
                 if idx > hi:
                     hi = idx
-            st = s.start_unix_ns
             if st and (start_ns is None or st < start_ns):
                 start_ns = st
         g.lo, g.hi, g.start_ns = lo, hi, start_ns
 
-    def _span_index(self, s: object, by_layout: dict[object, int | None] | None) -> int | None:
-        """The link index a span covers (-1: the client; None: no link), remembered per compact span
-        layout when its kind and link follow from the layout."""
+    def _span_index(self, s: object) -> int | None:
+        """The link index a span covers (-1: the client; None: no link)."""
         kind = span_kind(s)  # type: ignore[arg-type]
-        a = s.attrs  # type: ignore[attr-defined]
-        idx = None
         if kind == "client":
-            idx = -1
-        elif kind == "tap":
-            idx = self._link_index.get(str(a.get(Attr.LINK) or s.name[len(SPAN_TAP) :].strip()))  # type: ignore[attr-defined]
-        if by_layout is not None:
-            varying = varying_keys(s)  # type: ignore[arg-type]
-            if varying is not None and Attr.OBSERVER not in varying and Attr.LINK not in varying:
-                if len(by_layout) >= 4096:
-                    by_layout.clear()
-                by_layout[s.layout] = idx  # type: ignore[attr-defined]
-        return idx
+            return -1
+        if kind == "tap":
+            a = s.attrs  # type: ignore[attr-defined]
+            return self._link_index.get(str(a.get(Attr.LINK) or s.name[len(SPAN_TAP) :].strip()))  # type: ignore[attr-defined]
+        return None
+
+    def _layout_plan(self, s: CompactSpan, by_layout: dict[object, tuple | None]) -> tuple | None:
+        """(link index, reader, request id position, fingerprint position) for every span of ``s``'s
+        layout, when its kind and link follow from the layout and its values can be read by position."""
+        varying = varying_keys(s)
+        rd = span_reader(s)
+        plan = None
+        if rd is not None and varying is not None and Attr.OBSERVER not in varying and Attr.LINK not in varying:
+            plan = (self._span_index(s), rd.read, rd.pos(Attr.REQUEST_ID), rd.pos(Attr.BODY_FINGERPRINT))
+        if len(by_layout) >= 4096:
+            by_layout.clear()
+        by_layout[s.layout] = plan
+        return plan
 
     def _index(self, g: Group) -> None:
         for r in g.rids:

@@ -36,7 +36,9 @@ every span takes the plain path.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any
 
 from collector.compact import CompactSpan
@@ -388,6 +390,14 @@ def _unplanned(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
 # Shapes: with and without llama.cpp's prefill start). extract() turns them back into Obs;
 # collector.decompose.build_row builds rows straight from the times when every span of a request
 # is planned (extract_flat).
+#
+# A runner reads the span's values by position from one tuple (SpanReader): the numbers the compact
+# span holds packed, its per-span values, then the layout's constant values. Reading them that way
+# never builds the span's attrs dict or events list (CompactSpan unpacks those on first use: most of
+# the cost of a span once it is decoded). The positions follow from the Layout (collector.compact:
+# start, end, event times, numeric attributes in ``packed_keys`` order, after the two ids; per-span
+# values in ``other_keys`` order); they are checked against the first span's own attrs and events
+# when a plan is made, and a layout they do not match is extracted by the plain extractors.
 
 
 class Shape:
@@ -402,13 +412,106 @@ class Shape:
 FlatRunner = Callable[[SpanRecord, Extracted, list, list], Shape]
 
 
-class _OtherShape(Exception):
-    """A span does not have the shape its layout's plan was made for (the plain extractor takes it)."""
+class SpanReader:
+    """A layout's values by position: ``read(span)`` -> (start, end, event times..., numeric attributes...,
+    per-span values..., the layout's constant attribute values..., None); ``pos(key)`` is where an
+    attribute's value is (absent: the final None)."""
+
+    __slots__ = ("read", "positions", "none")
+
+    def __init__(self, read: Callable[[CompactSpan], tuple], positions: dict[str, int], none: int) -> None:
+        self.read, self.positions, self.none = read, positions, none
+
+    def pos(self, key: str) -> int:
+        return self.positions.get(key, self.none)
+
+
+_PACKED_HEAD = "<8s8s"  # a compact span's packed numbers start with its span and parent ids
+
+
+def span_reader(span: CompactSpan) -> SpanReader | None:
+    """The reader of ``span``'s layout (cached), or None when the layout's packing is not the one
+    described above (checked on this span)."""
+    lay = span.layout
+    got = _READERS.get(lay, _UNSEEN)
+    if got is _UNSEEN:
+        if len(_READERS) >= _CACHE_MAX:
+            _READERS.clear()
+        got = _READERS[lay] = _make_reader(span)
+    return got  # type: ignore[return-value]
+
+
+def _make_reader(span: CompactSpan) -> SpanReader | None:
+    lay = span.layout
+    try:
+        fmt, n, packed_keys, other_keys, fixed = lay.struct.format, lay.n_events, lay.packed_keys, lay.other_keys, lay.fixed
+        packed, others = span.packed, span.others
+    except AttributeError:
+        return None
+    if isinstance(fmt, bytes):
+        fmt = fmt.decode()
+    if not fmt.startswith(_PACKED_HEAD):
+        return None
+    try:
+        unpack = struct.Struct("<16x" + fmt[len(_PACKED_HEAD) :]).unpack  # skip the ids
+        n_packed = len(unpack(packed))
+    except (struct.error, TypeError):
+        return None
+    if n_packed != 2 + n + len(packed_keys):
+        return None
+    n_others = len(others)
+    if n_others != len(other_keys):
+        return None
+    # attrs = fixed, then packed, then per-span values (a later one wins): the same order here
+    where: dict[str, tuple[str, Any]] = {}
+    for k, v in fixed:
+        where[k] = ("const", v)
+    for i, k in enumerate(packed_keys):
+        where[k] = ("at", 2 + n + i)
+    for j, k in enumerate(other_keys):
+        where[k] = ("at", n_packed + j)
+    consts: list[Any] = []
+    positions: dict[str, int] = {}
+    for k, (how, v) in where.items():
+        if how == "at":
+            positions[k] = v
+        else:
+            positions[k] = n_packed + n_others + len(consts)
+            consts.append(v)
+    none = n_packed + n_others + len(consts)
+    tail = (*consts, None)
+
+    def read(span: CompactSpan) -> tuple:
+        return unpack(span.packed) + span.others + tail
+
+    # check the positions against what the span itself says
+    src = read(span)
+    a = span.attrs
+    if set(a) != set(positions) or src[0] != span.start_unix_ns or src[1] != span.end_unix_ns:
+        return None
+    if [t for _, t, _ in span.events] != list(src[2 : 2 + n]):
+        return None
+    for k, v in a.items():
+        got = src[positions[k]]
+        if got is not v and (got.__class__ is not v.__class__ or got != v):
+            return None
+    return SpanReader(read, positions, none)
+
+
+def _getter(positions: tuple[int, ...]) -> Callable[[tuple], tuple]:
+    """positions -> a function returning those items of a tuple, always as a tuple."""
+    if not positions:
+        return lambda src: ()
+    if len(positions) == 1:
+        p = positions[0]
+        return lambda src: (src[p],)
+    return itemgetter(*positions)
 
 
 _CACHE_MAX = 4096
 _UNSEEN = object()
 _KINDS: dict[Any, str | None] = {}  # layout -> extractor name (span_kind, for the joiner)
+_READERS: dict[Any, SpanReader | None] = {}  # layout -> its reader
 # id(topology) -> (topology, layout -> (runner, flat runner or None))
 _PLANS: dict[int, tuple[Topology, dict[Any, tuple[Extractor, FlatRunner | None]]]] = {}
 # attributes whose values decide a span's kind, link or component: a plan needs them in the layout
@@ -442,11 +545,6 @@ def plans_apply() -> bool:
 
 def varying_keys(span: CompactSpan) -> set[str] | None:
     """The attribute keys whose values are not part of ``span``'s layout (None: unknown layout kind)."""
-    return _varying(span)
-
-
-def _varying(span: CompactSpan) -> set[str] | None:
-    """The attribute keys whose values are not part of ``span``'s layout (None: unknown layout kind)."""
     fixed = getattr(span.layout, "fixed", None)
     if fixed is None:
         return None
@@ -455,7 +553,7 @@ def _varying(span: CompactSpan) -> set[str] | None:
 
 def _kind_is_shape(span: CompactSpan) -> bool:
     """True when the span's kind follows from its layout (the observer attribute, if any, is in it)."""
-    v = _varying(span)
+    v = varying_keys(span)
     return v is not None and Attr.OBSERVER not in v
 
 
@@ -463,42 +561,41 @@ def _plan(span: CompactSpan, topo: Topology, plans: dict[Any, tuple[Extractor, F
     """(runner, flat runner or None) for ``span``'s layout, cached in ``plans``."""
     if len(plans) >= _CACHE_MAX:
         plans.clear()
-    varying = _varying(span)
+    varying = varying_keys(span)
     plan: tuple[Extractor, FlatRunner | None] | None = None
     if varying is None or Attr.OBSERVER in varying:
         plan = (_unplanned, None)  # the kind may change from span to span: dispatch each one
     else:
         kind = _kind(span)
+        rd = span_reader(span)
         flat: FlatRunner | None = None
-        if kind == "tap":
-            flat = _plan_tap(span, topo, varying)
+        if rd is None:
+            pass
+        elif kind == "tap":
+            flat = _plan_tap(span, topo, varying, rd)
         elif kind == "client":
-            flat = _plan_client(span, topo, varying)
+            flat = _plan_client(span, topo, varying, rd)
         elif kind == "component":
-            flat = _plan_component(span, topo, varying)
-        elif kind is None:
+            flat = _plan_component(span, topo, varying, rd)
+        if kind is None:
             plan = (_skip, _skip_flat)
-        if flat is not None:
-            plan = (_obs_runner(flat, next(fn for name, _, fn in EXTRACTORS if name == kind)), flat)
-        elif plan is None:
+        elif flat is not None:
+            plan = (_obs_runner(flat), flat)
+        else:
             plan = (next(fn for name, _, fn in EXTRACTORS if name == kind), None)
     plans[span.layout] = plan
     return plan
 
 
-def _obs_runner(flat: FlatRunner, plain: Extractor) -> Extractor:
-    """An extractor (Obs into ``ex.obs``) from a flat runner; ``plain`` takes spans of another shape."""
+def _obs_runner(flat: FlatRunner) -> Extractor:
+    """An extractor (Obs into ``ex.obs``) from a flat runner."""
 
     def run(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
         vals: list[int] = []
         uncs: list[int] = []
-        try:
-            shape = flat(span, ex, vals, uncs)
-        except _OtherShape:
-            plain(span, topo, ex)
-            return
+        shape = flat(span, ex, vals, uncs)
         unc, start, append = uncs[0], span.start_unix_ns, ex.obs.append
-        for (p, observer, source, rank), t in zip(shape.slots, vals):
+        for (p, observer, source, rank), t in zip(shape.slots, vals, strict=True):
             append(_new(Obs, (p, t, unc, observer, source, rank, start)))
 
     return run
@@ -521,56 +618,57 @@ def extract_flat(spans: list[SpanRecord], topo: Topology) -> tuple[Extracted, li
     ex = Extracted()
     vals: list[int] = []
     uncs: list[int] = []
-    try:
-        shapes = tuple([flat(span, ex, vals, uncs) for flat, span in zip(flats, spans)])
-    except _OtherShape:
-        return None
+    shapes = tuple([flat(span, ex, vals, uncs) for flat, span in zip(flats, spans)])
     return ex, vals, uncs, shapes
 
 
-def _common_plan(span: CompactSpan, observer: str) -> Callable[[SpanRecord, dict, Extracted, int], None]:
-    """:func:`_common` for one layout: only the attributes the layout has are read."""
+def _common_plan(span: CompactSpan, observer: str, rd: SpanReader) -> Callable[[tuple, Extracted, int], None]:
+    """:func:`_common` for one layout, on the values ``rd`` reads; only the attributes the layout has are looked at."""
     keys = set(span.attrs)
     has_rid, has_st, has_oc, has_fd = Attr.REQUEST_ID in keys, Attr.HTTP_STATUS in keys, Attr.OUTCOME in keys, Attr.FIREWALL_DECISION in keys
-    labels = tuple((k, k[_LABEL_LEN:]) for k in span.attrs if k.startswith(_LABEL))
-    has_run = Attr.RUN_ID in keys
+    p_rid, p_st, p_oc, p_fd = rd.pos(Attr.REQUEST_ID), rd.pos(Attr.HTTP_STATUS), rd.pos(Attr.OUTCOME), rd.pos(Attr.FIREWALL_DECISION)
+    labels = tuple((rd.pos(k), k[_LABEL_LEN:]) for k in span.attrs if k.startswith(_LABEL))
+    p_run = rd.pos(Attr.RUN_ID) if Attr.RUN_ID in keys else None
     has_tok = Attr.GENAI_INPUT_TOKENS in keys or Attr.GENAI_OUTPUT_TOKENS in keys
+    p_tin, p_tout = rd.pos(Attr.GENAI_INPUT_TOKENS), rd.pos(Attr.GENAI_OUTPUT_TOKENS)
     fd_wins = observer.startswith("component")
 
-    def common(span: SpanRecord, a: dict, ex: Extracted, offset: int) -> None:
+    def common(src: tuple, ex: Extracted, offset: int) -> None:
         if has_rid:
-            rid = a.get(Attr.REQUEST_ID)
+            rid = src[p_rid]
             if rid:
                 ex.request_ids.append(str(rid))
         if has_st:
-            st = a.get(Attr.HTTP_STATUS)
+            st = src[p_st]
             if st.__class__ is not int:
                 st = _i(st)
             if st is not None:
                 ex.http_status[observer] = st
         if has_oc:
-            oc = a.get(Attr.OUTCOME)
+            oc = src[p_oc]
             if oc:
                 ex.outcome[observer] = str(oc)
         if has_fd:
-            fd = a.get(Attr.FIREWALL_DECISION)
+            fd = src[p_fd]
             if fd and (ex.firewall_decision is None or fd_wins):
                 ex.firewall_decision = str(fd)
         if labels:
             setlabel = ex.labels.setdefault
-            for k, name in labels:
-                setlabel(name, str(a[k]))
-        if has_run and a.get(Attr.RUN_ID):
-            ex.labels.setdefault("run_id", str(a[Attr.RUN_ID]))
+            for p, name in labels:
+                setlabel(name, str(src[p]))
+        if p_run is not None:
+            run_id = src[p_run]
+            if run_id:
+                ex.labels.setdefault("run_id", str(run_id))
         if has_tok:
-            tin, tout = a.get(Attr.GENAI_INPUT_TOKENS), a.get(Attr.GENAI_OUTPUT_TOKENS)
+            tin, tout = src[p_tin], src[p_tout]
             if tin.__class__ is not int:
                 tin = _i(tin)
             if tout.__class__ is not int:
                 tout = _i(tout)
             if tin is not None or tout is not None:
                 ex.tokens[observer] = (tin, tout)
-        start = span.start_unix_ns
+        start = src[0]
         s = start - offset
         if start and (ex.start_ns is None or s < ex.start_ns):
             ex.start_ns = s
@@ -578,22 +676,42 @@ def _common_plan(span: CompactSpan, observer: str) -> Callable[[SpanRecord, dict
     return common
 
 
-def _fixed_clock(span: CompactSpan, varying: set[str]) -> tuple[int, int] | None:
-    """The (offset, uncertainty) of every span of the layout, or None when they are read per span."""
-    return None if Attr.CLOCK_OFFSET_NS in varying or Attr.CLOCK_UNCERTAINTY_NS in varying else _clock(span)
+def _clock_plan(span: CompactSpan, varying: set[str], rd: SpanReader) -> tuple[tuple[int, int] | None, int, int]:
+    """(the (offset, uncertainty) of every span of the layout, or None when they are read per span; their positions)."""
+    fixed = None if Attr.CLOCK_OFFSET_NS in varying or Attr.CLOCK_UNCERTAINTY_NS in varying else _clock(span)
+    return fixed, rd.pos(Attr.CLOCK_OFFSET_NS), rd.pos(Attr.CLOCK_UNCERTAINTY_NS)
 
 
-def _plan_tap(span: CompactSpan, topo: Topology, varying: set[str]) -> FlatRunner | None:
+def _gap_at(src: tuple, p_count: int, p_mean: int, p_p99: int, p_max: int) -> GapStats | None:
+    """:func:`_gap` on values read by position."""
+    m = src[p_mean]
+    if m.__class__ is not float:
+        m = _f(m)
+        if m is None:
+            return None
+    cnt = src[p_count]
+    if cnt.__class__ is not int:
+        cnt = _i(cnt)
+        if cnt is None:
+            cnt = 0
+    p = src[p_p99]
+    p = round(p * 1e6) if p.__class__ is float else _ms_ns(p)
+    x = src[p_max]
+    x = round(x * 1e6) if x.__class__ is float else _ms_ns(x)
+    return _new(GapStats, (cnt, round(m * 1e6), p, x))
+
+
+def _plan_tap(span: CompactSpan, topo: Topology, varying: set[str], rd: SpanReader) -> FlatRunner | None:
     if any(k in varying for k in _SHAPE_TAP):
         return None
     keys = set(span.attrs)
+    read = rd.read
     link, ds, dsk, us, usk = _tap_link(span, topo)
     observer = f"tap:{link}"
-    fixed_clock = _fixed_clock(span, varying)
-    common = _common_plan(span, observer)
+    fixed_clock, p_off, p_unc = _clock_plan(span, varying, rd)
+    common = _common_plan(span, observer, rd)
     points = _tap_points(ds, dsk, us, usk)
     names = tuple(e[0] for e in span.events)
-    n_events = len(names)
     intermediary = dsk != ComponentKind.CLIENT
     skip_received = intermediary and any(n == TapEvent.REQUEST_BODY_RECEIVED for n in names)
     emits: list[tuple[int, str]] = []  # (event index, point), in event order
@@ -617,67 +735,77 @@ def _plan_tap(span: CompactSpan, topo: Topology, varying: set[str]) -> FlatRunne
             give_ups.append(i)
         elif ev in _ENGINE_END_EVENTS and to_engine:
             engine_ends.append(i)
-    emit_idx = tuple(i for i, _ in emits)
+    emit_times = _getter(tuple(2 + i for i, _ in emits))  # event i's time is at 2 + i
+    give_ups_at = tuple(2 + i for i in give_ups)
+    engine_ends_at = tuple(2 + i for i in engine_ends)
     plain = Shape(tuple((p, observer, "tap", RANK_TAP) for _, p in emits))
     with_prefill = Shape(plain.slots + ((point(us, Role.EXEC_START), observer, "llamacpp", RANK_TELEMETRY),))
     i_rr, i_rf = first.get(TapEvent.REQUEST_RECEIVED), first.get(TapEvent.REQUEST_FORWARDED)
     i_fr, i_ff = first.get(TapEvent.FIRST_TOKEN_RECEIVED), first.get(TapEvent.FIRST_TOKEN_FORWARDED)
-    req_pair = i_rr is not None and i_rf is not None
-    ft_pair = i_fr is not None and i_ff is not None
-    has_req, has_ft = Attr.OVERHEAD_REQUEST_NS in keys, Attr.OVERHEAD_FIRST_TOKEN_NS in keys
-    has_up, has_down, has_ce = Attr.GAP_MEAN_MS in keys, Attr.GAP_FWD_MEAN_MS in keys, Attr.CONTENT_EVENTS in keys
-    prompt = to_engine and Attr.ENGINE_PROMPT_MS in keys and i_fr is not None
-    engine_n = to_engine and (Attr.ENGINE_PROMPT_N in keys or Attr.ENGINE_PREDICTED_N in keys)
+    req_pair = (2 + i_rr, 2 + i_rf) if i_rr is not None and i_rf is not None else None
+    ft_pair = (2 + i_fr, 2 + i_ff) if i_fr is not None and i_ff is not None else None
+    p_req = rd.pos(Attr.OVERHEAD_REQUEST_NS) if Attr.OVERHEAD_REQUEST_NS in keys else None
+    p_ft = rd.pos(Attr.OVERHEAD_FIRST_TOKEN_NS) if Attr.OVERHEAD_FIRST_TOKEN_NS in keys else None
+    p_count = rd.pos(Attr.GAP_COUNT)
+    up_at = (p_count, rd.pos(Attr.GAP_MEAN_MS), rd.pos(Attr.GAP_P99_MS), rd.pos(Attr.GAP_MAX_MS)) if Attr.GAP_MEAN_MS in keys else None
+    down_at = (p_count, rd.pos(Attr.GAP_FWD_MEAN_MS), rd.pos(Attr.GAP_FWD_P99_MS), rd.pos(Attr.GAP_FWD_MAX_MS)) if Attr.GAP_FWD_MEAN_MS in keys else None
+    p_ce = rd.pos(Attr.CONTENT_EVENTS) if Attr.CONTENT_EVENTS in keys else None
+    p_prompt = rd.pos(Attr.ENGINE_PROMPT_MS) if to_engine and Attr.ENGINE_PROMPT_MS in keys and i_fr is not None else None
+    first_at = None if i_fr is None else 2 + i_fr
+    engine_n = (rd.pos(Attr.ENGINE_PROMPT_N), rd.pos(Attr.ENGINE_PREDICTED_N)) if to_engine else None
 
     def flat(span: SpanRecord, ex: Extracted, vals: list, uncs: list) -> Shape:
-        events = span.events
-        if len(events) != n_events:
-            raise _OtherShape
-        a = span.attrs
-        offset, unc = fixed_clock or _clock(span)
-        common(span, a, ex, offset)
+        src = read(span)  # type: ignore[arg-type]
+        if fixed_clock is None:
+            offset, unc = _i(src[p_off]) or 0, max(0, _i(src[p_unc]) or 0)
+        else:
+            offset, unc = fixed_clock
+        common(src, ex, offset)
         uncs.append(unc)
         attempts = ex.attempts
         attempts[link] = attempts.get(link, 0) + 1
-        start = span.start_unix_ns
-        vals += [events[i][1] - offset for i in emit_idx]
-        for i in give_ups:
-            _give_up(ex, ds, events[i][1] - offset)
-        for i in engine_ends:
-            tc = events[i][1] - offset
+        start = src[0]
+        if offset:
+            vals += [t - offset for t in emit_times(src)]
+        else:
+            vals += emit_times(src)
+        for p in give_ups_at:
+            _give_up(ex, ds, src[p] - offset)
+        for p in engine_ends_at:
+            tc = src[p] - offset
             ex.engine_end = tc if ex.engine_end is None else max(ex.engine_end, tc)
-        req = a.get(Attr.OVERHEAD_REQUEST_NS) if has_req else None
+        req = None if p_req is None else src[p_req]
         if req.__class__ is not int:
             req = _i(req)
-        if req is None and req_pair:
-            req = (events[i_rf][1] - offset) - (events[i_rr][1] - offset)
-        ft = a.get(Attr.OVERHEAD_FIRST_TOKEN_NS) if has_ft else None
+        if req is None and req_pair is not None:
+            req = (src[req_pair[1]] - offset) - (src[req_pair[0]] - offset)
+        ft = None if p_ft is None else src[p_ft]
         if ft.__class__ is not int:
             ft = _i(ft)
-        if ft is None and ft_pair:
-            ft = (events[i_ff][1] - offset) - (events[i_fr][1] - offset)
+        if ft is None and ft_pair is not None:
+            ft = (src[ft_pair[1]] - offset) - (src[ft_pair[0]] - offset)
         prev = ex.tap_overhead.get(link)
         if prev is None or start >= prev[2]:
             ex.tap_overhead[link] = (req, ft, start)
-            up = _gap(a, Attr.GAP_COUNT, Attr.GAP_MEAN_MS, Attr.GAP_P99_MS, Attr.GAP_MAX_MS) if has_up else None
-            down = _gap(a, Attr.GAP_COUNT, Attr.GAP_FWD_MEAN_MS, Attr.GAP_FWD_P99_MS, Attr.GAP_FWD_MAX_MS) if has_down else None
+            up = None if up_at is None else _gap_at(src, *up_at)
+            down = None if down_at is None else _gap_at(src, *down_at)
             if up or down:
                 ex.gaps[link] = _new(LinkGaps, (up, down))
-            if has_ce:
-                ce = a.get(Attr.CONTENT_EVENTS)
+            if p_ce is not None:
+                ce = src[p_ce]
                 if ce.__class__ is not int:
                     ce = _i(ce)
                 if ce is not None:
                     ex.content_events[link] = ce
         shape = plain
-        if prompt:
-            prompt_ms = _f(a.get(Attr.ENGINE_PROMPT_MS))
+        if p_prompt is not None:
+            prompt_ms = _f(src[p_prompt])
             if prompt_ms is not None:
                 # llama.cpp timings: prefill took prompt_ms and ended when the first token came out
-                vals.append((events[i_fr][1] - offset) - round(prompt_ms * 1e6))
+                vals.append((src[first_at] - offset) - round(prompt_ms * 1e6))
                 shape = with_prefill
-        if engine_n:
-            pn, dn = _i(a.get(Attr.ENGINE_PROMPT_N)), _i(a.get(Attr.ENGINE_PREDICTED_N))
+        if engine_n is not None:
+            pn, dn = _i(src[engine_n[0]]), _i(src[engine_n[1]])
             if (pn is not None or dn is not None) and observer not in ex.tokens:
                 ex.tokens[observer] = (pn, dn)
         return shape
@@ -685,49 +813,53 @@ def _plan_tap(span: CompactSpan, topo: Topology, varying: set[str]) -> FlatRunne
     return flat
 
 
-def _plan_client(span: CompactSpan, topo: Topology, varying: set[str]) -> FlatRunner | None:
+def _plan_client(span: CompactSpan, topo: Topology, varying: set[str], rd: SpanReader) -> FlatRunner | None:
     client = topo.client.name
+    read = rd.read
     observer = f"client:{span.service or client}"
-    fixed_clock = _fixed_clock(span, varying)
-    common = _common_plan(span, observer)
+    fixed_clock, p_off, p_unc = _clock_plan(span, varying, rd)
+    common = _common_plan(span, observer, rd)
     source = "aiperf" if span.service == "aiperf" else "client"
     aiperf = source == "aiperf"
     names = tuple(e[0] for e in span.events)
-    n_events = len(names)
     emits = tuple((i, point(client, _CLIENT_ROLES[n])) for i, n in enumerate(names) if n in _CLIENT_ROLES)
-    emit_idx = tuple(i for i, _ in emits)
+    emit_times = _getter(tuple(2 + i for i, _ in emits))
     shape = Shape(tuple((p, observer, source, RANK_COMPONENT) for _, p in emits))
-    gave_up = tuple(i for i, n in enumerate(names) if n not in _CLIENT_ROLES and n in _CLIENT_GAVE_UP)
+    gave_up_at = tuple(2 + i for i, n in enumerate(names) if n not in _CLIENT_ROLES and n in _CLIENT_GAVE_UP)
 
     def flat(span: SpanRecord, ex: Extracted, vals: list, uncs: list) -> Shape:
-        events = span.events
-        if len(events) != n_events:
-            raise _OtherShape
-        offset, unc = fixed_clock or _clock(span)
-        common(span, span.attrs, ex, offset)
+        src = read(span)  # type: ignore[arg-type]
+        if fixed_clock is None:
+            offset, unc = _i(src[p_off]) or 0, max(0, _i(src[p_unc]) or 0)
+        else:
+            offset, unc = fixed_clock
+        common(src, ex, offset)
         uncs.append(unc)
         if aiperf and observer in ex.tokens:
             ex.tokenizer_counted.add(observer)  # AIPerf counts tokens with its tokenizer
-        vals += [events[i][1] - offset for i in emit_idx]
-        for i in gave_up:
-            _give_up(ex, client, events[i][1] - offset)
+        if offset:
+            vals += [t - offset for t in emit_times(src)]
+        else:
+            vals += emit_times(src)
+        for p in gave_up_at:
+            _give_up(ex, client, src[p] - offset)
         return shape
 
     return flat
 
 
-def _plan_component(span: CompactSpan, topo: Topology, varying: set[str]) -> FlatRunner | None:
+def _plan_component(span: CompactSpan, topo: Topology, varying: set[str], rd: SpanReader) -> FlatRunner | None:
     if any(k in varying for k in _SHAPE_COMPONENT):
         return None
     a = span.attrs
+    read = rd.read
     comp = str(a.get(Attr.COMPONENT) or span.name[len(SPAN_COMPONENT_PREFIX) :].lstrip(".") or span.service)
     observer = f"component:{comp}"
-    fixed_clock = _fixed_clock(span, varying)
-    common = _common_plan(span, observer)
+    fixed_clock, p_off, p_unc = _clock_plan(span, varying, rd)
+    common = _common_plan(span, observer, rd)
     engine = a.get(Attr.COMPONENT_KIND) == ComponentKind.ENGINE or comp == topo.engine.name
-    has_after = Attr.ENGINE_TOKENS_AFTER_DISCONNECT in a
+    p_after = rd.pos(Attr.ENGINE_TOKENS_AFTER_DISCONNECT) if Attr.ENGINE_TOKENS_AFTER_DISCONNECT in a else None
     names = tuple(e[0] for e in span.events)
-    n_events = len(names)
     emits: list[tuple[int, str, bool]] = []  # (event index, point, the engine's last token)
     timeouts: list[int] = []
     for i, name in enumerate(names):
@@ -736,30 +868,35 @@ def _plan_component(span: CompactSpan, topo: Topology, varying: set[str]) -> Fla
             emits.append((i, point(comp, role), role == Role.LAST_TOKEN and engine))
         elif name == TapEvent.TIMEOUT.value:
             timeouts.append(i)
-    emit_idx = tuple(i for i, _, _ in emits)
-    last_idx = tuple(i for i, _, last in emits if last)
+    emit_times = _getter(tuple(2 + i for i, _, _ in emits))
+    last_at = tuple(2 + i for i, _, last in emits if last)
+    timeouts_at = tuple(2 + i for i in timeouts)
     shape = Shape(tuple((p, observer, "component", RANK_COMPONENT) for _, p, _ in emits))
 
     def flat(span: SpanRecord, ex: Extracted, vals: list, uncs: list) -> Shape:
-        events = span.events
-        if len(events) != n_events:
-            raise _OtherShape
-        a = span.attrs
-        offset, unc = fixed_clock or _clock(span)
-        common(span, a, ex, offset)
+        src = read(span)  # type: ignore[arg-type]
+        if fixed_clock is None:
+            offset, unc = _i(src[p_off]) or 0, max(0, _i(src[p_unc]) or 0)
+        else:
+            offset, unc = fixed_clock
+        common(src, ex, offset)
         uncs.append(unc)
-        if has_after:
-            after = _i(a.get(Attr.ENGINE_TOKENS_AFTER_DISCONNECT))
+        if p_after is not None:
+            after = _i(src[p_after])
             if after is not None:
                 ex.engine_tokens_after_disconnect = after
-        vals += [events[i][1] - offset for i in emit_idx]
-        for i in last_idx:
-            tc = events[i][1] - offset
+        if offset:
+            vals += [t - offset for t in emit_times(src)]
+        else:
+            vals += emit_times(src)
+        for p in last_at:
+            tc = src[p] - offset
             ex.engine_end = tc if ex.engine_end is None else max(ex.engine_end, tc)
-        for i in timeouts:  # the component's own timeout toward its upstream fired
-            _give_up(ex, comp, events[i][1] - offset)
-        if engine and span.end_unix_ns:
-            end = span.end_unix_ns - offset
+        for p in timeouts_at:  # the component's own timeout toward its upstream fired
+            _give_up(ex, comp, src[p] - offset)
+        end = src[1]
+        if engine and end:
+            end -= offset
             ex.engine_end = end if ex.engine_end is None else max(ex.engine_end, end)
         return shape
 
