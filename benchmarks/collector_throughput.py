@@ -4,7 +4,8 @@
 
 The collector (``collector.start_collector``) runs in a child process pinned to one CPU; the parent,
 pinned to another, pre-builds realistic exports (a client span and three tap spans per request, with
-the attributes and events deltatap's taps and load generator emit, 50 requests per export) and sends
+the attributes and events deltatap's taps and load generator emit, numbers such as overheads, gap
+statistics, sizes and token counts differing per request and per tap, 50 requests per export) and sends
 them over OTLP/gRPC with 4 calls in flight. Measured: time from the first export until every span
 was received (ingest rate) and until every request was joined and decomposed into a row (joined
 rate, including the assembly grace of 0.2 s). The child tunes the garbage collector as
@@ -57,24 +58,26 @@ def request_spans(i: int, base: int, with_client: bool = True) -> list[Span]:
     if with_client:
         cs = Span(trace_id=tid, span_id=root, name="deltatap.client", start_time_unix_nano=t0, end_time_unix_nano=t0 + 200 * MS, kind=Span.SPAN_KIND_CLIENT)
         cs.attributes.extend(_kv(k, v) for k, v in {Attr.OBSERVER: "client", Attr.REQUEST_ID: rid, Attr.RUN_ID: "bench", Attr.HTTP_STATUS: 200, Attr.OUTCOME: "ok",
-                                                    Attr.GENAI_REQUEST_MODEL: "m", Attr.GENAI_INPUT_TOKENS: 200, Attr.GENAI_OUTPUT_TOKENS: 100, "deltatap.label.workload": "chat"}.items())
+                                                    Attr.GENAI_REQUEST_MODEL: "m", Attr.GENAI_INPUT_TOKENS: 150 + i % 101, Attr.GENAI_OUTPUT_TOKENS: 60 + i % 83, "deltatap.label.workload": "chat"}.items())
         for ev, dt in ((ClientEvent.SEND, 0), (ClientEvent.FIRST_TOKEN, 67), (ClientEvent.LAST_TOKEN, 190), (ClientEvent.END, 191)):
             cs.events.add(name=ev.value, time_unix_nano=t0 + dt * MS)
         spans.append(cs)
     parent = root
     offs = {"edge": 1, "gw-fw": 3, "fw-engine": 9}
-    for link in DEFAULT_LINKS:
+    for n, link in enumerate(DEFAULT_LINKS):
         sid = os.urandom(8)
         o = offs[link.name]
+        v = 3 * i + n  # per-request, per-tap numbers (overheads, gap statistics, sizes) differ, as live ones do
         sp = Span(trace_id=tid, span_id=sid, parent_span_id=parent, name=tap_span_name(link.name), start_time_unix_nano=t0 + o * MS, end_time_unix_nano=t0 + 180 * MS, kind=Span.SPAN_KIND_SERVER)
         attrs = {Attr.OBSERVER: "tap", Attr.LINK: link.name, Attr.DOWNSTREAM: link.downstream, Attr.DOWNSTREAM_KIND: KINDS[link.downstream], Attr.UPSTREAM: link.upstream,
                  Attr.UPSTREAM_KIND: KINDS[link.upstream], Attr.REQUEST_ID: rid, Attr.CORRELATION_HEADER: "x-request-id", Attr.BODY_FINGERPRINT: f"fp{i:012x}",
-                 Attr.BODY_BYTES_IN: 1200, Attr.BODY_BYTES_OUT: 9000, Attr.CHUNKS: 101, Attr.STREAMING: True, Attr.OUTCOME: "ok", Attr.HTTP_METHOD: "POST",
+                 Attr.BODY_BYTES_IN: 900 + v % 700, Attr.BODY_BYTES_OUT: 6000 + 37 * v % 5000, Attr.CHUNKS: 60 + v % 83, Attr.STREAMING: True, Attr.OUTCOME: "ok", Attr.HTTP_METHOD: "POST",
                  Attr.URL_PATH: "/v1/chat/completions", Attr.SERVER_ADDRESS: "127.0.0.1", Attr.SERVER_PORT: 8100, Attr.HTTP_STATUS: 200,
-                 Attr.OVERHEAD_REQUEST_NS: 150_000, Attr.OVERHEAD_FIRST_TOKEN_NS: 60_000, Attr.STREAM_FORMAT: "openai-chat", Attr.EVENTS: 102, Attr.CONTENT_EVENTS: 100,
-                 Attr.GAP_COUNT: 99, Attr.GAP_MEAN_MS: 10.1, Attr.GAP_MAX_MS: 14.2, Attr.GAP_P99_MS: 13.9, Attr.GAP_FWD_MEAN_MS: 10.1, Attr.GAP_FWD_MAX_MS: 14.3,
-                 Attr.GAP_FWD_P99_MS: 14.0, Attr.GENAI_OPERATION: "chat", Attr.GENAI_SYSTEM: "openai", Attr.GENAI_REQUEST_MODEL: "m", Attr.GENAI_RESPONSE_MODEL: "m",
-                 Attr.GENAI_INPUT_TOKENS: 200, Attr.GENAI_OUTPUT_TOKENS: 100, Attr.GENAI_FINISH_REASONS: "stop"}
+                 Attr.OVERHEAD_REQUEST_NS: 90_000 + 7919 * v % 120_000, Attr.OVERHEAD_FIRST_TOKEN_NS: 40_000 + 104_729 * v % 60_000, Attr.STREAM_FORMAT: "openai-chat",
+                 Attr.EVENTS: 62 + v % 83, Attr.CONTENT_EVENTS: 60 + v % 83, Attr.GAP_COUNT: 59 + v % 83, Attr.GAP_MEAN_MS: 8 + v % 997 / 331, Attr.GAP_MAX_MS: 14 + v % 991 / 97,
+                 Attr.GAP_P99_MS: 12 + v % 983 / 113, Attr.GAP_FWD_MEAN_MS: 8.01 + v % 997 / 331, Attr.GAP_FWD_MAX_MS: 14.1 + v % 991 / 97, Attr.GAP_FWD_P99_MS: 12.1 + v % 983 / 113,
+                 Attr.GENAI_OPERATION: "chat", Attr.GENAI_SYSTEM: "openai", Attr.GENAI_REQUEST_MODEL: "m", Attr.GENAI_RESPONSE_MODEL: "m",
+                 Attr.GENAI_INPUT_TOKENS: 150 + i % 101, Attr.GENAI_OUTPUT_TOKENS: 60 + i % 83, Attr.GENAI_FINISH_REASONS: "stop"}
         sp.attributes.extend(_kv(k, v) for k, v in attrs.items())
         ev_times = {TapEvent.REQUEST_RECEIVED: o, TapEvent.REQUEST_BODY_RECEIVED: o, TapEvent.REQUEST_FORWARDED: o + 0.15, TapEvent.RESPONSE_HEADERS: 40 - o,
                     TapEvent.RESPONSE_HEADERS_FORWARDED: 40.1 - o, TapEvent.FIRST_TOKEN_RECEIVED: 66 - o / 2, TapEvent.FIRST_TOKEN_FORWARDED: 66.06 - o / 2,

@@ -357,7 +357,10 @@ def _key_plan(raw_keys: tuple[bytes, ...]) -> _KeyPlan:
     return kp
 
 
-_OTHER = object()  # the shape of a value that is neither a number nor a string (arrays, kvlists, bytes, none)
+# the shape of a value: the string itself for a string (part of the Layout), else one of these (never
+# equal to a string, nor to each other: 1 == True == 1.0 in Python, so no numbers here)
+_OTHER = object()  # neither a number nor a string (arrays, kvlists, bytes, none)
+_SHAPE_INT, _SHAPE_DOUBLE, _SHAPE_BOOL = object(), object(), object()
 _S_DOUBLE = struct.Struct("<d")
 
 
@@ -377,7 +380,7 @@ def _varint(b: bytes, i: int) -> tuple[int, int]:
 
 def _any_value(raw: bytes) -> tuple[str, Any, Any]:
     """(struct code, value, shape) of a serialized AnyValue: code "" for non-numbers; the shape is the
-    code for numbers, the string itself for strings, _OTHER otherwise."""
+    string itself for strings, _SHAPE_INT / _SHAPE_DOUBLE / _SHAPE_BOOL for numbers, _OTHER otherwise."""
     n = len(raw)
     try:
         if n == 0:
@@ -391,13 +394,13 @@ def _any_value(raw: bytes) -> tuple[str, Any, Any]:
         elif tag == 0x18:  # int_value (int64, two's complement)
             v, i = _varint(raw, 1)
             if i == n:
-                return ("q", v - (1 << 64) if v >= 1 << 63 else v, "q")
+                return ("q", v - (1 << 64) if v >= 1 << 63 else v, _SHAPE_INT)
         elif tag == 0x21 and n == 9:  # double_value
-            return ("d", _S_DOUBLE.unpack_from(raw, 1)[0], "d")
+            return ("d", _S_DOUBLE.unpack_from(raw, 1)[0], _SHAPE_DOUBLE)
         elif tag == 0x10:  # bool_value
             v, i = _varint(raw, 1)
             if i == n:
-                return ("?", v != 0, "?")
+                return ("?", v != 0, _SHAPE_BOOL)
     except (IndexError, UnicodeDecodeError):
         pass
     # arrays, kvlists, bytes, repeated or unusual encodings: the generated class decides
@@ -409,11 +412,11 @@ def _any_value(raw: bytes) -> tuple[str, Any, Any]:
     if which == "string_value":
         return ("", _shared(av.string_value), av.string_value)
     if which == "int_value":
-        return ("q", av.int_value, "q")
+        return ("q", av.int_value, _SHAPE_INT)
     if which == "double_value":
-        return ("d", av.double_value, "d")
+        return ("d", av.double_value, _SHAPE_DOUBLE)
     if which == "bool_value":
-        return ("?", av.bool_value, "?")
+        return ("?", av.bool_value, _SHAPE_BOOL)
     return ("", None if which is None else _pb_value(av), _OTHER)
 
 
@@ -422,24 +425,55 @@ _VALUES_RAW_MAX = 4096  # the values that repeat are few; per-request ones (ids,
 
 
 def _value(raw: bytes) -> tuple[str, Any, Any]:
-    got = _any_value(raw)
-    if got[2] is not _OTHER:  # lists and dicts are mutable: never shared
-        if len(_VALUES_RAW) >= _VALUES_RAW_MAX:
-            _VALUES_RAW.clear()
-        _VALUES_RAW[raw] = got
+    """:func:`_any_value` with the common encodings inline (a cache miss: per-request numbers and ids
+    land here, a dozen per tap span), cached unless a double or an int of 16384 or more (those
+    rarely repeat)."""
+    n = len(raw)
+    if n == 9 and raw[0] == 0x21:
+        return ("d", _S_DOUBLE.unpack_from(raw, 1)[0], _SHAPE_DOUBLE)
+    got = None
+    if n >= 2:
+        tag, b1 = raw[0], raw[1]
+        if tag == 0x18:  # int_value: varints of up to 4 bytes inline (< 2**28)
+            if n == 2:
+                if b1 < 0x80:
+                    got = ("q", b1, _SHAPE_INT)
+            elif b1 >= 0x80 and raw[-1] < 0x80:
+                if n == 3:
+                    got = ("q", (b1 & 0x7F) | raw[2] << 7, _SHAPE_INT)
+                elif n == 4 and raw[2] >= 0x80:  # >= 16384: durations in ns, sizes; rarely repeat, not cached
+                    return ("q", (b1 & 0x7F) | (raw[2] & 0x7F) << 7 | raw[3] << 14, _SHAPE_INT)
+                elif n == 5 and raw[2] >= 0x80 and raw[3] >= 0x80:
+                    return ("q", (b1 & 0x7F) | (raw[2] & 0x7F) << 7 | (raw[3] & 0x7F) << 14 | raw[4] << 21, _SHAPE_INT)
+        elif tag == 0x0A and b1 == n - 2:  # string_value shorter than 128 bytes
+            try:
+                st = _shared(raw[2:].decode("utf-8"))
+                got = ("", st, st)
+            except UnicodeDecodeError:
+                pass
+    if got is None:
+        got = _any_value(raw)
+        if got[2] is _OTHER:  # lists and dicts are mutable: never shared
+            return got
+    if len(_VALUES_RAW) >= _VALUES_RAW_MAX:
+        _VALUES_RAW.clear()
+    _VALUES_RAW[raw] = got
     return got
 
 
 class _SpanPlan:
     """Per span shape: its Layout and where its packed numbers and per-span values come from."""
 
-    __slots__ = ("layout", "get_packed", "get_other", "res_other")
+    __slots__ = ("layout", "get_packed", "get_other", "res_packed", "res_other")
 
-    def __init__(self, layout: Layout, packed_idx: tuple[int, ...], other_idx: tuple[int, ...], res_other: tuple) -> None:
+    def __init__(self, layout: Layout, packed_idx: tuple[int, ...], other_idx: tuple[int, ...], res_packed: tuple, res_other: tuple) -> None:
         self.layout = layout
         self.get_packed = _getter(packed_idx)
         self.get_other = _getter(other_idx)
-        self.res_other = res_other  # the resource's non-scalar values (lists, dicts: not part of a hashable Layout)
+        # the resource's numbers and non-scalar values: constants of this plan, held per span like the
+        # span's own (a Layout key holds no numbers: 1 == True == 1.0 would merge layouts)
+        self.res_packed = res_packed
+        self.res_other = res_other
 
 
 _SPLANS: dict[tuple, _SpanPlan] = {}
@@ -462,12 +496,20 @@ def _span_plan(key: tuple, kp: _KeyPlan, res: tuple[tuple[str, str, Any], ...], 
             attrs[k] = (-1, code, v)
     for i, (k, (code, v, _)) in enumerate(zip(kp.keys, dec)):
         attrs[k] = (i, code, v)
+    res_packed: list[tuple[str, str]] = []
+    res_packed_v: list[Any] = []
     for k, (i, code, v) in attrs.items():
-        if i < 0 and isinstance(v, (list, dict)):
-            res_other_k.append(k)
-            res_other_v.append(v)
-        elif i < 0 or (code == "" and i < kp.n_norm and isinstance(v, str)):
-            fixed.append((k, v))  # resource values and shape-forming strings are part of the layout
+        if i < 0:  # the resource's: strings are part of the layout, numbers and the rest constants added per span
+            if isinstance(v, str):
+                fixed.append((k, v))
+            elif code:
+                res_packed.append((k, code))
+                res_packed_v.append(v)
+            else:
+                res_other_k.append(k)
+                res_other_v.append(v)
+        elif code == "" and i < kp.n_norm and isinstance(v, str):
+            fixed.append((k, v))  # shape-forming strings are part of the layout
         elif code:
             packed.append((k, code))
             packed_idx.append(i)
@@ -475,10 +517,10 @@ def _span_plan(key: tuple, kp: _KeyPlan, res: tuple[tuple[str, str, Any], ...], 
             other.append(k)
             other_idx.append(i)
     names = tuple(_utf8(n, "event name") for n in raw_names)
-    lay = _layout((name, service, kind, status, rooted, tuple(fixed), tuple(packed), tuple(other + res_other_k), names))
+    lay = _layout((name, service, kind, status, rooted, tuple(fixed), tuple(packed + res_packed), tuple(other + res_other_k), names))
     if len(_SPLANS) >= _CACHE_MAX:
         _SPLANS.clear()
-    sp = _SPLANS[key] = _SpanPlan(lay, tuple(packed_idx), tuple(other_idx), tuple(res_other_v))
+    sp = _SPLANS[key] = _SpanPlan(lay, tuple(packed_idx), tuple(other_idx), tuple(res_packed_v), tuple(res_other_v))
     return sp
 
 
@@ -560,7 +602,7 @@ def _decode_slim(req: Any) -> list[CompactSpan]:
                 hx = tids.get(tid)
                 if hx is None:
                     hx = tids[tid] = tid.hex()
-                packed = plan.layout.struct.pack(sid, parent, sp.start, sp.end, *times, *plan.get_packed(values))
+                packed = plan.layout.struct.pack(sid, parent, sp.start, sp.end, *times, *plan.get_packed(values), *plan.res_packed)
                 others = plan.get_other(values)
                 if plan.res_other:
                     others += plan.res_other

@@ -156,6 +156,16 @@ def test_slim_decoder_caches_do_not_leak_between_shapes():
     first = decode_compact(a)
     assert_same_spans(decode_compact(b.SerializeToString()), decode_request_compact(b))
     assert first[1].attrs[Attr.HTTP_STATUS] != "200" and first[1].attrs[Attr.LINK] != "other-link"
+    # values Python holds equal (False == 0 == 0.0, "q" and an int's struct code) stay apart
+    for values in ([False, 0, 0.0, "0", "q", "d", "?", ""], [True, 1, 1.0, "1"]):
+        for v in values:
+            spans, _ = default_stack()
+            spans[2].attributes.append(KeyValue(key=Attr.CONTENT_EVENTS, value=any_value(v)))
+            req = request(spans)
+            req.resource_spans[0].resource.attributes.append(KeyValue(key=Attr.RUN_ID, value=any_value(v)))
+            got = decode_compact(req.SerializeToString())
+            assert_same_spans(got, decode_request_compact(req))
+            assert type(got[2].attrs[Attr.CONTENT_EVENTS]) is type(v) and type(got[0].attrs[Attr.RUN_ID]) is type(v)
 
 
 def test_slim_decoder_rejects_what_is_not_otlp():
