@@ -421,19 +421,32 @@ def delta_columns(rows: Iterable[Row]) -> dict[str, tuple[tuple[int, ...], tuple
     """delta -> (values, error bounds) in ns over the rows that carry it, in row order; deltas in
     first-seen order. One pass over a batch of rows for every aggregate built from it."""
     cols: dict[str, list[DeltaValue]] = {}
-    get = cols.get
+    # consecutive rows with the same deltas (the usual case) are transposed together
+    run_keys: tuple[str, ...] | None = None
+    run: list[tuple[DeltaValue, ...]] = []
     for r in rows:
-        for name, d in r.deltas.items():
-            c = get(name)
-            if c is None:
-                cols[name] = [d]
-            else:
-                c.append(d)
+        keys = tuple(r.deltas)
+        if keys != run_keys:
+            if run:
+                _add_run(cols, run_keys, run)  # type: ignore[arg-type]
+            run_keys, run = keys, []
+        run.append(tuple(r.deltas.values()))
+    if run:
+        _add_run(cols, run_keys, run)  # type: ignore[arg-type]
     out: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
     for name, c in cols.items():
         ns, err, _ = zip(*c, strict=True)
         out[name] = (ns, err)
     return out
+
+
+def _add_run(cols: dict[str, list[DeltaValue]], keys: tuple[str, ...], run: list[tuple[DeltaValue, ...]]) -> None:
+    for name, column in zip(keys, zip(*run, strict=True), strict=True):
+        c = cols.get(name)
+        if c is None:
+            cols[name] = list(column)
+        else:
+            c.extend(column)
 
 
 def delta_names_present(rows: Iterable[Row]) -> list[str]:
