@@ -100,12 +100,11 @@ class _TopoPlan:
     def __init__(self, topo: Topology) -> None:
         defs = delta_defs(topo)
         self.point_defs = [(d.name, d.end, d.start) for d in defs if d.end]
-        self.mid_links = [
-            (link_out, link_in, [(f"{m}_{suffix}", i) for suffix, i in _ITL_FIELDS])
-            for m, link_out, link_in in _mid_links(topo)
-        ]
+        # (link it answers on, link it calls out on, names of its mean, p99 and max ITL deltas) per intermediary
+        self.mid_links = [(link_out, link_in, f"{m}_itl_added_mean", f"{m}_itl_added_p99", f"{m}_max_pause_added")
+                          for m, link_out, link_in in _mid_links(topo)]
         self.residual_terms = [d.name for d in defs if d.contributes and d.phase != "tap"]
-        self.residual_taps = [(x.name, _tap_names(x.name)) for x in topo.links]
+        self.residual_taps = [(x.name, *_tap_names(x.name)) for x in topo.links]
         self.order = [f"tap:{x.name}" for x in topo.links] + [f"component:{c.name}" for c in topo.components]
         self.inner_first = [f"tap:{x.name}" for x in reversed(topo.links)] + [f"component:{topo.engine.name}"]
         self.engine_last = point(topo.engine.name, Role.LAST_TOKEN)
@@ -113,8 +112,6 @@ class _TopoPlan:
         self.rows: dict[tuple[Shape, ...], _RowPlan | None] = {}  # row plans by the Shapes of a request's spans
 
 
-# the statistic each ITL delta compares (GapStats fields: count, mean_ns, p99_ns, max_ns)
-_ITL_FIELDS = (("itl_added_mean", 1), ("itl_added_p99", 2), ("max_pause_added", 3))
 _TOPO_PLANS: dict[int, tuple[Topology, _TopoPlan]] = {}
 
 
@@ -151,31 +148,46 @@ def _mid_links(topo: Topology) -> list[tuple[str, str | None, str | None]]:
 
 
 def _itl_added(tp: _TopoPlan, ex: Extracted, out: dict[str, DeltaValue]) -> None:
+    """Per intermediary: the gap statistic it released minus the one it received (mean, p99, max)."""
     gaps = ex.gaps
-    for link_out, link_in, names in tp.mid_links:
+    for link_out, link_in, n_mean, n_p99, n_max in tp.mid_links:
         g = gaps.get(link_out)
-        g_out = None if g is None else g[0]  # .up
+        g_out = None if g is None else g.up
         g = gaps.get(link_in)
-        g_in = None if g is None else g[1]  # .down
+        g_in = None if g is None else g.down
         if g_out is None or g_in is None:
             continue
-        for name, i in names:
-            a, b = g_out[i], g_in[i]
-            if a is not None and b is not None:
-                out[name] = _new(DeltaValue, (int(a) - int(b), 0, False))
+        _, a_mean, a_p99, a_max = g_out
+        _, b_mean, b_p99, b_max = g_in
+        if a_mean is not None and b_mean is not None:
+            out[n_mean] = _new(DeltaValue, (int(a_mean) - int(b_mean), 0, False))
+        if a_p99 is not None and b_p99 is not None:
+            out[n_p99] = _new(DeltaValue, (int(a_p99) - int(b_p99), 0, False))
+        if a_max is not None and b_max is not None:
+            out[n_max] = _new(DeltaValue, (int(a_max) - int(b_max), 0, False))
 
 
 def _residual(tp: _TopoPlan, deltas: dict[str, DeltaValue], ex: Extracted) -> DeltaValue | None:
+    """system_ttft minus every term of the TTFT path (the tap overheads of the links that were tapped)."""
     total = deltas.get("system_ttft")
     if total is None:
         return None
-    names = tp.residual_terms
-    attempts = ex.attempts
-    taps = [n for link, pair in tp.residual_taps if attempts.get(link, 0) for n in pair]  # an untapped link costs nothing
     ns = err = 0
-    for group in (names, taps):
-        for n in group:
-            d = deltas.get(n)
+    for n in tp.residual_terms:
+        d = deltas.get(n)
+        if d is None:
+            return None
+        ns += d[0]
+        err += d[1]
+    attempts = ex.attempts
+    for link, n_req, n_ft in tp.residual_taps:
+        if attempts.get(link, 0):  # an untapped link costs nothing
+            d = deltas.get(n_req)
+            if d is None:
+                return None
+            ns += d[0]
+            err += d[1]
+            d = deltas.get(n_ft)
             if d is None:
                 return None
             ns += d[0]

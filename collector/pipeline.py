@@ -56,8 +56,9 @@ class Pipeline:
     def _rows(self, groups: list[Group]) -> list[Row]:
         rows = [build_row(g.spans, self.topo, g.method, g.note, g.trace_ids) for g in groups]
         if rows:
+            joined = self.joined
             for r in rows:
-                self.joined[str(r.join_method)] += 1
+                joined[r.join_method] += 1  # a JoinMethod finds its value's key
             cols = delta_columns(rows)  # one pass over the rows' deltas for both aggregates
             self.aggregator.add_rows(rows, cols)
             self.hist.add_rows(rows, cols)

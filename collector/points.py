@@ -36,6 +36,7 @@ every span takes the plain path.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable
 from operator import itemgetter
@@ -415,15 +416,30 @@ FlatRunner = Callable[[SpanRecord, Extracted, list, list], Shape]
 class SpanReader:
     """A layout's values by position: ``read(span)`` -> (start, end, event times..., numeric attributes...,
     per-span values..., the layout's constant attribute values..., None); ``pos(key)`` is where an
-    attribute's value is (absent: the final None)."""
+    attribute's value is (absent: the final None); ``picker(keys)`` reads only the start and those
+    attributes."""
 
-    __slots__ = ("read", "positions", "none")
+    __slots__ = ("read", "positions", "none", "_n_packed", "_n_others", "_start", "_tail")
 
-    def __init__(self, read: Callable[[CompactSpan], tuple], positions: dict[str, int], none: int) -> None:
+    def __init__(self, read: Callable[[CompactSpan], tuple], positions: dict[str, int], none: int, n_packed: int, n_others: int,
+                 start: Callable[[bytes], tuple], tail: tuple) -> None:
         self.read, self.positions, self.none = read, positions, none
+        self._n_packed, self._n_others, self._start, self._tail = n_packed, n_others, start, tail
 
     def pos(self, key: str) -> int:
         return self.positions.get(key, self.none)
+
+    def picker(self, keys: tuple[str, ...]) -> Callable[[CompactSpan], tuple]:
+        """span -> (start, value of each of ``keys``): without unpacking the numbers when every key is a
+        per-span value or constant."""
+        where = tuple(self.pos(k) - self._n_packed for k in keys)  # index into per-span values + constants + None
+        if any(w < 0 for w in where):  # a packed number: read everything
+            read, get_all = self.read, itemgetter(0, *(self.pos(k) for k in keys))
+            return lambda span: get_all(read(span))
+        start, tail, get = self._start, self._tail, _getter(where)
+        if all(w < self._n_others for w in where):
+            return lambda span: (start(span.packed)[0], *get(span.others))
+        return lambda span: (start(span.packed)[0], *get(span.others + tail))
 
 
 _PACKED_HEAD = "<8s8s"  # a compact span's packed numbers start with its span and parent ids
@@ -484,6 +500,11 @@ def _make_reader(span: CompactSpan) -> SpanReader | None:
     def read(span: CompactSpan) -> tuple:
         return unpack(span.packed) + span.others + tail
 
+    m = re.match(r"([a-zA-Z?])", fmt[len(_PACKED_HEAD) :])  # the start's code (without a repeat count)
+    if m is None:
+        return None
+    start = struct.Struct("<16x" + m.group(1)).unpack_from
+
     # check the positions against what the span itself says
     src = read(span)
     a = span.attrs
@@ -491,11 +512,13 @@ def _make_reader(span: CompactSpan) -> SpanReader | None:
         return None
     if [t for _, t, _ in span.events] != list(src[2 : 2 + n]):
         return None
+    if start(packed)[0] != src[0]:
+        return None
     for k, v in a.items():
         got = src[positions[k]]
         if got is not v and (got.__class__ is not v.__class__ or got != v):
             return None
-    return SpanReader(read, positions, none)
+    return SpanReader(read, positions, none, n_packed, n_others, start, tail)
 
 
 def _getter(positions: tuple[int, ...]) -> Callable[[tuple], tuple]:
@@ -682,25 +705,6 @@ def _clock_plan(span: CompactSpan, varying: set[str], rd: SpanReader) -> tuple[t
     return fixed, rd.pos(Attr.CLOCK_OFFSET_NS), rd.pos(Attr.CLOCK_UNCERTAINTY_NS)
 
 
-def _gap_at(src: tuple, p_count: int, p_mean: int, p_p99: int, p_max: int) -> GapStats | None:
-    """:func:`_gap` on values read by position."""
-    m = src[p_mean]
-    if m.__class__ is not float:
-        m = _f(m)
-        if m is None:
-            return None
-    cnt = src[p_count]
-    if cnt.__class__ is not int:
-        cnt = _i(cnt)
-        if cnt is None:
-            cnt = 0
-    p = src[p_p99]
-    p = round(p * 1e6) if p.__class__ is float else _ms_ns(p)
-    x = src[p_max]
-    x = round(x * 1e6) if x.__class__ is float else _ms_ns(x)
-    return _new(GapStats, (cnt, round(m * 1e6), p, x))
-
-
 def _plan_tap(span: CompactSpan, topo: Topology, varying: set[str], rd: SpanReader) -> FlatRunner | None:
     if any(k in varying for k in _SHAPE_TAP):
         return None
@@ -746,9 +750,9 @@ def _plan_tap(span: CompactSpan, topo: Topology, varying: set[str], rd: SpanRead
     ft_pair = (2 + i_fr, 2 + i_ff) if i_fr is not None and i_ff is not None else None
     p_req = rd.pos(Attr.OVERHEAD_REQUEST_NS) if Attr.OVERHEAD_REQUEST_NS in keys else None
     p_ft = rd.pos(Attr.OVERHEAD_FIRST_TOKEN_NS) if Attr.OVERHEAD_FIRST_TOKEN_NS in keys else None
-    p_count = rd.pos(Attr.GAP_COUNT)
-    up_at = (p_count, rd.pos(Attr.GAP_MEAN_MS), rd.pos(Attr.GAP_P99_MS), rd.pos(Attr.GAP_MAX_MS)) if Attr.GAP_MEAN_MS in keys else None
-    down_at = (p_count, rd.pos(Attr.GAP_FWD_MEAN_MS), rd.pos(Attr.GAP_FWD_P99_MS), rd.pos(Attr.GAP_FWD_MAX_MS)) if Attr.GAP_FWD_MEAN_MS in keys else None
+    has_up, has_down = Attr.GAP_MEAN_MS in keys, Attr.GAP_FWD_MEAN_MS in keys
+    gap_values = itemgetter(*(rd.pos(k) for k in (Attr.GAP_COUNT, Attr.GAP_MEAN_MS, Attr.GAP_P99_MS, Attr.GAP_MAX_MS,
+                                                  Attr.GAP_FWD_MEAN_MS, Attr.GAP_FWD_P99_MS, Attr.GAP_FWD_MAX_MS)))
     p_ce = rd.pos(Attr.CONTENT_EVENTS) if Attr.CONTENT_EVENTS in keys else None
     p_prompt = rd.pos(Attr.ENGINE_PROMPT_MS) if to_engine and Attr.ENGINE_PROMPT_MS in keys and i_fr is not None else None
     first_at = None if i_fr is None else 2 + i_fr
@@ -787,10 +791,27 @@ def _plan_tap(span: CompactSpan, topo: Topology, varying: set[str], rd: SpanRead
         prev = ex.tap_overhead.get(link)
         if prev is None or start >= prev[2]:
             ex.tap_overhead[link] = (req, ft, start)
-            up = None if up_at is None else _gap_at(src, *up_at)
-            down = None if down_at is None else _gap_at(src, *down_at)
-            if up or down:
-                ex.gaps[link] = _new(LinkGaps, (up, down))
+            if has_up or has_down:  # _gap, for both sides at once
+                cnt, m_up, p99_up, max_up, m_down, p99_down, max_down = gap_values(src)
+                if cnt.__class__ is not int:
+                    cnt = _i(cnt)
+                    if cnt is None:
+                        cnt = 0
+                up = down = None
+                if has_up:
+                    if m_up.__class__ is not float:
+                        m_up = _f(m_up)
+                    if m_up is not None:
+                        up = _new(GapStats, (cnt, round(m_up * 1e6), round(p99_up * 1e6) if p99_up.__class__ is float else _ms_ns(p99_up),
+                                             round(max_up * 1e6) if max_up.__class__ is float else _ms_ns(max_up)))
+                if has_down:
+                    if m_down.__class__ is not float:
+                        m_down = _f(m_down)
+                    if m_down is not None:
+                        down = _new(GapStats, (cnt, round(m_down * 1e6), round(p99_down * 1e6) if p99_down.__class__ is float else _ms_ns(p99_down),
+                                               round(max_down * 1e6) if max_down.__class__ is float else _ms_ns(max_down)))
+                if up or down:
+                    ex.gaps[link] = _new(LinkGaps, (up, down))
             if p_ce is not None:
                 ce = src[p_ce]
                 if ce.__class__ is not int:
