@@ -58,7 +58,8 @@ class Group:
 
     @property
     def spans(self) -> list:
-        return [s for f in self.fragments for s in f.spans]
+        fr = self.fragments
+        return list(fr[0].spans) if len(fr) == 1 else [s for f in fr for s in f.spans]
 
     @property
     def trace_ids(self) -> list[str]:
@@ -75,6 +76,7 @@ class Joiner:
         self.hold_s = hold_s
         self.stats = JoinStats()
         self._link_index = {x.name: i for i, x in enumerate(topo.links)}
+        self._last_link = len(topo.links) - 1
         self._groups: dict[int, Group] = {}
         self._by_rid: dict[str, int] = {}
         self._by_fp: dict[str, set[int]] = {}
@@ -99,9 +101,8 @@ class Joiner:
                 if lp is _UNSEEN:
                     lp = self._layout_plan(s, by_layout)
             if lp is not None:  # read by position: the span's attrs are never unpacked
-                idx, read, p_rid, p_fp = lp
-                src = read(s)
-                rid, fp, st = src[p_rid], src[p_fp], src[0]
+                idx, pick = lp
+                st, rid, fp = pick(s)
             else:
                 a = s.attrs
                 rid, fp, st = a.get(Attr.REQUEST_ID), a.get(Attr.BODY_FINGERPRINT), s.start_unix_ns
@@ -130,23 +131,29 @@ class Joiner:
         return None
 
     def _layout_plan(self, s: CompactSpan, by_layout: dict[object, tuple | None]) -> tuple | None:
-        """(link index, reader, request id position, fingerprint position) for every span of ``s``'s
-        layout, when its kind and link follow from the layout and its values can be read by position."""
+        """(link index, span -> (start, request id, body fingerprint)) for every span of ``s``'s layout, when
+        its kind and link follow from the layout and its values can be read by position."""
         varying = varying_keys(s)
         rd = span_reader(s)
         plan = None
         if rd is not None and varying is not None and Attr.OBSERVER not in varying and Attr.LINK not in varying:
-            plan = (self._span_index(s), rd.read, rd.pos(Attr.REQUEST_ID), rd.pos(Attr.BODY_FINGERPRINT))
+            plan = (self._span_index(s), rd.picker((Attr.REQUEST_ID, Attr.BODY_FINGERPRINT)))
         if len(by_layout) >= 4096:
             by_layout.clear()
         by_layout[s.layout] = plan
         return plan
 
+    def _covers_all(self, g: Group) -> bool:
+        """True when ``g`` holds the client and the innermost link: no fragment can be complementary to
+        it (see _complementary), so it is never a fingerprint candidate nor has one."""
+        return g.lo <= -1 and g.hi >= self._last_link
+
     def _index(self, g: Group) -> None:
         for r in g.rids:
             self._by_rid[r] = g.gid
-        for fp in g.fps:
-            self._by_fp.setdefault(fp, set()).add(g.gid)
+        if not self._covers_all(g):  # only a fragment that lacks links can pair by fingerprint
+            for fp in g.fps:
+                self._by_fp.setdefault(fp, set()).add(g.gid)
 
     def _unindex(self, g: Group) -> None:
         for r in g.rids:
@@ -170,7 +177,9 @@ class Joiner:
         g = Group(self._next)
         self._next += 1
         self._absorb(g, frag)
-        for gid in sorted({self._by_rid[r] for r in g.rids if r in self._by_rid}):
+        by_rid = self._by_rid
+        hits = [by_rid[r] for r in g.rids if r in by_rid]
+        for gid in sorted(set(hits)) if hits else ():
             other = self._groups[gid]
             self._unindex(other)
             del self._groups[gid]
@@ -181,7 +190,7 @@ class Joiner:
                 g.method = JoinMethod.FINGERPRINT
         self._groups[g.gid] = g
         self._index(g)
-        complete = g.lo <= 0 and g.hi >= len(self.topo.links) - 1
+        complete = g.lo <= 0 and g.hi >= self._last_link
         g.due = now + (self.hold_s if complete else self.incomplete_hold_s)
         heapq.heappush(self._heap, (g.due, g.gid))
 
@@ -232,6 +241,8 @@ class Joiner:
         return g
 
     def _finish(self, g: Group) -> list[Group]:
+        if self._covers_all(g):  # the usual request: nothing to pair it with
+            return [self._emit(g)]
         comp = self._component(g)
         if len(comp) == 2:
             h = comp[1] if comp[0] is g else comp[0]
