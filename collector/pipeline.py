@@ -17,7 +17,7 @@ from collector.assembly import TraceAssembler
 from collector.decompose import build_row
 from collector.join import Group, Joiner
 from collector.metrics import DeltaHistograms
-from collector.rows import JoinMethod, Row, delta_columns, delta_defs
+from collector.rows import DeltaColumns, JoinMethod, Row, delta_defs
 from collector.sketches import Aggregator
 from collector.spans import SpanRecord
 from deltatap.topology import Topology, default_topology
@@ -54,12 +54,18 @@ class Pipeline:
             self.joiner.add(frag, now)
 
     def _rows(self, groups: list[Group]) -> list[Row]:
-        rows = [build_row(g.spans, self.topo, g.method, g.note, g.trace_ids) for g in groups]
+        rows: list[Row] = []
+        deltas = DeltaColumns()  # every row's deltas, read while the row is fresh, for both aggregates
+        topo = self.topo
+        for g in groups:
+            r = build_row(g.spans, topo, g.method, g.note, g.trace_ids)
+            rows.append(r)
+            deltas.add(r)
         if rows:
             joined = self.joined
             for r in rows:
                 joined[r.join_method] += 1  # a JoinMethod finds its value's key
-            cols = delta_columns(rows)  # one pass over the rows' deltas for both aggregates
+            cols = deltas.columns()
             self.aggregator.add_rows(rows, cols)
             self.hist.add_rows(rows, cols)
             self.kept.extend(rows)

@@ -81,7 +81,8 @@ validity mask, :func:`delta_columns` every delta's values and error bounds at on
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import itemgetter
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
@@ -417,36 +418,69 @@ def delta_error_ns(rows: Sequence[Row], name: str) -> np.ndarray:
     return np.array([r.deltas[name].error_bound_ns if name in r.deltas else 0 for r in rows], dtype=np.int64)
 
 
-def delta_columns(rows: Iterable[Row]) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
-    """delta -> (values, error bounds) in ns over the rows that carry it, in row order; deltas in
-    first-seen order. One pass over a batch of rows for every aggregate built from it."""
-    cols: dict[str, list[DeltaValue]] = {}
-    # consecutive rows with the same deltas (the usual case) are transposed together
-    run_keys: tuple[str, ...] | None = None
-    run: list[tuple[DeltaValue, ...]] = []
+class DeltaColumns:
+    """Every delta's values and error bounds over rows added one at a time (while each row is fresh in
+    memory), for the aggregates of a batch: :meth:`columns` -> delta -> (values, error bounds) in ns, in
+    row order, deltas in first-seen order; int64 arrays, or tuples of ints when a value does not fit in
+    int64 (the aggregates then raise as numpy does). Consecutive rows with the same deltas (the usual
+    case) are held as one block."""
+
+    __slots__ = ("_blocks", "_keys", "_ns", "_err")
+
+    def __init__(self) -> None:
+        self._blocks: list[tuple[tuple[str, ...], list[int], list[int]]] = []
+        self._keys: tuple[str, ...] | None = None
+        self._ns: list[int] = []
+        self._err: list[int] = []
+
+    def add(self, row: Row) -> None:
+        d = row.deltas
+        keys = tuple(d)
+        if keys != self._keys:
+            self._keys, self._ns, self._err = keys, [], []
+            self._blocks.append((keys, self._ns, self._err))
+        vals = d.values()
+        self._ns.extend(map(_NS, vals))
+        self._err.extend(map(_ERR, vals))
+
+    def columns(self) -> dict[str, tuple[np.ndarray, np.ndarray] | tuple[tuple[int, ...], tuple[int, ...]]]:
+        try:
+            return self._columns(lambda v, k: np.array(v, dtype=np.int64).reshape(-1, k).T)
+        except OverflowError:
+            return self._columns(lambda v, k: [tuple(v[j::k]) for j in range(k)])
+
+    def _columns(self, split: Callable[[list[int], int], Any]) -> dict[str, Any]:
+        pieces: dict[str, list[tuple[Any, Any]]] = {}
+        for keys, ns, err in self._blocks:
+            k = len(keys)
+            if not k:
+                continue
+            for name, v, e in zip(keys, split(ns, k), split(err, k), strict=True):
+                c = pieces.get(name)
+                if c is None:
+                    pieces[name] = [(v, e)]
+                else:
+                    c.append((v, e))
+        out: dict[str, Any] = {}
+        for name, ps in pieces.items():
+            if len(ps) == 1:
+                out[name] = ps[0]
+            elif isinstance(ps[0][0], tuple):
+                out[name] = (sum((v for v, _ in ps), ()), sum((e for _, e in ps), ()))
+            else:
+                out[name] = (np.concatenate([v for v, _ in ps]), np.concatenate([e for _, e in ps]))
+        return out
+
+
+_NS, _ERR = itemgetter(0), itemgetter(1)
+
+
+def delta_columns(rows: Iterable[Row]) -> dict[str, tuple[np.ndarray, np.ndarray] | tuple[tuple[int, ...], tuple[int, ...]]]:
+    """:meth:`DeltaColumns.columns` of ``rows``."""
+    cols = DeltaColumns()
     for r in rows:
-        keys = tuple(r.deltas)
-        if keys != run_keys:
-            if run:
-                _add_run(cols, run_keys, run)  # type: ignore[arg-type]
-            run_keys, run = keys, []
-        run.append(tuple(r.deltas.values()))
-    if run:
-        _add_run(cols, run_keys, run)  # type: ignore[arg-type]
-    out: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-    for name, c in cols.items():
-        ns, err, _ = zip(*c, strict=True)
-        out[name] = (ns, err)
-    return out
-
-
-def _add_run(cols: dict[str, list[DeltaValue]], keys: tuple[str, ...], run: list[tuple[DeltaValue, ...]]) -> None:
-    for name, column in zip(keys, zip(*run, strict=True), strict=True):
-        c = cols.get(name)
-        if c is None:
-            cols[name] = list(column)
-        else:
-            c.extend(column)
+        cols.add(r)
+    return cols.columns()
 
 
 def delta_names_present(rows: Iterable[Row]) -> list[str]:
