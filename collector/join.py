@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from collector.assembly import Fragment
 from collector.compact import CompactSpan
-from collector.points import plans_apply, span_kind, span_reader, varying_keys
+from collector.points import plans_apply, reader_decided, span_kind, span_reader, varying_keys
 from collector.rows import JoinMethod
 from deltatap.topology import Topology
 from deltatap.vocab import SPAN_TAP, Attr
@@ -135,6 +135,8 @@ class Joiner:
         its kind and link follow from the layout and its values can be read by position."""
         varying = varying_keys(s)
         rd = span_reader(s)
+        if rd is None and not reader_decided(s):
+            return None  # the layout's first span: read the plain way, decided on its next one
         plan = None
         if rd is not None and varying is not None and Attr.OBSERVER not in varying and Attr.LINK not in varying:
             plan = (self._span_index(s), rd.picker((Attr.REQUEST_ID, Attr.BODY_FINGERPRINT)))

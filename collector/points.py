@@ -446,15 +446,28 @@ _PACKED_HEAD = "<8s8s"  # a compact span's packed numbers start with its span an
 
 
 def span_reader(span: CompactSpan) -> SpanReader | None:
-    """The reader of ``span``'s layout (cached), or None when the layout's packing is not the one
-    described above (checked on this span)."""
+    """The reader of ``span``'s layout (cached), or None: for the first span of a layout (a layout is read
+    by position from its second span on: a one-off shape is not worth checking, see :func:`reader_decided`)
+    or when the layout's packing is not the one described above (checked on that second span)."""
     lay = span.layout
     got = _READERS.get(lay, _UNSEEN)
     if got is _UNSEEN:
+        first = _SEEN_ONCE.get(lay)
+        if first is None or first == id(span):  # (the joiner and build_row both ask about the same span)
+            if len(_SEEN_ONCE) >= 4 * _CACHE_MAX:
+                _SEEN_ONCE.clear()
+            _SEEN_ONCE[lay] = id(span)
+            return None
+        del _SEEN_ONCE[lay]
         if len(_READERS) >= _CACHE_MAX:
             _READERS.clear()
         got = _READERS[lay] = _make_reader(span)
     return got  # type: ignore[return-value]
+
+
+def reader_decided(span: CompactSpan) -> bool:
+    """False while :func:`span_reader` has only seen one span of this layout (its None is not final)."""
+    return span.layout in _READERS
 
 
 def _make_reader(span: CompactSpan) -> SpanReader | None:
@@ -535,6 +548,7 @@ _CACHE_MAX = 4096
 _UNSEEN = object()
 _KINDS: dict[Any, str | None] = {}  # layout -> extractor name (span_kind, for the joiner)
 _READERS: dict[Any, SpanReader | None] = {}  # layout -> its reader
+_SEEN_ONCE: dict[Any, int] = {}  # layout -> id() of the one span of it span_reader has seen
 # id(topology) -> (topology, layout -> (runner, flat runner or None))
 _PLANS: dict[int, tuple[Topology, dict[Any, tuple[Extractor, FlatRunner | None]]]] = {}
 # attributes whose values decide a span's kind, link or component: a plan needs them in the layout
@@ -590,10 +604,11 @@ def _plan(span: CompactSpan, topo: Topology, plans: dict[Any, tuple[Extractor, F
         plan = (_unplanned, None)  # the kind may change from span to span: dispatch each one
     else:
         kind = _kind(span)
-        rd = span_reader(span)
+        rd = span_reader(span) if kind is not None else None
         flat: FlatRunner | None = None
         if rd is None:
-            pass
+            if kind is not None and not reader_decided(span):  # the layout's first span: the plain extractor, planned later
+                return (next(fn for name, _, fn in EXTRACTORS if name == kind), None)
         elif kind == "tap":
             flat = _plan_tap(span, topo, varying, rd)
         elif kind == "client":

@@ -95,7 +95,10 @@ SCENARIOS = {
 @pytest.mark.parametrize("service", ["deltatap-test", "aiperf"])
 def test_planned_rows_equal_plain_rows(name, service):
     req = request(SCENARIOS[name](), service=service)
-    plain, live = decode_request(req), decode_compact(req.SerializeToString())
+    data = req.SerializeToString()
+    first = decode_compact(data)
+    assert extract(first, TOPO) == extract(decode_request(req), TOPO)  # the first span of a layout: plain extractors
+    plain, live = decode_request(req), decode_compact(data)  # same layouts: planned from their second span on
     assert extract_flat(live, TOPO) is not None  # every span here is planned
     assert extract(live, TOPO) == extract(plain, TOPO)
     by_trace: dict[str, tuple[list, list]] = {}
@@ -113,12 +116,23 @@ def test_a_layout_whose_values_disagree_with_its_packing_is_extracted_the_plain_
     spans, _ = default_stack()
     for sp in spans:  # a shape no other test uses, so its layouts are new here
         sp.attributes.add(key="deltatap.label.plans-test").value.string_value = "1"
-    live = decode_compact(request(spans).SerializeToString())
-    live[1].attrs[Attr.HTTP_STATUS] = 299  # the first span of its layout now says something its numbers do not
-    assert points.span_reader(live[1]) is None
+    data = request(spans).SerializeToString()
+    first, live = decode_compact(data), decode_compact(data)
+    assert points.span_reader(first[1]) is None and not points.reader_decided(first[1])  # one span seen: not decided yet
+    live[1].attrs[Attr.HTTP_STATUS] = 299  # the span its layout is checked on says something its numbers do not
+    assert points.span_reader(live[1]) is None and points.reader_decided(live[1])
     row = build_row(live, TOPO)
     assert row.http_status == 200  # the client's, as before
     assert extract(live, TOPO).http_status["tap:edge"] == 299  # read from attrs, not from the packed numbers
+    assert extract_flat(live, TOPO) is None
+
+
+def test_a_layout_seen_once_is_not_planned():
+    spans, _ = default_stack()
+    spans[1].attributes.add(key="deltatap.label.once").value.string_value = "x"
+    live = decode_compact(request(spans).SerializeToString())
+    assert extract_flat(live, TOPO) is None and build_row(live, TOPO) == build_row(decode_request(request(spans)), TOPO)
+    assert not points.reader_decided(live[1])
 
 
 def test_a_changed_extractor_registry_turns_plans_off(monkeypatch):
