@@ -95,7 +95,7 @@ def _point_deltas(defs: list[tuple[str, str, str]], by: dict[str, list[Obs]]) ->
 class _TopoPlan:
     """What build_row needs of a topology, worked out once per topology object."""
 
-    __slots__ = ("point_defs", "mid_links", "residual_terms", "residual_taps", "order", "inner_first", "engine_last", "inner", "outer", "rows")
+    __slots__ = ("point_defs", "mid_links", "residual_terms", "residual_taps", "order", "inner_first", "engine_last", "inner_outer", "rows")
 
     def __init__(self, topo: Topology) -> None:
         defs = delta_defs(topo)
@@ -108,7 +108,7 @@ class _TopoPlan:
         self.order = [f"tap:{x.name}" for x in topo.links] + [f"component:{c.name}" for c in topo.components]
         self.inner_first = [f"tap:{x.name}" for x in reversed(topo.links)] + [f"component:{topo.engine.name}"]
         self.engine_last = point(topo.engine.name, Role.LAST_TOKEN)
-        self.inner, self.outer = topo.links[-1].name, topo.links[0].name
+        self.inner_outer = (topo.links[-1].name, topo.links[0].name) if topo.links else None  # innermost, outermost link
         self.rows: dict[tuple[Shape, ...], _RowPlan | None] = {}  # row plans by the Shapes of a request's spans
 
 
@@ -273,6 +273,8 @@ def build_row(
     join_note: str = "",
     trace_ids: Sequence[str] = (),
 ) -> Row:
+    if not isinstance(spans, list | tuple):
+        spans = list(spans)  # read more than once below
     tp = _topo_plan(topo)
     got = _planned_points(spans, topo, tp)
     if got is not None:
@@ -345,7 +347,7 @@ def build_row(
     first = cascade.first_gave_up
     if first is not None and cascade.engine_end_unix_ns is not None:
         cascade.engine_busy_after_gave_up_ns = max(0, cascade.engine_end_unix_ns - first[1])
-        inner, outer = tp.inner, tp.outer
+        inner, outer = tp.inner_outer or (topo.links[-1].name, topo.links[0].name)  # (no links: IndexError, as ever)
         if ex.engine_tokens_after_disconnect is not None:  # the engine's own count wins
             cascade.tokens_after_gave_up = ex.engine_tokens_after_disconnect
         elif inner in ex.content_events and outer in ex.content_events:

@@ -26,12 +26,13 @@ component's approximate stamp (3). The observation types live in :mod:`collector
 Live spans (:class:`collector.compact.CompactSpan`) go through *plans*: everything that depends only on
 a span's :class:`~collector.compact.Layout` (which extractor, the link and its components, the
 observer, which event index observes which point, which attributes exist) is worked out once per
-(layout, topology) from the first span of that shape, with the same rules as the extractors above, and
-cached; per span only its numbers and per-request values are read. A layout whose shape-forming
-attributes (observer, link, components, component name or kind) are not part of the layout is
-extracted by the plain extractor, as are vLLM and LiteLLM spans and every ``SpanRecord`` (offline
-input). The plans assume the registry below is the module's own: if :data:`EXTRACTORS` is changed,
-every span takes the plain path.
+(layout, topology), with the same rules as the extractors above, and cached; per span only its numbers
+and per-request values are read, by position from the compact span's packed form (its attrs and events
+are never unpacked). A layout is planned from its second span on (the first takes the plain
+extractor: a one-off shape costs no plan). A layout whose shape-forming attributes (observer, link,
+components, component name or kind) are not part of the layout is extracted by the plain extractor,
+as are vLLM and LiteLLM spans and every ``SpanRecord`` (offline input). The plans assume the registry
+below is the module's own: if :data:`EXTRACTORS` is changed, every span takes the plain path.
 """
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ from collector.spans import SpanRecord
 from deltatap.topology import Topology
 from deltatap.vocab import SPAN_CLIENT, SPAN_COMPONENT_PREFIX, SPAN_TAP, Attr, ClientEvent, ComponentKind, Observer, Role, TapEvent, point, tap_point
 
-__all__ = ["EXTRACTORS", "RANK_COMPONENT", "RANK_TAP", "RANK_TELEMETRY", "Extracted", "Obs", "extract", "span_kind"]
+__all__ = [
+    "EXTRACTORS", "RANK_COMPONENT", "RANK_TAP", "RANK_TELEMETRY", "Extracted", "Obs", "Shape", "SpanReader", "extract", "extract_flat",
+    "plans_apply", "reader_decided", "span_kind", "span_reader", "varying_keys",
+]
 
 
 def _common(span: SpanRecord, observer: str, ex: Extracted, offset: int) -> None:
@@ -397,8 +401,9 @@ def _unplanned(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
 # never builds the span's attrs dict or events list (CompactSpan unpacks those on first use: most of
 # the cost of a span once it is decoded). The positions follow from the Layout (collector.compact:
 # start, end, event times, numeric attributes in ``packed_keys`` order, after the two ids; per-span
-# values in ``other_keys`` order); they are checked against the first span's own attrs and events
-# when a plan is made, and a layout they do not match is extracted by the plain extractors.
+# values in ``other_keys`` order); they are checked against the own attrs and events of the span the
+# reader is made on (a layout's second), and a layout they do not match is extracted by the plain
+# extractors.
 
 
 class Shape:

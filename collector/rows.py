@@ -75,7 +75,7 @@ Rows files are written and read back by :mod:`collector.sinks` (``write_rows`` /
 CSV, JSON lines, chosen by suffix).
 
 Computation over many rows is numpy: :func:`delta_ns` returns one delta as an int64 array with a
-validity mask, :func:`delta_columns` every delta's values and error bounds at once.
+validity mask, :func:`delta_columns` (:class:`DeltaColumns`) every delta's values and error bounds at once.
 """
 
 from __future__ import annotations
