@@ -463,7 +463,7 @@ def span_reader(span: CompactSpan) -> SpanReader | None:
                 _SEEN_ONCE.clear()
             _SEEN_ONCE[lay] = id(span)
             return None
-        del _SEEN_ONCE[lay]
+        _SEEN_ONCE.pop(lay, None)
         if len(_READERS) >= _CACHE_MAX:
             _READERS.clear()
         got = _READERS[lay] = _make_reader(span)
