@@ -4,8 +4,8 @@
 
 Runs the harness of ``tests/integration/accuracy_harness.py`` twice: loadgen -> tap -> gateway -> tap
 -> firewall -> tap -> engine on loopback, every component and tap in its own process, the taps and
-the load generator exporting to a collector over OTLP/gRPC, the components writing their true
-(socket-stamped) points to files the collector never reads. Run 1 propagates trace headers (joined by
+the load generator exporting to a collector over OTLP/gRPC, the components sending their true
+(socket-stamped) points to a separate sink the collector never reads. Run 1 propagates trace headers (joined by
 trace id); run 2 has the firewall strip them (joined by body fingerprint). Per delta: |reported − true|
 p50/p99/max and counts over the requests after the warm-up. Target (issue 4): p50 ≤ 0.3 ms and
 p99 ≤ 1 ms. Writes benchmarks/results/accuracy.json with the 1-min/5-min/15-min load average

@@ -3,9 +3,11 @@
 Shared by ``tests/integration/test_accuracy.py`` (robust checks: joins, coverage, attribution) and
 ``benchmarks/accuracy.py`` (the precise |error| figures). Every reference component and every tap runs
 in its own process, as deployed; the taps and the load generator export to a real collector over
-OTLP/gRPC; the components' own spans (their *true* points, stamped at the socket) go to OTLP JSON
-files the collector never sees. ``errors_vs_truth`` compares each component delta the collector
-reports with the same delta computed from the components' true points.
+OTLP/gRPC; the components' own spans (their *true* points, stamped at the socket) go over OTLP/gRPC to
+a separate sink in this process that keeps the requests as received (the collector never sees them;
+writing them as OTLP JSON files cost the components CPU beside the very stamps being checked).
+``errors_vs_truth`` compares each component delta the collector reports with the same delta computed
+from the components' true points.
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
 from collector import CollectorOptions, PipelineOptions, start_collector
-from collector.ingest import load
+from collector.receivers import start_grpc
+from collector.spans import decode_request
 from deltatap.telemetry import setup_telemetry
 from deltatap.vocab import Attr, Role
 from loadgen import LoadOptions, run_load
@@ -99,11 +104,38 @@ async def _wait_port(port: int, procs, timeout_s: float = 60.0) -> None:
     raise TimeoutError(f"nothing listening on {port} after {timeout_s}s")
 
 
-def _commands(cfg: Path, workdir: Path, ports: dict[str, int], otlp: str) -> list[list[str]]:
+class TruthSink:
+    """An OTLP/gRPC endpoint that keeps the components' export requests as received."""
+
+    def __init__(self) -> None:
+        self.requests: list[bytes] = []
+        self.errors = 0
+        self._server = None
+        self.endpoint = ""
+
+    async def start(self) -> None:
+        def on_error(_transport: str) -> None:
+            self.errors += 1
+
+        self._server, port = await start_grpc(("127.0.0.1", 0), lambda spans, raw: self.requests.append(raw), on_error)
+        self.endpoint = f"grpc://127.0.0.1:{port}"
+
+    async def close(self) -> None:
+        if self._server is not None:
+            await self._server.stop(grace=0.5)
+            self._server = None
+
+    def spans(self) -> list:
+        if self.errors:
+            raise RuntimeError(f"{self.errors} invalid export requests reached the truth sink")
+        return [s for raw in self.requests for s in decode_request(ExportTraceServiceRequest.FromString(raw))]
+
+
+def _commands(cfg: Path, workdir: Path, ports: dict[str, int], otlp: str, truth_otlp: str) -> list[list[str]]:
     url = lambda k: f"http://127.0.0.1:{ports[k]}"  # noqa: E731
     exe = [sys.executable, "-m", "deltatap.cli"]
     tap = lambda link, up: [*exe, "tap", "--link", link, "--listen", f"127.0.0.1:{ports[link]}", "--upstream", url(up), "--no-admin", "--grace-s", "0", "--otlp", otlp]  # noqa: E731
-    comp = lambda c: [*exe, "stack", c, "--config", str(cfg), "--listen", f"127.0.0.1:{ports[c]}", "--otlp", f"file:{workdir / f'truth-{c}.jsonl'}"]  # noqa: E731
+    comp = lambda c: [*exe, "stack", c, "--config", str(cfg), "--listen", f"127.0.0.1:{ports[c]}", "--otlp", truth_otlp]  # noqa: E731
     return [
         comp("engine"),
         tap("fw-engine", "engine"),
@@ -116,17 +148,19 @@ def _commands(cfg: Path, workdir: Path, ports: dict[str, int], otlp: str) -> lis
 
 async def run_once(propagate: bool, workdir: Path, requests: int = REQUESTS, rate: float = RATE) -> RunResult:
     """Each component and each tap in its own process (as deployed); the collector and the load
-    generator in this one. Components export their truth to files the collector never reads."""
+    generator in this one. Components export their truth to a sink the collector never reads."""
     workdir.mkdir(parents=True, exist_ok=True)
     cfg = workdir / "stack.yaml"
     cfg.write_text(stack_yaml(propagate))
     collector = await start_collector(CollectorOptions(otlp_grpc="127.0.0.1:0", otlp_http=None, pipeline=PipelineOptions(grace_s=0.5, join_hold_s=0.5)))
+    sink = TruthSink()
+    await sink.start()
     ports = {k: free_port() for k in ("engine", "fw-engine", "firewall", "gw-fw", "gateway", "edge")}
     procs = []
     logs = []
     load_tel = None
     try:
-        for i, c in enumerate(_commands(cfg, workdir, ports, collector.otlp_grpc_endpoint)):
+        for i, c in enumerate(_commands(cfg, workdir, ports, collector.otlp_grpc_endpoint, sink.endpoint)):
             logs.append(open(workdir / f"proc{i}.log", "w"))
             procs.append(await asyncio.create_subprocess_exec(*c, stdout=asyncio.subprocess.DEVNULL, stderr=logs[-1]))
         load_tel = setup_telemetry("deltatap-loadgen", otlp=collector.otlp_grpc_endpoint)
@@ -137,6 +171,7 @@ async def run_once(propagate: bool, workdir: Path, requests: int = REQUESTS, rat
         result = await run_load(opts, load_tel)
     except BaseException:
         await collector.close()
+        await sink.close()
         raise
     finally:
         for p in reversed(procs):  # the edge first, like a real shutdown
@@ -159,7 +194,8 @@ async def run_once(propagate: bool, workdir: Path, requests: int = REQUESTS, rat
     rows = collector.rows()
     stats = collector.stats()
     await collector.close()
-    truth = load([workdir / f"truth-{c}.jsonl" for c in ("engine", "firewall", "gateway")]).spans
+    await sink.close()  # the components flushed their spans when they exited
+    truth = sink.spans()
     return RunResult(result, rows, stats, truth_index(truth))
 
 
