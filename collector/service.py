@@ -215,16 +215,18 @@ class RunningCollector:
         return written
 
 
-def tune_gc(young: int = 200_000) -> None:
+def tune_gc(young: int = 1_000_000) -> None:
     """Garbage-collector settings for a process whose job is the collector (``deltatap collect``).
 
     Open traces are many long-lived objects; with CPython's default thresholds (a young
     collection every 700 allocations, a full one every 100 young ones) collecting them cost about
     as much as decoding and decomposing. This freezes what is alive at start-up (imports) out of
-    every collection and runs a young collection every ``young`` allocations (at 50,000 the
-    collections still took ~10 % of the live path's time: a span lives until its trace closes, so
-    nearly everything a young collection examines survives it). Process-wide: call it from a
-    collector process, not from a library or test that shares the interpreter."""
+    every collection and runs a young collection every ``young`` allocations: a span lives until
+    its trace closes, so nearly everything a young collection examines survives it, and what dies
+    is freed by reference counting anyway (benchmarks/collector_throughput.py, 40k requests:
+    about 27-30k spans/s joined at 200,000, 31-32k at 1,000,000; the RSS with 100k open traces is
+    in docs/benchmarks.md). A young collection then pauses the loop for tens of ms. Process-wide:
+    call it from a collector process, not from a library or test that shares the interpreter."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(young, 20, 100)
