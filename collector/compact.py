@@ -15,8 +15,12 @@ trace is open its spans sit in memory in packed form:
   non-scalar values), strings deduplicated through a bounded cache so one request's id and body
   fingerprint are held once for all its spans.
 
-``attrs`` and ``events`` unpack on first use (when the trace closes) and keep the result, so the
-extractors of :mod:`collector.points` read a compact span exactly like a ``SpanRecord``.
+``attrs`` and ``events`` unpack on first use and keep the result, so the plain extractors of
+:mod:`collector.points` read a compact span exactly like a ``SpanRecord``; the joiner and the
+extraction plans read ``packed`` and ``others`` by position instead (the layout says where).
+
+The receivers call :func:`decode_compact` on the request bytes (the slim wire view below);
+:func:`decode_request_compact` takes an already parsed request (tests, and the slim view's fallback).
 """
 
 from __future__ import annotations
