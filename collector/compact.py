@@ -312,7 +312,7 @@ class _Misaligned(Exception):
     """A span's parallel lists differ in length: decode the request the long way."""
 
 
-def _getter(idx: tuple[int, ...]) -> Any:
+def tuple_getter(idx: tuple[int, ...]) -> Any:
     """idx -> a function returning the tuple of those items (itemgetter, but always a tuple)."""
     if not idx:
         return lambda seq: ()
@@ -347,8 +347,8 @@ class _KeyPlan:
         per = [(k, i) for k, i in last.items() if k in _PER_SPAN or k.startswith(_LABEL)]
         self.keys = tuple(k for k, _ in norm) + tuple(k for k, _ in per)
         self.n_norm = len(norm)
-        self.get_n = _getter(tuple(i for _, i in norm))
-        self.get_p = _getter(tuple(i for _, i in per))
+        self.get_n = tuple_getter(tuple(i for _, i in norm))
+        self.get_p = tuple_getter(tuple(i for _, i in per))
 
 
 _KPLANS: dict[tuple[bytes, ...], _KeyPlan] = {}
@@ -472,8 +472,8 @@ class _SpanPlan:
 
     def __init__(self, layout: Layout, packed_idx: tuple[int, ...], other_idx: tuple[int, ...], res_packed: tuple, res_other: tuple) -> None:
         self.layout = layout
-        self.get_packed = _getter(packed_idx)
-        self.get_other = _getter(other_idx)
+        self.get_packed = tuple_getter(packed_idx)
+        self.get_other = tuple_getter(other_idx)
         # the resource's numbers and non-scalar values: constants of this plan, held per span like the
         # span's own (a Layout key holds no numbers: 1 == True == 1.0 would merge layouts)
         self.res_packed = res_packed

@@ -43,7 +43,7 @@ from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
 
-from collector.compact import CompactSpan
+from collector.compact import CompactSpan, tuple_getter
 from collector.litellm_spans import extract_litellm, is_litellm
 from collector.observations import RANK_COMPONENT, RANK_TAP, RANK_TELEMETRY, Extracted, Obs
 from collector.observations import as_float as _f
@@ -441,7 +441,7 @@ class SpanReader:
         if any(w < 0 for w in where):  # a packed number: read everything
             read, get_all = self.read, itemgetter(0, *(self.pos(k) for k in keys))
             return lambda span: get_all(read(span))
-        start, tail, get = self._start, self._tail, _getter(where)
+        start, tail, get = self._start, self._tail, tuple_getter(where)
         if all(w < self._n_others for w in where):
             return lambda span: (start(span.packed)[0], *get(span.others))
         return lambda span: (start(span.packed)[0], *get(span.others + tail))
@@ -537,16 +537,6 @@ def _make_reader(span: CompactSpan) -> SpanReader | None:
         if got is not v and (got.__class__ is not v.__class__ or got != v):
             return None
     return SpanReader(read, positions, none, n_packed, n_others, start, tail)
-
-
-def _getter(positions: tuple[int, ...]) -> Callable[[tuple], tuple]:
-    """positions -> a function returning those items of a tuple, always as a tuple."""
-    if not positions:
-        return lambda src: ()
-    if len(positions) == 1:
-        p = positions[0]
-        return lambda src: (src[p],)
-    return itemgetter(*positions)
 
 
 _CACHE_MAX = 4096
@@ -759,7 +749,7 @@ def _plan_tap(span: CompactSpan, topo: Topology, varying: set[str], rd: SpanRead
             give_ups.append(i)
         elif ev in _ENGINE_END_EVENTS and to_engine:
             engine_ends.append(i)
-    emit_times = _getter(tuple(2 + i for i, _ in emits))  # event i's time is at 2 + i
+    emit_times = tuple_getter(tuple(2 + i for i, _ in emits))  # event i's time is at 2 + i
     give_ups_at = tuple(2 + i for i in give_ups)
     engine_ends_at = tuple(2 + i for i in engine_ends)
     plain = Shape(tuple((p, observer, "tap", RANK_TAP) for _, p in emits))
@@ -864,7 +854,7 @@ def _plan_client(span: CompactSpan, topo: Topology, varying: set[str], rd: SpanR
     aiperf = source == "aiperf"
     names = tuple(e[0] for e in span.events)
     emits = tuple((i, point(client, _CLIENT_ROLES[n])) for i, n in enumerate(names) if n in _CLIENT_ROLES)
-    emit_times = _getter(tuple(2 + i for i, _ in emits))
+    emit_times = tuple_getter(tuple(2 + i for i, _ in emits))
     shape = Shape(tuple((p, observer, source, RANK_COMPONENT) for _, p in emits))
     gave_up_at = tuple(2 + i for i, n in enumerate(names) if n not in _CLIENT_ROLES and n in _CLIENT_GAVE_UP)
 
@@ -909,7 +899,7 @@ def _plan_component(span: CompactSpan, topo: Topology, varying: set[str], rd: Sp
             emits.append((i, point(comp, role), role == Role.LAST_TOKEN and engine))
         elif name == TapEvent.TIMEOUT.value:
             timeouts.append(i)
-    emit_times = _getter(tuple(2 + i for i, _, _ in emits))
+    emit_times = tuple_getter(tuple(2 + i for i, _, _ in emits))
     last_at = tuple(2 + i for i, _, last in emits if last)
     timeouts_at = tuple(2 + i for i in timeouts)
     shape = Shape(tuple((p, observer, "component", RANK_COMPONENT) for _, p, _ in emits))
