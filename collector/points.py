@@ -709,21 +709,43 @@ def _common_plan(span: CompactSpan, observer: str, rd: SpanReader) -> Callable[[
     return common
 
 
-def _clock_plan(span: CompactSpan, varying: set[str], rd: SpanReader) -> tuple[tuple[int, int] | None, int, int]:
-    """(the (offset, uncertainty) of every span of the layout, or None when they are read per span; their positions)."""
-    fixed = None if Attr.CLOCK_OFFSET_NS in varying or Attr.CLOCK_UNCERTAINTY_NS in varying else _clock(span)
-    return fixed, rd.pos(Attr.CLOCK_OFFSET_NS), rd.pos(Attr.CLOCK_UNCERTAINTY_NS)
+def _begin_plan(span: CompactSpan, observer: str, varying: set[str], rd: SpanReader) -> Callable[[SpanRecord, Extracted, list], tuple[tuple, int]]:
+    """What every planned span does first: read its values by position, take its clock (the same for every span
+    of the layout unless offset or uncertainty vary), record the facts every span carries and its uncertainty.
+    Returns ``begin(span, ex, uncs) -> (values, clock offset)``."""
+    read = rd.read
+    common = _common_plan(span, observer, rd)
+    fixed_clock = None if Attr.CLOCK_OFFSET_NS in varying or Attr.CLOCK_UNCERTAINTY_NS in varying else _clock(span)
+    p_off, p_unc = rd.pos(Attr.CLOCK_OFFSET_NS), rd.pos(Attr.CLOCK_UNCERTAINTY_NS)
+
+    def begin(span: SpanRecord, ex: Extracted, uncs: list) -> tuple[tuple, int]:
+        src = read(span)  # type: ignore[arg-type]
+        if fixed_clock is None:
+            offset, unc = _i(src[p_off]) or 0, max(0, _i(src[p_unc]) or 0)
+        else:
+            offset, unc = fixed_clock
+        common(src, ex, offset)
+        uncs.append(unc)
+        return src, offset
+
+    return begin
+
+
+def _add_shifted(vals: list, times: tuple, offset: int) -> None:
+    """Append observation times moved onto the collector's clock."""
+    if offset:
+        vals += [t - offset for t in times]
+    else:
+        vals += times
 
 
 def _plan_tap(span: CompactSpan, topo: Topology, varying: set[str], rd: SpanReader) -> FlatRunner | None:
     if any(k in varying for k in _SHAPE_TAP):
         return None
     keys = set(span.attrs)
-    read = rd.read
     link, ds, dsk, us, usk = _tap_link(span, topo)
     observer = f"tap:{link}"
-    fixed_clock, p_off, p_unc = _clock_plan(span, varying, rd)
-    common = _common_plan(span, observer, rd)
+    begin = _begin_plan(span, observer, varying, rd)
     points = _tap_points(ds, dsk, us, usk)
     names = tuple(e[0] for e in span.events)
     intermediary = dsk != ComponentKind.CLIENT
@@ -769,20 +791,11 @@ def _plan_tap(span: CompactSpan, topo: Topology, varying: set[str], rd: SpanRead
     engine_n = (rd.pos(Attr.ENGINE_PROMPT_N), rd.pos(Attr.ENGINE_PREDICTED_N)) if to_engine else None
 
     def flat(span: SpanRecord, ex: Extracted, vals: list, uncs: list) -> Shape:
-        src = read(span)  # type: ignore[arg-type]
-        if fixed_clock is None:
-            offset, unc = _i(src[p_off]) or 0, max(0, _i(src[p_unc]) or 0)
-        else:
-            offset, unc = fixed_clock
-        common(src, ex, offset)
-        uncs.append(unc)
+        src, offset = begin(span, ex, uncs)
         attempts = ex.attempts
         attempts[link] = attempts.get(link, 0) + 1
         start = src[0]
-        if offset:
-            vals += [t - offset for t in emit_times(src)]
-        else:
-            vals += emit_times(src)
+        _add_shifted(vals, emit_times(src), offset)
         for p in give_ups_at:
             _give_up(ex, ds, src[p] - offset)
         for p in engine_ends_at:
@@ -846,10 +859,8 @@ def _plan_tap(span: CompactSpan, topo: Topology, varying: set[str], rd: SpanRead
 
 def _plan_client(span: CompactSpan, topo: Topology, varying: set[str], rd: SpanReader) -> FlatRunner | None:
     client = topo.client.name
-    read = rd.read
     observer = f"client:{span.service or client}"
-    fixed_clock, p_off, p_unc = _clock_plan(span, varying, rd)
-    common = _common_plan(span, observer, rd)
+    begin = _begin_plan(span, observer, varying, rd)
     source = "aiperf" if span.service == "aiperf" else "client"
     aiperf = source == "aiperf"
     names = tuple(e[0] for e in span.events)
@@ -859,19 +870,10 @@ def _plan_client(span: CompactSpan, topo: Topology, varying: set[str], rd: SpanR
     gave_up_at = tuple(2 + i for i, n in enumerate(names) if n not in _CLIENT_ROLES and n in _CLIENT_GAVE_UP)
 
     def flat(span: SpanRecord, ex: Extracted, vals: list, uncs: list) -> Shape:
-        src = read(span)  # type: ignore[arg-type]
-        if fixed_clock is None:
-            offset, unc = _i(src[p_off]) or 0, max(0, _i(src[p_unc]) or 0)
-        else:
-            offset, unc = fixed_clock
-        common(src, ex, offset)
-        uncs.append(unc)
+        src, offset = begin(span, ex, uncs)
         if aiperf and observer in ex.tokens:
             ex.tokenizer_counted.add(observer)  # AIPerf counts tokens with its tokenizer
-        if offset:
-            vals += [t - offset for t in emit_times(src)]
-        else:
-            vals += emit_times(src)
+        _add_shifted(vals, emit_times(src), offset)
         for p in gave_up_at:
             _give_up(ex, client, src[p] - offset)
         return shape
@@ -883,11 +885,9 @@ def _plan_component(span: CompactSpan, topo: Topology, varying: set[str], rd: Sp
     if any(k in varying for k in _SHAPE_COMPONENT):
         return None
     a = span.attrs
-    read = rd.read
     comp = str(a.get(Attr.COMPONENT) or span.name[len(SPAN_COMPONENT_PREFIX) :].lstrip(".") or span.service)
     observer = f"component:{comp}"
-    fixed_clock, p_off, p_unc = _clock_plan(span, varying, rd)
-    common = _common_plan(span, observer, rd)
+    begin = _begin_plan(span, observer, varying, rd)
     engine = a.get(Attr.COMPONENT_KIND) == ComponentKind.ENGINE or comp == topo.engine.name
     p_after = rd.pos(Attr.ENGINE_TOKENS_AFTER_DISCONNECT) if Attr.ENGINE_TOKENS_AFTER_DISCONNECT in a else None
     names = tuple(e[0] for e in span.events)
@@ -905,21 +905,12 @@ def _plan_component(span: CompactSpan, topo: Topology, varying: set[str], rd: Sp
     shape = Shape(tuple((p, observer, "component", RANK_COMPONENT) for _, p, _ in emits))
 
     def flat(span: SpanRecord, ex: Extracted, vals: list, uncs: list) -> Shape:
-        src = read(span)  # type: ignore[arg-type]
-        if fixed_clock is None:
-            offset, unc = _i(src[p_off]) or 0, max(0, _i(src[p_unc]) or 0)
-        else:
-            offset, unc = fixed_clock
-        common(src, ex, offset)
-        uncs.append(unc)
+        src, offset = begin(span, ex, uncs)
         if p_after is not None:
             after = _i(src[p_after])
             if after is not None:
                 ex.engine_tokens_after_disconnect = after
-        if offset:
-            vals += [t - offset for t in emit_times(src)]
-        else:
-            vals += emit_times(src)
+        _add_shifted(vals, emit_times(src), offset)
         for p in last_at:
             tc = src[p] - offset
             ex.engine_end = tc if ex.engine_end is None else max(ex.engine_end, tc)
