@@ -19,7 +19,7 @@ from aiohttp import web
 
 from deltatap import aio
 from deltatap.clock import mono_ns, to_unix_ns
-from deltatap.wire import last_write_mono_ns, make_stamping_runner, request_received_mono_ns
+from deltatap.wire import last_write_mono_ns, make_stamping_runner, make_stamping_site, request_received_mono_ns
 
 TRUTH = web.AppKey("truth", dict)
 CFG = web.AppKey("cfg", argparse.Namespace)
@@ -84,7 +84,7 @@ async def main(cfg: argparse.Namespace) -> None:
     app.router.add_get("/_truth", truth)
     runner = make_stamping_runner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", cfg.port, backlog=4096).start()
+    await make_stamping_site(runner, "127.0.0.1", cfg.port, backlog=4096).start()
     print(f"mock listening on 127.0.0.1:{cfg.port}", flush=True)
     await asyncio.Event().wait()
 

@@ -8,7 +8,7 @@ code that needs them. Every stamp is :func:`deltatap.clock.mono_ns`.
 Server side (a tap's downstream side, a reference-stack component)::
 
     runner = make_stamping_runner(app)          # instead of web.AppRunner(app)
-    await runner.setup(); await web.TCPSite(runner, host, port).start()
+    await runner.setup(); await make_stamping_site(runner, host, port).start()
 
     async def handler(request):
         t_first_byte = request_received_mono_ns(request)   # first byte of this request read
@@ -58,13 +58,16 @@ import collections
 import functools
 from typing import Any
 
+import aiohappyeyeballs
 import aiohttp
 from aiohttp import web
 from aiohttp.client_proto import ResponseHandler
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 
+from deltatap import rxstamp
 from deltatap.clock import mono_ns
+from deltatap.rxstamp import RxStampTransport
 
 __all__ = [
     "StampingTransport",
@@ -75,6 +78,7 @@ __all__ = [
     "make_stamping_connector",
     "make_stamping_runner",
     "make_stamping_server_runner",
+    "make_stamping_site",
     "request_head_mono_ns",
     "request_received_mono_ns",
     "upstream_stamps",
@@ -96,13 +100,17 @@ class StampingTransport:
         self.writes = 0
 
     def write(self, data: Any) -> None:
-        self.last_write_mono_ns = mono_ns()
-        self.writes += 1
+        if data:  # an empty write hands nothing to the kernel: not a write to stamp
+            self.last_write_mono_ns = mono_ns()
+            self.writes += 1
         self._transport.write(data)
 
     def writelines(self, lines: Any) -> None:
-        self.last_write_mono_ns = mono_ns()
-        self.writes += 1
+        if not isinstance(lines, (tuple, list)):
+            lines = list(lines)
+        if any(lines):
+            self.last_write_mono_ns = mono_ns()
+            self.writes += 1
         self._transport.writelines(lines)
 
     # the calls aiohttp makes often, spelled out to skip __getattr__
@@ -138,6 +146,20 @@ class StampingTransport:
         return getattr(self._transport, name)
 
 
+_STAMPING = (StampingTransport, RxStampTransport)
+
+
+def _wrap_transport(protocol: Any) -> RxStampTransport | None:
+    """In ``connection_made``: make ``protocol.transport`` stamp its writes; return it if it also
+    carries kernel receive stamps (an :class:`RxStampTransport`), else None."""
+    tr = protocol.transport
+    if isinstance(tr, RxStampTransport):
+        return tr
+    if tr is not None and not isinstance(tr, StampingTransport):
+        protocol.transport = StampingTransport(tr)
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # Server side
 # --------------------------------------------------------------------------------------------
@@ -148,6 +170,7 @@ class StampingRequestHandler(RequestHandler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._rx: RxStampTransport | None = None
         self.last_read_mono_ns: int | None = None
         self.lost_mono_ns: int | None = None
         self._stamp_pending: int | None = None
@@ -159,15 +182,15 @@ class StampingRequestHandler(RequestHandler):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        if self.transport is not None and not isinstance(self.transport, StampingTransport):
-            self.transport = StampingTransport(self.transport)  # type: ignore[assignment]
+        self._rx = _wrap_transport(self)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.lost_mono_ns = mono_ns()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        t = mono_ns()
+        rx = self._rx
+        t = rx.rx_mono_ns if rx is not None and data else mono_ns()  # type: ignore[assignment]
         if data:  # aiohttp calls data_received(b"") itself to drain buffered bytes: not a read
             self.last_read_mono_ns = t
             body = self._stamp_body
@@ -224,6 +247,30 @@ def make_stamping_server_runner(
     return web.ServerRunner(server, shutdown_timeout=shutdown_timeout)
 
 
+class _StampingSite(web.TCPSite):
+    """A ``web.TCPSite`` whose plain-TCP connections read through :class:`RxStampTransport`."""
+
+    async def start(self) -> None:
+        if self._ssl_context is not None or not rxstamp.enabled():
+            await super().start()
+            return
+        self._runner._reg_site(self)
+        server = self._runner.server
+        assert server is not None
+        self._server = await rxstamp.start_server(
+            server, self._host, self._port, backlog=self._backlog, reuse_address=self._reuse_address, reuse_port=self._reuse_port
+        )
+        socks = self._server.sockets
+        self._bound_port = socks[0].getsockname()[1] if socks else self._port
+
+
+def make_stamping_site(runner: web.BaseRunner, host: str | None = None, port: int | None = None, **kwargs: Any) -> web.TCPSite:
+    """A ``web.TCPSite`` (same arguments) for a stamping runner: on Linux its connections' reads
+    carry the kernel's receive stamps (:mod:`deltatap.rxstamp`) instead of the moment the process
+    got to them."""
+    return _StampingSite(runner, host, port, **kwargs)
+
+
 def request_received_mono_ns(request: web.BaseRequest) -> int | None:
     """When the read carrying this request's first byte happened (None without a stamping runner)."""
     return request.get(_RECEIVED_KEY)
@@ -249,7 +296,7 @@ def last_write_mono_ns(request: web.BaseRequest) -> int | None:
     """When the latest write on this request's connection was issued (e.g. right after
     ``await response.write(chunk)``: when that chunk was handed to the kernel)."""
     tr = request.transport
-    return tr.last_write_mono_ns if isinstance(tr, StampingTransport) else None
+    return tr.last_write_mono_ns if isinstance(tr, _STAMPING) else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -264,6 +311,7 @@ class StampingResponseHandler(ResponseHandler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._rx: RxStampTransport | None = None
         self.last_read_mono_ns: int | None = None
         self.head_mono_ns: int | None = None
         self.read_totals: collections.deque[int] = collections.deque(maxlen=self.READ_LOG)
@@ -277,11 +325,11 @@ class StampingResponseHandler(ResponseHandler):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        if self.transport is not None and not isinstance(self.transport, StampingTransport):
-            self.transport = StampingTransport(self.transport)  # type: ignore[assignment]
+        self._rx = _wrap_transport(self)
 
     def data_received(self, data: bytes) -> None:
-        t = mono_ns()
+        rx = self._rx
+        t = rx.rx_mono_ns if rx is not None and data else mono_ns()  # type: ignore[assignment]
         if data:
             self.last_read_mono_ns = t
         before = self._payload
@@ -304,6 +352,37 @@ class _StampingConnector(aiohttp.TCPConnector):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._factory = functools.partial(StampingResponseHandler, loop=self._loop)
+        self._rx_stamps = rxstamp.enabled()
+
+    async def _wrap_create_connection(
+        self,
+        *args: Any,
+        addr_infos: list[Any],
+        req: Any,
+        timeout: aiohttp.ClientTimeout,
+        client_error: type[Exception] = aiohttp.ClientConnectorError,
+        **kwargs: Any,
+    ) -> tuple[asyncio.Transport, Any]:
+        """Plain TCP: connect as aiohttp does (happy eyeballs, ``sock_connect`` timeout), then read
+        through a :class:`RxStampTransport`; TLS: aiohttp's own path."""
+        if not self._rx_stamps or kwargs.get("ssl"):
+            return await super()._wrap_create_connection(
+                *args, addr_infos=addr_infos, req=req, timeout=timeout, client_error=client_error, **kwargs
+            )
+        extra: dict[str, Any] = {}
+        if getattr(self, "_socket_factory", None) is not None:
+            extra["socket_factory"] = self._socket_factory
+        try:
+            async with asyncio.timeout(timeout.sock_connect):
+                sock = await aiohappyeyeballs.start_connection(
+                    addr_infos=addr_infos, local_addr_infos=self._local_addr_infos,
+                    happy_eyeballs_delay=self._happy_eyeballs_delay, interleave=self._interleave, loop=self._loop, **extra,
+                )
+        except OSError as exc:
+            if exc.errno is None and isinstance(exc, asyncio.TimeoutError):
+                raise
+            raise client_error(req.connection_key, exc) from exc
+        return rxstamp.connect(self._loop, sock, args[0])  # type: ignore[return-value]
 
 
 def make_stamping_connector(**kwargs: Any) -> aiohttp.TCPConnector:
@@ -319,10 +398,15 @@ class UpstreamStamps:
     def __init__(self, proto: StampingResponseHandler) -> None:
         self._proto = proto
         tr = proto.transport
-        self._transport = tr if isinstance(tr, StampingTransport) else None
+        self._transport = tr if isinstance(tr, _STAMPING) else None
         self.request_written_mono_ns = self._transport.last_write_mono_ns if self._transport else None
         self.head_mono_ns = proto.head_mono_ns
         self._response_no = proto.responses
+
+    @property
+    def kernel_rx(self) -> bool:
+        """Whether this connection's read stamps are the kernel's receive stamps (:mod:`deltatap.rxstamp`)."""
+        return self._proto._rx is not None
 
     @property
     def connection_lost_mono_ns(self) -> int | None:

@@ -28,6 +28,7 @@ from deltatap.wire import (
     last_write_mono_ns,
     make_stamping_connector,
     make_stamping_server_runner,
+    make_stamping_site,
     request_head_mono_ns,
     request_received_mono_ns,
     upstream_stamps,
@@ -102,7 +103,7 @@ class Tap:
         # close() waits out the grace period itself; what is left after it is cancelled at once
         self._runner = make_stamping_server_runner(self._handle, handler_cancellation=True, shutdown_timeout=0.05, access_log=None)
         await self._runner.setup()
-        self._site = web.TCPSite(self._runner, o.listen_host, o.listen_port, backlog=1024, reuse_address=True)
+        self._site = make_stamping_site(self._runner, o.listen_host, o.listen_port, backlog=1024, reuse_address=True)
         try:
             await self._site.start()
         except OSError as exc:

@@ -20,7 +20,7 @@ from deltatap.clock import mono_ns
 from deltatap.telemetry import Telemetry
 from deltatap.topology import parse_hostport
 from deltatap.vocab import Attr, Outcome, Role, TapEvent
-from deltatap.wire import make_stamping_runner, request_received_mono_ns
+from deltatap.wire import make_stamping_runner, make_stamping_site, request_received_mono_ns
 
 from stack.metrics import ComponentMetrics
 from stack.openai import ApiError
@@ -81,7 +81,7 @@ async def serve(app: web.Application, listen: str, name: str, kind: str, telemet
     host, port = parse_hostport(listen)
     runner = make_stamping_runner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
+    site = make_stamping_site(runner, host, port, reuse_address=True)
     try:
         await site.start()
     except OSError as exc:

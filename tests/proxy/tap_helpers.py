@@ -76,9 +76,9 @@ def build_upstream(log: UpstreamLog) -> web.Application:
             log.cancelled.append(mono_ns())
             raise
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        await resp.write(b'data: {"object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}\n\n')
+        await resp.prepare(request)  # aiohttp sends the head in a write of its own here
         log.head_written.append(last_write_mono_ns(request))
+        await resp.write(b'data: {"object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}\n\n')
         written: list[int] = []
         log.token_written.append(written)
         try:

@@ -1,0 +1,481 @@
+"""Kernel receive stamps: a TCP transport that reads with ``recvmsg`` and ``SO_TIMESTAMPNS``.
+
+A read stamp taken in ``data_received`` is late by however long the reading process waited for a
+CPU after the bytes arrived: on a loaded machine that is the dominant error of every "arrived"
+point (measured: ~1 request in 10 late by more than 1 ms with 8 Python processes on 2 cores).
+Linux stamps every incoming packet when it enters the receive path (``SO_TIMESTAMPNS``); for
+loopback that is the moment the sender's ``send`` ran. :class:`RxStampTransport` asks for those
+stamps and hands them to its protocol as :attr:`RxStampTransport.rx_mono_ns` (read it inside
+``data_received``): the kernel's stamp of the last packet of that read, on this process's
+:func:`deltatap.clock.mono_ns` scale. The kernel stamps ``CLOCK_REALTIME``; each stamp is moved
+onto the monotonic scale by its age (``time_ns() - stamp``) subtracted from ``mono_ns()`` read
+together, so a wall-clock step or slew between stamps cannot leak in.
+
+uvloop's transports read in C and cannot hand out ancillary data, so this is a transport of its
+own, on the running loop's ``add_reader``/``add_writer`` (uvloop or asyncio): plain TCP only
+(TLS connections keep the loop's transports and are stamped in ``data_received``). It also
+records when each write was issued (:attr:`RxStampTransport.last_write_mono_ns`), like
+:class:`deltatap.wire.StampingTransport`.
+
+Servers: :func:`start_server` (used by :func:`deltatap.wire.make_stamping_site`); clients:
+:func:`connect` on an already-connected socket (used by :func:`deltatap.wire.make_stamping_connector`).
+Set ``DELTATAP_RX_STAMPS=0`` to turn kernel stamps off (the loop's own transports are used).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import socket
+import struct
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["RxServer", "RxStampTransport", "connect", "enabled", "start_server"]
+
+log = logging.getLogger("deltatap.rxstamp")
+
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None)
+_TIMESPEC = struct.Struct("@qq")
+_ANCBUF = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
+_READ_SIZE = 256 * 1024  # one read takes up to this much (what asyncio and uvloop read at once)
+_MAX_AGE_NS = 60 * 10**9  # a stamp older than this (or from the future) means the wall clock stepped
+_SOCKET_ERRORS = (OSError,)
+_mono = time.perf_counter_ns  # deltatap.clock.mono_ns, bound here for the read path
+_wall = time.time_ns
+
+
+def enabled() -> bool:
+    """Whether new servers and connections use kernel receive stamps: Linux (``SO_TIMESTAMPNS`` and
+    ``recvmsg``) unless ``DELTATAP_RX_STAMPS`` is ``0``/``off``/``false``."""
+    if SO_TIMESTAMPNS is None or not _ANCBUF or not hasattr(socket.socket, "recvmsg_into"):
+        return False
+    return os.environ.get("DELTATAP_RX_STAMPS", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def _kernel_mono(ancdata: list[tuple[int, int, bytes]]) -> int:
+    """``mono_ns`` of the kernel's receive stamp in ``ancdata`` (now, if there is none).
+
+    The stamp's age is read as ``time_ns()`` between two ``mono_ns()`` readings taken back to back
+    (nothing that allocates, so no garbage collection, in between); a pair more than 20 µs apart
+    (the process lost its CPU between them) is read again."""
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+            sec, nsec = _TIMESPEC.unpack_from(data)
+            k = sec * 1_000_000_000 + nsec
+            for _ in range(3):
+                a = _mono()
+                w = _wall()
+                b = _mono()
+                if b - a < 20_000:
+                    break
+            age = w - k
+            if 0 <= age <= _MAX_AGE_NS:
+                return ((a + b) >> 1) - age
+            break
+    return _mono()
+
+
+class RxStampTransport(asyncio.Transport):
+    """A non-TLS TCP transport whose reads carry the kernel's receive stamp (see the module doc).
+
+    Flow control, half-close (``write_eof``/``eof_received``), ``pause_reading``/``resume_reading``
+    and the ``socket``/``peername``/``sockname`` extras behave as in asyncio's socket transports.
+    """
+
+    __slots__ = (
+        "_loop", "_sock", "_fd", "_protocol", "_buf", "_view", "_wbuf", "_wsize", "_closing", "_paused",
+        "_lost", "_eof", "_high", "_low", "_protocol_paused", "_server",
+        "rx_mono_ns", "last_write_mono_ns", "writes",
+    )
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: asyncio.Protocol, server: RxServer | None = None) -> None:
+        extra: dict[str, Any] = {"socket": sock}
+        for key, call in (("sockname", sock.getsockname), ("peername", sock.getpeername)):
+            try:
+                extra[key] = call()
+            except OSError:
+                extra[key] = None
+        super().__init__(extra)
+        sock.setblocking(False)
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as asyncio and uvloop do
+        self._loop = loop
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._protocol = protocol
+        self._buf = bytearray(_READ_SIZE)
+        self._view = memoryview(self._buf)
+        self._wbuf: collections.deque[bytes] = collections.deque()
+        self._wsize = 0
+        self._closing = False
+        self._paused = False
+        self._lost = False
+        self._eof = False
+        self._high = 64 * 1024
+        self._low = 16 * 1024
+        self._protocol_paused = False
+        self._server = server
+        self.rx_mono_ns: int | None = None  # kernel stamp of the read being delivered
+        self.last_write_mono_ns: int | None = None  # when the latest write was issued
+        self.writes = 0
+        if server is not None:
+            server._attach(self)
+
+    def _start(self) -> None:
+        """Tell the protocol, then start reading (unless it paused or closed us meanwhile)."""
+        try:
+            self._protocol.connection_made(self)
+        except BaseException:
+            self._force_close(None)
+            raise
+        if not self._closing and not self._paused:
+            self._loop.add_reader(self._fd, self._on_readable)
+
+    # ---- reading -------------------------------------------------------------------------
+    def _on_readable(self) -> None:
+        if self._lost:
+            return
+        try:
+            n, anc, _flags, _addr = self._sock.recvmsg_into((self._view,), _ANCBUF)
+        except (BlockingIOError, InterruptedError):
+            return
+        except _SOCKET_ERRORS as exc:
+            self._fatal(exc)
+            return
+        if n:
+            self.rx_mono_ns = _kernel_mono(anc)
+            try:
+                self._protocol.data_received(bytes(self._view[:n]))
+            except BaseException as exc:
+                self._fatal(exc, "protocol.data_received() failed")
+            return
+        # end of stream from the peer
+        self._loop.remove_reader(self._fd)
+        try:
+            keep_open = self._protocol.eof_received()
+        except BaseException as exc:
+            self._fatal(exc, "protocol.eof_received() failed")
+            return
+        if not keep_open:
+            self.close()
+
+    def pause_reading(self) -> None:
+        if self._closing or self._paused:
+            return
+        self._paused = True
+        self._loop.remove_reader(self._fd)
+
+    def resume_reading(self) -> None:
+        if self._closing or not self._paused:
+            return
+        self._paused = False
+        self._loop.add_reader(self._fd, self._on_readable)
+
+    def is_reading(self) -> bool:
+        return not self._paused and not self._closing
+
+    # ---- writing -------------------------------------------------------------------------
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not data:  # hands nothing to the kernel: not a write to stamp
+            return
+        self.last_write_mono_ns = _mono()
+        self.writes += 1
+        if self._eof:
+            raise RuntimeError("write() after write_eof()")
+        if self._lost:
+            return
+        if not self._wbuf:
+            try:
+                n = self._sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except _SOCKET_ERRORS as exc:
+                self._fatal(exc)
+                return
+            if n == len(data):
+                return
+            data = memoryview(data)[n:]
+            self._loop.add_writer(self._fd, self._on_writable)
+        self._wbuf.append(bytes(data))
+        self._wsize += len(data)
+        self._maybe_pause_protocol()
+
+    def writelines(self, list_of_data: Any) -> None:
+        self.write(b"".join(list_of_data))
+
+    def _on_writable(self) -> None:
+        if self._lost:
+            return
+        buf = self._wbuf
+        data = buf[0] if len(buf) == 1 else b"".join(buf)
+        try:
+            n = self._sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            return
+        except _SOCKET_ERRORS as exc:
+            self._loop.remove_writer(self._fd)
+            buf.clear()
+            self._wsize = 0
+            self._fatal(exc)
+            return
+        buf.clear()
+        self._wsize = len(data) - n
+        if self._wsize:
+            buf.append(data[n:])
+        self._maybe_resume_protocol()
+        if self._wsize:
+            return
+        self._loop.remove_writer(self._fd)
+        if self._closing:
+            self._connection_lost(None)
+        elif self._eof:
+            self._shutdown_write()
+
+    def write_eof(self) -> None:
+        if self._closing or self._eof:
+            return
+        self._eof = True
+        if not self._wbuf:
+            self._shutdown_write()
+
+    def _shutdown_write(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def get_write_buffer_size(self) -> int:
+        return self._wsize
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return (self._low, self._high)
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        if high is None:
+            high = 64 * 1024 if low is None else 4 * low
+        if low is None:
+            low = high // 4
+        if not high >= low >= 0:
+            raise ValueError(f"high ({high!r}) must be >= low ({low!r}) must be >= 0")
+        self._high, self._low = high, low
+        self._maybe_pause_protocol()
+
+    def _maybe_pause_protocol(self) -> None:
+        if self._wsize > self._high and not self._protocol_paused:
+            self._protocol_paused = True
+            try:
+                self._protocol.pause_writing()
+            except BaseException:
+                log.exception("protocol.pause_writing() failed")
+
+    def _maybe_resume_protocol(self) -> None:
+        if self._protocol_paused and self._wsize <= self._low:
+            self._protocol_paused = False
+            try:
+                self._protocol.resume_writing()
+            except BaseException:
+                log.exception("protocol.resume_writing() failed")
+
+    # ---- closing -------------------------------------------------------------------------
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        """Stop reading; close once what is buffered has been sent."""
+        if self._closing:
+            return
+        self._closing = True
+        self._loop.remove_reader(self._fd)
+        if not self._wbuf:
+            self._lost = True
+            self._loop.call_soon(self._connection_lost, None)
+
+    def abort(self) -> None:
+        self._force_close(None)
+
+    def _fatal(self, exc: BaseException, message: str | None = None) -> None:
+        if message is not None or not isinstance(exc, OSError):
+            log.error("%s", message or "fatal error on a stamped transport", exc_info=exc)
+        self._force_close(exc if isinstance(exc, Exception) else None)
+
+    def _force_close(self, exc: BaseException | None) -> None:
+        if self._lost:
+            return
+        if self._wbuf:
+            self._wbuf.clear()
+            self._wsize = 0
+            self._loop.remove_writer(self._fd)
+        if not self._closing:
+            self._closing = True
+            self._loop.remove_reader(self._fd)
+        self._lost = True
+        self._loop.call_soon(self._connection_lost, exc)
+
+    def _connection_lost(self, exc: BaseException | None) -> None:
+        self._lost = True
+        try:
+            self._protocol.connection_lost(exc)
+        finally:
+            self._sock.close()
+            self._protocol = None  # type: ignore[assignment]
+            server, self._server = self._server, None
+            if server is not None:
+                server._detach(self)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._protocol
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._protocol = protocol  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        state = "closed" if self._lost else "closing" if self._closing else "open"
+        return f"<RxStampTransport fd={self._fd} {state} peer={self._extra.get('peername')}>"
+
+
+def connect(loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol_factory: Callable[[], asyncio.Protocol]) -> tuple[RxStampTransport, asyncio.Protocol]:
+    """Wrap a connected TCP socket (the caller connected it) in a stamped transport."""
+    protocol = protocol_factory()
+    transport = RxStampTransport(loop, sock, protocol)
+    transport._start()
+    return transport, protocol
+
+
+class RxServer(asyncio.AbstractServer):
+    """Listening sockets whose accepted connections get an :class:`RxStampTransport`."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sockets: list[socket.socket], protocol_factory: Callable[[], asyncio.Protocol], backlog: int) -> None:
+        self._loop = loop
+        self._sockets = sockets
+        self._factory = protocol_factory
+        self._backlog = backlog
+        self._serving = False
+        self._transports: set[RxStampTransport] = set()
+        self._closed = asyncio.Event()
+
+    @property
+    def sockets(self) -> tuple[socket.socket, ...]:
+        return tuple(self._sockets)
+
+    def _attach(self, transport: RxStampTransport) -> None:
+        self._transports.add(transport)
+
+    def _detach(self, transport: RxStampTransport) -> None:
+        self._transports.discard(transport)
+
+    async def start_serving(self) -> None:
+        if self._serving or self._closed.is_set():
+            return
+        self._serving = True
+        for s in self._sockets:
+            self._loop.add_reader(s.fileno(), self._on_accept, s)
+
+    def _on_accept(self, lsock: socket.socket) -> None:
+        for _ in range(self._backlog):
+            try:
+                conn, _addr = lsock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:
+                # out of file descriptors or buffers: stop accepting for a second instead of spinning
+                log.error("accept() on %s failed (%s); accepting again in 1 s", lsock.getsockname(), exc)
+                self._loop.remove_reader(lsock.fileno())
+                self._loop.call_later(1.0, self._resume_accept, lsock)
+                return
+            try:
+                protocol = self._factory()
+                RxStampTransport(self._loop, conn, protocol, self)._start()
+            except Exception:
+                log.exception("could not set up an accepted connection")
+                conn.close()
+
+    def _resume_accept(self, lsock: socket.socket) -> None:
+        if self._serving and lsock.fileno() >= 0:
+            self._loop.add_reader(lsock.fileno(), self._on_accept, lsock)
+
+    def is_serving(self) -> bool:
+        return self._serving
+
+    def close(self) -> None:
+        """Stop listening; open connections stay (their protocols close them)."""
+        if self._closed.is_set():
+            return
+        for s in self._sockets:
+            if self._serving:
+                self._loop.remove_reader(s.fileno())
+            s.close()
+        self._serving = False
+        self._closed.set()
+
+    def close_clients(self) -> None:
+        for tr in list(self._transports):
+            tr.close()
+
+    def abort_clients(self) -> None:
+        for tr in list(self._transports):
+            tr.abort()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def serve_forever(self) -> None:
+        await self.start_serving()
+        await asyncio.Future()
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+
+async def start_server(
+    protocol_factory: Callable[[], asyncio.Protocol],
+    host: str | None,
+    port: int,
+    *,
+    backlog: int = 128,
+    reuse_address: bool | None = None,
+    reuse_port: bool | None = None,
+) -> RxServer:
+    """Listen on ``host:port`` (every address ``host`` resolves to; all interfaces for None or
+    ``""``), like ``loop.create_server``, with stamped transports for accepted connections."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    seen: set[tuple[Any, ...]] = set()
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _canon, addr in infos:
+            if (family, addr) in seen:
+                continue
+            seen.add((family, addr))
+            s = socket.socket(family, kind, proto)
+            sockets.append(s)
+            if reuse_address if reuse_address is not None else os.name == "posix":
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                s.bind(addr)
+            except OSError as exc:
+                raise OSError(exc.errno, f"error while attempting to bind on address {addr!r}: {exc.strerror}") from None
+            # set on the listening socket: accepted sockets inherit it, and the bytes that arrive
+            # before the loop gets to accept() are stamped too
+            s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            s.listen(backlog)
+            s.setblocking(False)
+    except BaseException:
+        for s in sockets:
+            s.close()
+        raise
+    server = RxServer(loop, sockets, protocol_factory, backlog)
+    await server.start_serving()
+    return server
