@@ -34,16 +34,20 @@ Client side (a tap's upstream side, a component calling its upstream)::
 
 Semantics and limits:
 
+* Where read stamps come from: on Linux, plain-TCP connections of a stamping site or connector
+  run on :class:`deltatap.kstamp.KernelStampTransport`, and a read's stamp is the kernel's receive
+  stamp of its last packet, which does not move when the process waits for a CPU. Elsewhere (TLS,
+  other systems, ``DELTATAP_KERNEL_STAMPS=0``) reads are stamped when ``data_received`` runs.
 * "first byte read" is the ``data_received`` call that carried the request's first byte; on a
   keep-alive connection bytes that arrive while a body is still being read belong to that body.
   A pipelined request whose first bytes share a read with the previous request is stamped at the
   read that completes its head.
-* "written" is the moment ``transport.write`` was called with the bytes: they go to the kernel in
-  that call (or, under back-pressure, to the transport's buffer; aiohttp then awaits the drain).
-  Not the moment it returned: on loopback the send wakes the peer, and on a busy machine the
-  peer often runs before the writer gets its CPU back (measured: ~0.3 ms p50 on a loaded 2-core
-  machine) — time the peer already has the bytes, which a stamp after the call would count as
-  the writer's.
+* "written" is the moment ``transport.write`` was called with the bytes: they
+  go to the kernel in that call (or, under back-pressure, to the transport's buffer; aiohttp then
+  awaits the drain). Not the moment it returned: on loopback the send wakes the peer, and on a
+  busy machine the peer often runs before the writer gets its CPU back (measured: ~0.3 ms p50 on
+  a loaded 2-core machine) — time the peer already has the bytes, which a stamp after the call
+  would count as the writer's. An empty write is not a write.
 * The read log of a client response keeps the last 4096 reads; older entries answer with the
   oldest stamp kept.
 * These hook aiohttp's ``RequestHandler``, ``Server`` and ``ResponseHandler`` protocol classes
@@ -65,9 +69,9 @@ from aiohttp.client_proto import ResponseHandler
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 
-from deltatap import rxstamp
+from deltatap import kstamp
 from deltatap.clock import mono_ns
-from deltatap.rxstamp import RxStampTransport
+from deltatap.kstamp import KernelStampTransport
 
 __all__ = [
     "StampingTransport",
@@ -146,14 +150,14 @@ class StampingTransport:
         return getattr(self._transport, name)
 
 
-_STAMPING = (StampingTransport, RxStampTransport)
+_STAMPING = (StampingTransport, KernelStampTransport)
 
 
-def _wrap_transport(protocol: Any) -> RxStampTransport | None:
-    """In ``connection_made``: make ``protocol.transport`` stamp its writes; return it if it also
-    carries kernel receive stamps (an :class:`RxStampTransport`), else None."""
+def _wrap_transport(protocol: Any) -> KernelStampTransport | None:
+    """In ``connection_made``: make ``protocol.transport`` stamp its writes; return it if its reads
+    carry the kernel's receive stamps (a :class:`KernelStampTransport`), else None."""
     tr = protocol.transport
-    if isinstance(tr, RxStampTransport):
+    if isinstance(tr, KernelStampTransport):
         return tr
     if tr is not None and not isinstance(tr, StampingTransport):
         protocol.transport = StampingTransport(tr)
@@ -170,7 +174,7 @@ class StampingRequestHandler(RequestHandler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._rx: RxStampTransport | None = None
+        self._rx: KernelStampTransport | None = None
         self.last_read_mono_ns: int | None = None
         self.lost_mono_ns: int | None = None
         self._stamp_pending: int | None = None
@@ -248,16 +252,16 @@ def make_stamping_server_runner(
 
 
 class _StampingSite(web.TCPSite):
-    """A ``web.TCPSite`` whose plain-TCP connections read through :class:`RxStampTransport`."""
+    """A ``web.TCPSite`` whose plain-TCP connections run on a :class:`KernelStampTransport`."""
 
     async def start(self) -> None:
-        if self._ssl_context is not None or not rxstamp.enabled():
+        if self._ssl_context is not None or not kstamp.enabled():
             await super().start()
             return
         self._runner._reg_site(self)
         server = self._runner.server
         assert server is not None
-        self._server = await rxstamp.start_server(
+        self._server = await kstamp.start_server(
             server, self._host, self._port, backlog=self._backlog, reuse_address=self._reuse_address, reuse_port=self._reuse_port
         )
         socks = self._server.sockets
@@ -265,9 +269,9 @@ class _StampingSite(web.TCPSite):
 
 
 def make_stamping_site(runner: web.BaseRunner, host: str | None = None, port: int | None = None, **kwargs: Any) -> web.TCPSite:
-    """A ``web.TCPSite`` (same arguments) for a stamping runner: on Linux its connections' reads
-    carry the kernel's receive stamps (:mod:`deltatap.rxstamp`) instead of the moment the process
-    got to them."""
+    """A ``web.TCPSite`` (same arguments) for a stamping runner: on Linux its plain-TCP connections'
+    reads carry the kernel's receive stamps (:mod:`deltatap.kstamp`) instead of the moment the
+    process got to them."""
     return _StampingSite(runner, host, port, **kwargs)
 
 
@@ -311,7 +315,7 @@ class StampingResponseHandler(ResponseHandler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._rx: RxStampTransport | None = None
+        self._rx: KernelStampTransport | None = None
         self.last_read_mono_ns: int | None = None
         self.head_mono_ns: int | None = None
         self.read_totals: collections.deque[int] = collections.deque(maxlen=self.READ_LOG)
@@ -352,7 +356,7 @@ class _StampingConnector(aiohttp.TCPConnector):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._factory = functools.partial(StampingResponseHandler, loop=self._loop)
-        self._rx_stamps = rxstamp.enabled()
+        self._rx_stamps = kstamp.enabled()
 
     async def _wrap_create_connection(
         self,
@@ -364,7 +368,7 @@ class _StampingConnector(aiohttp.TCPConnector):
         **kwargs: Any,
     ) -> tuple[asyncio.Transport, Any]:
         """Plain TCP: connect as aiohttp does (happy eyeballs, ``sock_connect`` timeout), then read
-        through a :class:`RxStampTransport`; TLS: aiohttp's own path."""
+        through a :class:`KernelStampTransport`; TLS: aiohttp's own path."""
         if not self._rx_stamps or kwargs.get("ssl"):
             return await super()._wrap_create_connection(
                 *args, addr_infos=addr_infos, req=req, timeout=timeout, client_error=client_error, **kwargs
@@ -382,7 +386,7 @@ class _StampingConnector(aiohttp.TCPConnector):
             if exc.errno is None and isinstance(exc, asyncio.TimeoutError):
                 raise
             raise client_error(req.connection_key, exc) from exc
-        return rxstamp.connect(self._loop, sock, args[0])  # type: ignore[return-value]
+        return kstamp.connect(self._loop, sock, args[0])  # type: ignore[return-value]
 
 
 def make_stamping_connector(**kwargs: Any) -> aiohttp.TCPConnector:
@@ -404,8 +408,8 @@ class UpstreamStamps:
         self._response_no = proto.responses
 
     @property
-    def kernel_rx(self) -> bool:
-        """Whether this connection's read stamps are the kernel's receive stamps (:mod:`deltatap.rxstamp`)."""
+    def kernel_stamps(self) -> bool:
+        """Whether this connection's read stamps are the kernel's receive stamps (:mod:`deltatap.kstamp`)."""
         return self._proto._rx is not None
 
     @property

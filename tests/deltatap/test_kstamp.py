@@ -1,9 +1,9 @@
-"""deltatap.rxstamp: kernel receive stamps and the transport that carries them, on asyncio's loop and
+"""deltatap.kstamp: kernel receive stamps and the transport that carries them, on asyncio's loop and
 on uvloop, over real loopback sockets.
 
 The stamp tests block the reading loop after the bytes were sent: a read stamp taken when the
 process gets to the bytes is late by the whole block, the kernel's stamp is not (and with
-``DELTATAP_RX_STAMPS=0`` the same test shows the late stamp, so it can tell the two apart).
+``DELTATAP_KERNEL_STAMPS=0`` the same test shows the late stamp, so it can tell the two apart).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import pytest
 import uvloop
 from aiohttp import web
 
-from deltatap import rxstamp
+from deltatap import kstamp
 from deltatap.clock import mono_ns
-from deltatap.rxstamp import RxStampTransport
+from deltatap.kstamp import KernelStampTransport
 from deltatap.wire import (
     StampingTransport,
     last_read_mono_ns,
@@ -37,15 +37,15 @@ from deltatap.wire import (
 MS = 1_000_000
 BLOCK_S = 0.2  # how long the reading loop is kept busy after the bytes arrived
 LOOPS = pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
-pytestmark = pytest.mark.skipif(not rxstamp.enabled(), reason="kernel receive stamps need Linux (SO_TIMESTAMPNS)")
+pytestmark = pytest.mark.skipif(not kstamp.enabled(), reason="kernel receive stamps need Linux (SO_TIMESTAMPING)")
 
 
 @pytest.fixture(params=["kernel", "off"])
 def stamps(request, monkeypatch) -> str:
     if request.param == "off":
-        monkeypatch.setenv("DELTATAP_RX_STAMPS", "0")
+        monkeypatch.setenv("DELTATAP_KERNEL_STAMPS", "0")
     else:
-        monkeypatch.delenv("DELTATAP_RX_STAMPS", raising=False)
+        monkeypatch.delenv("DELTATAP_KERNEL_STAMPS", raising=False)
     return request.param
 
 
@@ -57,10 +57,10 @@ def _wait_kernel_stamping() -> None:
         with socket.create_connection(lsock.getsockname(), timeout=5) as c:
             conn, _ = lsock.accept()
             with conn:
-                conn.setsockopt(socket.SOL_SOCKET, rxstamp.SO_TIMESTAMPNS, 1)
+                conn.setsockopt(socket.SOL_SOCKET, kstamp.SO_TIMESTAMPING, kstamp.RX_FLAGS)
                 for _ in range(200):
                     c.sendall(b"x")
-                    _data, anc, _flags, _addr = conn.recvmsg(16, socket.CMSG_SPACE(16))
+                    _data, anc, _flags, _addr = conn.recvmsg(16, socket.CMSG_SPACE(48))
                     if anc:
                         return
                     time.sleep(0.005)
@@ -72,7 +72,7 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, int]:
     await runner.setup()
     site = make_stamping_site(runner, "127.0.0.1", 0)
     await site.start()
-    if rxstamp.enabled():
+    if kstamp.enabled():
         _wait_kernel_stamping()
     return runner, runner.addresses[0][1]
 
@@ -105,7 +105,7 @@ def test_server_read_stamp_is_the_kernel_arrival(run, stamps):
 
     t_send, t_sent, rec = run(scenario())
     if stamps == "kernel":
-        assert rec["transport"] == "RxStampTransport"
+        assert rec["transport"] == "KernelStampTransport"
         # stamped when the kernel took the bytes in, inside sendall, not when the loop got to them
         assert t_send - 100_000 <= rec["received"] <= t_sent + 100_000
         assert t_send - 100_000 <= rec["body"] <= t_sent + 100_000
@@ -156,7 +156,7 @@ def test_client_read_stamp_is_the_kernel_arrival(run, stamps):
         async with aiohttp.ClientSession(connector=make_stamping_connector()) as session:
             async with session.get(f"http://127.0.0.1:{server.port}/") as resp:
                 up = upstream_stamps(resp)
-                kind = "RxStampTransport" if up is not None and up.kernel_rx else "StampingTransport"
+                kind = "KernelStampTransport" if up is not None and up.kernel_stamps else "StampingTransport"
                 body = await resp.read()
                 return (up.head_mono_ns if up else None), kind, body
 
@@ -168,7 +168,7 @@ def test_client_read_stamp_is_the_kernel_arrival(run, stamps):
     t_send, t_sent = server.sent
     assert head is not None
     if stamps == "kernel":
-        assert kind == "RxStampTransport"
+        assert kind == "KernelStampTransport"
         assert t_send - 100_000 <= head <= t_sent + 100_000
     else:
         assert kind == "StampingTransport"
@@ -212,13 +212,13 @@ class Echo(asyncio.Protocol):
             self.lost.set_result(exc)
 
 
-async def _echo_server(proto_holder: list) -> rxstamp.RxServer:
+async def _echo_server(proto_holder: list) -> kstamp.KernelStampServer:
     def factory() -> Echo:
         p = Echo()
         proto_holder.append(p)
         return p
 
-    return await rxstamp.start_server(factory, "127.0.0.1", 0)
+    return await kstamp.start_server(factory, "127.0.0.1", 0)
 
 
 @LOOPS
@@ -295,7 +295,7 @@ def test_back_pressure_pauses_and_close_flushes(run):
 
     async def scenario():
         senders: list[Sender] = []
-        server = await rxstamp.start_server(lambda: senders.append(Sender()) or senders[-1], "127.0.0.1", 0)
+        server = await kstamp.start_server(lambda: senders.append(Sender()) or senders[-1], "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         for _ in range(200):
@@ -340,7 +340,7 @@ def test_client_connect_and_server_close(run):
                 if got.endswith(b"<eof>") and not done.done():
                     done.set_result(tr.rx_mono_ns)
 
-        tr, _ = rxstamp.connect(loop, sock, Client)
+        tr, _ = kstamp.connect(loop, sock, Client)
         t0 = mono_ns()
         tr.write(b"ping")
         tr.write_eof()
@@ -393,5 +393,5 @@ def test_large_bodies_through_stamped_server_and_connector(run):
 
     payload, out, transport = run(scenario())
     assert out == payload
-    assert isinstance(transport, RxStampTransport)
+    assert isinstance(transport, KernelStampTransport)
     assert not isinstance(transport, StampingTransport)

@@ -1,25 +1,34 @@
-"""Kernel receive stamps: a TCP transport that reads with ``recvmsg`` and ``SO_TIMESTAMPNS``.
+"""Kernel receive stamps: a TCP transport whose reads are stamped by the kernel, not by Python.
 
-A read stamp taken in ``data_received`` is late by however long the reading process waited for a
-CPU after the bytes arrived: on a loaded machine that is the dominant error of every "arrived"
-point (measured: ~1 request in 10 late by more than 1 ms with 8 Python processes on 2 cores).
-Linux stamps every incoming packet when it enters the receive path (``SO_TIMESTAMPNS``); for
-loopback that is the moment the sender's ``send`` ran. :class:`RxStampTransport` asks for those
-stamps and hands them to its protocol as :attr:`RxStampTransport.rx_mono_ns` (read it inside
-``data_received``): the kernel's stamp of the last packet of that read, on this process's
-:func:`deltatap.clock.mono_ns` scale. The kernel stamps ``CLOCK_REALTIME``; each stamp is moved
-onto the monotonic scale by its age (``time_ns() - stamp``) subtracted from ``mono_ns()`` read
-together, so a wall-clock step or slew between stamps cannot leak in.
+A read stamped in ``data_received`` is late by however long the process waited for a CPU after
+the bytes arrived; on a loaded machine that wait dominates every "arrived" point (measured: ~1
+request in 10 off by more than 1 ms with 8 Python processes on 2 cores). Linux stamps each
+incoming packet when its network stack takes it in (``SO_TIMESTAMPING`` software receive stamps;
+on loopback, when the receive softirq runs, normally inside the sender's ``send``), and a read
+carries the stamp of its last packet as ancillary data of ``recvmsg``.
+
+:class:`KernelStampTransport` hands it to its protocol as :attr:`~KernelStampTransport.rx_mono_ns`
+(read it inside ``data_received``), on this process's :func:`deltatap.clock.mono_ns` scale. The
+kernel stamps ``CLOCK_REALTIME``; each stamp is moved onto the monotonic scale by its age
+(``time_ns() - stamp``) read between two back-to-back ``mono_ns()`` readings, so a wall-clock step
+or slew cannot leak in. A read without a stamp (bytes that arrived before stamping was switched
+on) is stamped by Python, as before. Writes are stamped in Python when ``write`` is called
+(:attr:`~KernelStampTransport.last_write_mono_ns`), just before the ``send``.
+
+Why not transmit stamps too: the kernel queues them on the socket's error queue, which makes the
+socket poll with ``EPOLLERR``, and libuv (so uvloop) stops watching a socket on ``EPOLLERR``.
+Measured on loopback under CPU contention (``SO_TIMESTAMPING`` probes, 8 busy processes on 2
+cores): a pre-``send`` Python stamp was more than 0.3 ms early for 2 writes in 3000, while the
+receive stamp came more than 0.3 ms after the transmit stamp for 44 in 3000 (the receive softirq
+deferred to ``ksoftirqd``), so transmit stamps would not remove the larger error.
 
 uvloop's transports read in C and cannot hand out ancillary data, so this is a transport of its
-own, on the running loop's ``add_reader``/``add_writer`` (uvloop or asyncio): plain TCP only
-(TLS connections keep the loop's transports and are stamped in ``data_received``). It also
-records when each write was issued (:attr:`RxStampTransport.last_write_mono_ns`), like
-:class:`deltatap.wire.StampingTransport`.
+own, on the running loop's ``add_reader``/``add_writer`` (uvloop or asyncio): plain TCP only (TLS
+connections keep the loop's transports and Python's stamps).
 
 Servers: :func:`start_server` (used by :func:`deltatap.wire.make_stamping_site`); clients:
 :func:`connect` on an already-connected socket (used by :func:`deltatap.wire.make_stamping_connector`).
-Set ``DELTATAP_RX_STAMPS=0`` to turn kernel stamps off (the loop's own transports are used).
+Set ``DELTATAP_KERNEL_STAMPS=0`` to turn kernel stamps off (the loop's own transports are used).
 """
 
 from __future__ import annotations
@@ -35,13 +44,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["RxServer", "RxStampTransport", "connect", "enabled", "start_server"]
+__all__ = ["KernelStampServer", "KernelStampTransport", "connect", "enabled", "start_server"]
 
-log = logging.getLogger("deltatap.rxstamp")
+log = logging.getLogger("deltatap.kstamp")
 
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None)
+_LINUX = sys.platform.startswith("linux")
+SO_TIMESTAMPING = getattr(socket, "SO_TIMESTAMPING", 37 if _LINUX else None)
+# linux/net_tstamp.h: software receive stamps, reported
+SOF_TIMESTAMPING_RX_SOFTWARE = 1 << 3
+SOF_TIMESTAMPING_SOFTWARE = 1 << 4
+RX_FLAGS = SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE
 _TIMESPEC = struct.Struct("@qq")
-_ANCBUF = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
+_ANCBUF = socket.CMSG_SPACE(3 * _TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0  # scm_timestamping
 _READ_SIZE = 256 * 1024  # one read takes up to this much (what asyncio and uvloop read at once)
 _MAX_AGE_NS = 60 * 10**9  # a stamp older than this (or from the future) means the wall clock stepped
 _SOCKET_ERRORS = (OSError,)
@@ -50,38 +64,48 @@ _wall = time.time_ns
 
 
 def enabled() -> bool:
-    """Whether new servers and connections use kernel receive stamps: Linux (``SO_TIMESTAMPNS`` and
-    ``recvmsg``) unless ``DELTATAP_RX_STAMPS`` is ``0``/``off``/``false``."""
-    if SO_TIMESTAMPNS is None or not _ANCBUF or not hasattr(socket.socket, "recvmsg_into"):
+    """Whether new servers and connections use kernel stamps: Linux (``SO_TIMESTAMPING``,
+    ``recvmsg``) unless ``DELTATAP_KERNEL_STAMPS`` is ``0``/``off``/``false``/``no``."""
+    if SO_TIMESTAMPING is None or not _ANCBUF or not hasattr(socket.socket, "recvmsg_into"):
         return False
-    return os.environ.get("DELTATAP_RX_STAMPS", "1").strip().lower() not in ("0", "off", "false", "no")
+    return os.environ.get("DELTATAP_KERNEL_STAMPS", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
-def _kernel_mono(ancdata: list[tuple[int, int, bytes]]) -> int:
-    """``mono_ns`` of the kernel's receive stamp in ``ancdata`` (now, if there is none).
+def _to_mono(data: bytes) -> int | None:
+    """``mono_ns`` of the first (software) stamp of an ``SCM_TIMESTAMPING`` payload; None if the
+    kernel left it empty or it is implausible (the wall clock stepped).
 
     The stamp's age is read as ``time_ns()`` between two ``mono_ns()`` readings taken back to back
     (nothing that allocates, so no garbage collection, in between); a pair more than 20 µs apart
     (the process lost its CPU between them) is read again."""
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
-            sec, nsec = _TIMESPEC.unpack_from(data)
-            k = sec * 1_000_000_000 + nsec
-            for _ in range(3):
-                a = _mono()
-                w = _wall()
-                b = _mono()
-                if b - a < 20_000:
-                    break
-            age = w - k
-            if 0 <= age <= _MAX_AGE_NS:
-                return ((a + b) >> 1) - age
+    sec, nsec = _TIMESPEC.unpack_from(data)
+    if not sec and not nsec:
+        return None
+    k = sec * 1_000_000_000 + nsec
+    for _ in range(3):
+        a = _mono()
+        w = _wall()
+        b = _mono()
+        if b - a < 20_000:
             break
+    age = w - k
+    if 0 <= age <= _MAX_AGE_NS:
+        return ((a + b) >> 1) - age
+    return None
+
+
+def _rx_mono(ancdata: list[tuple[int, int, bytes]]) -> int:
+    """``mono_ns`` of the kernel's receive stamp in a read's ``ancdata`` (now, if there is none)."""
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(data) >= _TIMESPEC.size:
+            t = _to_mono(data)
+            if t is not None:
+                return t
     return _mono()
 
 
-class RxStampTransport(asyncio.Transport):
-    """A non-TLS TCP transport whose reads carry the kernel's receive stamp (see the module doc).
+class KernelStampTransport(asyncio.Transport):
+    """A non-TLS TCP transport whose reads and writes carry the kernel's stamps (see the module doc).
 
     Flow control, half-close (``write_eof``/``eof_received``), ``pause_reading``/``resume_reading``
     and the ``socket``/``peername``/``sockname`` extras behave as in asyncio's socket transports.
@@ -93,7 +117,9 @@ class RxStampTransport(asyncio.Transport):
         "rx_mono_ns", "last_write_mono_ns", "writes",
     )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: asyncio.Protocol, server: RxServer | None = None) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: asyncio.Protocol, server: KernelStampServer | None = None
+    ) -> None:
         extra: dict[str, Any] = {"socket": sock}
         for key, call in (("sockname", sock.getsockname), ("peername", sock.getpeername)):
             try:
@@ -102,7 +128,7 @@ class RxStampTransport(asyncio.Transport):
                 extra[key] = None
         super().__init__(extra)
         sock.setblocking(False)
-        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, RX_FLAGS)
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as asyncio and uvloop do
         self._loop = loop
@@ -149,7 +175,7 @@ class RxStampTransport(asyncio.Transport):
             self._fatal(exc)
             return
         if n:
-            self.rx_mono_ns = _kernel_mono(anc)
+            self.rx_mono_ns = _rx_mono(anc)
             try:
                 self._protocol.data_received(bytes(self._view[:n]))
             except BaseException as exc:
@@ -339,19 +365,21 @@ class RxStampTransport(asyncio.Transport):
 
     def __repr__(self) -> str:
         state = "closed" if self._lost else "closing" if self._closing else "open"
-        return f"<RxStampTransport fd={self._fd} {state} peer={self._extra.get('peername')}>"
+        return f"<KernelStampTransport fd={self._fd} {state} peer={self._extra.get('peername')}>"
 
 
-def connect(loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol_factory: Callable[[], asyncio.Protocol]) -> tuple[RxStampTransport, asyncio.Protocol]:
+def connect(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol_factory: Callable[[], asyncio.Protocol]
+) -> tuple[KernelStampTransport, asyncio.Protocol]:
     """Wrap a connected TCP socket (the caller connected it) in a stamped transport."""
     protocol = protocol_factory()
-    transport = RxStampTransport(loop, sock, protocol)
+    transport = KernelStampTransport(loop, sock, protocol)
     transport._start()
     return transport, protocol
 
 
-class RxServer(asyncio.AbstractServer):
-    """Listening sockets whose accepted connections get an :class:`RxStampTransport`."""
+class KernelStampServer(asyncio.AbstractServer):
+    """Listening sockets whose accepted connections get an :class:`KernelStampTransport`."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sockets: list[socket.socket], protocol_factory: Callable[[], asyncio.Protocol], backlog: int) -> None:
         self._loop = loop
@@ -359,17 +387,17 @@ class RxServer(asyncio.AbstractServer):
         self._factory = protocol_factory
         self._backlog = backlog
         self._serving = False
-        self._transports: set[RxStampTransport] = set()
+        self._transports: set[KernelStampTransport] = set()
         self._closed = asyncio.Event()
 
     @property
     def sockets(self) -> tuple[socket.socket, ...]:
         return tuple(self._sockets)
 
-    def _attach(self, transport: RxStampTransport) -> None:
+    def _attach(self, transport: KernelStampTransport) -> None:
         self._transports.add(transport)
 
-    def _detach(self, transport: RxStampTransport) -> None:
+    def _detach(self, transport: KernelStampTransport) -> None:
         self._transports.discard(transport)
 
     async def start_serving(self) -> None:
@@ -393,7 +421,7 @@ class RxServer(asyncio.AbstractServer):
                 return
             try:
                 protocol = self._factory()
-                RxStampTransport(self._loop, conn, protocol, self)._start()
+                KernelStampTransport(self._loop, conn, protocol, self)._start()
             except Exception:
                 log.exception("could not set up an accepted connection")
                 conn.close()
@@ -443,7 +471,7 @@ async def start_server(
     backlog: int = 128,
     reuse_address: bool | None = None,
     reuse_port: bool | None = None,
-) -> RxServer:
+) -> KernelStampServer:
     """Listen on ``host:port`` (every address ``host`` resolves to; all interfaces for None or
     ``""``), like ``loop.create_server``, with stamped transports for accepted connections."""
     loop = asyncio.get_running_loop()
@@ -467,15 +495,15 @@ async def start_server(
                 s.bind(addr)
             except OSError as exc:
                 raise OSError(exc.errno, f"error while attempting to bind on address {addr!r}: {exc.strerror}") from None
-            # set on the listening socket: accepted sockets inherit it, and the bytes that arrive
-            # before the loop gets to accept() are stamped too
-            s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            # on the listening socket: accepted sockets inherit it, so the bytes that arrive before
+            # the loop gets to accept() are stamped too
+            s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, RX_FLAGS)
             s.listen(backlog)
             s.setblocking(False)
     except BaseException:
         for s in sockets:
             s.close()
         raise
-    server = RxServer(loop, sockets, protocol_factory, backlog)
+    server = KernelStampServer(loop, sockets, protocol_factory, backlog)
     await server.start_serving()
     return server
