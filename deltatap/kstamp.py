@@ -1,10 +1,10 @@
 """Kernel receive stamps: a TCP transport whose reads are stamped by the kernel, not by Python.
 
 A read stamped in ``data_received`` is late by however long the process waited for a CPU after
-the bytes arrived; on a loaded machine that wait dominates every "arrived" point (measured: ~1
-request in 10 off by more than 1 ms with 8 Python processes on 2 cores). Linux stamps each
-incoming packet when its network stack takes it in (``SO_TIMESTAMPING`` software receive stamps;
-on loopback, when the receive softirq runs, normally inside the sender's ``send``), and a read
+the bytes arrived; on a loaded machine that wait dominates every "arrived" point (measured in the
+accuracy harness, 8 Python processes on 2 cores: a third of all reads ran more than 0.3 ms after
+their bytes arrived). Linux stamps each incoming packet when its network stack takes it in
+(``SO_TIMESTAMPING`` software receive stamps; on loopback, inside the sender's ``send``), and a read
 carries the stamp of its last packet as ancillary data of ``recvmsg``.
 
 :class:`KernelStampTransport` hands it to its protocol as :attr:`~KernelStampTransport.rx_mono_ns`
@@ -12,15 +12,22 @@ carries the stamp of its last packet as ancillary data of ``recvmsg``.
 kernel stamps ``CLOCK_REALTIME``; each stamp is moved onto the monotonic scale by its age
 (``time_ns() - stamp``) read between two back-to-back ``mono_ns()`` readings, so a wall-clock step
 or slew cannot leak in. A read without a stamp (bytes that arrived before stamping was switched
-on) is stamped by Python, as before. Writes are stamped in Python when ``write`` is called
-(:attr:`~KernelStampTransport.last_write_mono_ns`), just before the ``send``.
+on) is stamped by Python, as before.
 
-Why not transmit stamps too: the kernel queues them on the socket's error queue, which makes the
-socket poll with ``EPOLLERR``, and libuv (so uvloop) stops watching a socket on ``EPOLLERR``.
-Measured on loopback under CPU contention (``SO_TIMESTAMPING`` probes, 8 busy processes on 2
-cores): a pre-``send`` Python stamp was more than 0.3 ms early for 2 writes in 3000, while the
-receive stamp came more than 0.3 ms after the transmit stamp for 44 in 3000 (the receive softirq
-deferred to ``ksoftirqd``), so transmit stamps would not remove the larger error.
+One stamp per read is not enough when the process was late: a read then holds several writes of
+the peer (SSE events) and all would take the last one's stamp. So the transport peeks first, finds
+where the packets' stamps change (a bisection of peeks of growing length, see
+:meth:`KernelStampTransport._arrivals`), and hands the bytes to the protocol one arrival at a time,
+each with its own stamp, as if it had read each packet the moment it came. What the kernel merged
+in the socket's queue before the read (TCP coalesces a packet into the previous one once that one
+is acknowledged) keeps the later stamp: never earlier than the truth, at worst as late as Python's.
+
+Writes are stamped in Python when ``write`` is called (:attr:`~KernelStampTransport.last_write_mono_ns`),
+just before the ``send``. Measured against the kernel's transmit stamps in the accuracy harness
+(per-write ``SO_TIMESTAMPING`` requests, read back from the error queue): p99 15-40 µs early, more
+than 0.3 ms for at most 3 writes in 2,500 per process. Transmit stamps are not used because the
+kernel reports them through the socket's error queue, which makes the socket poll with ``EPOLLERR``,
+and libuv (so uvloop) stops watching a socket on ``EPOLLERR``.
 
 uvloop's transports read in C and cannot hand out ancillary data, so this is a transport of its
 own, on the running loop's ``add_reader``/``add_writer`` (uvloop or asyncio): plain TCP only (TLS
@@ -54,6 +61,10 @@ SO_TIMESTAMPING = getattr(socket, "SO_TIMESTAMPING", 37 if _LINUX else None)
 SOF_TIMESTAMPING_RX_SOFTWARE = 1 << 3
 SOF_TIMESTAMPING_SOFTWARE = 1 << 4
 RX_FLAGS = SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE
+_PEEK = socket.MSG_PEEK
+_PEEK_NOCOPY = socket.MSG_PEEK | socket.MSG_TRUNC  # TCP: report, do not copy
+_DISCARD = socket.MSG_TRUNC  # TCP: take bytes in without copying them (they were peeked)
+_SPLIT_PROBES = 24  # peeks spent per read on finding where its arrivals change
 _TIMESPEC = struct.Struct("@qq")
 _ANCBUF = socket.CMSG_SPACE(3 * _TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0  # scm_timestamping
 _READ_SIZE = 256 * 1024  # one read takes up to this much (what asyncio and uvloop read at once)
@@ -71,17 +82,24 @@ def enabled() -> bool:
     return os.environ.get("DELTATAP_KERNEL_STAMPS", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
-def _to_mono(data: bytes) -> int | None:
-    """``mono_ns`` of the first (software) stamp of an ``SCM_TIMESTAMPING`` payload; None if the
-    kernel left it empty or it is implausible (the wall clock stepped).
+def _kernel_ns(ancdata: list[tuple[int, int, bytes]]) -> int:
+    """The software receive stamp (``CLOCK_REALTIME`` ns) in a read's ``ancdata``; 0 if none."""
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(data) >= _TIMESPEC.size:
+            sec, nsec = _TIMESPEC.unpack_from(data)
+            return sec * 1_000_000_000 + nsec
+    return 0
+
+
+def _to_mono(k: int) -> int:
+    """``mono_ns`` of the kernel stamp ``k`` (now, for 0 or an implausible stamp: the wall clock
+    stepped).
 
     The stamp's age is read as ``time_ns()`` between two ``mono_ns()`` readings taken back to back
     (nothing that allocates, so no garbage collection, in between); a pair more than 20 µs apart
     (the process lost its CPU between them) is read again."""
-    sec, nsec = _TIMESPEC.unpack_from(data)
-    if not sec and not nsec:
-        return None
-    k = sec * 1_000_000_000 + nsec
+    if not k:
+        return _mono()
     for _ in range(3):
         a = _mono()
         w = _wall()
@@ -91,17 +109,7 @@ def _to_mono(data: bytes) -> int | None:
     age = w - k
     if 0 <= age <= _MAX_AGE_NS:
         return ((a + b) >> 1) - age
-    return None
-
-
-def _rx_mono(ancdata: list[tuple[int, int, bytes]]) -> int:
-    """``mono_ns`` of the kernel's receive stamp in a read's ``ancdata`` (now, if there is none)."""
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(data) >= _TIMESPEC.size:
-            t = _to_mono(data)
-            if t is not None:
-                return t
-    return _mono()
+    return b
 
 
 class KernelStampTransport(asyncio.Transport):
@@ -165,31 +173,92 @@ class KernelStampTransport(asyncio.Transport):
 
     # ---- reading -------------------------------------------------------------------------
     def _on_readable(self) -> None:
+        """Peek at what has arrived, find where its arrival stamps change, then take it in and hand
+        it to the protocol one arrival at a time, each with its own stamp (see :meth:`_arrivals`)."""
         if self._lost:
             return
+        sock, view = self._sock, self._view
         try:
-            n, anc, _flags, _addr = self._sock.recvmsg_into((self._view,), _ANCBUF)
+            n, anc, _flags, _addr = sock.recvmsg_into((view,), _ANCBUF, _PEEK)
         except (BlockingIOError, InterruptedError):
             return
         except _SOCKET_ERRORS as exc:
             self._fatal(exc)
             return
-        if n:
-            self.rx_mono_ns = _rx_mono(anc)
+        if not n:  # end of stream from the peer
+            self._loop.remove_reader(self._fd)
             try:
-                self._protocol.data_received(bytes(self._view[:n]))
+                keep_open = self._protocol.eof_received()
+            except BaseException as exc:
+                self._fatal(exc, "protocol.eof_received() failed")
+                return
+            if not keep_open:
+                self.close()
+            return
+        last = _kernel_ns(anc)
+        start = 0
+        for end, k in self._arrivals(n, last) if n > 1 and last else ((n, last),):
+            try:
+                got = sock.recv_into(view[start:end], end - start, _DISCARD)  # take in what was peeked
+            except (BlockingIOError, InterruptedError):
+                return
+            except _SOCKET_ERRORS as exc:
+                self._fatal(exc)
+                return
+            end = start + got
+            self.rx_mono_ns = _to_mono(k)
+            try:
+                self._protocol.data_received(bytes(view[start:end]))
             except BaseException as exc:
                 self._fatal(exc, "protocol.data_received() failed")
-            return
-        # end of stream from the peer
-        self._loop.remove_reader(self._fd)
+                return
+            if self._closing or self._paused:  # the rest stays in the socket for later
+                return
+            start = end
+
+    def _arrivals(self, n: int, last: int) -> list[tuple[int, int]]:
+        """Split the ``n`` peeked bytes where their kernel stamps change: ``[(end, stamp_ns), ...]``.
+
+        A read carries the stamp of its last packet only; when the process was late, one read holds
+        several writes of the peer, and the earlier ones would take the later stamp (an SSE event
+        stamped at the next event's arrival). Peeking ``L`` bytes reports the stamp of the packet
+        that holds byte ``L - 1``, so a bisection over ``L`` finds where each arrival ends (without
+        copying: ``MSG_TRUNC``). Packets the kernel merged in the socket's queue before they were
+        read keep only the later stamp, and at most ``_SPLIT_PROBES`` peeks are spent per read
+        (what is not split takes the last stamp): both can only make a stamp later, never earlier."""
+        first = self._peek_stamp(1)
+        if not first or first == last:
+            return [(n, last)]
+        cuts: list[tuple[int, int]] = []
+        probes = 1
+        lo, k_lo = 1, first  # the packet holding byte lo - 1 arrived at k_lo
+        while k_lo != last:
+            a, b, k_b = lo, n, last  # stamp(a) == k_lo != stamp(b) == k_b
+            while b - a > 1:
+                if probes >= _SPLIT_PROBES:
+                    cuts.append((n, last))
+                    return cuts
+                m = (a + b) >> 1
+                km = self._peek_stamp(m)
+                probes += 1
+                if not km:
+                    cuts.append((n, last))
+                    return cuts
+                if km == k_lo:
+                    a = m
+                else:
+                    b, k_b = m, km
+            cuts.append((a, k_lo))
+            lo, k_lo = b, k_b
+        cuts.append((n, last))
+        return cuts
+
+    def _peek_stamp(self, length: int) -> int:
         try:
-            keep_open = self._protocol.eof_received()
-        except BaseException as exc:
-            self._fatal(exc, "protocol.eof_received() failed")
-            return
-        if not keep_open:
-            self.close()
+            _n, anc, _f, _a = self._sock.recvmsg_into((self._view[:length],), _ANCBUF, _PEEK_NOCOPY)
+        except OSError:
+            return 0
+        return _kernel_ns(anc)
 
     def pause_reading(self) -> None:
         if self._closing or self._paused:

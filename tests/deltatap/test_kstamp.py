@@ -175,6 +175,57 @@ def test_client_read_stamp_is_the_kernel_arrival(run, stamps):
         assert head - t_send >= 0.1 * 1e9  # the loop got to it only after its block
 
 
+@LOOPS
+def test_a_late_read_is_split_at_each_arrival(run):
+    """Two writes 5 ms apart while the reader's loop is blocked arrive in one read; the transport
+    hands them over as two, each with its own kernel stamp (not both with the second's)."""
+
+    class Rec(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.got: list[tuple[bytes, int]] = []
+
+        def connection_made(self, transport) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            self.got.append((data, self.transport.rx_mono_ns))
+
+    async def scenario():
+        protos: list[Rec] = []
+        server = await kstamp.start_server(lambda: protos.append(Rec()) or protos[-1], "127.0.0.1", 0)
+        c = socket.create_connection(server.sockets[0].getsockname(), timeout=5)
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(200):
+            if protos:
+                break
+            await asyncio.sleep(0.005)
+        # past TCP's quick-ack start (a fresh connection acknowledges at once, which lets the
+        # kernel merge queued packets and keep only the later stamp)
+        for _ in range(20):
+            c.send(b"w")
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.02)
+        protos[0].got.clear()
+        sent = []
+        for msg in (b"first", b"second"):
+            sent.append(mono_ns())
+            c.send(msg)
+            time.sleep(0.005)  # the loop stays blocked: both wait in the socket
+        for _ in range(200):
+            if sum(len(d) for d, _ in protos[0].got) >= len(b"firstsecond"):
+                break
+            await asyncio.sleep(0.005)
+        c.close()
+        server.close()
+        return sent, protos[0].got
+
+    sent, got = run(scenario())
+    assert b"".join(d for d, _ in got) == b"firstsecond"
+    assert got[0][0] == b"first"  # a delivery of its own ...
+    assert sent[0] - 100_000 <= got[0][1] <= sent[0] + MS  # ... stamped at its own arrival, 5 ms before the next
+    assert sent[1] - 100_000 <= got[-1][1] <= sent[1] + MS
+
+
 # ---- the transport itself ------------------------------------------------------------------
 
 
