@@ -107,7 +107,7 @@ async def measure(urls: dict[str, str], pids: dict[str, int], args: argparse.Nam
     return out
 
 
-def start_tap(py: str, mode: str, up_port: int, tmp: Path, procs: list, profile: str | None) -> tuple[str, int]:
+def start_tap(py: str, mode: str, up_port: int, tmp: Path, procs: list, profile: str | None, env: dict | None = None) -> tuple[str, int]:
     """A tap process exporting spans per ``mode`` (and its OTLP sink for ``http``); returns (url, pid)."""
     otlp = {"file": f"file:{tmp / 'spans.jsonl'}", "none": "none"}.get(mode, "")
     if mode == "http":
@@ -123,7 +123,7 @@ def start_tap(py: str, mode: str, up_port: int, tmp: Path, procs: list, profile:
     tap = subprocess.Popen(
         [py, *prof, "tap", "--link", "fw-engine", "--listen", f"127.0.0.1:{port}", "--no-admin",
          "--upstream", f"http://127.0.0.1:{up_port}", "--otlp", otlp],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})},
     )
     procs.append(tap)
     wait_port(port, tap, "deltatap tap")
@@ -138,6 +138,9 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=4, help="content events per stream (default 4)")
     p.add_argument("--otlp", choices=["http", "file", "none"], nargs="+", default=["http", "file", "none"],
                    help="the taps' span export, one tap each: OTLP/HTTP to a sink process, OTLP JSON lines to a file, none")
+    p.add_argument("--python-stamps", action="store_true",
+                   help="also run a tap (first --otlp mode) with DELTATAP_KERNEL_STAMPS=0: the loop's own transports, "
+                        "reads stamped in Python (path tap-<mode>-pystamps), to price the kernel stamps side by side")
     p.add_argument("--no-envoy", action="store_true")
     p.add_argument("--profile", metavar="PROF", help="run the (first) tap under cProfile and write its stats here (CPU figures then include the profiler)")
     p.add_argument("--out", default=str(HERE / "results" / "tap_cpu.json"))
@@ -154,6 +157,11 @@ def main() -> int:
         pids = {"upstream": up.pid}
         for i, mode in enumerate(args.otlp):
             urls[f"tap-{mode}"], pids[f"tap-{mode}"] = start_tap(py, mode, up_port, tmp, procs, args.profile if i == 0 else None)
+        if args.python_stamps:
+            mode = args.otlp[0]
+            urls[f"tap-{mode}-pystamps"], pids[f"tap-{mode}-pystamps"] = start_tap(
+                py, mode, up_port, tmp, procs, None, {"DELTATAP_KERNEL_STAMPS": "0"}
+            )
         envoy = None if args.no_envoy else envoy_binary()
         if envoy is not None:
             cfg = tmp / "envoy.yaml"
@@ -175,7 +183,8 @@ def main() -> int:
     result = {
         "command": "python benchmarks/tap_cpu.py " + " ".join(sys.argv[1:]),
         "what": "CPU microseconds (user+system, all threads) of each process per request, from /proc/PID/stat, "
-                "median of the rounds; tap-<mode>: one tap process per span export mode",
+                "median of the rounds; tap-<mode>: one tap process per span export mode (reads stamped by the kernel); "
+                "tap-<mode>-pystamps: the same with DELTATAP_KERNEL_STAMPS=0",
         "tokens_per_stream": args.tokens,
         "profiled": bool(args.profile),
         "loadavg_1m_before": load,
