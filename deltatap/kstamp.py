@@ -15,8 +15,8 @@ or slew cannot leak in. A read without a stamp (bytes that arrived before stampi
 on) is stamped by Python, as before.
 
 One stamp per read is not enough when the process was late: a read then holds several writes of
-the peer (SSE events) and all would take the last one's stamp. So the transport peeks first, finds
-where the packets' stamps change (a bisection of peeks of growing length, see
+the peer (SSE events) and all would take the last one's stamp. So when the first waiting packet is
+more than 30 µs old, the transport peeks first, finds where the packets' stamps change (a bisection of peeks of growing length, see
 :meth:`KernelStampTransport._arrivals`), and hands the bytes to the protocol one arrival at a time,
 each with its own stamp, as if it had read each packet the moment it came. What the kernel merged
 in the socket's queue before the read (TCP coalesces a packet into the previous one once that one
@@ -65,6 +65,7 @@ _PEEK = socket.MSG_PEEK
 _PEEK_NOCOPY = socket.MSG_PEEK | socket.MSG_TRUNC  # TCP: report, do not copy
 _DISCARD = socket.MSG_TRUNC  # TCP: take bytes in without copying them (they were peeked)
 _SPLIT_PROBES = 24  # peeks spent per read on finding where its arrivals change
+_PROMPT_NS = 30_000  # a read this soon after its first packet arrived is not split (others came within it)
 _TIMESPEC = struct.Struct("@qq")
 _ANCBUF = socket.CMSG_SPACE(3 * _TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0  # scm_timestamping
 _READ_SIZE = 256 * 1024  # one read takes up to this much (what asyncio and uvloop read at once)
@@ -173,19 +174,17 @@ class KernelStampTransport(asyncio.Transport):
 
     # ---- reading -------------------------------------------------------------------------
     def _on_readable(self) -> None:
-        """Peek at what has arrived, find where its arrival stamps change, then take it in and hand
-        it to the protocol one arrival at a time, each with its own stamp (see :meth:`_arrivals`)."""
+        """Take in what has arrived and hand it to the protocol with its kernel stamp. When the
+        first waiting packet is more than ``_PROMPT_NS`` old (the process was late), peek first,
+        find where the packets' stamps change and hand the bytes over one arrival at a time, each
+        with its own stamp (see :meth:`_arrivals`)."""
         if self._lost:
             return
-        sock, view = self._sock, self._view
-        try:
-            n, anc, _flags, _addr = sock.recvmsg_into((view,), _ANCBUF, _PEEK)
-        except (BlockingIOError, InterruptedError):
+        view = self._view
+        r = self._recv(view[:1], _PEEK_NOCOPY)
+        if r is None:
             return
-        except _SOCKET_ERRORS as exc:
-            self._fatal(exc)
-            return
-        if not n:  # end of stream from the peer
+        if not r[0]:  # end of stream from the peer
             self._loop.remove_reader(self._fd)
             try:
                 keep_open = self._protocol.eof_received()
@@ -195,28 +194,48 @@ class KernelStampTransport(asyncio.Transport):
             if not keep_open:
                 self.close()
             return
-        last = _kernel_ns(anc)
+        first = _kernel_ns(r[1])
+        if not first or _wall() - first < _PROMPT_NS:
+            # read promptly (or unstamped): whatever else waits arrived within the same few µs
+            r = self._recv(view, 0)
+            if r is not None:
+                self._deliver(bytes(view[: r[0]]), _kernel_ns(r[1]))
+            return
+        r = self._recv(view, _PEEK)
+        if r is None:
+            return
+        n, last = r[0], _kernel_ns(r[1])
         start = 0
-        for end, k in self._arrivals(n, last) if n > 1 and last else ((n, last),):
-            try:
-                got = sock.recv_into(view[start:end], end - start, _DISCARD)  # take in what was peeked
-            except (BlockingIOError, InterruptedError):
+        for end, k in self._arrivals(n, first, last) if n > 1 and last and first != last else ((n, last or first),):
+            r = self._recv(view[start:end], _DISCARD)  # take in what was peeked
+            if r is None:
                 return
-            except _SOCKET_ERRORS as exc:
-                self._fatal(exc)
-                return
-            end = start + got
-            self.rx_mono_ns = _to_mono(k)
-            try:
-                self._protocol.data_received(bytes(view[start:end]))
-            except BaseException as exc:
-                self._fatal(exc, "protocol.data_received() failed")
-                return
-            if self._closing or self._paused:  # the rest stays in the socket for later
-                return
+            end = start + r[0]
+            if not self._deliver(bytes(view[start:end]), k) or self._closing or self._paused:
+                return  # (paused: the rest stays in the socket for later)
             start = end
 
-    def _arrivals(self, n: int, last: int) -> list[tuple[int, int]]:
+    def _recv(self, buf: memoryview, flags: int) -> tuple[int, list[tuple[int, int, bytes]]] | None:
+        """``recvmsg_into`` (bytes, ancillary data); None when there is nothing (or the socket failed)."""
+        try:
+            n, anc, _flags, _addr = self._sock.recvmsg_into((buf,), _ANCBUF, flags)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except _SOCKET_ERRORS as exc:
+            self._fatal(exc)
+            return None
+        return n, anc
+
+    def _deliver(self, data: bytes, kernel_ns: int) -> bool:
+        self.rx_mono_ns = _to_mono(kernel_ns)
+        try:
+            self._protocol.data_received(data)
+        except BaseException as exc:
+            self._fatal(exc, "protocol.data_received() failed")
+            return False
+        return True
+
+    def _arrivals(self, n: int, first: int, last: int) -> list[tuple[int, int]]:
         """Split the ``n`` peeked bytes where their kernel stamps change: ``[(end, stamp_ns), ...]``.
 
         A read carries the stamp of its last packet only; when the process was late, one read holds
@@ -225,10 +244,8 @@ class KernelStampTransport(asyncio.Transport):
         that holds byte ``L - 1``, so a bisection over ``L`` finds where each arrival ends (without
         copying: ``MSG_TRUNC``). Packets the kernel merged in the socket's queue before they were
         read keep only the later stamp, and at most ``_SPLIT_PROBES`` peeks are spent per read
-        (what is not split takes the last stamp): both can only make a stamp later, never earlier."""
-        first = self._peek_stamp(1)
-        if not first or first == last:
-            return [(n, last)]
+        (what is not split takes the last stamp): both can only make a stamp later, never earlier.
+        ``first`` and ``last`` are the stamps of bytes ``0`` and ``n - 1``."""
         cuts: list[tuple[int, int]] = []
         probes = 1
         lo, k_lo = 1, first  # the packet holding byte lo - 1 arrived at k_lo

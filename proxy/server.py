@@ -16,6 +16,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from deltatap import kstamp
 from deltatap.clock import mono_ns
 from deltatap.clocksync import ClockEstimate, estimate_offset
 from deltatap.fingerprint import Fingerprinter, fingerprint, resolve_key
@@ -128,7 +129,10 @@ class Tap:
             admin_port = asite._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             admin_url = f"http://{_host_for_url(o.admin_host)}:{admin_port}"
         url = f"http://{_host_for_url(o.listen_host)}:{port}"
-        log.info("tap %s listening on %s -> %s (admin %s)", o.link, url, self.upstream_str, admin_url or "off")
+        log.info(
+            "tap %s listening on %s -> %s (admin %s; reads stamped by %s)", o.link, url, self.upstream_str, admin_url or "off",
+            "the kernel" if kstamp.enabled() else "the process (DELTATAP_KERNEL_STAMPS=0 or not Linux)",
+        )
         return RunningTap(self, url, port, admin_url, admin_port)
 
     async def close(self, grace_s: float | None = None) -> None:
