@@ -47,6 +47,7 @@ import os
 import socket
 import struct
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -83,6 +84,18 @@ def enabled() -> bool:
     return os.environ.get("DELTATAP_KERNEL_STAMPS", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
+_local = threading.local()
+
+
+def _read_view() -> memoryview:
+    """This thread's read buffer (one per thread, as uvloop keeps one per loop: every read is
+    copied out before the callback returns)."""
+    view = getattr(_local, "view", None)
+    if view is None:
+        view = _local.view = memoryview(bytearray(_READ_SIZE))
+    return view
+
+
 def _kernel_ns(ancdata: list[tuple[int, int, bytes]]) -> int:
     """The software receive stamp (``CLOCK_REALTIME`` ns) in a read's ``ancdata``; 0 if none."""
     for level, kind, data in ancdata:
@@ -114,14 +127,14 @@ def _to_mono(k: int) -> int:
 
 
 class KernelStampTransport(asyncio.Transport):
-    """A non-TLS TCP transport whose reads and writes carry the kernel's stamps (see the module doc).
+    """A non-TLS TCP transport whose reads carry the kernel's receive stamps (see the module doc).
 
     Flow control, half-close (``write_eof``/``eof_received``), ``pause_reading``/``resume_reading``
     and the ``socket``/``peername``/``sockname`` extras behave as in asyncio's socket transports.
     """
 
     __slots__ = (
-        "_loop", "_sock", "_fd", "_protocol", "_buf", "_view", "_wbuf", "_wsize", "_closing", "_paused",
+        "_loop", "_sock", "_fd", "_protocol", "_wbuf", "_wsize", "_closing", "_paused",
         "_lost", "_eof", "_high", "_low", "_protocol_paused", "_server",
         "rx_mono_ns", "last_write_mono_ns", "writes",
     )
@@ -144,8 +157,6 @@ class KernelStampTransport(asyncio.Transport):
         self._sock = sock
         self._fd = sock.fileno()
         self._protocol = protocol
-        self._buf = bytearray(_READ_SIZE)
-        self._view = memoryview(self._buf)
         self._wbuf: collections.deque[bytes] = collections.deque()
         self._wsize = 0
         self._closing = False
@@ -180,7 +191,7 @@ class KernelStampTransport(asyncio.Transport):
         with its own stamp (see :meth:`_arrivals`)."""
         if self._lost:
             return
-        view = self._view
+        view = _read_view()
         r = self._recv(view[:1], _PEEK_NOCOPY)
         if r is None:
             return
@@ -205,13 +216,14 @@ class KernelStampTransport(asyncio.Transport):
         if r is None:
             return
         n, last = r[0], _kernel_ns(r[1])
+        data = bytes(view[:n])  # (the read buffer is shared: keep the peeked bytes while handing them over)
         start = 0
         for end, k in self._arrivals(n, first, last) if n > 1 and last and first != last else ((n, last or first),):
             r = self._recv(view[start:end], _DISCARD)  # take in what was peeked
             if r is None:
                 return
             end = start + r[0]
-            if not self._deliver(bytes(view[start:end]), k) or self._closing or self._paused:
+            if not self._deliver(data[start:end], k) or self._closing or self._paused:
                 return  # (paused: the rest stays in the socket for later)
             start = end
 
@@ -272,7 +284,7 @@ class KernelStampTransport(asyncio.Transport):
 
     def _peek_stamp(self, length: int) -> int:
         try:
-            _n, anc, _f, _a = self._sock.recvmsg_into((self._view[:length],), _ANCBUF, _PEEK_NOCOPY)
+            _n, anc, _f, _a = self._sock.recvmsg_into((_read_view()[:length],), _ANCBUF, _PEEK_NOCOPY)
         except OSError:
             return 0
         return _kernel_ns(anc)
