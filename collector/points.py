@@ -141,23 +141,28 @@ def _ms_ns(v: Any) -> int | None:
     return None if f is None else round(f * 1e6)
 
 
-def _gap(a: dict, count_key: str, mean: str, p99: str, mx: str) -> GapStats | None:
+def _gap_count(cnt: Any) -> int:
     # the usual values (a float per statistic, an int count) skip the generic readers
-    m = a.get(mean)
-    if m.__class__ is not float:
-        m = _f(m)
-        if m is None:
-            return None
-    cnt = a.get(count_key)
     if cnt.__class__ is not int:
         cnt = _i(cnt)
         if cnt is None:
             cnt = 0
-    p = a.get(p99)
-    p = round(p * 1e6) if p.__class__ is float else _ms_ns(p)
-    x = a.get(mx)
-    x = round(x * 1e6) if x.__class__ is float else _ms_ns(x)
+    return cnt
+
+
+def _gap_stats(cnt: int, m: Any, p99: Any, mx: Any) -> GapStats | None:
+    """One side's gap statistics (milliseconds in, nanoseconds out); None without a mean."""
+    if m.__class__ is not float:
+        m = _f(m)
+        if m is None:
+            return None
+    p = round(p99 * 1e6) if p99.__class__ is float else _ms_ns(p99)
+    x = round(mx * 1e6) if mx.__class__ is float else _ms_ns(mx)
     return _new(GapStats, (cnt, round(m * 1e6), p, x))
+
+
+def _gap(a: dict, count_key: str, mean: str, p99: str, mx: str) -> GapStats | None:
+    return _gap_stats(_gap_count(a.get(count_key)), a.get(mean), a.get(p99), a.get(mx))
 
 
 def extract_tap(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
@@ -816,23 +821,9 @@ def _plan_tap(span: CompactSpan, topo: Topology, varying: set[str], rd: SpanRead
             ex.tap_overhead[link] = (req, ft, start)
             if has_up or has_down:  # _gap, for both sides at once
                 cnt, m_up, p99_up, max_up, m_down, p99_down, max_down = gap_values(src)
-                if cnt.__class__ is not int:
-                    cnt = _i(cnt)
-                    if cnt is None:
-                        cnt = 0
-                up = down = None
-                if has_up:
-                    if m_up.__class__ is not float:
-                        m_up = _f(m_up)
-                    if m_up is not None:
-                        up = _new(GapStats, (cnt, round(m_up * 1e6), round(p99_up * 1e6) if p99_up.__class__ is float else _ms_ns(p99_up),
-                                             round(max_up * 1e6) if max_up.__class__ is float else _ms_ns(max_up)))
-                if has_down:
-                    if m_down.__class__ is not float:
-                        m_down = _f(m_down)
-                    if m_down is not None:
-                        down = _new(GapStats, (cnt, round(m_down * 1e6), round(p99_down * 1e6) if p99_down.__class__ is float else _ms_ns(p99_down),
-                                               round(max_down * 1e6) if max_down.__class__ is float else _ms_ns(max_down)))
+                cnt = _gap_count(cnt)
+                up = _gap_stats(cnt, m_up, p99_up, max_up) if has_up else None
+                down = _gap_stats(cnt, m_down, p99_down, max_down) if has_down else None
                 if up or down:
                     ex.gaps[link] = _new(LinkGaps, (up, down))
             if p_ce is not None:
