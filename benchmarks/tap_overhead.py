@@ -286,25 +286,21 @@ def main() -> int:
         up = subprocess.Popen([py, str(HERE / "tap_mock_upstream.py"), "--port", str(up_port)], stdout=subprocess.DEVNULL)
         procs.append(up)
         wait_port(up_port, up, "mock upstream")
-        tap = subprocess.Popen(
-            [py, "-m", "deltatap.cli", "tap", "--link", "fw-engine", "--listen", f"127.0.0.1:{tap_port}", "--no-admin",
-             "--upstream", f"http://127.0.0.1:{up_port}", "--otlp", otlp],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        procs.append(tap)
-        wait_port(tap_port, tap, "deltatap tap")
+        def start_tap(port: int, what: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+            proc = subprocess.Popen(
+                [py, "-m", "deltatap.cli", "tap", "--link", "fw-engine", "--listen", f"127.0.0.1:{port}", "--no-admin",
+                 "--upstream", f"http://127.0.0.1:{up_port}", "--otlp", otlp],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})},
+            )
+            procs.append(proc)
+            wait_port(port, proc, what)
+            return proc
+
+        taps = [start_tap(tap_port, "deltatap tap")]
         urls = {"direct": f"http://127.0.0.1:{up_port}/v1/chat/completions", "tap": f"http://127.0.0.1:{tap_port}/v1/chat/completions"}
-        taps = [tap]
         if args.python_stamps:
             py_port = free_port()
-            pytap = subprocess.Popen(
-                [py, "-m", "deltatap.cli", "tap", "--link", "fw-engine", "--listen", f"127.0.0.1:{py_port}", "--no-admin",
-                 "--upstream", f"http://127.0.0.1:{up_port}", "--otlp", otlp],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "DELTATAP_KERNEL_STAMPS": "0"},
-            )
-            procs.append(pytap)
-            taps.append(pytap)
-            wait_port(py_port, pytap, "deltatap tap (DELTATAP_KERNEL_STAMPS=0)")
+            taps.append(start_tap(py_port, "deltatap tap (DELTATAP_KERNEL_STAMPS=0)", {"DELTATAP_KERNEL_STAMPS": "0"}))
             urls["tap-pystamps"] = f"http://127.0.0.1:{py_port}/v1/chat/completions"
         envoy = envoy_binary()
         envoy_version = None
