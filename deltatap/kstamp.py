@@ -150,7 +150,8 @@ class KernelStampTransport(asyncio.Transport):
                 extra[key] = None
         super().__init__(extra)
         sock.setblocking(False)
-        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, RX_FLAGS)
+        if server is None:  # (accepted sockets inherit it from the listening socket)
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, RX_FLAGS)
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as asyncio and uvloop do
         self._loop = loop
