@@ -15,7 +15,7 @@ RUN python -m venv /opt/deltatap/venv
 ENV PATH=/opt/deltatap/venv/bin:$PATH
 WORKDIR /src
 # dependencies first, so that a source change does not re-resolve them
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
       > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt
@@ -24,6 +24,7 @@ COPY proxy ./proxy
 COPY loadgen ./loadgen
 COPY collector ./collector
 COPY stack ./stack
+COPY configs ./configs
 RUN pip install --no-deps . && deltatap --version
 
 FROM python:${PYTHON_VERSION}-slim

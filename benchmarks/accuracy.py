@@ -29,7 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from deltatap.aio import run  # noqa: E402
+from deltatap.net.aio import run  # noqa: E402
 from tests.integration.accuracy_harness import (  # noqa: E402
     COMPONENT_DELTAS, RATE, REQUESTS, WARMUP, after_warmup, delta_median_ns, errors_vs_truth, run_once,
 )

@@ -2,14 +2,14 @@
 
     .venv/bin/python benchmarks/collector_throughput.py [--requests 40000] [--open-traces 100000]
 
-The collector (``collector.start_collector``) runs in a child process pinned to one CPU; the parent,
+The collector (``deltatap.collector.start_collector``) runs in a child process pinned to one CPU; the parent,
 pinned to another, pre-builds realistic exports (a client span and three tap spans per request, with
 the attributes and events deltatap's taps and load generator emit, numbers such as overheads, gap
 statistics, sizes and token counts differing per request and per tap, 50 requests per export) and sends
 them over OTLP/gRPC with 4 calls in flight. Measured: time from the first export until every span
 was received (ingest rate) and until every request was joined and decomposed into a row (joined
 rate, including the assembly grace of 0.2 s). The child tunes the garbage collector as
-``deltatap collect`` does (``collector.service.tune_gc``). Memory: a fresh child receives the spans of 100k
+``deltatap collect`` does (``deltatap.collector.service.tune_gc``). Memory: a fresh child receives the spans of 100k
 requests whose client (root) span never arrives, so all 100k traces stay open; RSS is read from
 /proc before and after. Writes benchmarks/results/collector_throughput.json.
 """
@@ -33,7 +33,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue  # noqa: E402
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span  # noqa: E402
 
-from deltatap.vocab import DEFAULT_LINKS, Attr, ClientEvent, TapEvent, tap_span_name  # noqa: E402
+from deltatap.core.vocab import DEFAULT_LINKS, Attr, ClientEvent, TapEvent, tap_span_name  # noqa: E402
 
 MS = 1_000_000
 KINDS = {"client": "client", "gateway": "gateway", "firewall": "firewall", "engine": "engine"}
@@ -121,8 +121,8 @@ def child(conn, cpu: int, max_open: int, orphan_wait_s: float) -> None:
         pass
     import uvloop
 
-    from collector import CollectorOptions, PipelineOptions, start_collector
-    from collector.service import tune_gc
+    from deltatap.collector import CollectorOptions, PipelineOptions, start_collector
+    from deltatap.collector.service import tune_gc
 
     tune_gc()  # as `deltatap collect` does
 

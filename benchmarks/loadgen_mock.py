@@ -17,9 +17,9 @@ import json
 
 from aiohttp import web
 
-from deltatap import aio
-from deltatap.clock import mono_ns, to_unix_ns
-from deltatap.wire import last_write_mono_ns, make_stamping_runner, make_stamping_site, request_received_mono_ns
+from deltatap.net import aio
+from deltatap.core.clock import mono_ns, to_unix_ns
+from deltatap.net.wire import last_write_mono_ns, make_stamping_runner, make_stamping_site, request_received_mono_ns
 
 TRUTH = web.AppKey("truth", dict)
 CFG = web.AppKey("cfg", argparse.Namespace)

@@ -111,7 +111,7 @@ def tiktoken_cache(tmp: Path) -> Path:
 
 def run_deltatap(mock: Mock, tmp: Path, name: str, shape: list[str], n: int) -> dict:
     out = tmp / f"deltatap-{name}"
-    argv = [PY, "-m", "deltatap.cli", "load", "--target", mock.url, "--requests", str(n), "--workload", "synthetic-uniform",
+    argv = [PY, "-m", "deltatap.app.cli", "load", "--target", mock.url, "--requests", str(n), "--workload", "synthetic-uniform",
             "--no-progress", "--no-gpu", "--otlp", "none", "--out", str(out), "--seed", "1", *shape]
     cpu0, t0 = children_cpu(), time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=600)

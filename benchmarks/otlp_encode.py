@@ -3,8 +3,8 @@
 1. **Encode**, CPU µs per span: ``encode_spans(spans).SerializeToString()`` (the SDK exporters' encoder:
    protobuf objects per span, event, attribute) against :func:`deltatap.otlp_encode.encode_export_request`
    (bytes written directly), on batches of ``--batch`` spans, rounds alternating between the two. Two span
-   shapes: a tap's span built by the tap's own code (``proxy.record.attributes`` over a real SSE stream of 32
-   tokens, ``proxy.spans.emit``: 44 attributes, 10 events), and a span made through the SDK tracer with 30
+   shapes: a tap's span built by the tap's own code (``deltatap.proxy.record.attributes`` over a real SSE stream of 32
+   tokens, ``deltatap.proxy.spans.emit``: 44 attributes, 10 events), and a span made through the SDK tracer with 30
    attributes and 20 events (5 of them with attributes), like a component's own span.
 2. **Export**, CPU µs per span of this process (all threads, grpc's included) for ``exporter.export(batch)``
    to a local ``deltatap collect`` running in its own process: the SDK's OTLPSpanExporter (gRPC and HTTP)
@@ -41,13 +41,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind  # noqa: E402
 
 from deltatap import __version__  # noqa: E402
-from deltatap.clock import mono_ns  # noqa: E402
-from deltatap.clocksync import ClockEstimate  # noqa: E402
-from deltatap.otlp_encode import encode_export_request  # noqa: E402
-from deltatap.sse import StreamObserver  # noqa: E402
-from deltatap.telemetry import make_exporter  # noqa: E402
-from proxy.record import TapRecord, attributes  # noqa: E402
-from proxy.spans import begin, emit  # noqa: E402
+from deltatap.core.clock import mono_ns  # noqa: E402
+from deltatap.core.clocksync import ClockEstimate  # noqa: E402
+from deltatap.telemetry.otlp_encode import encode_export_request  # noqa: E402
+from deltatap.core.sse import StreamObserver  # noqa: E402
+from deltatap.telemetry.tracer import make_exporter  # noqa: E402
+from deltatap.proxy.record import TapRecord, attributes  # noqa: E402
+from deltatap.proxy.spans import begin, emit  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 MODEL = "llama-3.1-8b-instruct"
@@ -144,7 +144,7 @@ def export_rounds(batches: list[list[ReadableSpan]], rounds: int) -> dict:
     port_grpc, port_http = free_port(), free_port()
     out_dir = tempfile.mkdtemp(prefix="otlp-encode-bench-")
     collector = subprocess.Popen(
-        [sys.executable, "-m", "deltatap.cli", "collect", "--otlp-grpc", f"127.0.0.1:{port_grpc}", "--otlp-http", f"127.0.0.1:{port_http}",
+        [sys.executable, "-m", "deltatap.app.cli", "collect", "--otlp-grpc", f"127.0.0.1:{port_grpc}", "--otlp-http", f"127.0.0.1:{port_http}",
          "--metrics", "none", "--out", out_dir, "--rows-format", "jsonl", "--orphan-wait-s", "1", "--grace-s", "0.5"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )

@@ -35,8 +35,8 @@ from launch import RealStack, missing_tools, with_free_ports  # noqa: E402
 from parts import Tools, new_api_key  # noqa: E402
 from procs import Proc, free_port, tcp_open  # noqa: E402
 
-from collector.sinks import read_rows  # noqa: E402
-from deltatap.topology import Topology, load_topology  # noqa: E402
+from deltatap.collector.sinks import read_rows  # noqa: E402
+from deltatap.core.topology import Topology, load_topology  # noqa: E402
 
 CONFIG = ROOT / "configs" / "realstack-envoy-litellm.yaml"
 ENGINE = "llama-server"
@@ -118,7 +118,7 @@ def main() -> int:
     topo_t = with_free_ports(load_topology(CONFIG))
     (out / "tapped").mkdir(parents=True, exist_ok=True)
     (out / "tapped" / "collector-topology.yaml").write_text(yaml.safe_dump(topo_t.model_dump(mode="json", exclude_none=True), sort_keys=False))
-    collector = Proc("collector", [sys.executable, "-m", "deltatap.cli", "collect", "--otlp-grpc", grpc, "--otlp-http", f"127.0.0.1:{free_port()}",
+    collector = Proc("collector", [sys.executable, "-m", "deltatap.app.cli", "collect", "--otlp-grpc", grpc, "--otlp-http", f"127.0.0.1:{free_port()}",
                                    "--metrics", "none", "--topology", out / "tapped" / "collector-topology.yaml",
                                    "--out", out / "tapped" / "collector", "--rows-format", "jsonl"], out / "collector.log", cwd=ROOT)
     collector.wait_ready(tcp_open(*grpc.split(":")[:1], int(grpc.split(":")[1])), 30, "OTLP/gRPC listening")

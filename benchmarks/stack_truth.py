@@ -28,11 +28,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from deltatap.clock import mono_ns, to_unix_ns  # noqa: E402
-from deltatap.sse import StreamObserver  # noqa: E402
-from deltatap.telemetry import setup_telemetry  # noqa: E402
-from deltatap.vocab import Attr, Role  # noqa: E402
-from stack import EngineConfig, StackConfig, start_stack  # noqa: E402
+from deltatap.core.clock import mono_ns, to_unix_ns  # noqa: E402
+from deltatap.core.sse import StreamObserver  # noqa: E402
+from deltatap.telemetry.tracer import setup_telemetry  # noqa: E402
+from deltatap.core.vocab import Attr, Role  # noqa: E402
+from deltatap.stack import EngineConfig, StackConfig, start_stack  # noqa: E402
 
 TARGET_P50_US = 2000.0
 # (name, (observer, role) that happens first, (observer, role) of the same bytes seen next)
@@ -104,7 +104,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--concurrency", type=int, default=1)
     args = ap.parse_args()
-    from deltatap.aio import run as aio_run
+    from deltatap.net.aio import run as aio_run
 
     result = aio_run(run(args.requests, args.concurrency))
     path = ROOT / "benchmarks" / "results" / f"stack_truth_c{args.concurrency}.json"

@@ -36,7 +36,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tap_overhead import BODY, envoy_binary, free_port, stop_all, wait_port  # noqa: E402
 
-from deltatap import aio  # noqa: E402
+from deltatap.net import aio  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PATH = "/v1/chat/completions"
@@ -118,7 +118,7 @@ def start_tap(py: str, mode: str, up_port: int, tmp: Path, procs: list, profile:
         wait_port(sink_port, sink, "OTLP sink")
         otlp = f"http://127.0.0.1:{sink_port}"
     # the profiler times CPU (thread_time), not wall time: on a shared machine wall time mostly measures waiting
-    prof = ["-c", _PROFILED.format(out=str(profile))] if profile else ["-m", "deltatap.cli"]
+    prof = ["-c", _PROFILED.format(out=str(profile))] if profile else ["-m", "deltatap.app.cli"]
     port = free_port()
     tap = subprocess.Popen(
         [py, *prof, "tap", "--link", "fw-engine", "--listen", f"127.0.0.1:{port}", "--no-admin",

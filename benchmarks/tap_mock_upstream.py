@@ -13,7 +13,7 @@ import json
 
 from aiohttp import web
 
-from deltatap import aio
+from deltatap.net import aio
 
 ROLE = b'data: {"object":"chat.completion.chunk","model":"mock","choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}\n\n'
 DONE = b"data: [DONE]\n\n"

@@ -48,10 +48,10 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from deltatap import aio
-from deltatap.clock import mono_ns
-from deltatap.sse import StreamObserver
-from deltatap.wire import make_stamping_connector, upstream_stamps
+from deltatap.net import aio
+from deltatap.core.clock import mono_ns
+from deltatap.core.sse import StreamObserver
+from deltatap.net.wire import make_stamping_connector, upstream_stamps
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tap_sink import read_spans  # noqa: E402
@@ -288,7 +288,7 @@ def main() -> int:
         wait_port(up_port, up, "mock upstream")
         def start_tap(port: int, what: str, env: dict[str, str] | None = None) -> subprocess.Popen:
             proc = subprocess.Popen(
-                [py, "-m", "deltatap.cli", "tap", "--link", "fw-engine", "--listen", f"127.0.0.1:{port}", "--no-admin",
+                [py, "-m", "deltatap.app.cli", "tap", "--link", "fw-engine", "--listen", f"127.0.0.1:{port}", "--no-admin",
                  "--upstream", f"http://127.0.0.1:{up_port}", "--otlp", otlp],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})},
             )

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from deltatap import aio
+from deltatap.net import aio
 
 
 def read_spans(path: Path) -> Iterator[dict]:

@@ -2,7 +2,7 @@
 
 In-process API (the demo and the tests use it; ``deltatap collect`` is a shell over it)::
 
-    from collector import CollectorOptions, start_collector
+    from deltatap.collector import CollectorOptions, start_collector
 
     running = await start_collector(CollectorOptions(otlp_grpc="127.0.0.1:0", otlp_http="127.0.0.1:0", out_dir="out"))
     running.otlp_grpc_endpoint   # "grpc://127.0.0.1:PORT": pass as --otlp / setup_telemetry(otlp=...)
@@ -15,11 +15,11 @@ In-process API (the demo and the tests use it; ``deltatap collect`` is a shell o
     await running.close()        # stop, flush, write out_dir (rows file, summary, decomposition, sketches)
 
 Offline: ``collector.ingest.load(paths)`` + ``collector.pipeline.Pipeline``; rows files:
-``collector.sinks.read_rows`` / ``write_rows``; the decomposition table: ``collector.table``.
+``deltatap.collector.sinks.read_rows`` / ``write_rows``; the decomposition table: ``deltatap.collector.table``.
 """
 
-from collector.pipeline import Pipeline, PipelineOptions
-from collector.rows import Row
-from collector.service import CollectorOptions, RunningCollector, start_collector
+from deltatap.collector.pipeline import Pipeline, PipelineOptions
+from deltatap.collector.rows import Row
+from deltatap.collector.service import CollectorOptions, RunningCollector, start_collector
 
 __all__ = ["CollectorOptions", "Pipeline", "PipelineOptions", "Row", "RunningCollector", "start_collector"]

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from collector.spans import SpanRecord
+from deltatap.collector.spans import SpanRecord
 
 
 @dataclass

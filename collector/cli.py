@@ -12,15 +12,15 @@ from pathlib import Path
 
 from rich.console import Console
 
-from collector.ingest import load
-from collector.outputs import write_outputs
-from collector.pipeline import Pipeline, PipelineOptions
-from collector.service import ROWS_FORMATS, CollectorOptions, start_collector, tune_gc
-from collector.sinks import write_rows
-from collector.table import RENDERERS, decomposition, summary_csv, summary_json, summary_markdown, summary_rich
-from deltatap import aio
-from deltatap.config import ConfigError
-from deltatap.topology import load_topology
+from deltatap.collector.ingest import load
+from deltatap.collector.outputs import write_outputs
+from deltatap.collector.pipeline import Pipeline, PipelineOptions
+from deltatap.collector.service import ROWS_FORMATS, CollectorOptions, start_collector, tune_gc
+from deltatap.collector.sinks import write_rows
+from deltatap.collector.table import RENDERERS, decomposition, summary_csv, summary_json, summary_markdown, summary_rich
+from deltatap.net import aio
+from deltatap.core.config import ConfigError
+from deltatap.core.topology import load_topology
 
 log = logging.getLogger("deltatap.collector")
 STATS = ("p50", "p90", "p95", "p99", "p999", "mean")

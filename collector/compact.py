@@ -16,7 +16,7 @@ trace is open its spans sit in memory in packed form:
   fingerprint are held once for all its spans.
 
 ``attrs`` and ``events`` unpack on first use and keep the result, so the plain extractors of
-:mod:`collector.points` read a compact span exactly like a ``SpanRecord``; the joiner and the
+:mod:`deltatap.collector.points` read a compact span exactly like a ``SpanRecord``; the joiner and the
 extraction plans read ``packed`` and ``others`` by position instead (the layout says where).
 
 The receivers call :func:`decode_compact` on the request bytes (the slim wire view below);
@@ -33,9 +33,9 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from collector.litellm_spans import ATTRS as LITELLM_ATTRS
-from collector.spans import OtlpDecodeError, _pb_value
-from deltatap.vocab import Attr
+from deltatap.collector.litellm_spans import ATTRS as LITELLM_ATTRS
+from deltatap.collector.spans import OtlpDecodeError, _pb_value
+from deltatap.core.vocab import Attr
 
 # every attribute collector.points and collector.join read (keep in step with them)
 ATTRS_READ: frozenset[str] = frozenset({

@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from collector.points import Extracted, Obs, Shape, extract, extract_flat
-from collector.rows import Cascade, DeltaValue, JoinMethod, PointObs, Row, TokenSource, delta_defs, intermediaries
-from collector.spans import SpanRecord
-from deltatap.topology import Topology
-from deltatap.vocab import Outcome, Role, point
+from deltatap.collector.points import Extracted, Obs, Shape, extract, extract_flat
+from deltatap.collector.rows import Cascade, DeltaValue, JoinMethod, PointObs, Row, TokenSource, delta_defs, intermediaries
+from deltatap.collector.spans import SpanRecord
+from deltatap.core.topology import Topology
+from deltatap.core.vocab import Outcome, Role, point
 
 
 _new = tuple.__new__  # builds a NamedTuple (PointObs, DeltaValue) without its Python-level __new__

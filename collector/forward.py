@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from deltatap.config import ConfigError
+from deltatap.core.config import ConfigError
 
 log = logging.getLogger("deltatap.collector")
 

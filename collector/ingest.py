@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collector.rows import Row
-from collector.sinks import ROW_FORMATS, read_rows
-from collector.sketches import SKETCH_FORMAT, Aggregator
-from collector.spans import OtlpDecodeError, SpanRecord, decode_json
-from deltatap.config import ConfigError
-from deltatap.vocab import Attr, ClientEvent, Observer, Outcome
+from deltatap.collector.rows import Row
+from deltatap.collector.sinks import ROW_FORMATS, read_rows
+from deltatap.collector.sketches import SKETCH_FORMAT, Aggregator
+from deltatap.collector.spans import OtlpDecodeError, SpanRecord, decode_json
+from deltatap.core.config import ConfigError
+from deltatap.core.vocab import Attr, ClientEvent, Observer, Outcome
 
 AIPERF_SERVICE = "aiperf"
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from collector.assembly import Fragment
-from collector.compact import CompactSpan
-from collector.points import plans_apply, reader_decided, span_kind, span_reader, varying_keys
-from collector.rows import JoinMethod
-from deltatap.topology import Topology
-from deltatap.vocab import SPAN_TAP, Attr
+from deltatap.collector.assembly import Fragment
+from deltatap.collector.compact import CompactSpan
+from deltatap.collector.points import plans_apply, reader_decided, span_kind, span_reader, varying_keys
+from deltatap.collector.rows import JoinMethod
+from deltatap.core.topology import Topology
+from deltatap.core.vocab import SPAN_TAP, Attr
 
 
 _UNSEEN = object()

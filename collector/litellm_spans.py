@@ -32,10 +32,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from collector.observations import RANK_COMPONENT, RANK_FALLBACK, Extracted, Obs, clock
-from collector.spans import SpanRecord
-from deltatap.topology import Topology
-from deltatap.vocab import ComponentKind, Role, point
+from deltatap.collector.observations import RANK_COMPONENT, RANK_FALLBACK, Extracted, Obs, clock
+from deltatap.collector.spans import SpanRecord
+from deltatap.core.topology import Topology
+from deltatap.core.vocab import ComponentKind, Role, point
 
 SERVICE = "litellm"  # LiteLLM's default OTEL_SERVICE_NAME (the real stack's launcher sets it too)
 GUARDRAIL_MODE, GUARDRAIL_STATUS, MASKED_ENTITY_COUNT, CALL_TYPE = "guardrail_mode", "guardrail_status", "masked_entity_count", "call_type"

@@ -1,4 +1,4 @@
-"""What the extractors of :mod:`collector.points` produce: observations of points (:class:`Obs`) and the facts
+"""What the extractors of :mod:`deltatap.collector.points` produce: observations of points (:class:`Obs`) and the facts
 of one request (:class:`Extracted`), with the small readers every extractor shares.
 
 ``rank`` orders sources when several observe one point: a component's own stamp (0) beats engine
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from collector.rows import LinkGaps
-from collector.spans import SpanRecord
-from deltatap.vocab import Attr
+from deltatap.collector.rows import LinkGaps
+from deltatap.collector.spans import SpanRecord
+from deltatap.core.vocab import Attr
 
 RANK_COMPONENT, RANK_TELEMETRY, RANK_TAP, RANK_FALLBACK = 0, 1, 2, 3
 

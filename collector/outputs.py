@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from collector.sketches import Aggregator
-from collector.table import decomposition, render_csv, render_json, render_markdown, summary_csv, summary_json, summary_markdown
-from deltatap.topology import Topology
+from deltatap.collector.sketches import Aggregator
+from deltatap.collector.table import decomposition, render_csv, render_json, render_markdown, summary_csv, summary_json, summary_markdown
+from deltatap.core.topology import Topology
 
 
 def write_outputs(agg: Aggregator, topo: Topology, out: str | Path, stats: dict[str, Any] | None = None, stat: str = "p50_ms") -> dict[str, Path]:

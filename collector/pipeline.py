@@ -13,14 +13,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from collector.assembly import TraceAssembler
-from collector.decompose import build_row
-from collector.join import Group, Joiner
-from collector.metrics import DeltaHistograms
-from collector.rows import DeltaColumns, JoinMethod, Row, delta_defs
-from collector.sketches import Aggregator
-from collector.spans import SpanRecord
-from deltatap.topology import Topology, default_topology
+from deltatap.collector.assembly import TraceAssembler
+from deltatap.collector.decompose import build_row
+from deltatap.collector.join import Group, Joiner
+from deltatap.collector.metrics import DeltaHistograms
+from deltatap.collector.rows import DeltaColumns, JoinMethod, Row, delta_defs
+from deltatap.collector.sketches import Aggregator
+from deltatap.collector.spans import SpanRecord
+from deltatap.core.topology import Topology, default_topology
 
 
 @dataclass(frozen=True)

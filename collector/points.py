@@ -10,18 +10,18 @@ whose ``match`` accepts the span (no if-chains):
   (``deltatap.engine.prompt_ms``: the engine's prefill ended at the first token, so prefill began
   ``prompt_ms`` before it), disconnects (who gave up, when);
 * ``client`` - the load generator's client span (events ``client.*``), or an AIPerf record turned
-  into one (:mod:`collector.ingest`);
+  into one (:mod:`deltatap.collector.ingest`);
 * ``component`` - a component's own span (``deltatap.observer = component``): events named by
   :class:`deltatap.vocab.Role` values are that component's *true* points;
 * ``vllm`` - vLLM's ``llm_request`` span: ``gen_ai.latency.*`` seconds relative to the span start
   (the request's arrival in the engine) give queue, prefill start, first and last token;
 * ``litellm`` - LiteLLM proxy's own spans (service.name ``litellm``): the guardrail's end is the
-  component's ``in.decision`` (t4) and its status the firewall decision (:mod:`collector.litellm_spans`).
+  component's ``in.decision`` (t4) and its status the firewall decision (:mod:`deltatap.collector.litellm_spans`).
 
 Every observation is shifted onto the collector's clock (``t - deltatap.clock.offset_ns``) and
 carries that observer's ``deltatap.clock.uncertainty_ns``. ``rank`` orders sources when several
 observe one point: a component's own stamp (0) beats engine telemetry (1) beats a tap (2) beats a
-component's approximate stamp (3). The observation types live in :mod:`collector.observations`.
+component's approximate stamp (3). The observation types live in :mod:`deltatap.collector.observations`.
 
 Live spans (:class:`collector.compact.CompactSpan`) go through *plans*: everything that depends only on
 a span's :class:`~collector.compact.Layout` (which extractor, the link and its components, the
@@ -43,16 +43,16 @@ from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
 
-from collector.compact import CompactSpan, tuple_getter
-from collector.litellm_spans import extract_litellm, is_litellm
-from collector.observations import RANK_COMPONENT, RANK_TAP, RANK_TELEMETRY, Extracted, Obs
-from collector.observations import as_float as _f
-from collector.observations import as_int as _i
-from collector.observations import clock as _clock
-from collector.rows import GapStats, LinkGaps
-from collector.spans import SpanRecord
-from deltatap.topology import Topology
-from deltatap.vocab import SPAN_CLIENT, SPAN_COMPONENT_PREFIX, SPAN_TAP, Attr, ClientEvent, ComponentKind, Observer, Role, TapEvent, point, tap_point
+from deltatap.collector.compact import CompactSpan, tuple_getter
+from deltatap.collector.litellm_spans import extract_litellm, is_litellm
+from deltatap.collector.observations import RANK_COMPONENT, RANK_TAP, RANK_TELEMETRY, Extracted, Obs
+from deltatap.collector.observations import as_float as _f
+from deltatap.collector.observations import as_int as _i
+from deltatap.collector.observations import clock as _clock
+from deltatap.collector.rows import GapStats, LinkGaps
+from deltatap.collector.spans import SpanRecord
+from deltatap.core.topology import Topology
+from deltatap.core.vocab import SPAN_CLIENT, SPAN_COMPONENT_PREFIX, SPAN_TAP, Attr, ClientEvent, ComponentKind, Observer, Role, TapEvent, point, tap_point
 
 __all__ = [
     "EXTRACTORS", "RANK_COMPONENT", "RANK_TAP", "RANK_TELEMETRY", "Extracted", "Obs", "Shape", "SpanReader", "extract", "extract_flat",

@@ -5,7 +5,7 @@ decomposition reads, packed), JSON into :class:`~collector.spans.SpanRecord`; bo
 (``on_spans(spans, serialized_request_or_None)``: the protobuf bytes as received, for forwarding); invalid input is refused with a message that says what
 is wrong: gRPC ``INVALID_ARGUMENT``, HTTP 400 with a ``google.rpc.Status`` body (JSON for JSON
 requests), 415 for an unsupported content type. The HTTP app also answers ``GET /v1/clock`` (the
-NTP-style exchange of :mod:`deltatap.clocksync`; the receive time is stamped first thing in the
+NTP-style exchange of :mod:`deltatap.core.clocksync`; the receive time is stamped first thing in the
 handler), ``GET /metrics`` and ``GET /healthz``.
 """
 
@@ -21,10 +21,10 @@ from aiohttp import web
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from collector.compact import CompactSpan, decode_compact
-from collector.spans import OtlpDecodeError, SpanRecord, decode_json
-from deltatap.clock import now_unix_ns
-from deltatap.clocksync import CLOCK_PATH, clock_answer
+from deltatap.collector.compact import CompactSpan, decode_compact
+from deltatap.collector.spans import OtlpDecodeError, SpanRecord, decode_json
+from deltatap.core.clock import now_unix_ns
+from deltatap.core.clocksync import CLOCK_PATH, clock_answer
 
 OnSpans = Callable[[list[SpanRecord] | list[CompactSpan], bytes | None], None]  # spans, the serialized request (None for JSON)
 OnError = Callable[[str], None]

@@ -18,11 +18,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from collector.rows import Row, delta_defs
-from collector.spans import SpanRecord
+from deltatap.collector.rows import Row, delta_defs
+from deltatap.collector.spans import SpanRecord
 from deltatap import __version__
-from deltatap.topology import Topology
-from deltatap.vocab import INSTRUMENTATION_SCOPE, SPAN_DECOMPOSITION_PREFIX, Attr
+from deltatap.core.topology import Topology
+from deltatap.core.vocab import INSTRUMENTATION_SCOPE, SPAN_DECOMPOSITION_PREFIX, Attr
 
 SERVICE_NAME = "deltatap-collector"
 

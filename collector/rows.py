@@ -1,6 +1,6 @@
 """Decomposition rows: one row per request, the collector's output and every report's input.
 
-This docstring is the specification of the row; ``collector.reports`` and anything reading the
+This docstring is the specification of the row; ``deltatap.collector.reports`` and anything reading the
 collector's rows files build on it.
 
 A row
@@ -71,7 +71,7 @@ identity and result columns, ``labels`` (JSON object text), then per point ``pt.
 ``gap.<link>.{up,down}.{count,mean_ns,p99_ns,max_ns}``, and ``cascade.*``. Missing values are
 empty (None / null / empty CSV cell). Integers stay integers (ns), never floats.
 
-Rows files are written and read back by :mod:`collector.sinks` (``write_rows`` / ``read_rows``: Parquet,
+Rows files are written and read back by :mod:`deltatap.collector.sinks` (``write_rows`` / ``read_rows``: Parquet,
 CSV, JSON lines, chosen by suffix).
 
 Computation over many rows is numpy: :func:`delta_ns` returns one delta as an int64 array with a
@@ -89,8 +89,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from deltatap.topology import Topology, default_topology
-from deltatap.vocab import DEFAULT_POINT_ALIASES, INTERMEDIARY_KINDS, ComponentKind, Role, point
+from deltatap.core.topology import Topology, default_topology
+from deltatap.core.vocab import DEFAULT_POINT_ALIASES, INTERMEDIARY_KINDS, ComponentKind, Role, point
 
 ROW_SCHEMA_VERSION = 1
 

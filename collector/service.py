@@ -24,18 +24,18 @@ from typing import Any
 
 from aiohttp import web
 
-from collector.forward import Forwarder
-from collector.metrics import CollectorMetrics
-from collector.outputs import write_outputs
-from collector.pipeline import Pipeline, PipelineOptions
-from collector.receivers import http_app, metrics_app, start_grpc
-from collector.reexport import decomposition_spans, encode_records
-from collector.rows import Row
-from collector.sinks import RowWriter
-from collector.sketches import Aggregator
-from collector.spans import SpanRecord
-from deltatap.config import ConfigError
-from deltatap.topology import Topology, default_topology, parse_hostport
+from deltatap.collector.forward import Forwarder
+from deltatap.collector.metrics import CollectorMetrics
+from deltatap.collector.outputs import write_outputs
+from deltatap.collector.pipeline import Pipeline, PipelineOptions
+from deltatap.collector.receivers import http_app, metrics_app, start_grpc
+from deltatap.collector.reexport import decomposition_spans, encode_records
+from deltatap.collector.rows import Row
+from deltatap.collector.sinks import RowWriter
+from deltatap.collector.sketches import Aggregator
+from deltatap.collector.spans import SpanRecord
+from deltatap.core.config import ConfigError
+from deltatap.core.topology import Topology, default_topology, parse_hostport
 
 log = logging.getLogger("deltatap.collector")
 ROWS_FORMATS = ("parquet", "csv", "jsonl")

@@ -1,6 +1,6 @@
 """Rows files: Parquet (pyarrow), CSV and JSON lines, chosen by suffix; written in batches, read back whole.
 
-Columns are :func:`collector.rows.record_columns` for the topology (stable across runs); Parquet
+Columns are :func:`deltatap.collector.rows.record_columns` for the topology (stable across runs); Parquet
 columns are typed (int64 ns, bool, string). A point or delta outside the topology's column set
 (a span naming a component the topology lacks) is dropped from the file with one warning.
 """
@@ -17,9 +17,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collector.rows import Row, from_record, record_columns, to_record
-from deltatap.config import ConfigError
-from deltatap.topology import Topology
+from deltatap.collector.rows import Row, from_record, record_columns, to_record
+from deltatap.core.config import ConfigError
+from deltatap.core.topology import Topology
 
 log = logging.getLogger("deltatap.collector")
 

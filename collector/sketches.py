@@ -22,7 +22,7 @@ import numpy as np
 from ddsketch import DDSketch
 from ddsketch.mapping import LogarithmicMapping
 
-from collector.rows import Row, delta_columns
+from deltatap.collector.rows import Row, delta_columns
 
 QUANTILES: dict[str, float] = {"p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99, "p999": 0.999}
 SKETCH_FORMAT = "deltatap-sketches/1"

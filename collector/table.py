@@ -21,10 +21,10 @@ from typing import Any
 
 from rich.table import Table
 
-from collector.rows import delta_defs, intermediaries
-from collector.sketches import Aggregator
-from deltatap.topology import Topology
-from deltatap.vocab import ComponentKind
+from deltatap.collector.rows import delta_defs, intermediaries
+from deltatap.collector.sketches import Aggregator
+from deltatap.core.topology import Topology
+from deltatap.core.vocab import ComponentKind
 
 FOOTNOTE = "*Outbound adds to client-observed TTFT, not engine TTFT"
 _DISPLAY = {ComponentKind.GATEWAY: "AI Gateway", ComponentKind.FIREWALL: "AI Firewall", ComponentKind.ENGINE: "Model Engine"}

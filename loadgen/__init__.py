@@ -2,8 +2,8 @@
 
 In-process API (``deltatap demo`` and the accuracy tests call it)::
 
-    from loadgen import LoadOptions, run_load
-    from deltatap.telemetry import setup_telemetry
+    from deltatap.loadgen import LoadOptions, run_load
+    from deltatap.telemetry.tracer import setup_telemetry
 
     telemetry = setup_telemetry("deltatap-loadgen", otlp="grpc://127.0.0.1:4317")
     result = await run_load(
@@ -22,7 +22,7 @@ summary.json, run.json, requests.jsonl (the exact plan, replayable with workload
 warmup.jsonl.
 """
 
-from loadgen.options import LoadOptions
-from loadgen.run import LoadResult, run_load
+from deltatap.loadgen.options import LoadOptions
+from deltatap.loadgen.run import LoadResult, run_load
 
 __all__ = ["LoadOptions", "LoadResult", "run_load"]

@@ -1,4 +1,4 @@
-"""``deltatap load``: the command-line face of :func:`loadgen.run_load`."""
+"""``deltatap load``: the command-line face of :func:`deltatap.loadgen.run_load`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import sys
 from typing import Any
 
-from deltatap.config import ConfigError
-from loadgen.arrivals import ARRIVALS
+from deltatap.core.config import ConfigError
+from deltatap.loadgen.arrivals import ARRIVALS
 
 
 def _kv(text: str, sep: str, what: str) -> tuple[str, str]:
@@ -70,10 +70,10 @@ def register(subparsers: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from deltatap import aio
-    from deltatap.config import format_validation_error
-    from deltatap.telemetry import TelemetryConfigError, setup_telemetry
-    from loadgen.options import LoadOptions
+    from deltatap.net import aio
+    from deltatap.core.config import format_validation_error
+    from deltatap.telemetry.tracer import TelemetryConfigError, setup_telemetry
+    from deltatap.loadgen.options import LoadOptions
 
     fields = {k: getattr(args, k) for k in (
         "target", "endpoint", "model", "workload", "rate", "concurrency", "batch", "arrival", "requests", "duration_s",
@@ -94,8 +94,8 @@ def main(args: argparse.Namespace) -> int:
         telemetry = setup_telemetry("deltatap-loadgen", otlp=args.otlp)
     except TelemetryConfigError as exc:
         raise ConfigError(str(exc)) from None
-    from loadgen.progress import print_summary
-    from loadgen.run import run_load
+    from deltatap.loadgen.progress import print_summary
+    from deltatap.loadgen.run import run_load
 
     try:
         result = aio.run(run_load(options, telemetry))
@@ -114,9 +114,9 @@ def main(args: argparse.Namespace) -> int:
 def _plan_only(options: Any) -> int:
     from pathlib import Path
 
-    from loadgen.run import resolve_workload
-    from loadgen.tokens import reference_tokenizer
-    from loadgen.workloads.base import write_requests
+    from deltatap.loadgen.run import resolve_workload
+    from deltatap.loadgen.tokens import reference_tokenizer
+    from deltatap.loadgen.workloads.base import write_requests
 
     if not options.out:
         raise ConfigError("--plan-only needs --out DIR")

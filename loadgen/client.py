@@ -1,6 +1,6 @@
 """One request over HTTP: build the body, send, read the SSE stream with socket-level stamps.
 
-Every stamp comes from :mod:`deltatap.wire`'s stamping connector (taken in the connection's
+Every stamp comes from :mod:`deltatap.net.wire`'s stamping connector (taken in the connection's
 ``data_received`` / ``write``), so a busy event loop delays our *processing* of a chunk, never its
 timestamp. The only stamp taken in this module is ``send_mono_ns``, immediately before the request
 call (no await in between). Failures never raise out of :func:`execute`: they become the record's
@@ -17,11 +17,11 @@ from typing import Any
 
 import aiohttp
 
-from deltatap.clock import mono_ns
-from deltatap.vocab import DEFAULT_CORRELATION_HEADER, Outcome
-from deltatap.wire import make_stamping_connector, upstream_stamps
-from loadgen.records import ErrorKind, RequestRecord
-from loadgen.stream import ClientStream
+from deltatap.core.clock import mono_ns
+from deltatap.core.vocab import DEFAULT_CORRELATION_HEADER, Outcome
+from deltatap.net.wire import make_stamping_connector, upstream_stamps
+from deltatap.loadgen.records import ErrorKind, RequestRecord
+from deltatap.loadgen.stream import ClientStream
 
 ERROR_BODY_LIMIT = 64 * 1024
 REFUSAL_FINISH_REASONS = frozenset({"content_filter"})

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from deltatap.clock import mono_ns, to_unix_ns
+from deltatap.core.clock import mono_ns, to_unix_ns
 
 log = logging.getLogger("deltatap.loadgen.gpu")
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from deltatap.clock import mono_ns
-from loadgen.client import make_session
-from loadgen.runner import Barrier, Runner
-from deltatap.aio import sleep_coarse_until
-from loadgen.workloads.base import PlannedRequest
+from deltatap.core.clock import mono_ns
+from deltatap.loadgen.client import make_session
+from deltatap.loadgen.runner import Barrier, Runner
+from deltatap.net.aio import sleep_coarse_until
+from deltatap.loadgen.workloads.base import PlannedRequest
 
 Unit = list[PlannedRequest]
 

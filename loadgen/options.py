@@ -8,9 +8,9 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from deltatap.config import StrictModel
-from loadgen.arrivals import ARRIVALS
-from loadgen.client import ENDPOINTS
+from deltatap.core.config import StrictModel
+from deltatap.loadgen.arrivals import ARRIVALS
+from deltatap.loadgen.client import ENDPOINTS
 
 
 class LoadOptions(StrictModel):

@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from deltatap.clock import mono_ns
-from loadgen.runner import Counters
+from deltatap.core.clock import mono_ns
+from deltatap.loadgen.runner import Counters
 
 
 class LiveProgress:

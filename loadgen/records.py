@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from deltatap.clock import to_unix_ns
-from deltatap.vocab import Outcome
+from deltatap.core.clock import to_unix_ns
+from deltatap.core.vocab import Outcome
 
 RECORD_VERSION = 1
 

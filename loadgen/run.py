@@ -12,22 +12,22 @@ from pathlib import Path
 from typing import Any
 
 from deltatap import __version__
-from deltatap.clock import ANCHOR
-from deltatap.clocksync import ClockEstimate, estimate_offset
-from deltatap.config import ConfigError
-from deltatap.telemetry import Telemetry
-from deltatap.vocab import Outcome
-from loadgen.arrivals import schedule_offsets_ns
-from loadgen.client import Target, resolve_url
-from loadgen.gpu import GpuSampler
-from loadgen.modes import MODES, ModeConfig, open_sessions, preconnect, sessions_needed
-from loadgen.options import LoadOptions
-from loadgen.records import RecordWriter, RequestRecord
-from loadgen.runner import Counters, Runner, new_run_id
-from loadgen.summary import summarize
-from loadgen.tokens import reference_tokenizer
-from loadgen.workloads.base import PlannedRequest, WorkloadSpec, load_workload, spec_from_mapping, write_requests
-from loadgen.warmup import warm_up
+from deltatap.core.clock import ANCHOR
+from deltatap.core.clocksync import ClockEstimate, estimate_offset
+from deltatap.core.config import ConfigError
+from deltatap.telemetry.tracer import Telemetry
+from deltatap.core.vocab import Outcome
+from deltatap.loadgen.arrivals import schedule_offsets_ns
+from deltatap.loadgen.client import Target, resolve_url
+from deltatap.loadgen.gpu import GpuSampler
+from deltatap.loadgen.modes import MODES, ModeConfig, open_sessions, preconnect, sessions_needed
+from deltatap.loadgen.options import LoadOptions
+from deltatap.loadgen.records import RecordWriter, RequestRecord
+from deltatap.loadgen.runner import Counters, Runner, new_run_id
+from deltatap.loadgen.summary import summarize
+from deltatap.loadgen.tokens import reference_tokenizer
+from deltatap.loadgen.workloads.base import PlannedRequest, WorkloadSpec, load_workload, spec_from_mapping, write_requests
+from deltatap.loadgen.warmup import warm_up
 
 log = logging.getLogger("deltatap.loadgen")
 
@@ -133,7 +133,7 @@ async def run_load(options: LoadOptions, telemetry: Telemetry) -> LoadResult:
             per = 1 if options.rate is None else 1 + int(options.rate * 0.01 / len(sessions))
             await preconnect(sessions, target.url, target.headers, per)
         if options.progress:
-            from loadgen.progress import LiveProgress
+            from deltatap.loadgen.progress import LiveProgress
 
             total = len(plan) if options.duration_s is None else None
             progress = LiveProgress(runner.counters, total)

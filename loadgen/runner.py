@@ -2,7 +2,7 @@
 
 A :class:`Runner` is shared by every load mode. Per request it: creates the client span (before the
 send wait, start time = the planned send), injects ``traceparent`` and the correlation header, sleeps
-until the planned instant, stamps and sends (:func:`loadgen.client.execute`), then adds the span's
+until the planned instant, stamps and sends (:func:`deltatap.loadgen.client.execute`), then adds the span's
 timeline events (t0 = request written, t12 = first content token, ...) with their exact times and ends
 it. Sessions (chatbot) run their turns in order, think time after each answer, history in a sliding
 window of reference tokens.
@@ -20,14 +20,14 @@ from urllib.parse import urlsplit
 import aiohttp
 from opentelemetry.trace import SpanKind
 
-from deltatap.clock import mono_ns, to_unix_ns
-from deltatap.clocksync import ClockEstimate
-from deltatap.vocab import SPAN_CLIENT, Attr, ClientEvent, Observer, Outcome
-from loadgen.client import Target, execute
-from loadgen.records import RequestRecord
-from deltatap.aio import sleep_until
-from loadgen.tokens import Tokenizer
-from loadgen.workloads.base import PlannedRequest
+from deltatap.core.clock import mono_ns, to_unix_ns
+from deltatap.core.clocksync import ClockEstimate
+from deltatap.core.vocab import SPAN_CLIENT, Attr, ClientEvent, Observer, Outcome
+from deltatap.loadgen.client import Target, execute
+from deltatap.loadgen.records import RequestRecord
+from deltatap.net.aio import sleep_until
+from deltatap.loadgen.tokens import Tokenizer
+from deltatap.loadgen.workloads.base import PlannedRequest
 
 
 class Barrier:

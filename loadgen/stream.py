@@ -1,4 +1,4 @@
-"""The client's view of one SSE response, on top of :mod:`deltatap.sse` (its parser and format registry).
+"""The client's view of one SSE response, on top of :mod:`deltatap.core.sse` (its parser and format registry).
 
 Fed ``(bytes, t_mono_ns)`` slices stamped at the socket, it keeps what the load generator records and
 the tap's :class:`~deltatap.sse.StreamObserver` does not: the stamp of *every* content event, the
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from deltatap.sse import FORMATS, SseEvent, SseParser, StreamFacts, StreamFormat, detect_format, format_for_path
+from deltatap.core.sse import FORMATS, SseEvent, SseParser, StreamFacts, StreamFormat, detect_format, format_for_path
 
 
 class ClientStream:

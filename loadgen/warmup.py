@@ -17,11 +17,11 @@ from typing import Any
 
 import aiohttp
 
-from deltatap.clock import mono_ns
-from deltatap.vocab import Outcome
-from loadgen.modes import ModeConfig, closed_loop
-from loadgen.runner import Runner
-from loadgen.workloads.base import PlannedRequest
+from deltatap.core.clock import mono_ns
+from deltatap.core.vocab import Outcome
+from deltatap.loadgen.modes import ModeConfig, closed_loop
+from deltatap.loadgen.runner import Runner
+from deltatap.loadgen.workloads.base import PlannedRequest
 
 PROBE_MAX_TOKENS = 16
 

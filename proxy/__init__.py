@@ -3,8 +3,8 @@
 In-process interface (the reference stack, the collector's tests, ``deltatap demo`` and the
 integration tests start taps this way)::
 
-    from deltatap.telemetry import setup_telemetry
-    from proxy import TapOptions, start_tap, options_from_topology
+    from deltatap.telemetry.tracer import setup_telemetry
+    from deltatap.proxy import TapOptions, start_tap, options_from_topology
 
     telemetry = setup_telemetry("deltatap-tap-edge", otlp="grpc://127.0.0.1:4317")
     tap = await start_tap(TapOptions(link="edge", upstream="http://127.0.0.1:8100"), telemetry)
@@ -27,7 +27,7 @@ Several taps may share one process and one :class:`deltatap.telemetry.Telemetry`
 its own Prometheus registry (``running.tap.metrics.registry``).
 """
 
-from proxy.options import TapOptions, options_from_topology
-from proxy.server import RunningTap, Tap, start_tap
+from deltatap.proxy.options import TapOptions, options_from_topology
+from deltatap.proxy.server import RunningTap, Tap, start_tap
 
 __all__ = ["RunningTap", "Tap", "TapOptions", "options_from_topology", "start_tap"]

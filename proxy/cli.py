@@ -7,11 +7,11 @@ import asyncio
 import logging
 import signal
 
-from deltatap import aio
-from deltatap.config import ConfigError
-from deltatap.telemetry import TelemetryConfigError, setup_telemetry
-from deltatap.topology import load_topology
-from proxy.options import TapOptions, options_from_topology, split_listen
+from deltatap.net import aio
+from deltatap.core.config import ConfigError
+from deltatap.telemetry.tracer import TelemetryConfigError, setup_telemetry
+from deltatap.core.topology import load_topology
+from deltatap.proxy.options import TapOptions, options_from_topology, split_listen
 
 log = logging.getLogger("deltatap.tap")
 
@@ -104,7 +104,7 @@ def build_options(args: argparse.Namespace) -> TapOptions:
 
 
 async def _serve(opts: TapOptions, args: argparse.Namespace) -> int:
-    from proxy.server import start_tap
+    from deltatap.proxy.server import start_tap
 
     try:
         telemetry = setup_telemetry(f"deltatap-tap-{opts.link}", otlp=args.otlp, protocol=args.otlp_protocol,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from deltatap.vocab import Outcome
+from deltatap.core.vocab import Outcome
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from deltatap.clocksync import ClockEstimate
-from deltatap.telemetry import ExportStats
+from deltatap.core.clocksync import ClockEstimate
+from deltatap.telemetry.tracer import ExportStats
 
 _OVERHEAD_BUCKETS = (20e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 50e-3)
 _LATENCY_BUCKETS = (1e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

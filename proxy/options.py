@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 from yarl import URL
 
-from deltatap.config import ConfigError
-from deltatap.topology import Topology, parse_hostport
-from deltatap.vocab import DEFAULT_COMPONENTS, DEFAULT_CORRELATION_HEADER, ComponentKind, default_link
+from deltatap.core.config import ConfigError
+from deltatap.core.topology import Topology, parse_hostport
+from deltatap.core.vocab import DEFAULT_COMPONENTS, DEFAULT_CORRELATION_HEADER, ComponentKind, default_link
 
 _DEFAULT_KINDS = {name: kind for name, kind in DEFAULT_COMPONENTS}
 

@@ -1,6 +1,6 @@
 """One request as a tap saw it, and how it becomes a span — no sockets here.
 
-The socket-owning module (:mod:`proxy.server`) only fills a :class:`TapRecord` with
+The socket-owning module (:mod:`deltatap.proxy.server`) only fills a :class:`TapRecord` with
 ``mono_ns`` stamps and counters while it forwards; everything below turns the record into span
 events and attributes once the request is over, off the forwarding path.
 """
@@ -11,10 +11,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from deltatap.clocksync import ClockEstimate
-from deltatap.sse import StreamFacts, StreamObserver
-from deltatap.vocab import Attr, Observer, Outcome, TapEvent
-from proxy.errors import Failure
+from deltatap.core.clocksync import ClockEstimate
+from deltatap.core.sse import StreamFacts, StreamObserver
+from deltatap.core.vocab import Attr, Observer, Outcome, TapEvent
+from deltatap.proxy.errors import Failure
 
 # request path suffix -> gen_ai.operation.name
 _OPERATIONS: tuple[tuple[str, str], ...] = (

@@ -1,8 +1,8 @@
 """The one module of the tap that owns sockets: aiohttp server downstream, aiohttp client upstream.
 
-It forwards bytes and takes stamps (:mod:`deltatap.wire`, one ``mono_ns`` per event, at the
+It forwards bytes and takes stamps (:mod:`deltatap.net.wire`, one ``mono_ns`` per event, at the
 socket); framing, first-token decisions, statistics and span building live in sans-I/O modules
-(:mod:`deltatap.sse`, :mod:`proxy.headers`, :mod:`proxy.errors`, :mod:`proxy.record`).
+(:mod:`deltatap.core.sse`, :mod:`deltatap.proxy.headers`, :mod:`deltatap.proxy.errors`, :mod:`deltatap.proxy.record`).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from deltatap import kstamp
-from deltatap.clock import mono_ns
-from deltatap.clocksync import ClockEstimate, estimate_offset
-from deltatap.fingerprint import Fingerprinter, fingerprint, resolve_key
-from deltatap.sse import StreamObserver
-from deltatap.telemetry import Telemetry
-from deltatap.vocab import Outcome, tap_span_name
-from deltatap.wire import (
+from deltatap.net import kstamp
+from deltatap.core.clock import mono_ns
+from deltatap.core.clocksync import ClockEstimate, estimate_offset
+from deltatap.core.fingerprint import Fingerprinter, fingerprint, resolve_key
+from deltatap.core.sse import StreamObserver
+from deltatap.telemetry.tracer import Telemetry
+from deltatap.core.vocab import Outcome, tap_span_name
+from deltatap.net.wire import (
     connection_lost_mono_ns,
     last_read_mono_ns,
     last_write_mono_ns,
@@ -34,13 +34,13 @@ from deltatap.wire import (
     request_received_mono_ns,
     upstream_stamps,
 )
-from proxy.errors import Failure, classify
-from proxy.headers import downstream_response_headers, upstream_request_headers
-from proxy.metrics import TapMetrics, admin_app
-from proxy.options import TapOptions
-from proxy.record import TapRecord, attributes
-from proxy.response import RelayedResponse
-from proxy.spans import SpanStart, begin, emit
+from deltatap.proxy.errors import Failure, classify
+from deltatap.proxy.headers import downstream_response_headers, upstream_request_headers
+from deltatap.proxy.metrics import TapMetrics, admin_app
+from deltatap.proxy.options import TapOptions
+from deltatap.proxy.record import TapRecord, attributes
+from deltatap.proxy.response import RelayedResponse
+from deltatap.proxy.spans import SpanStart, begin, emit
 
 log = logging.getLogger("deltatap.tap")
 
@@ -110,7 +110,7 @@ class Tap:
         except OSError as exc:
             await self._session.close()
             await self._runner.cleanup()
-            from deltatap.config import ConfigError
+            from deltatap.core.config import ConfigError
 
             raise ConfigError(f"--listen {o.listen_host}:{o.listen_port}: cannot listen ({exc.strerror or exc})") from None
         port = self._site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
@@ -123,7 +123,7 @@ class Tap:
                 await asite.start()
             except OSError as exc:
                 await self.close(0)
-                from deltatap.config import ConfigError
+                from deltatap.core.config import ConfigError
 
                 raise ConfigError(f"--admin {o.admin_host}:{o.admin_port}: cannot listen ({exc.strerror or exc})") from None
             admin_port = asite._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]

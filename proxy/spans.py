@@ -26,10 +26,10 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from deltatap import __version__
-from deltatap.clock import to_unix_ns
-from deltatap.telemetry import Telemetry
-from deltatap.vocab import INSTRUMENTATION_SCOPE, Outcome
-from proxy.record import TapRecord, events
+from deltatap.core.clock import to_unix_ns
+from deltatap.telemetry.tracer import Telemetry
+from deltatap.core.vocab import INSTRUMENTATION_SCOPE, Outcome
+from deltatap.proxy.record import TapRecord, events
 
 _W3C = TraceContextTextMapPropagator()
 # Ids as the SDK's RandomIdGenerator makes them (a Mersenne Twister, not a syscall per id:

@@ -30,8 +30,8 @@ import yaml  # noqa: E402 - deltatap's venv has it
 from parts import ROOT, STARTERS, Ctx, Tools, needs, new_api_key  # noqa: E402
 from procs import Proc, StartError, free_port, http_ok, tcp_open  # noqa: E402
 
-from deltatap.config import ConfigError  # noqa: E402
-from deltatap.topology import Topology, load_topology, parse_hostport  # noqa: E402
+from deltatap.core.config import ConfigError  # noqa: E402
+from deltatap.core.topology import Topology, load_topology, parse_hostport  # noqa: E402
 
 
 def parts_of(topology: Topology) -> list[str]:
@@ -127,7 +127,7 @@ class RealStack:
 
     def _start_tap(self, i: int) -> Proc:
         link = self.topology.links[i]
-        argv = [sys.executable, "-m", "deltatap.cli", "tap", "--link", link.name, "--config", self.topology_path,
+        argv = [sys.executable, "-m", "deltatap.app.cli", "tap", "--link", link.name, "--config", self.topology_path,
                 "--otlp", f"grpc://{self.otlp_grpc}" if self.otlp_grpc else "none", "--grace-s", "2"]
         p = Proc(f"tap-{link.name}", argv, self.run_dir / f"tap-{link.name}.log", cwd=ROOT)
         host, port = parse_hostport(link.tap.listen)
@@ -151,7 +151,7 @@ class RealStack:
 
 
 def _collector(args: argparse.Namespace, run_dir: Path) -> Proc:
-    argv = [sys.executable, "-m", "deltatap.cli", "collect", "--otlp-grpc", args.otlp_grpc, "--otlp-http", args.otlp_http,
+    argv = [sys.executable, "-m", "deltatap.app.cli", "collect", "--otlp-grpc", args.otlp_grpc, "--otlp-http", args.otlp_http,
             "--metrics", "none", "--topology", args.config, "--out", run_dir / "collector", "--rows-format", "jsonl"]
     p = Proc("collector", argv, run_dir / "collector.log", cwd=ROOT)
     host, port = parse_hostport(args.otlp_grpc)

@@ -201,7 +201,7 @@ def _reference(component: str) -> Callable[[Ctx], Proc]:
     """The reference firewall / engine of ``stack/`` (its section of the combined config file)."""
 
     def start(ctx: Ctx) -> Proc:
-        argv = [sys.executable, "-m", "deltatap.cli", "stack", component, "--config", ctx.config_path,
+        argv = [sys.executable, "-m", "deltatap.app.cli", "stack", component, "--config", ctx.config_path,
                 "--listen", f"{ctx.listen_host}:{ctx.listen_port}", "--otlp", f"grpc://{ctx.otlp_grpc}" if ctx.otlp_grpc else "none"]
         if ctx.upstream and component != "engine":
             argv += ["--upstream", ctx.upstream]

@@ -1,14 +1,14 @@
 """The reference stack: gateway, AI firewall and engine that state the true times of their events.
 
 Three real aiohttp servers (DESIGN section 7), configured from strict YAML models
-(:mod:`stack.config`), each emitting its own OpenTelemetry SERVER span per request named
+(:mod:`deltatap.stack.config`), each emitting its own OpenTelemetry SERVER span per request named
 ``deltatap.stack.<component>`` whose events are the generic point roles of
-:class:`deltatap.vocab.Role`, stamped where bytes meet the socket (:mod:`deltatap.wire`).
+:class:`deltatap.vocab.Role`, stamped where bytes meet the socket (:mod:`deltatap.net.wire`).
 
 In-process interface (tests, ``deltatap demo``, the accuracy benchmarks)::
 
-    from deltatap.telemetry import setup_telemetry
-    from stack import EngineConfig, FirewallConfig, GatewayConfig, start_engine, start_firewall, start_gateway
+    from deltatap.telemetry.tracer import setup_telemetry
+    from deltatap.stack import EngineConfig, FirewallConfig, GatewayConfig, start_engine, start_firewall, start_gateway
 
     tel = setup_telemetry("deltatap-stack", otlp="grpc://127.0.0.1:4317")
     engine = await start_engine(EngineConfig(), tel, "127.0.0.1:0")          # listen defaults to cfg.listen
@@ -19,7 +19,7 @@ In-process interface (tests, ``deltatap demo``, the accuracy benchmarks)::
     await gw.close(); await fw.close(); await engine.close()
 
     # or all three chained, optionally with deltatap taps on the links:
-    from stack import load_stack_config, start_stack
+    from deltatap.stack import load_stack_config, start_stack
     stack = await start_stack(load_stack_config("configs/demo.yaml"), lambda service: tel, taps=True, ephemeral=True)
     stack.url                    # the edge tap (or the gateway without taps)
     await stack.close()
@@ -29,12 +29,12 @@ file such as ``configs/demo.yaml``); bad keys raise :class:`deltatap.config.Conf
 the file and key. See docs/stack.md for every key, the cost models and the span contents.
 """
 
-from stack.chain import RunningStack, StackConfig, load_stack_config, start_stack
-from stack.config import EngineConfig, FirewallConfig, GatewayConfig, load_component_config
-from stack.engine.app import start_engine
-from stack.firewall.app import start_firewall
-from stack.gateway.app import start_gateway
-from stack.server import RunningComponent
+from deltatap.stack.chain import RunningStack, StackConfig, load_stack_config, start_stack
+from deltatap.stack.config import EngineConfig, FirewallConfig, GatewayConfig, load_component_config
+from deltatap.stack.engine.app import start_engine
+from deltatap.stack.firewall.app import start_firewall
+from deltatap.stack.gateway.app import start_gateway
+from deltatap.stack.server import RunningComponent
 
 __all__ = [
     "EngineConfig",

@@ -1,5 +1,5 @@
 """The whole reference stack in one process: engine, firewall and gateway chained on loopback,
-optionally with deltatap taps on the links between them (``proxy.start_tap``).
+optionally with deltatap taps on the links between them (``deltatap.proxy.start_tap``).
 
     cfg = load_stack_config("configs/demo.yaml")        # or StackConfig() for defaults
     stack = await start_stack(cfg, telemetry_for, taps=True, ephemeral=True)
@@ -21,16 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deltatap.config import ConfigError, read_yaml
-from deltatap.telemetry import Telemetry
-from deltatap.topology import Topology, load_topology, parse_hostport
-from deltatap.vocab import ComponentKind
+from deltatap.core.config import ConfigError, read_yaml
+from deltatap.telemetry.tracer import Telemetry
+from deltatap.core.topology import Topology, load_topology, parse_hostport
+from deltatap.core.vocab import ComponentKind
 
-from stack.config import EngineConfig, FirewallConfig, GatewayConfig, load_component_config
-from stack.engine.app import start_engine
-from stack.firewall.app import start_firewall
-from stack.gateway.app import start_gateway
-from stack.server import RunningComponent
+from deltatap.stack.config import EngineConfig, FirewallConfig, GatewayConfig, load_component_config
+from deltatap.stack.engine.app import start_engine
+from deltatap.stack.firewall.app import start_firewall
+from deltatap.stack.gateway.app import start_gateway
+from deltatap.stack.server import RunningComponent
 
 EPHEMERAL = "127.0.0.1:0"
 
@@ -88,10 +88,10 @@ class RunningStack:
 
 def _tap_listen(topo: Topology | None, link: str, ephemeral: bool) -> tuple[str, int, int | None]:
     if ephemeral or topo is None:
-        return "127.0.0.1", 0, None
+        return "127.0.0.1", 0, 0  # free ports, the admin server's too
     spec = next((x for x in topo.links if x.name == link), None)
     if spec is None or spec.tap is None:
-        return "127.0.0.1", 0, None
+        return "127.0.0.1", 0, 0
     host, port = parse_hostport(spec.tap.listen)
     admin = parse_hostport(spec.tap.admin)[1] if spec.tap.admin else port + 1000
     return host, port, admin
@@ -99,7 +99,7 @@ def _tap_listen(topo: Topology | None, link: str, ephemeral: bool) -> tuple[str,
 
 async def _start_tap(link: str, upstream: str, cfg: StackConfig, telemetry: Telemetry, ephemeral: bool) -> Any:
     try:
-        from proxy import TapOptions, start_tap
+        from deltatap.proxy import TapOptions, start_tap
     except ImportError as exc:  # pragma: no cover - the tap ships in the same distribution
         raise ConfigError(f"--taps needs deltatap's tap package (proxy): {exc}") from None
     host, port, admin = _tap_listen(cfg.topology, link, ephemeral)

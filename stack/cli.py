@@ -18,17 +18,17 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from deltatap.aio import run
-from deltatap.config import ConfigError, validate
-from deltatap.telemetry import Telemetry, TelemetryConfigError, setup_telemetry
-from deltatap.topology import parse_hostport
-from deltatap.vocab import ComponentKind
+from deltatap.net.aio import run
+from deltatap.core.config import ConfigError, validate
+from deltatap.telemetry.tracer import Telemetry, TelemetryConfigError, setup_telemetry
+from deltatap.core.topology import parse_hostport
+from deltatap.core.vocab import ComponentKind
 
-from stack.chain import load_stack_config, start_stack
-from stack.config import load_component_config
-from stack.engine.app import start_engine
-from stack.firewall.app import start_firewall
-from stack.gateway.app import start_gateway
+from deltatap.stack.chain import load_stack_config, start_stack
+from deltatap.stack.config import load_component_config
+from deltatap.stack.engine.app import start_engine
+from deltatap.stack.firewall.app import start_firewall
+from deltatap.stack.gateway.app import start_gateway
 
 STARTERS: dict[str, Callable[..., Awaitable[Any]]] = {
     ComponentKind.ENGINE.value: start_engine,
@@ -96,8 +96,10 @@ async def _serve_all(args: argparse.Namespace, tels: _Telemetries) -> None:
     for rc in stack.components:
         print(f"deltatap stack {rc.kind} {rc.name}: {rc.url}", flush=True)
     for link, tap in stack.taps.items():
-        print(f"deltatap tap {link}: {tap.url}", flush=True)
-    print(f"send requests to {stack.url}/v1/chat/completions", flush=True)
+        admin = f"  admin {tap.admin_url} (/metrics, /healthz)" if getattr(tap, "admin_url", None) else ""
+        print(f"deltatap tap {link}: {tap.url}{admin}", flush=True)
+    models = ", ".join(cfg.engine.models)
+    print(f"send requests to {stack.url}/v1/chat/completions (model: {models})", flush=True)
     try:
         await _until_signal()
     finally:
@@ -129,7 +131,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="component", metavar="COMPONENT", required=True)
     for kind in STARTERS:
         p = sub.add_parser(kind, help=f"run the reference {kind}")
-        p.add_argument("--config", default=None, help=f"YAML: a {kind} file or a combined file with a '{kind}:' section")
+        p.add_argument("--config", default=None, help=f"YAML: a {kind} file or a combined file with a '{kind}:' section (a path or a packaged name such as demo)")
         p.add_argument("--listen", default=None, help="HOST:PORT (default: the config's listen)")
         if kind != ComponentKind.ENGINE.value:
             p.add_argument("--upstream", default=None, help="upstream base URL (overrides the config)")
@@ -138,7 +140,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         _common(p)
         p.set_defaults(func=_run(_serve_one))
     p = sub.add_parser("all", help="run engine, firewall and gateway chained (optionally with taps)")
-    p.add_argument("--config", required=True, help="combined YAML (e.g. configs/demo.yaml)")
+    p.add_argument("--config", required=True, help="combined YAML, a file or a packaged name (e.g. demo: the packaged configs/demo.yaml)")
     p.add_argument("--taps", action="store_true", help="put deltatap taps on the links (listen addresses from the topology)")
     p.add_argument("--ephemeral", action="store_true", help="listen on free ports instead of the configured ones")
     _common(p)

@@ -13,11 +13,11 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from deltatap.config import ConfigError, StrictModel, read_yaml, validate
-from deltatap.topology import parse_hostport
-from deltatap.vocab import DEFAULT_CORRELATION_HEADER, ComponentKind
+from deltatap.core.config import ConfigError, StrictModel, read_yaml, validate
+from deltatap.core.topology import parse_hostport
+from deltatap.core.vocab import DEFAULT_CORRELATION_HEADER, ComponentKind
 
-from stack.delays import ZERO, DelaySpec
+from deltatap.stack.delays import ZERO, DelaySpec
 
 
 class StageDelays(StrictModel):

@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 from pydantic import Field, model_validator
 
-from deltatap.aio import sleep_until
-from deltatap.clock import mono_ns
-from deltatap.config import StrictModel
+from deltatap.net.aio import sleep_until
+from deltatap.core.clock import mono_ns
+from deltatap.core.config import StrictModel
 
 # name -> (rng, jitter_ms) -> random part in ms. Registry, not an if-chain.
 DISTRIBUTIONS: dict[str, Callable[[random.Random, float], float]] = {

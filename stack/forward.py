@@ -22,13 +22,13 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from deltatap.clock import mono_ns
-from deltatap.vocab import Role, TapEvent
-from deltatap.wire import StampingResponseHandler, UpstreamStamps, last_write_mono_ns, make_stamping_connector, upstream_stamps
+from deltatap.core.clock import mono_ns
+from deltatap.core.vocab import Role, TapEvent
+from deltatap.net.wire import StampingResponseHandler, UpstreamStamps, last_write_mono_ns, make_stamping_connector, upstream_stamps
 
-from stack.config import UpstreamPolicy
-from stack.openai import error_body
-from stack.spans import TRACE_HEADERS, ComponentSpan
+from deltatap.stack.config import UpstreamPolicy
+from deltatap.stack.openai import error_body
+from deltatap.stack.spans import TRACE_HEADERS, ComponentSpan
 
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade"}

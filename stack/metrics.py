@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from deltatap.telemetry import Telemetry
+from deltatap.telemetry.tracer import Telemetry
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from stack.tokens import prompt_text
+from deltatap.stack.tokens import prompt_text
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 DONE = b"data: [DONE]\n\n"

@@ -9,6 +9,8 @@ intermediary closes its own upstream request (the timeout cascade).
 
 from __future__ import annotations
 
+import errno
+
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -16,15 +18,16 @@ from typing import Any
 
 from aiohttp import web
 
-from deltatap.clock import mono_ns
-from deltatap.telemetry import Telemetry
-from deltatap.topology import parse_hostport
-from deltatap.vocab import Attr, Outcome, Role, TapEvent
-from deltatap.wire import make_stamping_runner, make_stamping_site, request_received_mono_ns
+from deltatap.core.clock import mono_ns
+from deltatap.telemetry.tracer import Telemetry
+from deltatap.core.config import ConfigError
+from deltatap.core.topology import parse_hostport
+from deltatap.core.vocab import Attr, Outcome, Role, TapEvent
+from deltatap.net.wire import make_stamping_runner, make_stamping_site, request_received_mono_ns
 
-from stack.metrics import ComponentMetrics
-from stack.openai import ApiError
-from stack.spans import ComponentSpan, request_id
+from deltatap.stack.metrics import ComponentMetrics
+from deltatap.stack.openai import ApiError
+from deltatap.stack.spans import ComponentSpan, request_id
 
 log = logging.getLogger("deltatap.stack")
 
@@ -86,7 +89,9 @@ async def serve(app: web.Application, listen: str, name: str, kind: str, telemet
         await site.start()
     except OSError as exc:
         await runner.cleanup()
-        raise OSError(exc.errno, f"{kind} {name}: cannot listen on {listen}: {exc.strerror}") from None
+        label = kind if name == kind else f"{kind} {name!r}"
+        hint = " (in use? pick another with --listen, or --ephemeral for `stack all`)" if exc.errno == errno.EADDRINUSE else ""
+        raise ConfigError(f"{label}: cannot listen on {listen}: {exc.strerror or exc}{hint}") from None
     bound = runner.addresses[0]
     url = f"http://{host if ':' not in host else f'[{host}]'}:{bound[1]}"
     log.info("%s %s listening on %s", kind, name, url)

@@ -19,9 +19,9 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from deltatap.clock import mono_ns, to_unix_ns
-from deltatap.telemetry import Telemetry
-from deltatap.vocab import Attr, Observer, Outcome, Role, component_span_name
+from deltatap.core.clock import mono_ns, to_unix_ns
+from deltatap.telemetry.tracer import Telemetry
+from deltatap.core.vocab import Attr, Observer, Outcome, Role, component_span_name
 
 W3C = TraceContextTextMapPropagator()
 TRACE_HEADERS = ("traceparent", "tracestate")

@@ -7,7 +7,7 @@ import socket
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from deltatap.telemetry import Telemetry, setup_telemetry
+from deltatap.telemetry.tracer import Telemetry, setup_telemetry
 
 
 def free_port() -> int:

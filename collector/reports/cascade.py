@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collector.reports.model import Column, Section, Table
-from collector.reports.registry import ReportInputs, register_section
-from collector.reports.timeouts import declared_timeouts_section
-from collector.rows import Row
-from deltatap.topology import Topology
-from deltatap.vocab import Role, point
+from deltatap.collector.reports.model import Column, Section, Table
+from deltatap.collector.reports.registry import ReportInputs, register_section
+from deltatap.collector.reports.timeouts import declared_timeouts_section
+from deltatap.collector.rows import Row
+from deltatap.core.topology import Topology
+from deltatap.core.vocab import Role, point
 
 
 @dataclass(frozen=True)

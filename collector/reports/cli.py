@@ -17,12 +17,12 @@ import argparse
 from pydantic import Field
 from rich.console import Console
 
-from collector.reports.registry import ReportInputs, ReportOptions, build_report
-from collector.reports.renderers import parse_formats, write_report
-from collector.reports.render_terminal import print_report
-from collector.reports.runs import load_run, parse_run_specs
-from deltatap.config import ConfigError, StrictModel, load_yaml
-from deltatap.topology import Topology, default_topology, load_topology
+from deltatap.collector.reports.registry import ReportInputs, ReportOptions, build_report
+from deltatap.collector.reports.renderers import parse_formats, write_report
+from deltatap.collector.reports.render_terminal import print_report
+from deltatap.collector.reports.runs import load_run, parse_run_specs
+from deltatap.core.config import ConfigError, StrictModel, load_yaml
+from deltatap.core.topology import Topology, default_topology, load_topology
 
 
 class GuardrailsConfig(StrictModel):
@@ -65,7 +65,7 @@ def _emit(report, args, stem: str) -> int:
 
 def guardrails_report(runs: dict[str, object], topology: Topology, options: ReportOptions):
     """Per-run guardrail sections (named ``guardrails.<label>`` when there are several runs) plus the comparison."""
-    from collector.reports.model import Report
+    from deltatap.collector.reports.model import Report
 
     report = Report("deltatap guardrail overhead")
     for label, run in runs.items():
@@ -115,7 +115,7 @@ def cmd_cascade(args: argparse.Namespace) -> int:
 
 
 def summary_report(run, topology: Topology, options: ReportOptions | None = None, title: str = "deltatap report"):
-    from collector.reports.plots import report_figures
+    from deltatap.collector.reports.plots import report_figures
 
     inputs = ReportInputs(rows=run.rows, topology=topology, records=run.records, metadata=run.metadata, options=options or ReportOptions())
     return build_report(inputs, title, figures=report_figures)

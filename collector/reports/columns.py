@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from collector.rows import Row, delta_ns
-from deltatap.topology import Topology
-from deltatap.vocab import ComponentKind, Role, point
+from deltatap.collector.rows import Row, delta_ns
+from deltatap.core.topology import Topology
+from deltatap.core.vocab import ComponentKind, Role, point
 
 BLOCK_DECISIONS = ("block_pattern", "block_analysis", "block")
 

@@ -1,16 +1,16 @@
 """The decomposition table (profiles draft §6 format) and per-delta percentiles, as report sections.
 
-The arithmetic is the collector's own (:mod:`collector.table` over :class:`collector.sketches.Aggregator`);
+The arithmetic is the collector's own (:mod:`deltatap.collector.table` over :class:`collector.sketches.Aggregator`);
 this module only turns it into the report document so it renders in every format beside the rest.
 """
 
 from __future__ import annotations
 
-from collector.reports.model import Column, Section, Table
-from collector.reports.registry import ReportInputs, register_section
-from collector.rows import delta_defs
-from collector.sketches import Aggregator
-from collector.table import FOOTNOTE, decomposition
+from deltatap.collector.reports.model import Column, Section, Table
+from deltatap.collector.reports.registry import ReportInputs, register_section
+from deltatap.collector.rows import delta_defs
+from deltatap.collector.sketches import Aggregator
+from deltatap.collector.table import FOOTNOTE, decomposition
 
 _STATS = ("p50_ms", "p90_ms", "p95_ms", "p99_ms", "p999_ms", "mean_ms", "min_ms", "max_ms")
 

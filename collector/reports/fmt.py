@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from collector.reports.model import Cell, Column
+from deltatap.collector.reports.model import Cell, Column
 
 MISSING = "–"  # a value nobody observed: shown as a dash, never as 0
 

@@ -13,12 +13,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from collector.reports.columns import delta_ms, e2e_ms, is_blocked, labels, output_throughput
-from collector.reports.model import Column, Section, Table
-from collector.reports.registry import ReportInputs, ReportOptions, register_section
-from collector.reports.stats import pct, rate
-from collector.rows import Row
-from deltatap.topology import Topology
+from deltatap.collector.reports.columns import delta_ms, e2e_ms, is_blocked, labels, output_throughput
+from deltatap.collector.reports.model import Column, Section, Table
+from deltatap.collector.reports.registry import ReportInputs, ReportOptions, register_section
+from deltatap.collector.reports.stats import pct, rate
+from deltatap.collector.rows import Row
+from deltatap.core.topology import Topology
 
 RUN_TITLES = {"baseline": "Baseline", "input": "Input Filter", "output": "Output Filter", "full": "Full Filter"}
 

@@ -15,12 +15,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from collector.reports.columns import components_of_kind, decisions, delta_ms, is_blocked, labels
-from collector.reports.model import Column, Section, Table
-from collector.reports.registry import ReportInputs, ReportOptions, register_section
-from collector.reports.stats import rate, summarize
-from collector.rows import Row
-from deltatap.vocab import ComponentKind
+from deltatap.collector.reports.columns import components_of_kind, decisions, delta_ms, is_blocked, labels
+from deltatap.collector.reports.model import Column, Section, Table
+from deltatap.collector.reports.registry import ReportInputs, ReportOptions, register_section
+from deltatap.collector.reports.stats import rate, summarize
+from deltatap.collector.rows import Row
+from deltatap.core.vocab import ComponentKind
 
 DECISION_ORDER = ("allow", "allow_after_analysis", "modify", "block_pattern", "block_analysis")
 DECISION_TITLES = {

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from collector.reports.columns import delta_ms, ints
-from collector.reports.model import Column, Section, Table
-from collector.reports.registry import ReportInputs, register_section
-from collector.reports.stats import PERCENTILE_TITLES, summarize
-from collector.rows import Row
+from deltatap.collector.reports.columns import delta_ms, ints
+from deltatap.collector.reports.model import Column, Section, Table
+from deltatap.collector.reports.registry import ReportInputs, register_section
+from deltatap.collector.reports.stats import PERCENTILE_TITLES, summarize
+from deltatap.collector.rows import Row
 
 INPUT_BUCKETS: tuple[tuple[int, int | None], ...] = ((0, 256), (256, 512), (512, 1024), (1024, 2048), (2048, 4096), (4096, None))
 

@@ -6,11 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from collector.reports.columns import delta_ms, output_throughput, run_window_s
-from collector.reports.methodology import tpot_ms
-from collector.reports.model import Column, Section, Table
-from collector.reports.registry import ReportInputs, register_section
-from collector.reports.stats import summarize
+from deltatap.collector.reports.columns import delta_ms, output_throughput, run_window_s
+from deltatap.collector.reports.methodology import tpot_ms
+from deltatap.collector.reports.model import Column, Section, Table
+from deltatap.collector.reports.registry import ReportInputs, register_section
+from deltatap.collector.reports.stats import summarize
 
 
 def _workload_name(wl: Any) -> str:

@@ -17,13 +17,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from collector.reports.columns import delta_ms, points_diff_ms, seconds_since_first  # noqa: E402
-from collector.reports.methodology import itl_samples_from_records  # noqa: E402
-from collector.reports.model import Figure  # noqa: E402
-from collector.reports.registry import ReportInputs  # noqa: E402
-from collector.rows import Row, intermediaries  # noqa: E402
-from deltatap.topology import Topology  # noqa: E402
-from deltatap.vocab import Role, point  # noqa: E402
+from deltatap.collector.reports.columns import delta_ms, points_diff_ms, seconds_since_first  # noqa: E402
+from deltatap.collector.reports.methodology import itl_samples_from_records  # noqa: E402
+from deltatap.collector.reports.model import Figure  # noqa: E402
+from deltatap.collector.reports.registry import ReportInputs  # noqa: E402
+from deltatap.collector.rows import Row, intermediaries  # noqa: E402
+from deltatap.core.topology import Topology  # noqa: E402
+from deltatap.core.vocab import Role, point  # noqa: E402
 
 COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd"]
 

@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from collector.reports.model import Report, Section
-from collector.rows import Row
-from deltatap.topology import Topology, default_topology
+from deltatap.collector.reports.model import Report, Section
+from deltatap.collector.rows import Row
+from deltatap.core.topology import Topology, default_topology
 
 
 @dataclass
@@ -66,12 +66,12 @@ def build_report(
     figures: Callable[[ReportInputs], list] | None = None,
 ) -> Report:
     """Build the named sections (default: all registered) that apply to ``inputs``."""
-    import collector.reports.sections  # noqa: F401 - registers the built-in sections
+    import deltatap.collector.reports.sections  # noqa: F401 - registers the built-in sections
 
     names = list(sections) if sections is not None else sorted(SECTIONS, key=lambda n: SECTIONS[n].order)
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
-        from deltatap.config import ConfigError
+        from deltatap.core.config import ConfigError
 
         raise ConfigError(f"unknown report section(s) {unknown}; known: {list(SECTIONS)}")
     report = Report(title=title, metadata=dict(inputs.metadata))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import csv
 import io
 
-from collector.reports.fmt import json_cell
-from collector.reports.model import Report, Table
+from deltatap.collector.reports.fmt import json_cell
+from deltatap.collector.reports.model import Report, Table
 
 
 def table_csv(table: Table) -> str:

@@ -10,8 +10,8 @@ import base64
 import json
 from html import escape
 
-from collector.reports.fmt import fmt_cell, heading, is_missing
-from collector.reports.model import Figure, Report, Table
+from deltatap.collector.reports.fmt import fmt_cell, heading, is_missing
+from deltatap.collector.reports.model import Figure, Report, Table
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1100px;color:#222;padding:0 1rem}

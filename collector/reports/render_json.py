@@ -6,8 +6,8 @@ import json
 import math
 from typing import Any
 
-from collector.reports.fmt import json_cell
-from collector.reports.model import Report
+from deltatap.collector.reports.fmt import json_cell
+from deltatap.collector.reports.model import Report
 
 
 def _clean(obj: Any) -> Any:

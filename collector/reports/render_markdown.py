@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from collector.reports.fmt import fmt_cell, heading
-from collector.reports.model import Report, Table
+from deltatap.collector.reports.fmt import fmt_cell, heading
+from deltatap.collector.reports.model import Report, Table
 
 
 def _escape(s: str) -> str:

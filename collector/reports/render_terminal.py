@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from collector.reports.fmt import fmt_cell, heading
-from collector.reports.model import Report, Section, Table
+from deltatap.collector.reports.fmt import fmt_cell, heading
+from deltatap.collector.reports.model import Report, Section, Table
 
 
 def rich_table(table: Table) -> RichTable:

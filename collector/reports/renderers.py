@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from collector.reports.model import Report
-from collector.reports.render_csv import render_csv
-from collector.reports.render_html import render_html
-from collector.reports.render_json import render_json
-from collector.reports.render_markdown import render_markdown
-from deltatap.config import ConfigError
+from deltatap.collector.reports.model import Report
+from deltatap.collector.reports.render_csv import render_csv
+from deltatap.collector.reports.render_html import render_html
+from deltatap.collector.reports.render_json import render_json
+from deltatap.collector.reports.render_markdown import render_markdown
+from deltatap.core.config import ConfigError
 
 # name -> report -> {relative file name: text}
 RENDERERS: dict[str, Callable[[Report], dict[str, str]]] = {}

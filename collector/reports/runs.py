@@ -1,7 +1,7 @@
 """Loading a run for the reports: a rows file or a run directory.
 
 A run directory holds the collector's rows file (``rows.parquet``, ``rows.csv`` or ``rows.jsonl``,
-read by :func:`collector.sinks.read_rows`), and optionally the load generator's ``records.jsonl``
+read by :func:`deltatap.collector.sinks.read_rows`), and optionally the load generator's ``records.jsonl``
 (docs/records.md), a ``topology.yaml`` and a ``run.json`` with run metadata (seed, workload,
 config hash, ...). ``deltatap demo`` writes exactly this layout.
 """
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collector.rows import Row
-from deltatap.config import ConfigError
-from deltatap.topology import Topology, load_topology
+from deltatap.collector.rows import Row
+from deltatap.core.config import ConfigError
+from deltatap.core.topology import Topology, load_topology
 
 ROWS_FILES = ("rows.parquet", "rows.jsonl", "rows.csv")
 RECORDS_FILE = "records.jsonl"
@@ -46,7 +46,7 @@ def _rows_file(path: Path) -> Path:
 
 
 def load_run(path: str | Path, label: str = "run", records: str | Path | None = None) -> RunData:
-    from collector.sinks import read_jsonl, read_rows
+    from deltatap.collector.sinks import read_jsonl, read_rows
 
     p = Path(path)
     rows_path = _rows_file(p)

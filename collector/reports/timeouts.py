@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collector.reports.model import Column, Section, Table
-from deltatap.topology import Topology
+from deltatap.collector.reports.model import Column, Section, Table
+from deltatap.core.topology import Topology
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from loadgen.tokens import reference_tokenizer
-from loadgen.workloads.text import ANSWERS, ASKS, sentences
+from deltatap.loadgen.tokens import reference_tokenizer
+from deltatap.loadgen.workloads.text import ANSWERS, ASKS, sentences
 
 OUT = Path(__file__).with_name("sharegpt_sample.json")
 

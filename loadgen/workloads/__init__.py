@@ -1,7 +1,7 @@
 """The workloads, registered by name (methodology Appendix A, chatbot sessions, firewall mix, replay)."""
 
-from loadgen.workloads import chatbot, code, conversation, firewall, replay, synthetic  # noqa: F401  (register)
-from loadgen.workloads.base import (
+from deltatap.loadgen.workloads import chatbot, code, conversation, firewall, replay, synthetic  # noqa: F401  (register)
+from deltatap.loadgen.workloads.base import (
     WORKLOADS,
     PlannedRequest,
     WorkloadSpec,

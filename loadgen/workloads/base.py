@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from deltatap.config import ConfigError, StrictModel, read_yaml, validate
-from loadgen.tokens import Tokenizer
+from deltatap.core.config import ConfigError, StrictModel, find_config, packaged_config_names, read_yaml, validate
+from deltatap.loadgen.tokens import Tokenizer
 
 
 @dataclass
@@ -115,13 +115,18 @@ def spec_from_mapping(data: Any, source: str) -> WorkloadSpec:
 
 
 def load_workload(ref: str) -> WorkloadSpec:
-    """A workload from a registered name (defaults = Appendix A) or a YAML file path."""
+    """A workload from a registered name (defaults = Appendix A), a packaged workload file's name
+    (``configs/workloads/NAME.yaml``) or a YAML file path."""
     _ensure_builtin()
     if ref in WORKLOADS:
         return WorkloadSpec(ref, WORKLOADS[ref].params(), {}, "name")
     if ref.endswith((".yaml", ".yml")) or Path(ref).exists():
         return spec_from_mapping(read_yaml(ref), ref)
-    raise ConfigError(f"--workload: {ref!r} is neither a workload name ({', '.join(sorted(WORKLOADS))}) nor a YAML file")
+    if ref in packaged_config_names("workloads"):
+        path = find_config(ref, "workloads")
+        return spec_from_mapping(read_yaml(path), str(path))
+    raise ConfigError(f"--workload: {ref!r} is neither a workload name ({', '.join(sorted(WORKLOADS))}), "
+                      f"nor a packaged workload file ({', '.join(packaged_config_names('workloads'))}), nor a YAML file")
 
 
 def write_requests(path: str | Path, requests: list[PlannedRequest]) -> None:
@@ -152,4 +157,4 @@ def read_requests(path: str | Path) -> list[PlannedRequest]:
 
 def _ensure_builtin() -> None:
     # the built-in workloads register themselves on import
-    import loadgen.workloads  # noqa: F401
+    import deltatap.loadgen.workloads  # noqa: F401

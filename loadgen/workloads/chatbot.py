@@ -15,11 +15,11 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from loadgen.tokens import Tokenizer
-from loadgen.workloads.base import PlannedRequest, WorkloadParams, register
-from loadgen.workloads.conversation import system_prompt
-from loadgen.workloads.lengths import Length, LogNormal
-from loadgen.workloads.text import sentences
+from deltatap.loadgen.tokens import Tokenizer
+from deltatap.loadgen.workloads.base import PlannedRequest, WorkloadParams, register
+from deltatap.loadgen.workloads.conversation import system_prompt
+from deltatap.loadgen.workloads.lengths import Length, LogNormal
+from deltatap.loadgen.workloads.text import sentences
 
 
 class ChatbotParams(WorkloadParams):

@@ -15,9 +15,9 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from loadgen.tokens import Tokenizer
-from loadgen.workloads.base import PlannedRequest, WorkloadParams, register
-from loadgen.workloads.lengths import Length, LogNormal, Uniform
+from deltatap.loadgen.tokens import Tokenizer
+from deltatap.loadgen.workloads.base import PlannedRequest, WorkloadParams, register
+from deltatap.loadgen.workloads.lengths import Length, LogNormal, Uniform
 
 NOUNS = ["user", "order", "invoice", "session", "token", "record", "item", "cache", "queue", "event", "report", "account",
          "payment", "message", "file", "config", "request", "response", "metric", "job"]

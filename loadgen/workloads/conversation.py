@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 from pydantic import Field
 
-from deltatap.config import ConfigError
-from loadgen.tokens import Tokenizer
-from loadgen.workloads.base import PlannedRequest, WorkloadParams, register
+from deltatap.core.config import ConfigError
+from deltatap.loadgen.tokens import Tokenizer
+from deltatap.loadgen.workloads.base import PlannedRequest, WorkloadParams, register
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sharegpt_sample.json"
 

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from deltatap.config import StrictModel
+from deltatap.core.config import StrictModel
 
 
 class Fixed(StrictModel):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from loadgen.tokens import Tokenizer
-from loadgen.workloads.base import PlannedRequest, WorkloadParams, read_requests, register
+from deltatap.loadgen.tokens import Tokenizer
+from deltatap.loadgen.workloads.base import PlannedRequest, WorkloadParams, read_requests, register
 
 
 class ReplayParams(WorkloadParams):

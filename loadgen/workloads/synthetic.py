@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from loadgen.tokens import Tokenizer
-from loadgen.workloads.base import PlannedRequest, WorkloadParams, register
-from loadgen.workloads.lengths import Choice, Fixed, Length, LogNormal, Uniform
+from deltatap.loadgen.tokens import Tokenizer
+from deltatap.loadgen.workloads.base import PlannedRequest, WorkloadParams, register
+from deltatap.loadgen.workloads.lengths import Choice, Fixed, Length, LogNormal, Uniform
 
 
 class SyntheticParams(WorkloadParams):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from loadgen.tokens import Tokenizer
+from deltatap.loadgen.tokens import Tokenizer
 
 SUBJECTS = ["the service", "my team", "our database", "this function", "the new release", "a small cache", "the scheduler",
             "the user interface", "the deployment", "my manager", "the test suite", "the client library", "the gateway",

@@ -22,19 +22,19 @@ from collections.abc import Iterable
 
 from aiohttp import web
 
-from deltatap.clock import mono_ns
-from deltatap.telemetry import Telemetry
-from deltatap.vocab import Attr, ComponentKind, Outcome, Role, TapEvent
-from deltatap.wire import last_write_mono_ns
+from deltatap.core.clock import mono_ns
+from deltatap.telemetry.tracer import Telemetry
+from deltatap.core.vocab import Attr, ComponentKind, Outcome, Role, TapEvent
+from deltatap.net.wire import last_write_mono_ns
 
-from stack.config import EngineConfig
-from stack.delays import DelaySampler
-from stack.engine.scheduler import Scheduler, Sequence, SeqState, block_hashes
-from stack.metrics import ComponentMetrics, counter, gauge
-from stack.openai import ENDPOINT_KINDS, RENDERERS, SSE_HEADERS, ApiError, DONE, GenRequest, parse_json, parse_request, usage
-from stack.server import RunningComponent, abandoned, component_app, reject, request_span, start_component
-from stack.spans import ComponentSpan
-from stack.tokens import TextGenerator, tokenize
+from deltatap.stack.config import EngineConfig
+from deltatap.stack.delays import DelaySampler
+from deltatap.stack.engine.scheduler import Scheduler, Sequence, SeqState, block_hashes
+from deltatap.stack.metrics import ComponentMetrics, counter, gauge
+from deltatap.stack.openai import ENDPOINT_KINDS, RENDERERS, SSE_HEADERS, ApiError, DONE, GenRequest, parse_json, parse_request, usage
+from deltatap.stack.server import RunningComponent, abandoned, component_app, reject, request_span, start_component
+from deltatap.stack.spans import ComponentSpan
+from deltatap.stack.tokens import TextGenerator, tokenize
 
 
 class EngineState:

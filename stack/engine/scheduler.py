@@ -25,11 +25,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from deltatap.aio import sleep_until
-from deltatap.clock import mono_ns
+from deltatap.net.aio import sleep_until
+from deltatap.core.clock import mono_ns
 
-from stack.config import EngineModel
-from stack.tokens import TextGenerator
+from deltatap.stack.config import EngineModel
+from deltatap.stack.tokens import TextGenerator
 
 log = logging.getLogger("deltatap.stack.engine")
 

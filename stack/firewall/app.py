@@ -20,20 +20,20 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import Counter
 
-from deltatap.clock import mono_ns
-from deltatap.telemetry import Telemetry
-from deltatap.vocab import Attr, ComponentKind, Outcome, Role, TapEvent
-from deltatap.wire import last_write_mono_ns
+from deltatap.core.clock import mono_ns
+from deltatap.telemetry.tracer import Telemetry
+from deltatap.core.vocab import Attr, ComponentKind, Outcome, Role, TapEvent
+from deltatap.net.wire import last_write_mono_ns
 
-from stack.config import FirewallConfig
-from stack.delays import DelaySampler
-from stack.firewall.outbound import OutboundStream
-from stack.firewall.rules import Decision, RuleSet, Verdict, cost_ms
-from stack.forward import DownstreamGone, Exchange, session_lifecycle, upstream_headers
-from stack.metrics import ComponentMetrics
-from stack.openai import DONE, ENDPOINT_KINDS, RENDERERS, SSE_HEADERS, ApiError, GenRequest, error_body, parse_json, parse_request, usage
-from stack.server import RunningComponent, abandoned, component_app, reject, request_span, start_component
-from stack.tokens import count_tokens
+from deltatap.stack.config import FirewallConfig
+from deltatap.stack.delays import DelaySampler
+from deltatap.stack.firewall.outbound import OutboundStream
+from deltatap.stack.firewall.rules import Decision, RuleSet, Verdict, cost_ms
+from deltatap.stack.forward import DownstreamGone, Exchange, session_lifecycle, upstream_headers
+from deltatap.stack.metrics import ComponentMetrics
+from deltatap.stack.openai import DONE, ENDPOINT_KINDS, RENDERERS, SSE_HEADERS, ApiError, GenRequest, error_body, parse_json, parse_request, usage
+from deltatap.stack.server import RunningComponent, abandoned, component_app, reject, request_span, start_component
+from deltatap.stack.tokens import count_tokens
 
 
 class FirewallState:

@@ -18,12 +18,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from deltatap.sse import SseEvent, SseParser, StreamFacts, StreamFormat, detect_format, format_for_path, get_format
+from deltatap.core.sse import SseEvent, SseParser, StreamFacts, StreamFormat, detect_format, format_for_path, get_format
 
-from stack.config import OutboundInspection
-from stack.delays import DelaySampler
-from stack.firewall.rules import Decision, RuleSet, Verdict, cost_ms
-from stack.openai import DONE, RENDERERS
+from deltatap.stack.config import OutboundInspection
+from deltatap.stack.delays import DelaySampler
+from deltatap.stack.firewall.rules import Decision, RuleSet, Verdict, cost_ms
+from deltatap.stack.openai import DONE, RENDERERS
 
 # stream format -> renderer kind, for the content_filter ending and rewriting
 _OPENAI_KINDS = {"openai-chat": "chat", "openai-completions": "completions"}

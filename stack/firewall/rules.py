@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from stack.config import InspectionCost, Rule
-from stack.delays import DelaySampler
+from deltatap.stack.config import InspectionCost, Rule
+from deltatap.stack.delays import DelaySampler
 
 
 class Decision(StrEnum):

@@ -18,20 +18,20 @@ import random
 import aiohttp
 from aiohttp import web
 
-from deltatap.clock import mono_ns
-from deltatap.sse import StreamObserver
-from deltatap.telemetry import Telemetry
-from deltatap.vocab import Attr, ComponentKind, Outcome, Role, TapEvent
+from deltatap.core.clock import mono_ns
+from deltatap.core.sse import StreamObserver
+from deltatap.telemetry.tracer import Telemetry
+from deltatap.core.vocab import Attr, ComponentKind, Outcome, Role, TapEvent
 
-from stack.config import GatewayConfig
-from stack.delays import DelaySampler
-from stack.forward import DownstreamGone, Exchange, session_lifecycle, upstream_headers
-from stack.gateway.policy import Authenticator, RateLimiter, presented_key
-from stack.gateway.routing import Pool, Router
-from stack.metrics import ComponentMetrics, counter
-from stack.openai import ENDPOINT_KINDS, ApiError, parse_json, parse_request
-from stack.server import RunningComponent, abandoned, component_app, reject, request_span, start_component
-from stack.spans import ComponentSpan
+from deltatap.stack.config import GatewayConfig
+from deltatap.stack.delays import DelaySampler
+from deltatap.stack.forward import DownstreamGone, Exchange, session_lifecycle, upstream_headers
+from deltatap.stack.gateway.policy import Authenticator, RateLimiter, presented_key
+from deltatap.stack.gateway.routing import Pool, Router
+from deltatap.stack.metrics import ComponentMetrics, counter
+from deltatap.stack.openai import ENDPOINT_KINDS, ApiError, parse_json, parse_request
+from deltatap.stack.server import RunningComponent, abandoned, component_app, reject, request_span, start_component
+from deltatap.stack.spans import ComponentSpan
 
 
 class Retry(Exception):

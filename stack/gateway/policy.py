@@ -5,9 +5,9 @@ from __future__ import annotations
 import hmac
 from collections.abc import Mapping
 
-from deltatap.clock import mono_ns
+from deltatap.core.clock import mono_ns
 
-from stack.config import Auth, RateLimit
+from deltatap.stack.config import Auth, RateLimit
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:

@@ -6,7 +6,7 @@ import fnmatch
 import itertools
 from collections.abc import Callable
 
-from stack.config import Route
+from deltatap.stack.config import Route
 
 
 class Pool:

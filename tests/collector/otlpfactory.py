@@ -10,7 +10,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from deltatap.vocab import DEFAULT_LINKS, Attr, ClientEvent, Role, TapEvent, component_span_name, tap_span_name
+from deltatap.core.vocab import DEFAULT_LINKS, Attr, ClientEvent, Role, TapEvent, component_span_name, tap_span_name
 
 _ids = itertools.count(1)
 

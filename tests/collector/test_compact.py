@@ -12,11 +12,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from collector.compact import ATTRS_READ, decode_compact, decode_request_compact
-from collector.decompose import build_row
-from collector.spans import OtlpDecodeError, decode_request
-from deltatap.topology import default_topology
-from deltatap.vocab import Attr, Role, TapEvent
+from deltatap.collector.compact import ATTRS_READ, decode_compact, decode_request_compact
+from deltatap.collector.decompose import build_row
+from deltatap.collector.spans import OtlpDecodeError, decode_request
+from deltatap.core.topology import default_topology
+from deltatap.core.vocab import Attr, Role, TapEvent
 
 from otlpfactory import BASE, MS, any_value, component_span, default_stack, new_trace_id, request, tap_span, vllm_span
 

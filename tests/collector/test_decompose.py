@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from collector.decompose import build_row
-from collector.rows import JoinMethod, TokenSource, delta_defs, from_record, to_record
-from collector.sinks import read_rows, write_rows
-from collector.spans import decode_request
-from deltatap.topology import default_topology
-from deltatap.vocab import Attr, ClientEvent, Role, TapEvent
+from deltatap.collector.decompose import build_row
+from deltatap.collector.rows import JoinMethod, TokenSource, delta_defs, from_record, to_record
+from deltatap.collector.sinks import read_rows, write_rows
+from deltatap.collector.spans import decode_request
+from deltatap.core.topology import default_topology
+from deltatap.core.vocab import Attr, ClientEvent, Role, TapEvent
 
 from otlpfactory import BASE, MS, component_span, default_stack, new_trace_id, request, tap_span, vllm_span
 
@@ -138,7 +138,7 @@ def test_missing_points_stay_missing_and_records_round_trip(tmp_path):
 
 
 def test_delta_defs_follow_the_topology():
-    from deltatap.topology import ComponentSpec, LinkModel, Topology
+    from deltatap.core.topology import ComponentSpec, LinkModel, Topology
 
     topo = Topology(components=[ComponentSpec(name="c", kind="client"), ComponentSpec(name="router", kind="router"), ComponentSpec(name="e", kind="engine")],
                     links=[LinkModel(name="a", downstream="c", upstream="router"), LinkModel(name="b", downstream="router", upstream="e")])
@@ -149,7 +149,7 @@ def test_delta_defs_follow_the_topology():
 
 @pytest.mark.parametrize("bad", [b"\x00" * 8])
 def test_short_ids_are_rejected(bad):
-    from collector.spans import OtlpDecodeError
+    from deltatap.collector.spans import OtlpDecodeError
 
     spans, _ = default_stack()
     spans[0].trace_id = bad

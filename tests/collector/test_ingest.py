@@ -12,14 +12,14 @@ import pytest
 from google.protobuf.json_format import MessageToDict
 from otlpfactory import BASE, MS, default_stack, request
 
-from collector.ingest import load
-from collector.pipeline import Pipeline
-from collector.rows import JoinMethod, TokenSource
-from collector.sinks import read_rows
-from deltatap.clock import mono_ns, to_unix_ns
-from deltatap.config import ConfigError
-from deltatap.telemetry import OtlpJsonFileExporter, setup_telemetry
-from deltatap.vocab import Attr, TapEvent, tap_span_name
+from deltatap.collector.ingest import load
+from deltatap.collector.pipeline import Pipeline
+from deltatap.collector.rows import JoinMethod, TokenSource
+from deltatap.collector.sinks import read_rows
+from deltatap.core.clock import mono_ns, to_unix_ns
+from deltatap.core.config import ConfigError
+from deltatap.telemetry.tracer import OtlpJsonFileExporter, setup_telemetry
+from deltatap.core.vocab import Attr, TapEvent, tap_span_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -143,7 +143,7 @@ def test_unknown_and_broken_inputs_are_clear_errors(tmp_path):
 
 
 def deltatap(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "deltatap.cli", *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "deltatap.app.cli", *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
 def test_report_cli_writes_files_and_merges_sketches(tmp_path):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from collector.assembly import TraceAssembler
-from collector.pipeline import Pipeline, PipelineOptions
-from collector.rows import JoinMethod
-from collector.sketches import Aggregator
-from collector.spans import decode_request
+from deltatap.collector.assembly import TraceAssembler
+from deltatap.collector.pipeline import Pipeline, PipelineOptions
+from deltatap.collector.rows import JoinMethod
+from deltatap.collector.sketches import Aggregator
+from deltatap.collector.spans import decode_request
 
 from otlpfactory import BASE, MS, default_stack, request
 
@@ -122,7 +122,7 @@ def test_merged_sketches_equal_one_collector():
     assert merged.summary("engine_ttft")["count"] == 300
     # beyond the exact cap, quantiles come from the sketch and still merge to the same answer
     big_a, big_b, big = Aggregator(), Aggregator(), Aggregator()
-    from collector.sketches import DeltaSketch
+    from deltatap.collector.sketches import DeltaSketch
 
     vals = rng.integers(1, 10**9, 120_000)
     for agg, part in ((big_a, vals[:70_000]), (big_b, vals[70_000:]), (big, vals)):

@@ -16,13 +16,13 @@ from pathlib import Path
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collector.compact import decode_request_compact
-from collector.decompose import build_row
-from collector.ingest import load
-from collector.rows import JoinMethod
-from collector.spans import SpanRecord
-from deltatap.topology import default_topology, load_topology
-from deltatap.vocab import Role, TapEvent, point
+from deltatap.collector.compact import decode_request_compact
+from deltatap.collector.decompose import build_row
+from deltatap.collector.ingest import load
+from deltatap.collector.rows import JoinMethod
+from deltatap.collector.spans import SpanRecord
+from deltatap.core.topology import default_topology, load_topology
+from deltatap.core.vocab import Role, TapEvent, point
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "litellm" / "envoy-litellm-llama.otlp.jsonl"

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-import collector.points as points
-from collector.compact import decode_compact
-from collector.decompose import build_row
-from collector.points import extract, extract_flat
-from collector.rows import DeltaValue, Row, delta_columns, to_record
-from collector.spans import decode_request
-from deltatap.topology import default_topology
-from deltatap.vocab import Attr, ClientEvent, Role, TapEvent
+import deltatap.collector.points as points
+from deltatap.collector.compact import decode_compact
+from deltatap.collector.decompose import build_row
+from deltatap.collector.points import extract, extract_flat
+from deltatap.collector.rows import DeltaValue, Row, delta_columns, to_record
+from deltatap.collector.spans import decode_request
+from deltatap.core.topology import default_topology
+from deltatap.core.vocab import Attr, ClientEvent, Role, TapEvent
 
 from otlpfactory import BASE, MS, client_span, component_span, default_stack, new_trace_id, request, tap_span
 

@@ -13,9 +13,9 @@ from google.protobuf.json_format import MessageToDict
 from google.rpc import status_pb2
 from otlpfactory import default_stack, request
 
-from collector import CollectorOptions, PipelineOptions, start_collector
-from deltatap.clocksync import estimate_offset
-from deltatap.telemetry import setup_telemetry
+from deltatap.collector import CollectorOptions, PipelineOptions, start_collector
+from deltatap.core.clocksync import estimate_offset
+from deltatap.telemetry.tracer import setup_telemetry
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 

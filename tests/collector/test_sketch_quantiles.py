@@ -14,8 +14,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collector.rows import DeltaValue, Row
-from collector.sketches import QUANTILES, Aggregator, DeltaSketch
+from deltatap.collector.rows import DeltaValue, Row
+from deltatap.collector.sketches import QUANTILES, Aggregator, DeltaSketch
 
 ALPHA = 0.005
 ORDER = ["min_ms", *(f"{k}_ms" for k in QUANTILES), "max_ms"]

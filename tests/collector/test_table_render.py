@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from collector.reports.model import Column, Table
-from collector.reports.render_terminal import rich_table
-from collector.rows import DeltaValue, Row
-from collector.sketches import Aggregator
-from collector.table import STAT_COLUMNS, summary_rich
-from deltatap.topology import default_topology
+from deltatap.collector.reports.model import Column, Table
+from deltatap.collector.reports.render_terminal import rich_table
+from deltatap.collector.rows import DeltaValue, Row
+from deltatap.collector.sketches import Aggregator
+from deltatap.collector.table import STAT_COLUMNS, summary_rich
+from deltatap.core.topology import default_topology
 
 MS = 1_000_000
 # engine_decode as in the demo: most requests ~280 ms, the cascading ones ~1.4 s

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import aiohttp
 
-from collector.pipeline import PipelineOptions
-from collector.service import CollectorOptions, start_collector
-from deltatap.telemetry import Telemetry, setup_telemetry
-from loadgen.options import LoadOptions
-from loadgen.run import run_load
-from proxy import TapOptions, options_from_topology, start_tap
-from stack import load_stack_config, start_engine, start_firewall, start_gateway
+from deltatap.collector.pipeline import PipelineOptions
+from deltatap.collector.service import CollectorOptions, start_collector
+from deltatap.telemetry.tracer import Telemetry, setup_telemetry
+from deltatap.loadgen.options import LoadOptions
+from deltatap.loadgen.run import run_load
+from deltatap.proxy import TapOptions, options_from_topology, start_tap
+from deltatap.stack import load_stack_config, start_engine, start_firewall, start_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "configs" / "demo.yaml"

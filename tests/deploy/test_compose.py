@@ -13,8 +13,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from deltatap.config import ConfigError
-from deltatap.topology import parse_hostport
+from deltatap.core.config import ConfigError
+from deltatap.core.topology import parse_hostport
 
 from .commands import COMMAND_CHECKS, check_tap, parse
 from .compose import (
@@ -67,7 +67,7 @@ def test_every_deltatap_command_parses_and_validates(env_name: str):
         except ConfigError as exc:
             pytest.fail(f"{name} ({env_name}): `deltatap {' '.join(cmd)}` fails validation: {exc}")
         if cmd[0] == "tap":  # inside a container a tap must listen on all interfaces, with its admin port on
-            from proxy.cli import build_options
+            from deltatap.proxy.cli import build_options
 
             opts = build_options(args)
             assert opts.listen_host == "0.0.0.0" and opts.admin_port, name

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from deltatap.config import ConfigError, read_yaml
-from deltatap.topology import Topology, load_topology
+from deltatap.core.config import ConfigError, read_yaml
+from deltatap.core.topology import Topology, load_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
@@ -45,7 +45,7 @@ def _validate_stack_sections(path: Path, data: dict) -> list[str]:
     if "topology" in data:
         load_topology(path)
         done.append("topology")
-    stack_config = _optional("stack.config")
+    stack_config = _optional("deltatap.stack.config")
     kinds = [k for k in ("gateway", "firewall", "engine") if k in data]
     if kinds:
         if stack_config is None:
@@ -57,7 +57,7 @@ def _validate_stack_sections(path: Path, data: dict) -> list[str]:
 
 
 def _validate_workload(path: Path, data: dict) -> list[str]:
-    workloads = _optional("loadgen.workloads")
+    workloads = _optional("deltatap.loadgen.workloads")
     if workloads is None:
         pytest.skip(f"{path}: loadgen/ not in this checkout")
     workloads.load_workload(str(path))

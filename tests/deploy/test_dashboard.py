@@ -11,7 +11,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from deltatap.vocab import Outcome
+from deltatap.core.vocab import Outcome
 from tests.conftest import free_port
 
 from .pipeline import ROOT, running_pipeline, scrape_all

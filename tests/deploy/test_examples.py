@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from deltatap.topology import Topology, load_topology, parse_hostport
+from deltatap.core.topology import Topology, load_topology, parse_hostport
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "configs" / "examples"
 COMPONENTS = EXAMPLES / "components"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from deltatap import refdoc
-from deltatap.cli import build_parser
+from deltatap.app import refdoc
+from deltatap.app.cli import build_parser
 
 
 def test_committed_reference_equals_generated_output():
     committed = refdoc.REFERENCE_PATH.read_text(encoding="utf-8")
-    assert committed == refdoc.render(), "docs/reference.md is stale: run `python -m deltatap.refdoc`"
+    assert committed == refdoc.render(), "docs/reference.md is stale: run `python -m deltatap.app.refdoc`"
 
 
 def test_check_mode_reports_a_stale_file(tmp_path, capsys):

@@ -24,12 +24,12 @@ import numpy as np
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collector import CollectorOptions, PipelineOptions, start_collector
-from collector.receivers import start_grpc
-from collector.spans import decode_request
-from deltatap.telemetry import setup_telemetry
-from deltatap.vocab import Attr, Role
-from loadgen import LoadOptions, run_load
+from deltatap.collector import CollectorOptions, PipelineOptions, start_collector
+from deltatap.collector.receivers import start_grpc
+from deltatap.collector.spans import decode_request
+from deltatap.telemetry.tracer import setup_telemetry
+from deltatap.core.vocab import Attr, Role
+from deltatap.loadgen import LoadOptions, run_load
 
 REQUESTS = 270
 WARMUP = 20  # the first requests of fresh processes pay imports and first-call costs: not compared
@@ -133,7 +133,7 @@ class TruthSink:
 
 def _commands(cfg: Path, workdir: Path, ports: dict[str, int], otlp: str, truth_otlp: str) -> list[list[str]]:
     url = lambda k: f"http://127.0.0.1:{ports[k]}"  # noqa: E731
-    exe = [sys.executable, "-m", "deltatap.cli"]
+    exe = [sys.executable, "-m", "deltatap.app.cli"]
     tap = lambda link, up: [*exe, "tap", "--link", link, "--listen", f"127.0.0.1:{ports[link]}", "--upstream", url(up), "--no-admin", "--grace-s", "0", "--otlp", otlp]  # noqa: E731
     comp = lambda c: [*exe, "stack", c, "--config", str(cfg), "--listen", f"127.0.0.1:{ports[c]}", "--otlp", truth_otlp]  # noqa: E731
     return [

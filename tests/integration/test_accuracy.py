@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collector.rows import JoinMethod
-from deltatap.vocab import Role, point
+from deltatap.collector.rows import JoinMethod
+from deltatap.core.vocab import Role, point
 from tests.integration.accuracy_harness import COMPONENT_DELTAS, REQUESTS, WARMUP, after_warmup, delta_median_ns, errors_vs_truth, run_once
 
 pytestmark = pytest.mark.slow

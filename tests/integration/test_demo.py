@@ -17,8 +17,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from rich.console import Console
 
-from deltatap.demo import DEFAULT_CONFIG, run_demo
-from deltatap.vocab import Attr
+from deltatap.app.demo import DEFAULT_CONFIG, run_demo
+from deltatap.core.config import find_config
+from deltatap.core.vocab import Attr
 from tests.reports.htmlcheck import parse_page
 
 pytestmark = pytest.mark.slow
@@ -52,7 +53,7 @@ def test_deltatap_demo_runs_to_completion(tmp_path):
 def quiet_config(tmp_path) -> Path:
     """The demo stack with a gentle load (one request at a time) so that the firewall's own costs are
     what the deltas measure, plus the cascade phase."""
-    cfg = yaml.safe_load(DEFAULT_CONFIG.read_text(encoding="utf-8"))
+    cfg = yaml.safe_load(find_config(DEFAULT_CONFIG).read_text(encoding="utf-8"))
     cfg["load"]["mix"] = {"requests": 60, "concurrency": 1, "seed": 11,
                           "workload": {"workload": "firewall", "params": {"mix": {"benign": 0.4, "adversarial": 0.3, "trigger": 0.3},
                                                                          "output": {"dist": "uniform", "min": 8, "max": 16}}}}
@@ -65,7 +66,7 @@ def _own_p50_by_decision(spans) -> dict[str, float]:
     """The firewall's own statement, per decision: t5 - t3 when it let the request through, t4 - t3 when it blocked."""
     import numpy as np
 
-    from collector.reports.guardrails import DECISION_TITLES
+    from deltatap.collector.reports.guardrails import DECISION_TITLES
 
     out: dict[str, list[float]] = {}
     for sp in spans:
@@ -133,10 +134,10 @@ async def test_guardrail_comparison_across_real_runs(tmp_path):
     run with it on (same seed, benign traffic only). Two runs on a shared 2-core machine differ by a few ms of
     noise, so the checks are bounds: the TTFT overhead the comparison states is at least the firewall's
     configured inbound + outbound check cost, and not far above what the full run charges to the firewall."""
-    from collector.reports.guardrail_compare import comparison_section
-    from collector.reports.registry import ReportOptions
+    from deltatap.collector.reports.guardrail_compare import comparison_section
+    from deltatap.collector.reports.registry import ReportOptions
 
-    cfg = yaml.safe_load(DEFAULT_CONFIG.read_text(encoding="utf-8"))
+    cfg = yaml.safe_load(find_config(DEFAULT_CONFIG).read_text(encoding="utf-8"))
     cfg["load"] = {"mix": {"requests": 24, "concurrency": 1, "seed": 5,
                            "workload": {"workload": "firewall", "params": {"mix": {"benign": 1.0, "adversarial": 0.0, "trigger": 0.0},
                                                                           "output": {"dist": "fixed", "value": 12}}}}}
@@ -163,6 +164,6 @@ async def test_guardrail_comparison_across_real_runs(tmp_path):
 
 
 def run_topology(cfg):
-    from deltatap.topology import Topology
+    from deltatap.core.topology import Topology
 
     return Topology.model_validate(cfg["topology"])

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from deltatap.clock import mono_ns, to_unix_ns
-from deltatap.clocksync import CLOCK_PATH, clock_answer
-from deltatap.wire import last_write_mono_ns, make_stamping_runner, request_received_mono_ns
+from deltatap.core.clock import mono_ns, to_unix_ns
+from deltatap.core.clocksync import CLOCK_PATH, clock_answer
+from deltatap.net.wire import last_write_mono_ns, make_stamping_runner, request_received_mono_ns
 
 
 @dataclass

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from loadgen.arrivals import ARRIVALS, schedule_offsets_ns
+from deltatap.loadgen.arrivals import ARRIVALS, schedule_offsets_ns
 
 
 def ks_pvalue_exponential(gaps: np.ndarray, rate: float) -> float:

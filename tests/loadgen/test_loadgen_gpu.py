@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.gpu import GpuSampler, GpuSeries
+from deltatap.loadgen.gpu import GpuSampler, GpuSeries
 
 S = 1_000_000_000
 

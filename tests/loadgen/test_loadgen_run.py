@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from deltatap.config import ConfigError
-from loadgen import LoadOptions, run_load
-from loadgen.records import read_records
+from deltatap.core.config import ConfigError
+from deltatap.loadgen import LoadOptions, run_load
+from deltatap.loadgen.records import read_records
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -131,7 +131,7 @@ async def test_bad_options_raise_clear_errors():
 
 async def _cli(*args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "deltatap.cli", "load", *args,
+        sys.executable, "-m", "deltatap.app.cli", "load", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(ROOT),
     )
     out, err = await asyncio.wait_for(proc.communicate(), timeout=90)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from deltatap.clock import to_unix_ns
-from deltatap.vocab import SPAN_CLIENT, Attr, ClientEvent
-from loadgen import LoadOptions, run_load
-from loadgen.arrivals import schedule_offsets_ns
+from deltatap.core.clock import to_unix_ns
+from deltatap.core.vocab import SPAN_CLIENT, Attr, ClientEvent
+from deltatap.loadgen import LoadOptions, run_load
+from deltatap.loadgen.arrivals import schedule_offsets_ns
 
 MS = 1_000_000
 

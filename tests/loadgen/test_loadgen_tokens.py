@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from loadgen.tokens import REFERENCE_NAME, reference_tokenizer
+from deltatap.loadgen.tokens import REFERENCE_NAME, reference_tokenizer
 
 
 def test_info_declares_the_tokenizer():
@@ -56,7 +56,7 @@ def test_a_whole_run_needs_no_network(tmp_path):
     if not shutil.which("unshare") or subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
         pytest.skip("unshare -n is not permitted on this machine")
     env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path / "empty-cache"), "HF_HUB_OFFLINE": "1"}
-    load = f"{sys.executable} -m deltatap.cli load --target http://127.0.0.1:9 --no-progress --no-gpu --otlp none"
+    load = f"{sys.executable} -m deltatap.app.cli load --target http://127.0.0.1:9 --no-progress --no-gpu --otlp none"
     script = "; ".join(
         ["ip link set lo up"]
         + [f"{load} --workload {w} --requests 3 --plan-only --out {tmp_path / w} || exit 9"

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deltatap.config import ConfigError
-from loadgen.tokens import reference_tokenizer
-from loadgen.workloads import WORKLOADS, load_workload, read_requests, spec_from_mapping, write_requests
-from loadgen.workloads.code import zipf_probabilities
-from loadgen.workloads.conversation import SAMPLE, load_sharegpt
-from loadgen.workloads.firewall import ADVERSARIAL, TRIGGER
+from deltatap.core.config import ConfigError
+from deltatap.loadgen.tokens import reference_tokenizer
+from deltatap.loadgen.workloads import WORKLOADS, load_workload, read_requests, spec_from_mapping, write_requests
+from deltatap.loadgen.workloads.code import zipf_probabilities
+from deltatap.loadgen.workloads.conversation import SAMPLE, load_sharegpt
+from deltatap.loadgen.workloads.firewall import ADVERSARIAL, TRIGGER
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tap_helpers import start_upstream
 
-from proxy import TapOptions, start_tap
+from deltatap.proxy import TapOptions, start_tap
 
 
 @pytest.fixture

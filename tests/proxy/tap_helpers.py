@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from deltatap.clock import mono_ns
-from deltatap.wire import last_write_mono_ns, make_stamping_runner
+from deltatap.core.clock import mono_ns
+from deltatap.net.wire import last_write_mono_ns, make_stamping_runner
 
 
 def payload(seed: int, size: int) -> bytes:

@@ -13,13 +13,13 @@ import aiohttp
 import pytest
 from tap_helpers import free_port
 
-from deltatap.cli import build_parser
-from deltatap.config import ConfigError
-from deltatap.topology import load_topology
-from proxy.cli import build_options
-from proxy.errors import classify
-from proxy.headers import upstream_request_headers
-from proxy.options import TapOptions, options_from_topology
+from deltatap.app.cli import build_parser
+from deltatap.core.config import ConfigError
+from deltatap.core.topology import load_topology
+from deltatap.proxy.cli import build_options
+from deltatap.proxy.errors import classify
+from deltatap.proxy.headers import upstream_request_headers
+from deltatap.proxy.options import TapOptions, options_from_topology
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -85,7 +85,7 @@ async def test_cli_process_serves_and_drains_on_sigterm(upstream, tmp_path):
     spans = tmp_path / "spans.jsonl"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "deltatap.cli", "tap", "--link", "edge", "--listen", f"127.0.0.1:{port}", "--admin", "127.0.0.1:0",
+        sys.executable, "-m", "deltatap.app.cli", "tap", "--link", "edge", "--listen", f"127.0.0.1:{port}", "--admin", "127.0.0.1:0",
         "--upstream", upstream.url, "--otlp", f"file:{spans}", "--grace-s", "5",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
     )

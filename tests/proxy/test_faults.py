@@ -9,9 +9,9 @@ import aiohttp
 import pytest
 from tap_helpers import event_times, free_port, wait_spans
 
-from deltatap.telemetry import setup_telemetry
-from deltatap.vocab import Attr, TapEvent
-from proxy import TapOptions, start_tap
+from deltatap.telemetry.tracer import setup_telemetry
+from deltatap.core.vocab import Attr, TapEvent
+from deltatap.proxy import TapOptions, start_tap
 
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}

@@ -8,8 +8,8 @@ import aiohttp
 from opentelemetry.trace import SpanKind
 from tap_helpers import event_times, wait_spans
 
-from deltatap.clock import to_unix_ns
-from deltatap.vocab import Attr, TapEvent, tap_span_name
+from deltatap.core.clock import to_unix_ns
+from deltatap.core.vocab import Attr, TapEvent, tap_span_name
 
 MS = 1_000_000
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "a secret prompt"}], "max_tokens": 9, "stream": True}

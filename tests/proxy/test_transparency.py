@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from deltatap.telemetry import setup_telemetry
-from proxy import TapOptions, start_tap
+from deltatap.telemetry.tracer import setup_telemetry
+from deltatap.proxy import TapOptions, start_tap
 
 from tap_helpers import payload, start_upstream
 

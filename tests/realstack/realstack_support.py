@@ -28,12 +28,12 @@ from launch import RealStack, missing_tools, with_free_ports  # noqa: E402
 from parts import Tools  # noqa: E402
 from procs import StartError, free_port  # noqa: E402
 
-from collector.ingest import load  # noqa: E402
-from collector.pipeline import PipelineOptions  # noqa: E402
-from collector.rows import Row  # noqa: E402
-from collector.service import CollectorOptions, start_collector  # noqa: E402
-from deltatap.topology import Topology, load_topology  # noqa: E402
-from deltatap.vocab import Role, point  # noqa: E402
+from deltatap.collector.ingest import load  # noqa: E402
+from deltatap.collector.pipeline import PipelineOptions  # noqa: E402
+from deltatap.collector.rows import Row  # noqa: E402
+from deltatap.collector.service import CollectorOptions, start_collector  # noqa: E402
+from deltatap.core.topology import Topology, load_topology  # noqa: E402
+from deltatap.core.vocab import Role, point  # noqa: E402
 
 __all__ = ["ROOT", "CollectorThread", "RealStack", "StartError", "Tools", "free_port", "load_topology", "missing_tools",
            "run_aiperf", "pt", "delta_ms", "with_free_ports", "summary_ms", "aiperf_records", "Running", "require", "start_stack", "stop_stack", "stream_until_cut"]

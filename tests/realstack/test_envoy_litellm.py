@@ -25,8 +25,8 @@ import pytest
 
 from realstack_support import aiperf_records, delta_ms, pt, run_aiperf, summary_ms
 
-from collector.rows import JoinMethod
-from deltatap.vocab import Role
+from deltatap.collector.rows import JoinMethod
+from deltatap.core.vocab import Role
 
 pytestmark = [pytest.mark.realstack, pytest.mark.timeout(480)]
 

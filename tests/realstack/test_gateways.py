@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from realstack_support import delta_ms, pt, start_stack, stop_stack, stream_until_cut, summary_ms
 
-from deltatap.vocab import Role
+from deltatap.core.vocab import Role
 
 pytestmark = [pytest.mark.realstack, pytest.mark.timeout(300)]
 

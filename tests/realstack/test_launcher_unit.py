@@ -8,7 +8,7 @@ import re
 import pytest
 from realstack_support import ROOT, RealStack, load_topology, with_free_ports
 
-from deltatap.config import ConfigError
+from deltatap.core.config import ConfigError
 
 from parts import HERE, render  # noqa: E402 - realstack/ is on sys.path via realstack_support
 from launch import parts_of  # noqa: E402

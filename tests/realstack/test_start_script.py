@@ -13,7 +13,7 @@ import pytest
 import yaml
 from realstack_support import ROOT, free_port, load_topology, require, stream_until_cut, with_free_ports
 
-from collector.sinks import read_rows
+from deltatap.collector.sinks import read_rows
 
 pytestmark = [pytest.mark.realstack, pytest.mark.timeout(240)]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collector.rows import Cascade, DeltaValue, PointObs, Row
+from deltatap.collector.rows import Cascade, DeltaValue, PointObs, Row
 
 MS = 1_000_000
 S = 1_000_000_000

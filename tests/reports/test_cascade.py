@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from collector.reports.cascade import cascade_section, find_cascades
-from deltatap.topology import default_topology
+from deltatap.collector.reports.cascade import cascade_section, find_cascades
+from deltatap.core.topology import default_topology
 from tests.reports.factories import MS, T0, cascade, row
 
 

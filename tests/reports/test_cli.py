@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from collector.sinks import write_rows
-from deltatap.cli import main
-from deltatap.topology import default_topology
+from deltatap.collector.sinks import write_rows
+from deltatap.app.cli import main
+from deltatap.core.topology import default_topology
 from tests.reports.factories import MS, S, T0, cascade, row
 from tests.reports.htmlcheck import parse_page
 

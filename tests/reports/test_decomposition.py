@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from collector.reports.registry import ReportInputs, build_report
+from deltatap.collector.reports.registry import ReportInputs, build_report
 from tests.reports.factories import row
 
 

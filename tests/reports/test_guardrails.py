@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from collector.reports.guardrails import firewall_section
-from collector.reports.registry import ReportInputs, ReportOptions, build_report
+from deltatap.collector.reports.guardrails import firewall_section
+from deltatap.collector.reports.registry import ReportInputs, ReportOptions, build_report
 from tests.reports.factories import row
 
 
@@ -96,7 +96,7 @@ def test_without_labels_or_streaming_those_tables_are_left_out():
 
 
 def test_topology_without_firewall_has_no_guardrail_section():
-    from deltatap.topology import ComponentSpec, LinkModel, Topology
+    from deltatap.core.topology import ComponentSpec, LinkModel, Topology
 
     topo = Topology(
         components=[ComponentSpec(name="client", kind="client"), ComponentSpec(name="engine", kind="engine")],

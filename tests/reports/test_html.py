@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from collector.reports.plots import boundary_ttfts, median_row, report_figures, waterfall_segments
-from collector.reports.registry import ReportInputs, build_report
-from collector.reports.render_html import render_html
-from deltatap.topology import default_topology
-from deltatap.vocab import DEFAULT_POINT_ALIASES
+from deltatap.collector.reports.plots import boundary_ttfts, median_row, report_figures, waterfall_segments
+from deltatap.collector.reports.registry import ReportInputs, build_report
+from deltatap.collector.reports.render_html import render_html
+from deltatap.core.topology import default_topology
+from deltatap.core.vocab import DEFAULT_POINT_ALIASES
 from tests.reports.factories import MS, S, T0, row
 from tests.reports.htmlcheck import parse_page
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import socket
 
-from collector.reports.metadata import config_hash, hardware_fingerprint, run_metadata
+from deltatap.collector.reports.metadata import config_hash, hardware_fingerprint, run_metadata
 
 
 def test_fingerprint_is_coarse_and_stable():

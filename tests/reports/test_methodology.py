@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from collector.reports.methodology import itl_samples_from_records, itl_table, ttft_by_input_table
-from collector.reports.registry import ReportInputs, build_report
+from deltatap.collector.reports.methodology import itl_samples_from_records, itl_table, ttft_by_input_table
+from deltatap.collector.reports.registry import ReportInputs, build_report
 from tests.reports.factories import MS, S, T0, row
 
 

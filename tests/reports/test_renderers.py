@@ -8,13 +8,13 @@ import json
 
 from rich.console import Console
 
-from collector.reports.model import Column, Figure, Report, Section, Table
-from collector.reports.render_csv import render_csv
-from collector.reports.render_html import render_html
-from collector.reports.render_json import render_json
-from collector.reports.render_markdown import render_markdown
-from collector.reports.render_terminal import print_report
-from collector.reports.renderers import parse_formats, write_report
+from deltatap.collector.reports.model import Column, Figure, Report, Section, Table
+from deltatap.collector.reports.render_csv import render_csv
+from deltatap.collector.reports.render_html import render_html
+from deltatap.collector.reports.render_json import render_json
+from deltatap.collector.reports.render_markdown import render_markdown
+from deltatap.collector.reports.render_terminal import print_report
+from deltatap.collector.reports.renderers import parse_formats, write_report
 from tests.reports.htmlcheck import parse_page
 
 PNG_1PX = bytes.fromhex(
@@ -83,7 +83,7 @@ def test_write_report_writes_every_format(tmp_path):
 def test_unknown_format_is_a_clear_error():
     import pytest
 
-    from deltatap.config import ConfigError
+    from deltatap.core.config import ConfigError
 
     with pytest.raises(ConfigError, match="unknown format"):
         parse_formats("markdown,pdf")

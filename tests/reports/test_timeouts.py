@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collector.reports.timeouts import declared_timeouts_section, find_mismatches
-from deltatap.topology import ComponentSpec, LinkModel, Topology
+from deltatap.collector.reports.timeouts import declared_timeouts_section, find_mismatches
+from deltatap.core.topology import ComponentSpec, LinkModel, Topology
 
 
 def topo(client=None, gateway=None, firewall=None, engine=None, gw_retries=0) -> Topology:

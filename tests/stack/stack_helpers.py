@@ -10,10 +10,10 @@ from typing import Any
 
 import aiohttp
 
-from deltatap.clock import mono_ns, to_unix_ns
-from deltatap.sse import StreamObserver
+from deltatap.core.clock import mono_ns, to_unix_ns
+from deltatap.core.sse import StreamObserver
 
-from stack.config import EngineConfig, FirewallConfig, GatewayConfig
+from deltatap.stack.config import EngineConfig, FirewallConfig, GatewayConfig
 
 MS = 1_000_000
 FAST_ENGINE = {"scheduler": {"prefill_base_ms": 1.0, "prefill_per_token_ms": 0.02, "decode_base_ms": 5.0, "decode_per_seq_ms": 0.1}}
@@ -166,7 +166,7 @@ async def sse_answer(request, tokens: list[str], gap_s: float = 0.0, before_s: f
     """An OpenAI chat stream of ``tokens``, ``gap_s`` apart, after ``before_s``."""
     from aiohttp import web
 
-    from stack.openai import DONE, ChatRenderer
+    from deltatap.stack.openai import DONE, ChatRenderer
 
     r = ChatRenderer("cmpl-up", "deltatap-ref")
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from deltatap.config import ConfigError
-from deltatap.topology import load_topology
+from deltatap.core.config import ConfigError
+from deltatap.core.topology import load_topology
 
-from stack.chain import load_stack_config
-from stack.config import EngineConfig, FirewallConfig, GatewayConfig, load_component_config
-from stack.delays import DelaySampler, DelaySpec
+from deltatap.stack.chain import load_stack_config
+from deltatap.stack.config import EngineConfig, FirewallConfig, GatewayConfig, load_component_config
+from deltatap.stack.delays import DelaySampler, DelaySpec
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 STACK_YAMLS = sorted([CONFIGS / "demo.yaml", *CONFIGS.glob("stack-*.yaml")])

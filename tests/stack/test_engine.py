@@ -9,10 +9,10 @@ import statistics
 import aiohttp
 import pytest
 
-from deltatap.clock import mono_ns
-from deltatap.vocab import Attr, Outcome, Role, TapEvent, component_span_name
+from deltatap.core.clock import mono_ns
+from deltatap.core.vocab import Attr, Outcome, Role, TapEvent, component_span_name
 
-from stack.engine.app import start_engine
+from deltatap.stack.engine.app import start_engine
 
 from stack_helpers import MS, chat, engine_cfg, events, flushed, post, spans_named, unix, wait_for
 

@@ -9,10 +9,10 @@ import statistics
 
 import pytest
 
-from deltatap.vocab import Attr, Outcome, Role, TapEvent, component_span_name
+from deltatap.core.vocab import Attr, Outcome, Role, TapEvent, component_span_name
 
-from stack.engine.app import start_engine
-from stack.firewall.app import start_firewall
+from deltatap.stack.engine.app import start_engine
+from deltatap.stack.firewall.app import start_firewall
 from stack_helpers import MS, ScriptedUpstream, chat, engine_cfg, events, firewall_cfg, flushed, post, spans_named, sse_answer, unix, wait_for
 
 FW_SPAN = component_span_name("firewall")

@@ -11,11 +11,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from deltatap.vocab import Attr, Outcome, Role, TapEvent, component_span_name
+from deltatap.core.vocab import Attr, Outcome, Role, TapEvent, component_span_name
 
-from stack.engine.app import start_engine
-from stack.firewall.app import start_firewall
-from stack.gateway.app import start_gateway
+from deltatap.stack.engine.app import start_engine
+from deltatap.stack.firewall.app import start_firewall
+from deltatap.stack.gateway.app import start_gateway
 from stack_helpers import MS, ScriptedUpstream, dead_url, chat, engine_cfg, events, firewall_cfg, flushed, gateway_cfg, post, spans_named, sse_answer, unix, wait_for
 
 GW_SPAN = component_span_name("gateway")
@@ -182,7 +182,7 @@ async def test_timeout_retries_then_504_and_hangs_up(telemetry, span_exporter, s
 
 async def test_timeout_mid_stream_cuts_the_stream(telemetry, span_exporter) -> None:
     async def partial(request, n):
-        from stack.openai import ChatRenderer
+        from deltatap.stack.openai import ChatRenderer
 
         r = ChatRenderer("x", "deltatap-ref")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from deltatap.clock import mono_ns
+from deltatap.core.clock import mono_ns
 
-from stack.config import EngineModel
-from stack.engine.scheduler import Scheduler, Sequence, SeqState, block_hashes
-from stack.tokens import TextGenerator, tokenize
+from deltatap.stack.config import EngineModel
+from deltatap.stack.engine.scheduler import Scheduler, Sequence, SeqState, block_hashes
+from deltatap.stack.tokens import TextGenerator, tokenize
 
 MS = 1_000_000
 

@@ -1,0 +1,7 @@
+"""``python -m deltatap`` is the ``deltatap`` console script."""
+
+import sys
+
+from deltatap.app.cli import main
+
+sys.exit(main())

@@ -1,0 +1,118 @@
+"""Strict, typed configuration loading shared by every package.
+
+Models derive from :class:`StrictModel` (unknown keys are errors). :func:`load_yaml` turns every
+failure into one :class:`ConfigError` that names the file, the key path and what was expected.
+
+A config is named by path or by name: :func:`find_config` looks a name up among the configs packaged with
+deltatap (``configs/`` in the checkout, ``deltatap/configs`` in the wheel), so ``--config demo``,
+``--config configs/demo.yaml`` and ``--workload chatbot`` work from any directory.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a message a user can act on."""
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False, populate_by_name=True)
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid configuration"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (misspelt? see docs/reference.md)"
+        got = e.get("input")
+        got_s = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
+        lines.append(f"  - {loc}: {msg}{got_s}")
+    return "\n".join(lines)
+
+
+# the sub-folders of the packaged configs that a bare name is looked up in, in this order
+CONFIG_FOLDERS: tuple[str, ...] = ("", "workloads", "examples")
+
+
+def packaged_configs() -> Path:
+    """The folder of the configs shipped with deltatap (topologies, the demo, workloads, examples)."""
+    return Path(str(importlib.resources.files("deltatap.configs")))
+
+
+def packaged_config_names(folder: str = "") -> list[str]:
+    """Names (file stems) of the packaged YAML configs in one folder ("" for the top level)."""
+    base = packaged_configs() / folder
+    return sorted(p.stem for p in base.glob("*.yaml")) if base.is_dir() else []
+
+
+def find_config(ref: str | Path, folder: str | None = None) -> Path:
+    """The file ``ref`` names: an existing path as given, else a packaged config by name.
+
+    A name is ``demo``, ``demo.yaml``, ``workloads/chatbot`` or ``configs/demo.yaml`` (the checkout's
+    relative path, so the docs' commands also work outside the checkout); ``folder`` limits the look-up to
+    one packaged folder (``"workloads"``). A ref that is neither raises one :class:`ConfigError` that lists
+    the packaged names."""
+    p = Path(ref).expanduser()
+    if p.exists():
+        return p
+    text = str(ref)
+    rel = text[len("configs/"):] if text.startswith("configs/") else text
+    if not p.is_absolute() and rel:
+        root = packaged_configs()
+        for sub in (folder,) if folder is not None else CONFIG_FOLDERS:
+            for cand in (root / sub / rel, root / sub / f"{rel}.yaml"):
+                if cand.is_file():
+                    return cand
+    folders = (folder,) if folder is not None else CONFIG_FOLDERS
+    names = [f"{sub}/{n}" if sub else n for sub in folders for n in packaged_config_names(sub)]
+    raise ConfigError(f"{ref}: file not found, and no packaged config has that name (packaged: {', '.join(names)})")
+
+
+def read_yaml(path: str | Path) -> Any:
+    p = find_config(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read ({exc.strerror})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{p}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+
+
+def validate(model: type[M], data: Any, source: str) -> M:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source)) from None
+
+
+def load_yaml(path: str | Path, model: type[M], section: str | None = None) -> M:
+    """Load ``path`` (optionally one top-level ``section`` of it) into ``model``."""
+    data = read_yaml(path)
+    source = str(path)
+    if section is not None:
+        if not isinstance(data, dict) or section not in data:
+            raise ConfigError(f"{path}: missing top-level key {section!r}")
+        data = data[section]
+        source = f"{path} [{section}]"
+    return validate(model, data, source)

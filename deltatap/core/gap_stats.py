@@ -1,0 +1,80 @@
+"""Streaming gap statistics for :mod:`deltatap.core.sse` (re-exported there): count / mean / max / p99 in bounded memory.
+
+``GapStats``: ``observe(t_ns)`` adds the gap since the previous call, ``add(gap_ns)`` adds a gap directly;
+``count``, ``mean_ns``, ``max_ns``, ``quantile_ns(q)``, ``p99_ns()``. The 128 largest gaps are kept exactly (p99 is
+exact below 12,800 gaps); the others go to a log-bucket sketch with 1 % relative error.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+_GAMMA = 1.02  # sketch bucket growth: relative error (gamma - 1) / (gamma + 1) < 1 %
+_LOG_GAMMA = math.log(_GAMMA)
+
+
+class GapStats:
+    """Streaming count / mean / max / p99 of gaps in ns, in bounded memory."""
+
+    __slots__ = ("count", "total_ns", "max_ns", "_top", "_top_k", "_buckets", "_zeros", "_last")
+
+    def __init__(self, top_k: int = 128) -> None:
+        self.count = 0
+        self.total_ns = 0
+        self.max_ns = 0
+        self._top: list[int] = []  # min-heap of the top_k largest gaps
+        self._top_k = top_k
+        self._buckets: dict[int, int] = {}
+        self._zeros = 0
+        self._last: int | None = None
+
+    def observe(self, t_ns: int) -> None:
+        """Record the gap since the previous ``observe`` (the first call records none)."""
+        if self._last is not None:
+            self.add(t_ns - self._last)
+        self._last = t_ns
+
+    def add(self, gap_ns: int) -> None:
+        g = gap_ns if gap_ns > 0 else 0
+        self.count += 1
+        self.total_ns += g
+        if g > self.max_ns:
+            self.max_ns = g
+        top = self._top
+        if len(top) < self._top_k:
+            heapq.heappush(top, g)
+            return
+        if g > top[0]:
+            g = heapq.heapreplace(top, g)
+        # the sketch holds only gaps outside the exact top-k: every one of them is <= each kept gap,
+        # so ranks counted up from the smallest stay right (and short streams never pay for a log)
+        if g == 0:
+            self._zeros += 1
+        else:
+            k = math.ceil(math.log(g) / _LOG_GAMMA)
+            self._buckets[k] = self._buckets.get(k, 0) + 1
+
+    @property
+    def mean_ns(self) -> float:
+        return self.total_ns / self.count if self.count else 0.0
+
+    def quantile_ns(self, q: float) -> float:
+        """Nearest-rank quantile; exact while the rank falls among the kept largest gaps."""
+        if not self.count:
+            return 0.0
+        rank = max(1, math.ceil(q * self.count))  # 1-based, ascending
+        from_top = self.count - rank + 1
+        if from_top <= len(self._top):
+            return float(heapq.nlargest(from_top, self._top)[-1])
+        if rank <= self._zeros:
+            return 0.0
+        seen = self._zeros
+        for k in sorted(self._buckets):
+            seen += self._buckets[k]
+            if seen >= rank:
+                return 2 * _GAMMA**k / (_GAMMA + 1)
+        return float(self.max_ns)  # pragma: no cover - counts always add up
+
+    def p99_ns(self) -> float:
+        return self.quantile_ns(0.99)

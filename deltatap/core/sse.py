@@ -1,0 +1,338 @@
+"""Sans-I/O Server-Sent-Events parsing and LLM stream observation, shared by the tap and the load generator.
+
+Nothing here touches a socket or a clock: callers feed ``(bytes, t_mono_ns)`` pairs they stamped
+themselves (before any await) and read the results. The bytes are only *read*: a tap forwards the
+original chunk untouched and feeds the same object here afterwards.
+
+Public API
+----------
+
+``SseParser``
+    Incremental WHATWG event-stream parser. ``feed(data: bytes) -> list[SseEvent]`` accepts any
+    split of the stream (events split across reads, many events per read); line endings ``\\n``,
+    ``\\r\\n`` and ``\\r`` (also a ``\\r\\n`` split across two reads); ``:comment`` lines are
+    counted (``comments``) and otherwise ignored; a leading BOM is dropped. ``finish()`` is called
+    at end of stream: it dispatches an event whose lines are complete but whose blank line never
+    came (servers and captures often end with ``data: [DONE]\\n``; the standard would discard it)
+    and sets ``truncated`` when a partial line was left over.
+
+``SseEvent(data, event, id, retry)``
+    One dispatched event; ``event`` is ``""`` for the default ``message`` type.
+
+``StreamFormat`` registry — :data:`FORMATS`, :func:`register_format`, :func:`get_format`,
+:func:`format_for_path`, :func:`detect_format` (defined in :mod:`deltatap.core.stream_formats`, re-exported here)
+    One small class per wire format, registered by name (the names of ``Attr.STREAM_FORMAT``):
+    ``openai-chat`` (``/v1/chat/completions``, including llama.cpp's, which adds ``timings``),
+    ``openai-completions`` (``/v1/completions``), ``responses`` (the Responses API event
+    stream), ``anthropic`` (Messages streams) and ``llamacpp`` (llama.cpp's native
+    ``/completion``). Each has ``detect(obj, event_name) -> bool`` and
+    ``extract(obj, event_name, facts) -> (text, tokens, done)``: the content text an event
+    carries (``""`` when it carries none), how many tokens it stands for, and whether it ends
+    the stream; it records usage, engine timings, model, ids and finish reasons into ``facts``.
+
+``StreamObserver(format=None, path=None)``
+    The per-response state machine: ``feed(chunk, t_mono_ns) -> int`` (content events completed
+    by this chunk; a chunk may be fed in several slices, each with the stamp of the read that
+    delivered it), then optionally ``forwarded(t_mono_ns)`` once the bytes fed since the previous
+    ``forwarded`` call were written on (a tap's downstream side). It counts chunks, bytes, events, content events and tokens, keeps
+    the first *content* token's and the last token's stamps on both sides, the inter-token gap
+    statistics on both sides (:class:`GapStats`) and the :class:`StreamFacts` (usage, llama.cpp
+    ``timings``, model, response id, finish reasons, in-stream errors). ``format`` is detected
+    from the first JSON event when not given (``path`` is a hint tried first).
+
+``GapStats`` (defined in :mod:`deltatap.core.gap_stats`, re-exported here)
+    Streaming gap statistics: ``count``, ``mean_ns``, ``max_ns`` and ``p99_ns()`` from a bounded
+    structure (the 128 largest gaps kept exactly — so p99 is exact below 12,800 gaps — plus a
+    log-bucket sketch with 1 % relative error beyond that). ``observe(t_ns)`` adds the gap since
+    the previous call; ``add(gap_ns)`` adds a gap directly.
+
+First content token (methodology section 5.1.3.1)
+-------------------------------------------------
+An event carries content when the format's ``extract`` returns non-empty text: assistant text,
+reasoning/thinking text, refusal text, or tool-call argument fragments. Role-only deltas, empty
+deltas, ``content: null``, usage-only and finish-only events, comments, ``[DONE]``, pings and any
+other framing carry none. The *first content token* is the first content event whose text is not
+whitespace-only (the draft excludes "empty tokens or whitespace-only tokens"); whitespace-only
+content events still count as content events and tokens and still produce gaps.
+``StreamObserver.leading_whitespace_events`` counts those that came before the first token, so a
+report can note them as the draft asks.
+
+Privacy: text is only inspected for its length and whether it is blank; nothing stores it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from deltatap.core.gap_stats import GapStats
+from deltatap.core.stream_formats import (
+    _NONE,
+    FORMATS,
+    TIMING_KEYS,
+    Extracted,
+    StreamFacts,
+    StreamFormat,
+    detect_format,
+    format_for_path,
+    get_format,
+    register_format,
+)
+
+__all__ = [
+    "FORMATS",
+    "TIMING_KEYS",
+    "GapStats",
+    "SseEvent",
+    "SseParser",
+    "StreamFacts",
+    "StreamFormat",
+    "StreamObserver",
+    "detect_format",
+    "format_for_path",
+    "get_format",
+    "register_format",
+]
+
+# --------------------------------------------------------------------------------------------
+# The event-stream parser
+# --------------------------------------------------------------------------------------------
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+_decode_json = json.JSONDecoder().decode  # json.loads minus its per-call type checks
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(slots=True)
+class SseEvent:
+    data: str
+    event: str = ""
+    id: str | None = None
+    retry: int | None = None
+
+
+class SseParser:
+    """Incremental event-stream parser (WHATWG HTML "server-sent events", section 9.2.6)."""
+
+    __slots__ = ("_buf", "_skip_lf", "_started", "_data", "_event", "_id", "_retry", "_has_data", "comments", "events", "truncated")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._skip_lf = False  # the previous read ended in "\r": a leading "\n" belongs to it
+        self._started = False
+        self._data: list[str] = []
+        self._event = ""
+        self._id: str | None = None
+        self._retry: int | None = None
+        self._has_data = False
+        self.comments = 0
+        self.events = 0
+        self.truncated = False
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[SseEvent]:
+        if not data:
+            return []
+        buf = self._buf
+        if not buf and self._started and not self._skip_lf:
+            raw = data if isinstance(data, bytes) else bytes(data)
+            if b"\r" not in raw:
+                return self._feed_lf(raw)
+        buf += data
+        if not self._started:
+            if len(buf) < 3 and _BOM.startswith(bytes(buf)):
+                return []
+            if buf.startswith(_BOM):
+                del buf[:3]
+            self._started = True
+        if self._skip_lf and buf[:1] == b"\n":
+            del buf[:1]
+        self._skip_lf = False
+        out: list[SseEvent] = []
+        pos = 0
+        n = len(buf)
+        while pos < n:
+            m = _LINE_END.search(buf, pos)
+            if m is None:
+                break
+            end = m.start()
+            if m.end() == n and buf[end] == 0x0D:  # a lone "\r" at the end: maybe half of "\r\n"
+                self._skip_lf = True
+            self._line(bytes(buf[pos:end]), out)
+            pos = m.end()
+        if pos:
+            del buf[:pos]
+        return out
+
+    def _feed_lf(self, data: bytes) -> list[SseEvent]:
+        """Fast path: nothing buffered and no ``\\r`` in ``data`` (the usual case): split on ``\\n``."""
+        lines = data.split(b"\n")
+        rest = lines.pop()  # bytes after the last "\n": a partial line (or b"")
+        out: list[SseEvent] = []
+        line = self._line
+        for raw in lines:
+            line(raw, out)
+        if rest:
+            self._buf += rest
+        return out
+
+    def finish(self) -> list[SseEvent]:
+        """End of stream: dispatch a complete-but-unterminated event; flag a partial line as truncated."""
+        self.truncated = bool(self._buf)
+        self._buf.clear()
+        out: list[SseEvent] = []
+        self._line(b"", out)
+        return out
+
+    def _reset(self) -> None:
+        self._data = []
+        self._event = ""
+        self._has_data = False
+        self._retry = None
+
+    def _line(self, raw: bytes, out: list[SseEvent]) -> None:
+        if not raw:
+            if self._has_data:
+                self.events += 1
+                out.append(SseEvent("\n".join(self._data), self._event, self._id, self._retry))
+            self._reset()
+            return
+        if raw[:6] == b"data: ":  # the usual line, spelled out
+            self._data.append(raw[6:].decode("utf-8", "replace"))
+            self._has_data = True
+            return
+        if raw[0] == 0x3A:  # ":" comment
+            self.comments += 1
+            return
+        line = raw.decode("utf-8", "replace")
+        name, sep, value = line.partition(":")
+        if sep and value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            self._data.append(value)
+            self._has_data = True
+        elif name == "event":
+            self._event = value
+        elif name == "id":
+            if "\0" not in value:
+                self._id = value
+        elif name == "retry":
+            if value.isdigit():
+                self._retry = int(value)
+
+
+# --------------------------------------------------------------------------------------------
+# The per-response observer
+# --------------------------------------------------------------------------------------------
+
+
+class StreamObserver:
+    """Everything deltatap records about one SSE response, fed ``(chunk, t_mono_ns)``."""
+
+    def __init__(self, format: str | None = None, path: str | None = None) -> None:
+        self.parser = SseParser()
+        self.format: str | None = None
+        self._fmt: StreamFormat | None = None
+        if format is not None:
+            self._fmt = get_format(format)
+            self.format = format
+        self._hint = format_for_path(path)
+        self.facts = StreamFacts()
+        self.chunks = 0
+        self.bytes = 0
+        self.events = 0
+        self.content_events = 0
+        self.tokens = 0
+        self.leading_whitespace_events = 0
+        self.done = False
+        self.first_chunk_mono_ns: int | None = None
+        self.first_token_mono_ns: int | None = None
+        self.last_token_mono_ns: int | None = None
+        self.first_token_forwarded_mono_ns: int | None = None
+        self.last_token_forwarded_mono_ns: int | None = None
+        self.gaps = GapStats()
+        self.gaps_forwarded = GapStats()
+        self._unforwarded = 0  # content events fed since the last forwarded() call
+        self._unforwarded_first = False
+        self._last_had_first = False
+
+    @property
+    def comments(self) -> int:
+        return self.parser.comments
+
+    def feed(self, data: bytes | bytearray | memoryview, t_mono_ns: int) -> int:
+        """Feed one chunk as read at ``t_mono_ns``; returns the number of content events it completed."""
+        self.chunks += 1
+        self.bytes += len(data)
+        if self.first_chunk_mono_ns is None:
+            self.first_chunk_mono_ns = t_mono_ns
+        return self._events(self.parser.feed(data), t_mono_ns)
+
+    def _events(self, events: list[SseEvent], t_mono_ns: int) -> int:
+        n_content = 0
+        had_first = False
+        for ev in events:
+            self.events += 1
+            text, tokens, done = self._classify(ev)
+            if done:
+                self.done = True
+            if not text:
+                continue
+            n_content += 1
+            self.content_events += 1
+            self.tokens += tokens
+            self.gaps.observe(t_mono_ns)
+            self.last_token_mono_ns = t_mono_ns
+            if self.first_token_mono_ns is None:
+                if text.isspace():
+                    self.leading_whitespace_events += 1
+                else:
+                    self.first_token_mono_ns = t_mono_ns
+                    had_first = True
+        self._unforwarded += n_content
+        self._unforwarded_first = self._unforwarded_first or had_first
+        self._last_had_first = had_first
+        return n_content
+
+    @property
+    def first_token_in_last_chunk(self) -> bool:
+        """Whether the chunk fed last completed the first content token."""
+        return self._last_had_first
+
+    def forwarded(self, t_mono_ns: int) -> None:
+        """Everything fed since the previous call was written downstream at ``t_mono_ns``."""
+        for _ in range(self._unforwarded):
+            self.gaps_forwarded.observe(t_mono_ns)
+        if self._unforwarded:
+            self.last_token_forwarded_mono_ns = t_mono_ns
+        if self._unforwarded_first:
+            self.first_token_forwarded_mono_ns = t_mono_ns
+        self._unforwarded = 0
+        self._unforwarded_first = False
+
+    def finish(self, t_mono_ns: int) -> int:
+        """End of stream at ``t_mono_ns``: handles an unterminated last event; returns content events it held."""
+        return self._events(self.parser.finish(), t_mono_ns)
+
+    @property
+    def truncated(self) -> bool:
+        return self.parser.truncated
+
+    def _classify(self, ev: SseEvent) -> Extracted:
+        data = ev.data
+        if data == "[DONE]":
+            return "", 0, True
+        if not data or data[0] not in "{[":
+            return _NONE
+        try:
+            obj = _decode_json(data)
+        except ValueError:
+            return _NONE
+        if self._fmt is None:
+            name = detect_format(obj, ev.event, self._hint)
+            if name is None:
+                return _NONE
+            self._fmt = FORMATS[name]
+            self.format = name
+        return self._fmt.extract(obj, ev.event, self.facts)
+

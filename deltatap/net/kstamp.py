@@ -1,0 +1,608 @@
+"""Kernel receive stamps: a TCP transport whose reads are stamped by the kernel, not by Python.
+
+A read stamped in ``data_received`` is late by however long the process waited for a CPU after
+the bytes arrived; on a loaded machine that wait dominates every "arrived" point (measured in the
+accuracy harness, 8 Python processes on 2 cores: a third of all reads ran more than 0.3 ms after
+their bytes arrived). Linux stamps each incoming packet when its network stack takes it in
+(``SO_TIMESTAMPING`` software receive stamps; on loopback, inside the sender's ``send``), and a read
+carries the stamp of its last packet as ancillary data of ``recvmsg``.
+
+:class:`KernelStampTransport` hands it to its protocol as :attr:`~KernelStampTransport.rx_mono_ns`
+(read it inside ``data_received``), on this process's :func:`deltatap.clock.mono_ns` scale. The
+kernel stamps ``CLOCK_REALTIME``; each stamp is moved onto the monotonic scale by its age
+(``time_ns() - stamp``) read between two back-to-back ``mono_ns()`` readings, so a wall-clock step
+or slew cannot leak in. A read without a stamp (bytes that arrived before stamping was switched
+on) is stamped by Python, as before.
+
+One stamp per read is not enough when the process was late: a read then holds several writes of
+the peer (SSE events) and all would take the last one's stamp. So when the first waiting packet is
+more than 30 µs old, the transport peeks first, finds where the packets' stamps change (a bisection of peeks of growing length, see
+:meth:`KernelStampTransport._arrivals`), and hands the bytes to the protocol one arrival at a time,
+each with its own stamp, as if it had read each packet the moment it came. What the kernel merged
+in the socket's queue before the read (TCP coalesces a packet into the previous one once that one
+is acknowledged) keeps the later stamp: never earlier than the truth, at worst as late as Python's.
+
+Writes are stamped in Python when ``write`` is called (:attr:`~KernelStampTransport.last_write_mono_ns`),
+just before the ``send``. Measured against the kernel's transmit stamps in the accuracy harness
+(per-write ``SO_TIMESTAMPING`` requests, read back from the error queue): p99 15-40 µs early, more
+than 0.3 ms for at most 3 writes in 2,500 per process. Transmit stamps are not used because the
+kernel reports them through the socket's error queue, which makes the socket poll with ``EPOLLERR``,
+and libuv (so uvloop) stops watching a socket on ``EPOLLERR``.
+
+uvloop's transports read in C and cannot hand out ancillary data, so this is a transport of its
+own, on the running loop's ``add_reader``/``add_writer`` (uvloop or asyncio): plain TCP only (TLS
+connections keep the loop's transports and Python's stamps).
+
+Servers: :func:`start_server` (used by :func:`deltatap.wire.make_stamping_site`); clients:
+:func:`connect` on an already-connected socket (used by :func:`deltatap.wire.make_stamping_connector`).
+Set ``DELTATAP_KERNEL_STAMPS=0`` to turn kernel stamps off (the loop's own transports are used).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["KernelStampServer", "KernelStampTransport", "connect", "enabled", "start_server"]
+
+log = logging.getLogger("deltatap.net.kstamp")
+
+_LINUX = sys.platform.startswith("linux")
+SO_TIMESTAMPING = getattr(socket, "SO_TIMESTAMPING", 37 if _LINUX else None)
+# linux/net_tstamp.h: software receive stamps, reported
+SOF_TIMESTAMPING_RX_SOFTWARE = 1 << 3
+SOF_TIMESTAMPING_SOFTWARE = 1 << 4
+RX_FLAGS = SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE
+_PEEK = socket.MSG_PEEK
+_PEEK_NOCOPY = socket.MSG_PEEK | socket.MSG_TRUNC  # TCP: report, do not copy
+_DISCARD = socket.MSG_TRUNC  # TCP: take bytes in without copying them (they were peeked)
+_SPLIT_PROBES = 24  # peeks spent per read on finding where its arrivals change
+_PROMPT_NS = 30_000  # a read this soon after its first packet arrived is not split (others came within it)
+_TIMESPEC = struct.Struct("@qq")
+_ANCBUF = socket.CMSG_SPACE(3 * _TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0  # scm_timestamping
+_READ_SIZE = 256 * 1024  # one read takes up to this much (what asyncio and uvloop read at once)
+_MAX_AGE_NS = 60 * 10**9  # a stamp older than this (or from the future) means the wall clock stepped
+_SOCKET_ERRORS = (OSError,)
+_mono = time.perf_counter_ns  # deltatap.clock.mono_ns, bound here for the read path
+_wall = time.time_ns
+
+
+def enabled() -> bool:
+    """Whether new servers and connections use kernel stamps: Linux (``SO_TIMESTAMPING``,
+    ``recvmsg``) unless ``DELTATAP_KERNEL_STAMPS`` is ``0``/``off``/``false``/``no``."""
+    if SO_TIMESTAMPING is None or not _ANCBUF or not hasattr(socket.socket, "recvmsg_into"):
+        return False
+    return os.environ.get("DELTATAP_KERNEL_STAMPS", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+_local = threading.local()
+
+
+def _read_view() -> memoryview:
+    """This thread's read buffer (one per thread, as uvloop keeps one per loop: every read is
+    copied out before the callback returns)."""
+    view = getattr(_local, "view", None)
+    if view is None:
+        view = _local.view = memoryview(bytearray(_READ_SIZE))
+    return view
+
+
+def _kernel_ns(ancdata: list[tuple[int, int, bytes]]) -> int:
+    """The software receive stamp (``CLOCK_REALTIME`` ns) in a read's ``ancdata``; 0 if none."""
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(data) >= _TIMESPEC.size:
+            sec, nsec = _TIMESPEC.unpack_from(data)
+            return sec * 1_000_000_000 + nsec
+    return 0
+
+
+def _to_mono(k: int) -> int:
+    """``mono_ns`` of the kernel stamp ``k`` (now, for 0 or an implausible stamp: the wall clock
+    stepped).
+
+    The stamp's age is read as ``time_ns()`` between two ``mono_ns()`` readings taken back to back
+    (nothing that allocates, so no garbage collection, in between); a pair more than 20 µs apart
+    (the process lost its CPU between them) is read again."""
+    if not k:
+        return _mono()
+    for _ in range(3):
+        a = _mono()
+        w = _wall()
+        b = _mono()
+        if b - a < 20_000:
+            break
+    age = w - k
+    if 0 <= age <= _MAX_AGE_NS:
+        return ((a + b) >> 1) - age
+    return b
+
+
+class KernelStampTransport(asyncio.Transport):
+    """A non-TLS TCP transport whose reads carry the kernel's receive stamps (see the module doc).
+
+    Flow control, half-close (``write_eof``/``eof_received``), ``pause_reading``/``resume_reading``
+    and the ``socket``/``peername``/``sockname`` extras behave as in asyncio's socket transports.
+    """
+
+    __slots__ = (
+        "_loop", "_sock", "_fd", "_protocol", "_wbuf", "_wsize", "_closing", "_paused",
+        "_lost", "_eof", "_high", "_low", "_protocol_paused", "_server",
+        "rx_mono_ns", "last_write_mono_ns", "writes",
+    )
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: asyncio.Protocol, server: KernelStampServer | None = None
+    ) -> None:
+        extra: dict[str, Any] = {"socket": sock}
+        for key, call in (("sockname", sock.getsockname), ("peername", sock.getpeername)):
+            try:
+                extra[key] = call()
+            except OSError:
+                extra[key] = None
+        super().__init__(extra)
+        sock.setblocking(False)
+        if server is None:  # (accepted sockets inherit it from the listening socket)
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, RX_FLAGS)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as asyncio and uvloop do
+        self._loop = loop
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._protocol = protocol
+        self._wbuf: collections.deque[bytes] = collections.deque()
+        self._wsize = 0
+        self._closing = False
+        self._paused = False
+        self._lost = False
+        self._eof = False
+        self._high = 64 * 1024
+        self._low = 16 * 1024
+        self._protocol_paused = False
+        self._server = server
+        self.rx_mono_ns: int | None = None  # kernel stamp of the read being delivered
+        self.last_write_mono_ns: int | None = None  # when the latest write was issued
+        self.writes = 0
+        if server is not None:
+            server._attach(self)
+
+    def _start(self) -> None:
+        """Tell the protocol, then start reading (unless it paused or closed us meanwhile)."""
+        try:
+            self._protocol.connection_made(self)
+        except BaseException:
+            self._force_close(None)
+            raise
+        if not self._closing and not self._paused:
+            self._loop.add_reader(self._fd, self._on_readable)
+
+    # ---- reading -------------------------------------------------------------------------
+    def _on_readable(self) -> None:
+        """Take in what has arrived and hand it to the protocol with its kernel stamp. When the
+        first waiting packet is more than ``_PROMPT_NS`` old (the process was late), peek first,
+        find where the packets' stamps change and hand the bytes over one arrival at a time, each
+        with its own stamp (see :meth:`_arrivals`)."""
+        if self._lost:
+            return
+        view = _read_view()
+        r = self._recv(view[:1], _PEEK_NOCOPY)
+        if r is None:
+            return
+        if not r[0]:  # end of stream from the peer
+            self._loop.remove_reader(self._fd)
+            try:
+                keep_open = self._protocol.eof_received()
+            except BaseException as exc:
+                self._fatal(exc, "protocol.eof_received() failed")
+                return
+            if not keep_open:
+                self.close()
+            return
+        first = _kernel_ns(r[1])
+        if not first or _wall() - first < _PROMPT_NS:
+            # read promptly (or unstamped): whatever else waits arrived within the same few µs
+            r = self._recv(view, 0)
+            if r is not None:
+                self._deliver(bytes(view[: r[0]]), _kernel_ns(r[1]))
+            return
+        r = self._recv(view, _PEEK)
+        if r is None:
+            return
+        n, last = r[0], _kernel_ns(r[1])
+        data = bytes(view[:n])  # (the read buffer is shared: keep the peeked bytes while handing them over)
+        start = 0
+        for end, k in self._arrivals(n, first, last) if n > 1 and last and first != last else ((n, last or first),):
+            r = self._recv(view[start:end], _DISCARD)  # take in what was peeked
+            if r is None:
+                return
+            end = start + r[0]
+            if not self._deliver(data[start:end], k) or self._closing or self._paused:
+                return  # (paused: the rest stays in the socket for later)
+            start = end
+
+    def _recv(self, buf: memoryview, flags: int) -> tuple[int, list[tuple[int, int, bytes]]] | None:
+        """``recvmsg_into`` (bytes, ancillary data); None when there is nothing (or the socket failed)."""
+        try:
+            n, anc, _flags, _addr = self._sock.recvmsg_into((buf,), _ANCBUF, flags)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except _SOCKET_ERRORS as exc:
+            self._fatal(exc)
+            return None
+        return n, anc
+
+    def _deliver(self, data: bytes, kernel_ns: int) -> bool:
+        self.rx_mono_ns = _to_mono(kernel_ns)
+        try:
+            self._protocol.data_received(data)
+        except BaseException as exc:
+            self._fatal(exc, "protocol.data_received() failed")
+            return False
+        return True
+
+    def _arrivals(self, n: int, first: int, last: int) -> list[tuple[int, int]]:
+        """Split the ``n`` peeked bytes where their kernel stamps change: ``[(end, stamp_ns), ...]``.
+
+        A read carries the stamp of its last packet only; when the process was late, one read holds
+        several writes of the peer, and the earlier ones would take the later stamp (an SSE event
+        stamped at the next event's arrival). Peeking ``L`` bytes reports the stamp of the packet
+        that holds byte ``L - 1``, so a bisection over ``L`` finds where each arrival ends (without
+        copying: ``MSG_TRUNC``). Packets the kernel merged in the socket's queue before they were
+        read keep only the later stamp, and at most ``_SPLIT_PROBES`` peeks are spent per read
+        (what is not split takes the last stamp): both can only make a stamp later, never earlier.
+        ``first`` and ``last`` are the stamps of bytes ``0`` and ``n - 1``."""
+        cuts: list[tuple[int, int]] = []
+        probes = 1
+        lo, k_lo = 1, first  # the packet holding byte lo - 1 arrived at k_lo
+        while k_lo != last:
+            a, b, k_b = lo, n, last  # stamp(a) == k_lo != stamp(b) == k_b
+            while b - a > 1:
+                if probes >= _SPLIT_PROBES:
+                    cuts.append((n, last))
+                    return cuts
+                m = (a + b) >> 1
+                km = self._peek_stamp(m)
+                probes += 1
+                if not km:
+                    cuts.append((n, last))
+                    return cuts
+                if km == k_lo:
+                    a = m
+                else:
+                    b, k_b = m, km
+            cuts.append((a, k_lo))
+            lo, k_lo = b, k_b
+        cuts.append((n, last))
+        return cuts
+
+    def _peek_stamp(self, length: int) -> int:
+        try:
+            _n, anc, _f, _a = self._sock.recvmsg_into((_read_view()[:length],), _ANCBUF, _PEEK_NOCOPY)
+        except OSError:
+            return 0
+        return _kernel_ns(anc)
+
+    def pause_reading(self) -> None:
+        if self._closing or self._paused:
+            return
+        self._paused = True
+        self._loop.remove_reader(self._fd)
+
+    def resume_reading(self) -> None:
+        if self._closing or not self._paused:
+            return
+        self._paused = False
+        self._loop.add_reader(self._fd, self._on_readable)
+
+    def is_reading(self) -> bool:
+        return not self._paused and not self._closing
+
+    # ---- writing -------------------------------------------------------------------------
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not data:  # hands nothing to the kernel: not a write to stamp
+            return
+        self.last_write_mono_ns = _mono()
+        self.writes += 1
+        if self._eof:
+            raise RuntimeError("write() after write_eof()")
+        if self._lost:
+            return
+        if not self._wbuf:
+            try:
+                n = self._sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except _SOCKET_ERRORS as exc:
+                self._fatal(exc)
+                return
+            if n == len(data):
+                return
+            data = memoryview(data)[n:]
+            self._loop.add_writer(self._fd, self._on_writable)
+        self._wbuf.append(bytes(data))
+        self._wsize += len(data)
+        self._maybe_pause_protocol()
+
+    def writelines(self, list_of_data: Any) -> None:
+        self.write(b"".join(list_of_data))
+
+    def _on_writable(self) -> None:
+        if self._lost:
+            return
+        buf = self._wbuf
+        data = buf[0] if len(buf) == 1 else b"".join(buf)
+        try:
+            n = self._sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            return
+        except _SOCKET_ERRORS as exc:
+            self._loop.remove_writer(self._fd)
+            buf.clear()
+            self._wsize = 0
+            self._fatal(exc)
+            return
+        buf.clear()
+        self._wsize = len(data) - n
+        if self._wsize:
+            buf.append(data[n:])
+        self._maybe_resume_protocol()
+        if self._wsize:
+            return
+        self._loop.remove_writer(self._fd)
+        if self._closing:
+            self._connection_lost(None)
+        elif self._eof:
+            self._shutdown_write()
+
+    def write_eof(self) -> None:
+        if self._closing or self._eof:
+            return
+        self._eof = True
+        if not self._wbuf:
+            self._shutdown_write()
+
+    def _shutdown_write(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def get_write_buffer_size(self) -> int:
+        return self._wsize
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return (self._low, self._high)
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        if high is None:
+            high = 64 * 1024 if low is None else 4 * low
+        if low is None:
+            low = high // 4
+        if not high >= low >= 0:
+            raise ValueError(f"high ({high!r}) must be >= low ({low!r}) must be >= 0")
+        self._high, self._low = high, low
+        self._maybe_pause_protocol()
+
+    def _maybe_pause_protocol(self) -> None:
+        if self._wsize > self._high and not self._protocol_paused:
+            self._protocol_paused = True
+            try:
+                self._protocol.pause_writing()
+            except BaseException:
+                log.exception("protocol.pause_writing() failed")
+
+    def _maybe_resume_protocol(self) -> None:
+        if self._protocol_paused and self._wsize <= self._low:
+            self._protocol_paused = False
+            try:
+                self._protocol.resume_writing()
+            except BaseException:
+                log.exception("protocol.resume_writing() failed")
+
+    # ---- closing -------------------------------------------------------------------------
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        """Stop reading; close once what is buffered has been sent."""
+        if self._closing:
+            return
+        self._closing = True
+        self._loop.remove_reader(self._fd)
+        if not self._wbuf:
+            self._lost = True
+            self._loop.call_soon(self._connection_lost, None)
+
+    def abort(self) -> None:
+        self._force_close(None)
+
+    def _fatal(self, exc: BaseException, message: str | None = None) -> None:
+        if message is not None or not isinstance(exc, OSError):
+            log.error("%s", message or "fatal error on a stamped transport", exc_info=exc)
+        self._force_close(exc if isinstance(exc, Exception) else None)
+
+    def _force_close(self, exc: BaseException | None) -> None:
+        if self._lost:
+            return
+        if self._wbuf:
+            self._wbuf.clear()
+            self._wsize = 0
+            self._loop.remove_writer(self._fd)
+        if not self._closing:
+            self._closing = True
+            self._loop.remove_reader(self._fd)
+        self._lost = True
+        self._loop.call_soon(self._connection_lost, exc)
+
+    def _connection_lost(self, exc: BaseException | None) -> None:
+        self._lost = True
+        try:
+            self._protocol.connection_lost(exc)
+        finally:
+            self._sock.close()
+            self._protocol = None  # type: ignore[assignment]
+            server, self._server = self._server, None
+            if server is not None:
+                server._detach(self)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._protocol
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._protocol = protocol  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        state = "closed" if self._lost else "closing" if self._closing else "open"
+        return f"<KernelStampTransport fd={self._fd} {state} peer={self._extra.get('peername')}>"
+
+
+def connect(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol_factory: Callable[[], asyncio.Protocol]
+) -> tuple[KernelStampTransport, asyncio.Protocol]:
+    """Wrap a connected TCP socket (the caller connected it) in a stamped transport."""
+    protocol = protocol_factory()
+    transport = KernelStampTransport(loop, sock, protocol)
+    transport._start()
+    return transport, protocol
+
+
+class KernelStampServer(asyncio.AbstractServer):
+    """Listening sockets whose accepted connections get an :class:`KernelStampTransport`."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sockets: list[socket.socket], protocol_factory: Callable[[], asyncio.Protocol], backlog: int) -> None:
+        self._loop = loop
+        self._sockets = sockets
+        self._factory = protocol_factory
+        self._backlog = backlog
+        self._serving = False
+        self._transports: set[KernelStampTransport] = set()
+        self._closed = asyncio.Event()
+
+    @property
+    def sockets(self) -> tuple[socket.socket, ...]:
+        return tuple(self._sockets)
+
+    def _attach(self, transport: KernelStampTransport) -> None:
+        self._transports.add(transport)
+
+    def _detach(self, transport: KernelStampTransport) -> None:
+        self._transports.discard(transport)
+
+    async def start_serving(self) -> None:
+        if self._serving or self._closed.is_set():
+            return
+        self._serving = True
+        for s in self._sockets:
+            self._loop.add_reader(s.fileno(), self._on_accept, s)
+
+    def _on_accept(self, lsock: socket.socket) -> None:
+        for _ in range(self._backlog):
+            try:
+                conn, _addr = lsock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:
+                # out of file descriptors or buffers: stop accepting for a second instead of spinning
+                log.error("accept() on %s failed (%s); accepting again in 1 s", lsock.getsockname(), exc)
+                self._loop.remove_reader(lsock.fileno())
+                self._loop.call_later(1.0, self._resume_accept, lsock)
+                return
+            try:
+                protocol = self._factory()
+                KernelStampTransport(self._loop, conn, protocol, self)._start()
+            except Exception:
+                log.exception("could not set up an accepted connection")
+                conn.close()
+
+    def _resume_accept(self, lsock: socket.socket) -> None:
+        if self._serving and lsock.fileno() >= 0:
+            self._loop.add_reader(lsock.fileno(), self._on_accept, lsock)
+
+    def is_serving(self) -> bool:
+        return self._serving
+
+    def close(self) -> None:
+        """Stop listening; open connections stay (their protocols close them)."""
+        if self._closed.is_set():
+            return
+        for s in self._sockets:
+            if self._serving:
+                self._loop.remove_reader(s.fileno())
+            s.close()
+        self._serving = False
+        self._closed.set()
+
+    def close_clients(self) -> None:
+        for tr in list(self._transports):
+            tr.close()
+
+    def abort_clients(self) -> None:
+        for tr in list(self._transports):
+            tr.abort()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def serve_forever(self) -> None:
+        await self.start_serving()
+        await asyncio.Future()
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+
+async def start_server(
+    protocol_factory: Callable[[], asyncio.Protocol],
+    host: str | None,
+    port: int,
+    *,
+    backlog: int = 128,
+    reuse_address: bool | None = None,
+    reuse_port: bool | None = None,
+) -> KernelStampServer:
+    """Listen on ``host:port`` (every address ``host`` resolves to; all interfaces for None or
+    ``""``), like ``loop.create_server``, with stamped transports for accepted connections."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    seen: set[tuple[Any, ...]] = set()
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _canon, addr in infos:
+            if (family, addr) in seen:
+                continue
+            seen.add((family, addr))
+            s = socket.socket(family, kind, proto)
+            sockets.append(s)
+            if reuse_address if reuse_address is not None else os.name == "posix":
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                s.bind(addr)
+            except OSError as exc:
+                raise OSError(exc.errno, f"error while attempting to bind on address {addr!r}: {exc.strerror}") from None
+            # on the listening socket: accepted sockets inherit it, so the bytes that arrive before
+            # the loop gets to accept() are stamped too
+            s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, RX_FLAGS)
+            s.listen(backlog)
+            s.setblocking(False)
+    except BaseException:
+        for s in sockets:
+            s.close()
+        raise
+    server = KernelStampServer(loop, sockets, protocol_factory, backlog)
+    await server.start_serving()
+    return server

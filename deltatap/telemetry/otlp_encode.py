@@ -1,0 +1,373 @@
+"""OTLP trace export requests written as protobuf bytes directly, without building message objects.
+
+:func:`encode_export_request` turns finished spans into the serialized
+``opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest`` — the same message, field for field, as
+``encode_spans(spans).SerializeToString()`` from ``opentelemetry-exporter-otlp-proto-common`` (spans grouped
+by resource, then by instrumentation scope, in order of first appearance; the same span flags, status,
+dropped counts and attribute value mapping; an attribute that cannot be encoded is skipped and logged, as
+the SDK does). Fields are written in field-number order with proto3 defaults left out, which is what the
+protobuf runtime writes, so the bytes are normally identical too (tests/kernel/test_otlp_encode.py).
+
+Why: the SDK's encoder builds a protobuf object per span, event, attribute key-value and value, then
+serializes them; for a tap span (~38 attributes, 10-20 events) that was about a quarter of the tap process's
+CPU, spent in the export thread while it holds the GIL. Here the resource and scope are encoded once per
+object, attribute keys and event names once per string, and each attribute is a few byte-string joins.
+
+The wire format in brief: every field is a varint key ``(field_number << 3) | wire_type`` followed by a
+varint (type 0), 8 little-endian bytes (type 1), 4 little-endian bytes (type 5), or a varint length and that
+many bytes (type 2: strings, bytes, nested messages).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanKind
+
+log = logging.getLogger("deltatap.telemetry.otlp_encode")
+
+_pack_q = struct.Struct("<Q").pack  # fixed64
+_pack_i = struct.Struct("<I").pack  # fixed32
+_pack_d = struct.Struct("<d").pack  # double
+
+_U64 = (1 << 64) - 1
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _varint_slow(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+# varints of 0..16383 (every length of a key-value, event or small span) by list index, and the 14-bit
+# groups of larger numbers with both continuation bits set
+_VAR_SMALL = 1 << 14
+_VAR: list[bytes] = [_varint_slow(i) for i in range(_VAR_SMALL)]
+_VAR14: list[bytes] = [bytes(((i & 0x7F) | 0x80, (i >> 7) | 0x80)) for i in range(_VAR_SMALL)]
+
+
+def _varint(n: int) -> bytes:
+    """Varint of 0 <= n < 2**64."""
+    if n < _VAR_SMALL:
+        return _VAR[n]
+    if n < 1 << 28:
+        return _VAR14[n & 0x3FFF] + _VAR[n >> 14]
+    return _VAR14[n & 0x3FFF] + _varint(n >> 14)
+
+
+# SpanKind -> Span field 6 (kind); the proto's enum is the API's value + 1 (0 is UNSPECIFIED)
+_KIND = {k: b"\x30" + _varint(k.value + 1) for k in SpanKind}
+# Span field 16 / Link field 6 (flags, fixed32): HAS_IS_REMOTE (0x100), plus IS_REMOTE (0x200) for a remote parent
+_FLAGS_LOCAL = b"\x85\x01" + _pack_i(0x100)
+_FLAGS_REMOTE = b"\x85\x01" + _pack_i(0x300)
+_LINK_FLAGS_LOCAL = b"\x35" + _pack_i(0x100)
+_LINK_FLAGS_REMOTE = b"\x35" + _pack_i(0x300)
+_BOOL = {True: b"\x10\x01", False: b"\x10\x00"}  # AnyValue.bool_value (oneof: written even when false)
+
+# Tags of the repeated KeyValue fields: Span.attributes = 9, Event.attributes = 3, Link.attributes = 4,
+# Resource.attributes = 1, InstrumentationScope.attributes = 3, KeyValueList.values = 1.
+_TAG_SPAN_ATTR = b"\x4a"
+_TAG_EVENT_ATTR = b"\x1a"
+_TAG_LINK_ATTR = b"\x22"
+_TAG_RES_ATTR = b"\x0a"
+_TAG_SCOPE_ATTR = b"\x1a"
+
+_CACHE_MAX = 4096
+_keys: dict[Any, bytes] = {}  # attribute key -> KeyValue.key field (tag, length, UTF-8) + KeyValue.value's tag
+_events: dict[str, tuple[bytes, bytes]] = {}  # event name -> (prefix up to the timestamp, Event.name field)
+_resources: dict[int, tuple[Any, bytes, bytes]] = {}  # id(Resource) -> (it, ResourceSpans.resource field, .schema_url field)
+_scopes: dict[int, tuple[Any, bytes, bytes]] = {}  # id(scope) -> (it, ScopeSpans.scope field, .schema_url field)
+
+
+def _str_field(tag: bytes, s: str | None) -> bytes:
+    """A proto3 string field: nothing when empty."""
+    if not s:
+        return b""
+    e = s.encode()
+    return tag + _varint(len(e)) + e
+
+
+def _key_field(key: Any) -> bytes | None:
+    """KeyValue.key field followed by KeyValue.value's tag, cached per key; None for a key too long to cache."""
+    e = key.encode()  # AttributeError / UnicodeEncodeError: the caller skips the attribute
+    if len(e) > 4000:
+        return None
+    kb = b"\x0a" + _varint(len(e)) + e + b"\x12"
+    if len(_keys) >= _CACHE_MAX:
+        _keys.clear()
+    _keys[key] = kb
+    return kb
+
+
+def _any_value(v: Any) -> bytes:
+    """AnyValue body for any attribute value, mapped as the SDK's ``_encode_value`` maps it."""
+    if v is None:
+        return b""
+    if isinstance(v, bool):
+        return _BOOL[v]
+    if isinstance(v, str):
+        e = v.encode()
+        return b"\x0a" + _varint(len(e)) + e
+    if isinstance(v, int):
+        if not _I64_MIN <= v <= _I64_MAX:
+            raise ValueError(f"Value out of range: {v}")
+        return b"\x18" + _varint(v & _U64)
+    if isinstance(v, float):
+        return b"\x21" + _pack_d(v)
+    if isinstance(v, bytes):
+        return b"\x3a" + _varint(len(v)) + v
+    if isinstance(v, Sequence):
+        parts = []
+        for item in v:
+            av = _any_value(item)
+            parts.append(b"\x0a" + _varint(len(av)) + av)
+        body = b"".join(parts)
+        return b"\x2a" + _varint(len(body)) + body  # array_value (ArrayValue.values = 1)
+    if isinstance(v, Mapping):
+        parts = []
+        for k, item in v.items():
+            ke = str(k).encode()
+            av = _any_value(item)
+            kv = b"\x0a" + _varint(len(ke)) + ke + b"\x12" + _varint(len(av)) + av
+            parts.append(b"\x0a" + _varint(len(kv)) + kv)
+        body = b"".join(parts)
+        return b"\x32" + _varint(len(body)) + body  # kvlist_value (KeyValueList.values = 1)
+    raise TypeError(f"Invalid type {type(v)} of value {v}")
+
+
+def _put_attributes(buf: bytearray, tag: bytes, attributes: Mapping[str, Any]) -> None:
+    """Append one ``tag``-field KeyValue per attribute to ``buf``."""
+    # Fast paths for an attribute whose key is cached (key <= 4000 bytes) and whose value is a str under 120
+    # bytes, an int in 0..16383, a bool or a float: every length is then one table lookup. The rest, and any
+    # error, goes through _put_attribute.
+    var = _VAR
+    keys = _keys
+    join = b"".join
+    for k, v in attributes.items():
+        kb = keys.get(k)
+        if kb is not None:
+            t = type(v)
+            if t is str:
+                try:
+                    e = v.encode()
+                except UnicodeEncodeError:
+                    _put_attribute(buf, tag, k, v)
+                    continue
+                n = len(e)
+                if n < 120:
+                    buf += join((tag, var[len(kb) + n + 3], kb, var[n + 2], b"\x0a", var[n], e))
+                    continue
+            elif t is int:
+                if 0 <= v < _VAR_SMALL:
+                    vb = var[v]
+                    buf += join((tag, var[len(kb) + len(vb) + 2], kb, var[len(vb) + 1], b"\x18", vb))
+                    continue
+            elif t is bool:
+                buf += join((tag, var[len(kb) + 3], kb, b"\x02\x10\x01" if v else b"\x02\x10\x00"))
+                continue
+            elif t is float:
+                buf += join((tag, var[len(kb) + 10], kb, b"\x09\x21", _pack_d(v)))
+                continue
+        _put_attribute(buf, tag, k, v)
+
+
+def _put_attribute(buf: bytearray, tag: bytes, k: Any, v: Any) -> None:
+    try:
+        kb = _keys.get(k) or _key_field(k)
+        if kb is None:  # a very long key
+            e = k.encode()
+            kb = b"\x0a" + _varint(len(e)) + e + b"\x12"
+        av = _any_value(v)
+    except Exception as exc:  # as the SDK: log and leave the attribute out
+        log.error("Failed to encode key %s: %s", k, exc)
+        return
+    avl = _varint(len(av))
+    kvl = len(kb) + len(avl) + len(av)
+    buf += b"".join((tag, _varint(kvl), kb, avl, av))
+
+
+def _attributes_bytes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
+    buf = bytearray()
+    if attributes:
+        _put_attributes(buf, tag, attributes)
+    return bytes(buf)
+
+
+def _resource_fields(resource: Any) -> tuple[bytes, bytes]:
+    hit = _resources.get(id(resource))
+    if hit is not None and hit[0] is resource:
+        return hit[1], hit[2]
+    body = _attributes_bytes(_TAG_RES_ATTR, resource.attributes)
+    head = b"\x0a" + _varint(len(body)) + body  # ResourceSpans.resource (always present)
+    tail = _str_field(b"\x1a", resource.schema_url)  # ResourceSpans.schema_url
+    if len(_resources) >= 256:
+        _resources.clear()
+    _resources[id(resource)] = (resource, head, tail)  # holds the object: its id cannot be reused meanwhile
+    return head, tail
+
+
+def _scope_fields(scope: Any) -> tuple[bytes, bytes]:
+    hit = _scopes.get(id(scope))
+    if hit is not None and hit[0] is scope:
+        return hit[1], hit[2]
+    if scope is None:
+        head, tail = b"\x0a\x00", b""
+    else:
+        body = (
+            _str_field(b"\x0a", scope.name)
+            + _str_field(b"\x12", scope.version)
+            + _attributes_bytes(_TAG_SCOPE_ATTR, scope.attributes)
+        )
+        head = b"\x0a" + _varint(len(body)) + body  # ScopeSpans.scope (always present)
+        tail = _str_field(b"\x1a", scope.schema_url)
+    if len(_scopes) >= 256:
+        _scopes.clear()
+    _scopes[id(scope)] = (scope, head, tail)
+    return head, tail
+
+
+def _event_head(name: str | None) -> tuple[bytes, bytes]:
+    e = name.encode() if name else b""
+    name_field = b"\x12" + _varint(len(e)) + e if e else b""
+    # Span.events (11) + length, then Event.time_unix_nano's tag (1, fixed64): the 8 time bytes follow
+    pair = (b"\x5a" + _varint(9 + len(name_field)) + b"\x09", name_field)
+    if len(_events) >= _CACHE_MAX:
+        _events.clear()
+    _events[name] = pair
+    return pair
+
+
+def _event_field(ev: Any) -> bytes:
+    """Span.events field for an event with attributes, dropped attributes or no timestamp."""
+    buf = bytearray()
+    t = ev.timestamp
+    if t:
+        buf += b"\x09" + _pack_q(t)
+    buf += _str_field(b"\x12", ev.name)
+    attrs = ev.attributes
+    if attrs:
+        _put_attributes(buf, _TAG_EVENT_ATTR, attrs)
+    dropped = ev.dropped_attributes
+    if dropped:
+        buf += b"\x20" + _varint(dropped)
+    return b"\x5a" + _varint(len(buf)) + buf
+
+
+def _link_field(link: Any) -> bytes:
+    ctx = link.context
+    buf = bytearray(b"\x0a\x10")
+    buf += ctx.trace_id.to_bytes(16, "big")
+    buf += b"\x12\x08"
+    buf += ctx.span_id.to_bytes(8, "big")
+    attrs = link.attributes
+    if attrs:
+        _put_attributes(buf, _TAG_LINK_ATTR, attrs)
+    dropped = link.dropped_attributes
+    if dropped:
+        buf += b"\x28" + _varint(dropped)
+    buf += _LINK_FLAGS_REMOTE if ctx.is_remote else _LINK_FLAGS_LOCAL
+    return b"\x6a" + _varint(len(buf)) + buf
+
+
+def _span_field(span: ReadableSpan) -> bytes:
+    """One ScopeSpans.spans field (tag 2, length, Span)."""
+    ctx = span.context
+    buf = bytearray(b"\x0a\x10")
+    buf += ctx.trace_id.to_bytes(16, "big")
+    buf += b"\x12\x08"
+    buf += ctx.span_id.to_bytes(8, "big")
+    ts = ctx.trace_state
+    if ts:
+        buf += _str_field(b"\x1a", ",".join([f"{k}={v}" for k, v in ts.items()]))
+    parent = span.parent
+    if parent:
+        buf += b"\x22\x08"
+        buf += parent.span_id.to_bytes(8, "big")
+    name = span.name
+    if name:
+        e = name.encode()
+        buf += b"\x2a" + _varint(len(e)) + e
+    buf += _KIND[span.kind]
+    t = span.start_time
+    if t:
+        buf += b"\x39" + _pack_q(t)
+    t = span.end_time
+    if t:
+        buf += b"\x41" + _pack_q(t)
+    attrs = span.attributes
+    if attrs:
+        _put_attributes(buf, _TAG_SPAN_ATTR, attrs)
+    n = span.dropped_attributes
+    if n:
+        buf += b"\x50" + _varint(n)
+    events = span.events
+    if events:
+        heads = _events
+        for ev in events:
+            t = ev.timestamp
+            if t and not ev.attributes and not ev.dropped_attributes:
+                name = ev.name
+                pair = heads.get(name) or _event_head(name)
+                buf += pair[0] + _pack_q(t) + pair[1]
+            else:
+                buf += _event_field(ev)
+    n = span.dropped_events
+    if n:
+        buf += b"\x60" + _varint(n)
+    links = span.links
+    if links:
+        for link in links:
+            buf += _link_field(link)
+    n = span.dropped_links
+    if n:
+        buf += b"\x70" + _varint(n)
+    status = span.status
+    if status is not None:
+        st = _str_field(b"\x12", status.description)
+        code = status.status_code.value
+        if code:
+            st += b"\x18" + _varint(code)
+        buf += b"\x7a" + _varint(len(st)) + st  # Span.status: present even when empty
+    buf += _FLAGS_REMOTE if parent and parent.is_remote else _FLAGS_LOCAL
+    return b"\x12" + _varint(len(buf)) + buf
+
+
+def encode_export_request(spans: Sequence[ReadableSpan]) -> bytes:
+    """A serialized ``ExportTraceServiceRequest`` holding ``spans`` (see the module docstring)."""
+    # resource -> scope -> encoded spans, grouped by equality as the SDK groups them; equality (and the
+    # Resource's costly hash) is asked once per distinct (resource, scope) object pair, then identity serves
+    groups: dict[Any, dict[Any, list[bytes]]] = {}
+    by_id: dict[tuple[int, int], list[bytes]] = {}
+    for span in spans:
+        res = span.resource
+        scope = span.instrumentation_scope or None
+        key = (id(res), id(scope))
+        out = by_id.get(key)
+        if out is None:
+            out = groups.setdefault(res, {}).setdefault(scope, [])
+            by_id[key] = out
+        out.append(_span_field(span))
+    # one join at the end: the lengths of nested messages are summed, never built by copying
+    parts: list[bytes] = []
+    for res, scopes in groups.items():
+        res_head, res_tail = _resource_fields(res)
+        rs: list[bytes] = [res_head]
+        for scope, encoded in scopes.items():
+            scope_head, scope_tail = _scope_fields(scope)
+            n = len(scope_head) + sum(map(len, encoded)) + len(scope_tail)
+            rs.append(b"\x12" + _varint(n))  # ResourceSpans.scope_spans
+            rs.append(scope_head)
+            rs += encoded
+            rs.append(scope_tail)
+        rs.append(res_tail)
+        parts.append(b"\x0a" + _varint(sum(map(len, rs))))  # ExportTraceServiceRequest.resource_spans
+        parts += rs
+    return b"".join(parts)
