@@ -122,7 +122,7 @@ async def _serve(opts: TapOptions, args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.warning("tap %s: stopping (grace %.1fs)", opts.link, opts.grace_s)
+    log.info("tap %s: stopping (grace %.1fs)", opts.link, opts.grace_s)
     await running.close(opts.grace_s)
     await loop.run_in_executor(None, telemetry.shutdown)
     s = telemetry.stats

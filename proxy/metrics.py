@@ -11,7 +11,7 @@ counters into metric families when ``/metrics`` is scraped.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -127,12 +127,12 @@ class TapMetrics:
         return generate_latest(self.registry)
 
 
-def admin_app(metrics: TapMetrics, health: Callable[[], tuple[bool, dict]]) -> web.Application:
+def admin_app(metrics: TapMetrics, health: Callable[[], Awaitable[tuple[bool, dict]]]) -> web.Application:
     async def get_metrics(request: web.Request) -> web.Response:
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def get_health(request: web.Request) -> web.Response:
-        ok, doc = health()
+        ok, doc = await health()
         return web.json_response(doc, status=200 if ok else 503)
 
     app = web.Application()

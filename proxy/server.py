@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import ssl
 from dataclasses import dataclass
 
@@ -133,6 +134,10 @@ class Tap:
             "tap %s listening on %s -> %s (admin %s; reads stamped by %s)", o.link, url, self.upstream_str, admin_url or "off",
             "the kernel" if kstamp.enabled() else "the process (DELTATAP_KERNEL_STAMPS=0 or not Linux)",
         )
+        problem = await self.probe_upstream()
+        if problem:
+            log.warning("tap %s: upstream %s is not reachable (%s); requests get 502 until it is, and /healthz says so",
+                        o.link, self.upstream_str, problem)
         return RunningTap(self, url, port, admin_url, admin_port)
 
     async def close(self, grace_s: float | None = None) -> None:
@@ -162,14 +167,30 @@ class Tap:
         s = self.telemetry.stats
         log.info("tap %s closed: spans exported %d, dropped %d", self.o.link, s.spans_exported, s.spans_dropped)
 
-    def _health(self) -> tuple[bool, dict]:
-        return (not self.draining), {
-            "status": "draining" if self.draining else "ok",
+    async def probe_upstream(self, timeout_s: float = 1.0) -> str | None:
+        """None if a TCP connection to the upstream opens within ``timeout_s``, else why not (one phrase)."""
+        try:
+            _r, w = await asyncio.wait_for(asyncio.open_connection(self.upstream_host, self.upstream_port), timeout_s)
+        except asyncio.TimeoutError:
+            return f"no answer to a TCP connect within {timeout_s:g} s"
+        except OSError as exc:
+            return (os.strerror(exc.errno) if exc.errno else str(exc)).lower()
+        w.close()
+        return None
+
+    async def _health(self) -> tuple[bool, dict]:
+        problem = None if self.draining else await self.probe_upstream()
+        status = "draining" if self.draining else "upstream_unreachable" if problem else "ok"
+        doc = {
+            "status": status,
             "link": self.o.link,
             "upstream": self.upstream_str,
             "in_flight": self.in_flight,
             "spans_dropped": self.telemetry.stats.spans_dropped,
         }
+        if problem:
+            doc["upstream_problem"] = problem
+        return status == "ok", doc
 
     async def _sync_clock(self) -> None:
         try:

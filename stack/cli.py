@@ -126,12 +126,12 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("stack", help="run the reference gateway / firewall / engine", description=__doc__,
+    parser = subparsers.add_parser("stack", help="run the reference gateway / firewall / engine", description=(__doc__ or "").replace("``", ""),
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="component", metavar="COMPONENT", required=True)
     for kind in STARTERS:
         p = sub.add_parser(kind, help=f"run the reference {kind}")
-        p.add_argument("--config", default=None, help=f"YAML: a {kind} file or a combined file with a '{kind}:' section (a path or a packaged name such as demo)")
+        p.add_argument("--config", default=None, help=f"YAML: {'an' if kind[0] in 'aeiou' else 'a'} {kind} file or a combined file with a '{kind}:' section (a path or a packaged name such as demo)")
         p.add_argument("--listen", default=None, help="HOST:PORT (default: the config's listen)")
         if kind != ComponentKind.ENGINE.value:
             p.add_argument("--upstream", default=None, help="upstream base URL (overrides the config)")

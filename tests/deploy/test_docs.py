@@ -48,6 +48,13 @@ def _deltatap_commands() -> list[tuple[str, list[str]]]:
     return found
 
 
+def test_documented_commands_run_after_the_readme_install():
+    """The README installs into .venv without activating it: a bare `deltatap` is not on PATH there."""
+    bare = [(doc.name, " ".join(words[:3])) for doc in DOCS for words in _commands(doc)
+            if words and words[0].endswith("deltatap") and words[0] != ".venv/bin/deltatap"]
+    assert not bare, bare
+
+
 def _compose_commands() -> list[tuple[str, list[str]]]:
     return [(doc.name, w[2:]) for doc in DOCS for w in _commands(doc) if w[:2] == ["docker", "compose"]]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import aiohttp
 from opentelemetry.trace import SpanKind
@@ -159,3 +160,19 @@ async def test_metrics_and_healthz(upstream, make_tap, span_exporter, telemetry)
         'deltatap_tap_spans_dropped_total{link="fw-engine",reason="queue_full"} 0.0',
     ):
         assert name in text, name
+
+
+async def test_healthz_and_start_log_say_when_the_upstream_is_unreachable(make_tap, caplog):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+        with caplog.at_level(logging.WARNING, logger="deltatap.tap"):
+            tap = await make_tap(f"http://127.0.0.1:{dead}", admin_port=0)
+        warned = [r.getMessage() for r in caplog.records if "not reachable" in r.getMessage()]
+        assert len(warned) == 1 and f"127.0.0.1:{dead}" in warned[0] and "refused" in warned[0]
+        async with aiohttp.ClientSession() as session:
+            async with session.get(tap.admin_url + "/healthz") as r:
+                doc = await r.json()
+                assert r.status == 503 and doc["status"] == "upstream_unreachable" and "refused" in doc["upstream_problem"]
