@@ -20,6 +20,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from deltatap.core.clocksync import ClockEstimate
+from deltatap.core.gc_pauses import PAUSES
+from deltatap.net.kstamp import READ_LAG
 from deltatap.telemetry.tracer import ExportStats
 
 _OVERHEAD_BUCKETS = (20e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 50e-3)
@@ -107,6 +109,23 @@ class _TapCollector(Collector):
         failures = CounterMetricFamily("deltatap_tap_export_failures", "Failed export batches", labels=["link"])
         failures.add_metric([link], s.export_failures)
         yield from (exported, dropped, failures)
+        gc_n = CounterMetricFamily("deltatap_process_gc_collections", "Garbage collections in this process (timed since start-up), by generation", labels=["link", "generation"])
+        gc_s = CounterMetricFamily("deltatap_process_gc_pause_seconds", "Time the event loop stood still in garbage collection, by generation", labels=["link", "generation"])
+        gc_max = GaugeMetricFamily("deltatap_process_gc_pause_max_seconds", "Longest single garbage-collection pause, by generation", labels=["link", "generation"])
+        for g in range(3):
+            gc_n.add_metric([link, str(g)], PAUSES.count[g])
+            gc_s.add_metric([link, str(g)], PAUSES.total_ns[g] / 1e9)
+            gc_max.add_metric([link, str(g)], PAUSES.max_ns[g] / 1e9)
+        yield from (gc_n, gc_s, gc_max)
+        lag = HistogramMetricFamily("deltatap_process_read_lag_seconds", "Reads: process read time minus the kernel's arrival stamp of the first packet waiting", labels=["link"])
+        cum, buckets = 0, []
+        for i, n in enumerate(READ_LAG.buckets):
+            cum += n
+            if n or i in (10, 17, 20, 23, 27):  # (1 us, 131 us, 1 ms, 8 ms, 134 ms always present)
+                buckets.append((str((1 << i) / 1e9), cum))
+        buckets.append(("+Inf", READ_LAG.count))
+        lag.add_metric([link], buckets, READ_LAG.total_ns / 1e9)
+        yield lag
         est = self.clock()
         if est is not None:
             off = GaugeMetricFamily("deltatap_tap_clock_offset_seconds", "Tap clock minus collector clock", labels=["link"])

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from deltatap.net.aio import run
+from deltatap.core.gc_pauses import settle
 from deltatap.core.config import ConfigError, validate
 from deltatap.telemetry.tracer import Telemetry, TelemetryConfigError, setup_telemetry
 from deltatap.core.topology import parse_hostport
@@ -83,6 +84,7 @@ async def _serve_one(args: argparse.Namespace, tels: _Telemetries) -> None:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     rc = await STARTERS[kind](cfg, tels(f"deltatap-stack-{kind}"), args.listen)
+    settle()
     print(f"deltatap stack {kind} {rc.name}: listening on {rc.url}", flush=True)
     try:
         await _until_signal()
@@ -93,6 +95,7 @@ async def _serve_one(args: argparse.Namespace, tels: _Telemetries) -> None:
 async def _serve_all(args: argparse.Namespace, tels: _Telemetries) -> None:
     cfg = load_stack_config(args.config)
     stack = await start_stack(cfg, tels, taps=args.taps, ephemeral=args.ephemeral)
+    settle()
     for rc in stack.components:
         print(f"deltatap stack {rc.kind} {rc.name}: {rc.url}", flush=True)
     for link, tap in stack.taps.items():

@@ -42,15 +42,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import fcntl
 import logging
 import os
 import socket
 import struct
 import sys
+import termios
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from deltatap.net.pktstamp import PacketLog, packet_log, tcp_counters
 
 __all__ = ["KernelStampServer", "KernelStampTransport", "connect", "enabled", "start_server"]
 
@@ -83,6 +87,37 @@ def enabled() -> bool:
         return False
     return os.environ.get("DELTATAP_KERNEL_STAMPS", "1").strip().lower() not in ("0", "off", "false", "no")
 
+
+class ReadLag:
+    """How late this process reads: its read time minus the kernel's arrival stamp of the first packet waiting,
+    per stamped read, in power-of-two buckets of ns (bucket ``i`` holds lags in ``[2**(i-1), 2**i)``).
+    Process-wide (every stamped transport adds to :data:`READ_LAG`); the tap exports it on ``/metrics``."""
+
+    __slots__ = ("buckets", "count", "total_ns", "max_ns")
+
+    def __init__(self) -> None:
+        self.buckets = [0] * 48
+        self.count = 0
+        self.total_ns = 0
+        self.max_ns = 0
+
+    def add(self, ns: int) -> None:
+        if ns < 0:
+            ns = 0
+        self.buckets[min(ns.bit_length(), 47)] += 1
+        self.count += 1
+        self.total_ns += ns
+        if ns > self.max_ns:
+            self.max_ns = ns
+
+    def share_over(self, ns: int) -> float:
+        """Share of reads whose lag was at least ``ns`` (to the bucket's resolution: lags >= the power of two at or below ``ns``)."""
+        if not self.count:
+            return 0.0
+        return sum(self.buckets[ns.bit_length():]) / self.count
+
+
+READ_LAG = ReadLag()
 
 _local = threading.local()
 
@@ -137,6 +172,7 @@ class KernelStampTransport(asyncio.Transport):
         "_loop", "_sock", "_fd", "_protocol", "_wbuf", "_wsize", "_closing", "_paused",
         "_lost", "_eof", "_high", "_low", "_protocol_paused", "_server",
         "rx_mono_ns", "last_write_mono_ns", "writes",
+        "_plog", "_pkey", "_segs_in", "_rx_off", "_irs1",
     )
 
     def __init__(
@@ -171,8 +207,40 @@ class KernelStampTransport(asyncio.Transport):
         self.rx_mono_ns: int | None = None  # kernel stamp of the read being delivered
         self.last_write_mono_ns: int | None = None  # when the latest write was issued
         self.writes = 0
+        self._plog: PacketLog | None = None
+        self._pkey: tuple[bytes, int, bytes, int] | None = None
+        self._segs_in = 0
+        self._rx_off = 0  # stream offset (bytes the kernel received in order, counted from 0) of the next byte to read
+        self._irs1: int | None = None  # TCP sequence number of stream offset 0 (found once, see _anchor)
+        if sock.family == socket.AF_INET:
+            self._watch_packets(sock, extra)
         if server is not None:
             server._attach(self)
+
+    def _watch_packets(self, sock: socket.socket, extra: dict[str, Any]) -> None:
+        """Have this process's packet log (:mod:`deltatap.net.pktstamp`) keep this connection's incoming
+        segments, for reads the kernel merged."""
+        plog = packet_log()
+        peer, local = extra.get("peername"), extra.get("sockname")
+        if plog is None or not peer or not local:
+            return
+        for _ in range(3):  # the stream offset of the next byte to read: bytes received minus bytes waiting
+            c1 = tcp_counters(sock)
+            try:
+                waiting = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+            except OSError:
+                return
+            c2 = tcp_counters(sock)
+            if c1 is None or c2 is None:
+                return
+            if c1 == c2:
+                break
+        else:
+            return
+        self._segs_in, self._rx_off = c2[0], c2[1] - waiting
+        self._pkey = (socket.inet_aton(peer[0]), peer[1], socket.inet_aton(local[0]), local[1])
+        self._plog = plog
+        plog.watch(local[1])
 
     def _start(self) -> None:
         """Tell the protocol, then start reading (unless it paused or closed us meanwhile)."""
@@ -207,7 +275,19 @@ class KernelStampTransport(asyncio.Transport):
                 self.close()
             return
         first = _kernel_ns(r[1])
-        if not first or _wall() - first < _PROMPT_NS:
+        lag = _wall() - first if first else 0
+        if first:
+            READ_LAG.add(lag)
+        plog = self._plog
+        if plog is not None:
+            counts = tcp_counters(self._sock)
+            segments = counts[0] - self._segs_in if counts else 0
+            if counts:
+                self._segs_in = counts[0]
+            if segments > 1 and self._read_by_packets(view, first):
+                return
+            plog.maybe_drain()
+        if not first or lag < _PROMPT_NS:
             # read promptly (or unstamped): whatever else waits arrived within the same few µs
             r = self._recv(view, 0)
             if r is not None:
@@ -228,6 +308,78 @@ class KernelStampTransport(asyncio.Transport):
                 return  # (paused: the rest stays in the socket for later)
             start = end
 
+    def _read_by_packets(self, view: memoryview, first: int) -> bool:
+        """More than one segment arrived since the last read: peek what waits and hand it over one segment
+        at a time, each with its arrival from the packet log (what the kernel merged in the socket's queue
+        is split there too). False (nothing taken in) when the log cannot place the bytes."""
+        r = self._recv(view, _PEEK)
+        if r is None:
+            return True  # (nothing there after all, or the socket failed: handled)
+        n, last = r[0], _kernel_ns(r[1])
+        cuts = self._packet_cuts(n)
+        if cuts is None:
+            return False
+        data = bytes(view[:n])
+        start = 0
+        for end, k in cuts:
+            r = self._recv(view[start:end], _DISCARD)
+            if r is None:
+                return True
+            end = start + r[0]
+            if not self._deliver(data[start:end], k or last or first) or self._closing or self._paused:
+                return True
+            start = end
+        return True
+
+    def _packet_cuts(self, n: int) -> list[tuple[int, int]] | None:
+        """``[(end, wall_ns), ...]`` splitting the ``n`` waiting bytes at the segments the packet log saw."""
+        plog, key = self._plog, self._pkey
+        assert plog is not None and key is not None
+        plog.drain()
+        if self._irs1 is None:
+            self._irs1 = self._anchor()
+            if self._irs1 is None:
+                return None
+        segs = plog.segments(key)
+        if not segs:
+            return None
+        base = (self._irs1 + self._rx_off) & 0xFFFFFFFF  # sequence number of the first waiting byte
+        cuts: list[tuple[int, int]] = []
+        pos = 0
+        for seq, end, wall in segs:
+            rel_end = (end - base) & 0xFFFFFFFF
+            if rel_end > 0x7FFFFFFF or rel_end <= pos:
+                continue  # before the waiting bytes, or a copy of bytes already placed
+            rel_start = (seq - base) & 0xFFFFFFFF
+            if rel_start > pos and rel_start <= 0x7FFFFFFF:
+                return None  # a segment the log missed: cannot place the bytes
+            if rel_end >= n:
+                cuts.append((n, wall))
+                return cuts
+            cuts.append((rel_end, wall))
+            pos = rel_end
+        if not cuts:
+            return None
+        cuts.append((n, 0))  # (bytes the log has not seen yet: the read's own stamp)
+        return cuts
+
+    def _anchor(self) -> int | None:
+        """The sequence number of stream offset 0: the log's newest segment ends at ``tcpi_bytes_received``
+        when no segment of this connection arrived between two drains around the reading of it."""
+        plog, key = self._plog, self._pkey
+        assert plog is not None and key is not None
+        for _ in range(4):
+            segs = plog.segments(key)
+            newest = segs[-1] if segs else None
+            counts = tcp_counters(self._sock)
+            plog.drain()
+            segs = plog.segments(key)
+            if counts is None or not segs:
+                return None
+            if segs[-1] == newest:
+                return (newest[1] - counts[1]) & 0xFFFFFFFF
+        return None
+
     def _recv(self, buf: memoryview, flags: int) -> tuple[int, list[tuple[int, int, bytes]]] | None:
         """``recvmsg_into`` (bytes, ancillary data); None when there is nothing (or the socket failed)."""
         try:
@@ -241,6 +393,7 @@ class KernelStampTransport(asyncio.Transport):
 
     def _deliver(self, data: bytes, kernel_ns: int) -> bool:
         self.rx_mono_ns = _to_mono(kernel_ns)
+        self._rx_off += len(data)
         try:
             self._protocol.data_received(data)
         except BaseException as exc:
@@ -447,6 +600,9 @@ class KernelStampTransport(asyncio.Transport):
 
     def _connection_lost(self, exc: BaseException | None) -> None:
         self._lost = True
+        if self._plog is not None and self._pkey is not None:
+            self._plog.unwatch(self._pkey)
+            self._plog = None
         try:
             self._protocol.connection_lost(exc)
         finally:

@@ -446,3 +446,73 @@ def test_large_bodies_through_stamped_server_and_connector(run):
     assert out == payload
     assert isinstance(transport, KernelStampTransport)
     assert not isinstance(transport, StampingTransport)
+
+
+@pytest.fixture(params=["packets", "no-packets"])
+def packet_stamps(request, monkeypatch) -> str:
+    from deltatap.net import pktstamp
+
+    if request.param == "no-packets":
+        monkeypatch.setenv("DELTATAP_PACKET_STAMPS", "0")
+    else:
+        monkeypatch.delenv("DELTATAP_PACKET_STAMPS", raising=False)
+        if pktstamp.packet_log() is None:
+            pytest.skip("per-packet stamps need CAP_NET_RAW (a packet socket)")
+    return request.param
+
+
+@LOOPS
+def test_writes_the_kernel_merged_keep_their_own_arrivals(run, packet_stamps):
+    """A fresh connection (TCP acknowledges at once: the kernel merges a packet into the one waiting unread,
+    keeping only the later stamp) and three writes 4 ms apart while the reader's loop is blocked. With the
+    packet log each write is handed over with its own arrival; without it the merged ones carry the last
+    one's stamp (which this test tells apart: it fails for the first two writes)."""
+
+    class Rec(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.got: list[tuple[bytes, int]] = []
+
+        def connection_made(self, transport) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            self.got.append((data, self.transport.rx_mono_ns))
+
+    async def scenario():
+        protos: list[Rec] = []
+        server = await kstamp.start_server(lambda: protos.append(Rec()) or protos[-1], "127.0.0.1", 0)
+        _wait_kernel_stamping()
+        c = socket.create_connection(server.sockets[0].getsockname(), timeout=5)
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(200):
+            if protos:
+                break
+            await asyncio.sleep(0.005)
+        sent = []
+        for msg in (b"one.", b"two.", b"three."):
+            sent.append(mono_ns())
+            c.send(msg)
+            time.sleep(0.004)  # the loop stays blocked: all three wait in the socket
+        for _ in range(200):
+            if sum(len(d) for d, _ in protos[0].got) >= len(b"one.two.three."):
+                break
+            await asyncio.sleep(0.005)
+        c.close()
+        server.close()
+        return sent, protos[0].got
+
+    sent, got = run(scenario())
+    assert b"".join(d for d, _ in got) == b"one.two.three."
+    stamps = {}
+    pos = 0
+    for data, t in got:  # the stamp of the delivery that holds each write's first byte
+        for msg, at in ((b"one.", 0), (b"two.", 4), (b"three.", 8)):
+            if pos <= at < pos + len(data):
+                stamps[msg] = t
+        pos += len(data)
+    late = {m: (stamps[m] - s) / MS for m, s in zip((b"one.", b"two.", b"three."), sent)}
+    assert all(-0.1 <= v for v in late.values()), late
+    if packet_stamps == "packets":
+        assert all(v <= 1.0 for v in late.values()), late  # each at its own arrival (the writes are 4 ms apart)
+    else:
+        assert late[b"one."] >= 3.0, late  # merged: the first write carries a later write's stamp
