@@ -7,8 +7,9 @@ same delta computed from the components' own true points. These tests assert wha
 with the firewall stripping ``traceparent`` and the correlation header, by body fingerprint, never
 ambiguously), nothing is evicted or late, ≥ 95 % of requests carry every compared delta, the
 injected gateway (2 ms) and firewall (3 ms) delays land in their own inbound deltas (each median at
-least its delay, the firewall's exceeding the gateway's by about their 1 ms difference), and the median
-|error| of each delta is ≤ 1.5 ms (a point mapped to the wrong stamp is off by a whole stage — an
+least its delay: load only adds to it, so this bound holds on a busy machine; no upper window, since a
+component that overshoots its configured delay under load is not deltatap's error), and the median
+|error| of each delta against that component's own true points is ≤ 1.5 ms (a point mapped to the wrong stamp is off by a whole stage — an
 injected delay plus the component's own work, true medians 3–6 ms for the inbound stages and engine
 TTFT, 1.6 ms for the firewall's outbound; only a shift by the gateway's outbound stage alone, 1.1 ms,
 would pass). The precise figures — |error| p50/p99/max against the targets p50 ≤ 0.3 ms and
@@ -29,13 +30,10 @@ pytestmark = pytest.mark.slow
 
 MEDIAN_ERROR_MAX_NS = 1_500_000
 # Attribution. Each inbound delta carries at least its injected delay (2 ms gateway, 3 ms firewall, less
-# timer tolerance); on top of it comes the component's own work (reading the body, the upstream request:
-# ~1.5-2 ms here, more under load), the same kind of work for both, so the firewall's median exceeds the
-# gateway's by about the 1 ms between their injected delays. A delay landing in the wrong delta moves
-# that difference by a whole delay: the gateway's 2 ms counted in the firewall's inbound gives ~ +5 ms,
-# the two swapped ~ -1 ms.
+# timer tolerance); on top of it comes the component's own work, which load can only lengthen. That a delay
+# lands in its own delta and not the neighbour's is checked per request by the error against that
+# component's own true points (a delay in the wrong delta is off by a whole stage, 3-6 ms).
 INBOUND_MIN_NS = {"gateway_inbound": 1.7e6, "firewall_inbound": 2.5e6}
-FW_MINUS_GW_NS = (0.0, 2.5e6)
 
 
 def check_accuracy(rows, truth) -> None:
@@ -49,7 +47,6 @@ def check_accuracy(rows, truth) -> None:
     # attribution: each injected delay lands in its own component's inbound delta
     med = {name: delta_median_ns(rows, name) for name in INBOUND_MIN_NS}
     assert all(med[n] is not None and med[n] >= lo for n, lo in INBOUND_MIN_NS.items()), (med, report)
-    assert FW_MINUS_GW_NS[0] <= med["firewall_inbound"] - med["gateway_inbound"] <= FW_MINUS_GW_NS[1], (med, report)
     assert point("engine", Role.FIRST_TOKEN) in rows[0].points
 
 
