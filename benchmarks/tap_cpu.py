@@ -141,6 +141,9 @@ def main() -> int:
     p.add_argument("--python-stamps", action="store_true",
                    help="also run a tap (first --otlp mode) with DELTATAP_KERNEL_STAMPS=0: the loop's own transports, "
                         "reads stamped in Python (path tap-<mode>-pystamps), to price the kernel stamps side by side")
+    p.add_argument("--no-packet-stamps", action="store_true",
+                   help="also run a tap (first --otlp mode) with DELTATAP_PACKET_STAMPS=0: kernel read stamps without the "
+                        "per-packet log (deltatap/net/pktstamp.py), to price it side by side")
     p.add_argument("--no-envoy", action="store_true")
     p.add_argument("--profile", metavar="PROF", help="run the (first) tap under cProfile and write its stats here (CPU figures then include the profiler)")
     p.add_argument("--out", default=str(HERE / "results" / "tap_cpu.json"))
@@ -161,6 +164,11 @@ def main() -> int:
             mode = args.otlp[0]
             urls[f"tap-{mode}-pystamps"], pids[f"tap-{mode}-pystamps"] = start_tap(
                 py, mode, up_port, tmp, procs, None, {"DELTATAP_KERNEL_STAMPS": "0"}
+            )
+        if args.no_packet_stamps:
+            mode = args.otlp[0]
+            urls[f"tap-{mode}-nopackets"], pids[f"tap-{mode}-nopackets"] = start_tap(
+                py, mode, up_port, tmp, procs, None, {"DELTATAP_PACKET_STAMPS": "0"}
             )
         envoy = None if args.no_envoy else envoy_binary()
         if envoy is not None:
@@ -184,7 +192,8 @@ def main() -> int:
         "command": "python benchmarks/tap_cpu.py " + " ".join(sys.argv[1:]),
         "what": "CPU microseconds (user+system, all threads) of each process per request, from /proc/PID/stat, "
                 "median of the rounds; tap-<mode>: one tap process per span export mode (reads stamped by the kernel); "
-                "tap-<mode>-pystamps: the same with DELTATAP_KERNEL_STAMPS=0",
+                "tap-<mode>-pystamps: the same with DELTATAP_KERNEL_STAMPS=0; tap-<mode>-nopackets: the same with "
+                "DELTATAP_PACKET_STAMPS=0 (kernel read stamps, no per-packet log)",
         "tokens_per_stream": args.tokens,
         "profiled": bool(args.profile),
         "loadavg_1m_before": load,
