@@ -344,6 +344,11 @@ class KernelStampTransport(asyncio.Transport):
         if not segs:
             return None
         base = (self._irs1 + self._rx_off) & 0xFFFFFFFF  # sequence number of the first waiting byte
+        while segs:  # segments read before: forget them, so the log stays as short as what waits
+            rel = (segs[0][1] - base) & 0xFFFFFFFF
+            if rel and rel <= 0x7FFFFFFF:
+                break
+            segs.popleft()
         cuts: list[tuple[int, int]] = []
         pos = 0
         for seq, end, wall in segs:

@@ -61,6 +61,7 @@ _DATA_SEGS_IN_AT = 152  # struct tcp_info: tcpi_data_segs_in (u32), Linux >= 4.6
 # classic BPF opcodes
 _LDB_ABS, _LDH_ABS, _LDH_IND, _LDXB_MSH = 0x30, 0x28, 0x48, 0xB1
 _JEQ, _JGE, _JGT, _JSET, _RET = 0x15, 0x35, 0x25, 0x45, 0x06
+_ST, _LDX_MEM, _LDB_IND, _RSH_K, _AND_K, _ADD_X, _JGT_X = 0x02, 0x61, 0x50, 0x74, 0x54, 0x0C, 0x2D
 
 
 def tcp_counters(sock: socket.socket) -> tuple[int, int] | None:
@@ -75,8 +76,9 @@ def tcp_counters(sock: socket.socket) -> tuple[int, int] | None:
 
 
 def _filter(ports: list[int]) -> bytes:
-    """Classic BPF over a cooked IPv4 packet: TCP, not a fragment, destination port in ``ports`` (or, for many
-    ports, between the lowest and the highest) -> keep ``_SNAP`` bytes; anything else -> drop."""
+    """Classic BPF over a cooked IPv4 packet: TCP, not a fragment, carrying data (pure acknowledgements are
+    half of what flows toward a server's port), destination port in ``ports`` (or, for many ports, between
+    the lowest and the highest) -> keep ``_SNAP`` bytes; anything else -> drop."""
     if not ports:
         return _INSN.pack(_RET, 0, 0, 0)
     # (code, jump-if-true label, jump-if-false label, k); None: the next instruction
@@ -85,7 +87,16 @@ def _filter(ports: list[int]) -> bytes:
         (_JEQ, None, "drop", 6),
         (_LDH_ABS, None, None, 6),  # A = flags + fragment offset
         (_JSET, "drop", None, 0x1FFF),
-        (_LDXB_MSH, None, None, 0),  # X = 4 * (ip[0] & 0xf)
+        (_LDXB_MSH, None, None, 0),  # X = 4 * (ip[0] & 0xf): the IP header's length
+        (_LDB_IND, None, None, 12),  # A = tcp data offset byte
+        (_RSH_K, None, None, 2),
+        (_AND_K, None, None, 0x3C),  # A = the TCP header's length
+        (_ADD_X, None, None, 0),  # A = both headers' length
+        (_ST, None, None, 0),
+        (_LDH_ABS, None, None, 2),  # A = IP total length
+        (_LDX_MEM, None, None, 0),
+        (_JGT_X, None, "drop", 0),  # no data beyond the headers: drop
+        (_LDXB_MSH, None, None, 0),
         (_LDH_IND, None, None, 2),  # A = tcp destination port
     ]
     if len(ports) <= _MAX_LISTED_PORTS:

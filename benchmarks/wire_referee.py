@@ -1,0 +1,234 @@
+"""Wire-level referee (issue 14, item 1): every point of every row vs the packet that carried its bytes.
+
+    sudo-less as root:  .venv/bin/python benchmarks/wire_referee.py --rate 20 --gap-ms 2
+                        .venv/bin/python benchmarks/wire_referee.py --rate 20 50 --gap-ms 2 6 [--busy] [--requests 200]
+                        .venv/bin/python benchmarks/wire_referee.py --engine llamacpp --rate 20
+
+Runs ``deltatap load`` -> tap edge -> plain aiohttp gateway -> tap gw-fw -> plain aiohttp firewall ->
+tap fw-engine -> engine, each its own process, the taps and the load generator exporting to
+``deltatap collect``, while tcpdump captures loopback (kernel stamps, ns). The plain engine writes a
+role-only chunk, the first content token as a separate write, then tokens ``--gap-ms`` apart
+(``benchmarks/referee/engines.py``); ``--engine llamacpp`` uses the llama-server that ``.ci/realstack``
+installs under ~/.cache/deltatap (skipped with a message when it is absent). Every TCP stream is
+reassembled; each row of rows.parquet is matched to its request on every hop by ``x-request-id`` and
+each point compared with the wire (mapping: ``benchmarks/referee/compare.py``). Per point and per delta:
+|error| p50 / p99 / max, the share of requests off by more than 0.3 ms, late (row after the wire) and
+early counts, and for read points how many late stamps equal a *later* packet of the same response.
+Writes benchmarks/results/wire_referee_<engine>_<rate>[_gap<G>ms][_busy].json per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.referee.chain import ChainConfig, ChainError, llama_server, run_chain  # noqa: E402
+from benchmarks.referee.capture import tcpdump_path  # noqa: E402
+from benchmarks.referee.compare import ALIASES, compare, load_wire, stats  # noqa: E402
+
+POINT_ORDER = ["client.send", "gateway.in.arrive", "gateway.in.exit", "firewall.in.arrive", "firewall.in.exit", "engine.queue",
+               "engine.first_token", "engine.last_token", "firewall.out.first_in", "firewall.out.first_out", "gateway.out.first_in",
+               "gateway.out.first_out", "client.first_token_received", "firewall.out.last_in", "firewall.out.last_out",
+               "gateway.out.last_in", "gateway.out.last_out", "client.last_token_received"]
+DELTA_ORDER = ["gateway_inbound", "firewall_inbound", "engine_ttft", "firewall_outbound", "gateway_outbound", "system_ttft",
+               "output_path_overhead", "engine_decode", "engine_ttlt", "firewall_outbound_last", "gateway_outbound_last", "system_ttlt",
+               "output_path_overhead_last", "tap_edge_request", "tap_gw-fw_request", "tap_fw-engine_request", "tap_edge_first_token",
+               "tap_gw-fw_first_token", "tap_fw-engine_first_token"]
+READ_POINTS = {"engine.first_token", "firewall.out.first_out", "gateway.out.first_out", "client.first_token_received",
+               "engine.last_token", "firewall.out.last_out", "gateway.out.last_out", "client.last_token_received",
+               "gateway.in.exit", "firewall.in.exit"}
+
+
+def uptime() -> dict:
+    line = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+    return {"uptime": line, "loadavg": list(os.getloadavg())}
+
+
+def deltatap_build(exe: str | None) -> dict:
+    """Which deltatap code the chain ran: the executable, where its package lives, and that tree's git state."""
+    from benchmarks.referee.chain import deltatap_exe
+
+    argv = [exe] if exe else deltatap_exe()
+    py = Path(argv[0]).parent / "python" if exe else Path(sys.executable)
+    where = subprocess.run([str(py), "-c", "import deltatap.proxy.server as s, pathlib; print(pathlib.Path(s.__file__).resolve().parents[1])"],
+                           capture_output=True, text=True, check=False).stdout.strip()
+    git = lambda *a: subprocess.run(["git", "-C", where, *a], capture_output=True, text=True, check=False).stdout.strip()  # noqa: E731
+    head = git("rev-parse", "HEAD") if where else ""
+    dirty = git("status", "--porcelain", "--untracked-files=no") if head else ""
+    if not head and where and (Path(where) / "COMMIT").exists():  # an exported tree (git archive) names its commit
+        head = (Path(where) / "COMMIT").read_text().strip()
+        dirty = ""
+    return {"executable": argv[0] if exe else " ".join(argv), "source": where, "git_head": head or None,
+            "uncommitted_changes": bool(dirty) if head else None}
+
+
+def _ordered(d: dict, order: list[str]) -> list[str]:
+    return [k for k in order if k in d] + sorted(k for k in d if k not in order)
+
+
+def summarize(comp, wire, run) -> dict:
+    points = {}
+    for name in _ordered(comp.point_err, POINT_ORDER):
+        s = stats(comp.point_err[name])
+        s["t_name"] = ALIASES.get(name)
+        s["kind"] = "read" if name in READ_POINTS else "write" if name != "client.send" else "write (T_submit)"
+        if name in READ_POINTS:
+            s["late_over_0_1ms"] = comp.late_over_01.get(name, 0)
+            s["late_equal_to_a_later_packet"] = comp.later_packet.get(name, 0)
+        points[name] = s
+    deltas = {name: stats(comp.delta_err[name]) for name in _ordered(comp.delta_err, DELTA_ORDER)}
+    matched = comp.rows_compared - len(comp.rows_unmatched)
+    return {
+        "rows": {"total": comp.rows_total, "not_ok": comp.rows_not_ok, "warmup_excluded": comp.rows_skipped_warmup, "compared": comp.rows_compared,
+                 "matched_to_packets": matched, "not_matched": len(comp.rows_unmatched), "not_matched_ids": comp.rows_unmatched[:20],
+                 "missing_hops": dict(comp.rows_missing_hops), "wire_requests_without_row": comp.wire_requests_without_row},
+        "points_not_found_on_wire": dict(comp.points_not_on_wire),
+        "points_without_mapping": dict(comp.points_unmapped),
+        "deltas_where_collector_chose_another_pair": dict(comp.deltas_pair_changed),
+        "reassembly": wire.stats, "wire_problems": dict(wire.problems),
+        "capture": run.capture_counts,
+        "points": points, "deltas": deltas,
+        "examples_over_0_3ms": comp.examples,
+    }
+
+
+def _f(x, nd=3) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def print_table(label: str, s: dict) -> None:
+    r = s["rows"]
+    print(f"\n{label}: rows {r['total']} ({r['not_ok']} not ok, {r['warmup_excluded']} warm-up excluded), compared {r['compared']}, "
+          f"matched to packets {r['matched_to_packets']}, not matched {r['not_matched']}; capture {s['capture']}; "
+          f"reassembly holes {s['reassembly']['holes']}, inconsistent {s['reassembly']['inconsistent_overlaps']}")
+    hdr = f"  {'':<34} {'n':>4} {'|err| p50':>9} {'p99':>8} {'max':>8} {'>0.3ms':>7} {'late':>5} {'early':>5} {'sgn p50':>8}"
+    print(hdr + "   (ms; late/early: counts > 0.3 ms; =later: late > 0.1 ms equal to a later packet)")
+    for name, d in s["points"].items():
+        if not d["n"]:
+            continue
+        tag = f"{name} ({d['t_name']})" if d.get("t_name") else name
+        extra = f"  =later {d['late_equal_to_a_later_packet']}/{d['late_over_0_1ms']}" if "late_over_0_1ms" in d else ""
+        print(f"  {tag:<34} {d['n']:>4} {_f(d['abs_p50_ms']):>9} {_f(d['abs_p99_ms']):>8} {_f(d['abs_max_ms']):>8} "
+              f"{100 * d['share_over_0_3ms']:>6.1f}% {d['late_over_0_3ms']:>5} {d['early_over_0_3ms']:>5} {_f(d['signed_p50_ms']):>8}{extra}")
+    print("  " + "-" * (len(hdr) - 2))
+    for name, d in s["deltas"].items():
+        if not d["n"]:
+            continue
+        print(f"  {name:<34} {d['n']:>4} {_f(d['abs_p50_ms']):>9} {_f(d['abs_p99_ms']):>8} {_f(d['abs_max_ms']):>8} "
+              f"{100 * d['share_over_0_3ms']:>6.1f}% {d['late_over_0_3ms']:>5} {d['early_over_0_3ms']:>5} {_f(d['signed_p50_ms']):>8}")
+
+
+def out_name(engine: str, rate: float, gap: float, busy: bool, suffix: str) -> str:
+    r = f"{rate:g}"
+    g = f"_gap{gap:g}ms" if engine == "plain" else ""
+    return f"wire_referee_{engine}_{r}{g}{'_busy' if busy else ''}{suffix}.json"
+
+
+def referee(cfg: ChainConfig, workdir: Path, warmup: int) -> tuple[dict, object]:
+    from deltatap.collector.sinks import read_rows
+
+    run = run_chain(cfg, workdir)
+    t = time.monotonic()
+    wire = load_wire(run.pcap, run.ports)
+    rows = read_rows(run.rows_path)
+    comp = compare(rows, wire, warmup=warmup)
+    s = summarize(comp, wire, run)
+    s["analysis_s"] = time.monotonic() - t
+    s["chain"] = {"engine": run.engine_desc, "wall_s": run.wall_s, "spans_received": run.spans_received, "notes": run.notes}
+    ls = run.load_summary or {}
+    m = ls.get("metrics_ms", {})
+    s["load"] = {k: ls.get(k) for k in ("request_count", "error_request_count", "status_counts", "request_throughput_per_s", "max_in_flight_observed")}
+    s["load"]["ttft_ms"] = {k: m.get("ttft", {}).get(k) for k in ("p50", "p99", "max")}
+    return s, run
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engine", choices=["plain", "llamacpp"], default="plain")
+    ap.add_argument("--rate", type=float, nargs="+", default=[20.0], help="req/s, Poisson (several: one run each)")
+    ap.add_argument("--gap-ms", type=float, nargs="+", default=[2.0], help="plain engine: inter-token gap (several: one run each)")
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--prefill-ms", type=float, default=3.0, help="plain engine: time before the role chunk")
+    ap.add_argument("--output-tokens", type=int, nargs=2, default=[8, 24], metavar=("MIN", "MAX"))
+    ap.add_argument("--firewall-delay-ms", type=float, default=0.0, help="plain firewall: inbound delay")
+    ap.add_argument("--gateway-delay-ms", type=float, default=0.0, help="plain gateway: inbound delay")
+    ap.add_argument("--busy", action="store_true", help="run CPU burners (--burners, default 2) alongside: the busy-machine condition")
+    ap.add_argument("--burners", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=10, help="first rows (by start) not compared: fresh processes' first-call costs")
+    ap.add_argument("--kernel-stamps", choices=["default", "off"], default="default", help="off: DELTATAP_KERNEL_STAMPS=0 in the taps and the load generator")
+    ap.add_argument("--deltatap", help="deltatap executable for the taps, the load generator and the collector (e.g. another build's "
+                    "venv/bin/deltatap); default: the one beside this interpreter")
+    ap.add_argument("--max-wall-s", type=float, default=300.0, help="hard wall-clock limit per run (every child killed at the end)")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--suffix", default="", help="appended to the result file names")
+    ap.add_argument("--keep", help="keep each run's directory (pcap, rows, logs) under this folder")
+    args = ap.parse_args()
+    if tcpdump_path() is None:
+        print("tcpdump is not installed: nothing to referee with (apt-get install tcpdump)", file=sys.stderr)
+        return 2
+    if os.geteuid() != 0:
+        print("note: capturing needs root or CAP_NET_RAW on tcpdump", file=sys.stderr)
+    if args.engine == "llamacpp" and llama_server() is None:
+        print("SKIPPED: --engine llamacpp needs llama-server and the Gemma 3 270M model under ~/.cache/deltatap "
+              "(installed by .ci/realstack; see realstack/parts.py); nothing was run.")
+        return 0
+    gaps = args.gap_ms if args.engine == "plain" else [0.0]
+    rc = 0
+    for rate in args.rate:
+        for gap in gaps:
+            cfg = ChainConfig(engine=args.engine, rate=rate, requests=args.requests, gap_ms=gap, prefill_ms=args.prefill_ms,
+                              firewall_delay_ms=args.firewall_delay_ms, gateway_delay_ms=args.gateway_delay_ms,
+                              output_tokens=tuple(args.output_tokens), seed=args.seed, busy=args.burners if args.busy else 0,
+                              max_wall_s=args.max_wall_s, kernel_stamps=False if args.kernel_stamps == "off" else None,
+                              deltatap=args.deltatap)
+            label = f"{args.engine} engine, {rate:g} req/s" + (f", {gap:g} ms gaps" if args.engine == "plain" else "") + (", busy" if args.busy else "")
+            print(f"\n== {label}")
+            start = uptime()
+            tmp = Path(tempfile.mkdtemp(prefix="deltatap-referee-"))
+            try:
+                s, run = referee(cfg, tmp, args.warmup)
+            except ChainError as exc:
+                print(f"run failed: {exc}", file=sys.stderr)
+                rc = 1
+                continue
+            finally:
+                if args.keep:
+                    dest = Path(args.keep) / out_name(args.engine, rate, gap, args.busy, args.suffix).removesuffix(".json")
+                    shutil.rmtree(dest, ignore_errors=True)
+                    shutil.copytree(tmp, dest)
+                shutil.rmtree(tmp, ignore_errors=True)
+            end = uptime()
+            print_table(label, s)
+            doc = {
+                "benchmark": "wire_referee", "command": "benchmarks/wire_referee.py " + " ".join(sys.argv[1:]),
+                "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+                "setup": {"engine": args.engine, "rate_per_s": rate, "arrival": "poisson", "requests": args.requests, "gap_ms": gap if args.engine == "plain" else None,
+                          "prefill_ms": args.prefill_ms, "output_tokens": args.output_tokens, "firewall_delay_ms": args.firewall_delay_ms,
+                          "gateway_delay_ms": args.gateway_delay_ms, "busy_burners": cfg.busy, "kernel_stamps": args.kernel_stamps,
+                          "deltatap": deltatap_build(args.deltatap), "warmup_excluded": args.warmup, "threshold_ms": 0.3,
+                          "error_sign": "row - wire: positive = the row's stamp is later than the packet",
+                          "mapping": "benchmarks/referee/compare.py docstring"},
+                **s,
+                "load_at_start": start, "load_at_end": end,
+            }
+            out = Path(args.results) / out_name(args.engine, rate, gap, args.busy, args.suffix)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(doc, indent=2))
+            print(f"  load at start: {start['uptime']}\n  load at end:   {end['uptime']}\n  wrote {out}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
