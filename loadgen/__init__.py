@@ -23,6 +23,6 @@ warmup.jsonl.
 """
 
 from deltatap.loadgen.options import LoadOptions
-from deltatap.loadgen.run import LoadResult, run_load
+from deltatap.loadgen.run import LoadAborted, LoadResult, run_load
 
-__all__ = ["LoadOptions", "LoadResult", "run_load"]
+__all__ = ["LoadAborted", "LoadOptions", "LoadResult", "run_load"]

@@ -26,8 +26,10 @@ def register(subparsers: Any) -> None:
         "(default: --concurrency 1); --requests and/or --duration bound the run.",
     )
     p.add_argument("--target", required=True, help="base URL (e.g. http://127.0.0.1:9100) or full endpoint URL")
-    p.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
-    p.add_argument("--model", default="default", help="model name put in each request body")
+    p.add_argument("--endpoint", choices=["chat", "completions"], default="chat",
+                   help="OpenAI API to call: chat (/v1/chat/completions) or completions (/v1/completions)")
+    p.add_argument("--model", help="model name put in each request body (default: the first model the target lists "
+                   "at GET /v1/models, else 'default')")
     p.add_argument("--workload", default="synthetic-uniform", help="workload name or YAML file (see configs/workloads/)")
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--rate", type=float, help="open loop: mean requests per second")
@@ -36,18 +38,21 @@ def register(subparsers: Any) -> None:
     p.add_argument("--arrival", choices=sorted(ARRIVALS), default="poisson", help="open-loop arrival process")
     p.add_argument("--requests", type=int, help="number of measured requests (default 100 without --duration)")
     p.add_argument("--duration", type=float, dest="duration_s", help="stop sending after S seconds")
-    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--seed", type=int, default=42, help="seed of the request plan and arrival times (same seed, same run)")
     p.add_argument("--warmup", type=int, default=0, dest="warmup_requests",
                    help="warm-up requests before measuring (methodology 4.5 asks >= 100; 0 = cold start)")
-    p.add_argument("--warmup-probes", type=int, default=5)
-    p.add_argument("--warmup-rounds", type=int, default=3)
-    p.add_argument("--warmup-concurrency", type=int)
+    p.add_argument("--warmup-probes", type=int, default=5,
+                   help="probe requests before and after each warm-up round, to check latency is stable")
+    p.add_argument("--warmup-rounds", type=int, default=3, help="most warm-up rounds before measuring anyway")
+    p.add_argument("--warmup-concurrency", type=int,
+                   help="warm-up requests in flight (default: --concurrency or --batch, else min(8, 2 x --workers))")
     p.add_argument("--out", help="output directory (records.jsonl, summary.json, run.json, requests.jsonl)")
     p.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", type=lambda s: _kv(s, ":", "--header"),
                    help="extra request header (repeatable)")
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", type=lambda s: _kv(s, "=", "--label"),
                    help="label put on every request and span (repeatable)")
-    p.add_argument("--request-timeout", type=float, default=600.0, dest="request_timeout_s")
+    p.add_argument("--request-timeout", type=float, default=600.0, dest="request_timeout_s",
+                   help="seconds one request may take, the whole answer included")
     p.add_argument("--drain", type=float, default=30.0, dest="drain_s", help="with --duration: grace for in-flight requests")
     p.add_argument("--workers", type=int, default=4, help="open loop: HTTP sessions requests rotate over")
     p.add_argument("--otlp", help="span export: grpc://HOST:4317, http://HOST:4318, file:PATH or none")
@@ -55,13 +60,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--refusal-status", type=int, action="append", dest="refusal_statuses",
                    help="HTTP status counted as a refusal (repeatable; default 403 and 451)")
     p.add_argument("--ignore-eos", action="store_true", help="ask the engine to generate exactly max_tokens")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no live progress line on stderr")
     p.add_argument("--no-gpu", dest="gpu", action="store_false", help="do not sample GPU metrics")
     p.add_argument("--preconnect", action=argparse.BooleanOptionalAction, default=None,
                    help="open connections before the first timed send (default: only with --batch)")
     p.add_argument("--spin-us", type=int, default=1500,
                    help="final microseconds of each send wait spent yielding to the loop instead of on a timer")
-    p.add_argument("--run-id")
+    p.add_argument("--run-id", help="run id used in request ids and spans (default: 8 random hex digits)")
     p.add_argument("--plan-only", action="store_true", help="write the request sequence to --out/requests.jsonl and exit")
     p.add_argument("--json", action="store_true", help="print summary.json to stdout")
     p.set_defaults(func=main)
@@ -95,10 +100,13 @@ def main(args: argparse.Namespace) -> int:
     except TelemetryConfigError as exc:
         raise ConfigError(str(exc)) from None
     from deltatap.loadgen.progress import print_summary
-    from deltatap.loadgen.run import run_load
+    from deltatap.loadgen.run import LoadAborted, run_load
 
     try:
-        result = aio.run(run_load(options, telemetry))
+        result = aio.run(run_load(options, telemetry, say=_say))
+    except LoadAborted as exc:
+        print(f"deltatap load: {exc}", file=sys.stderr)
+        return 1
     finally:
         telemetry.shutdown()
     if args.json:
@@ -109,6 +117,10 @@ def main(args: argparse.Namespace) -> int:
     if result.out_dir:
         print(f"records: {result.out_dir / 'records.jsonl'}  summary: {result.out_dir / 'summary.json'}", file=sys.stderr)
     return 0 if result.summary["request_count"] > 0 else 1
+
+
+def _say(line: str) -> None:
+    print(f"deltatap load: {line}", file=sys.stderr, flush=True)
 
 
 def _plan_only(options: Any) -> int:

@@ -10,10 +10,13 @@ call (no await in between). Failures never raise out of :func:`execute`: they be
 from __future__ import annotations
 
 import asyncio
+import errno as _errno
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -24,6 +27,7 @@ from deltatap.loadgen.records import ErrorKind, RequestRecord
 from deltatap.loadgen.stream import ClientStream
 
 ERROR_BODY_LIMIT = 64 * 1024
+SERVER_MESSAGE_LIMIT = 200  # characters of a non-2xx body kept as the record's server_message
 REFUSAL_FINISH_REASONS = frozenset({"content_filter"})
 
 
@@ -97,6 +101,86 @@ def resolve_url(target: str, endpoint: str) -> tuple[str, Endpoint]:
     return target, ep
 
 
+def models_url(url: str) -> str:
+    """The target's ``GET /v1/models`` URL: the part before ``/v1/`` (a base URL or an OpenAI-style
+    endpoint URL under a prefix), else the URL's origin."""
+    if "/v1/" in url:
+        return url.split("/v1/", 1)[0] + "/v1/models"
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{rest.split('/', 1)[0]}/v1/models"
+
+
+async def list_models(url: str, headers: dict[str, str] | None = None, timeout_s: float = 10.0) -> list[str]:
+    """Model ids the target lists at ``GET /v1/models`` (OpenAI ``{"data": [{"id": ...}]}``), in its
+    order. Raises :class:`ModelListError` with a one-line reason when it cannot get them."""
+    murl = models_url(url)
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as s, s.get(murl, headers=headers or {}) as resp:
+            raw = await resp.content.read(ERROR_BODY_LIMIT)
+            if resp.status >= 400:
+                msg = server_message(raw)
+                raise ModelListError(f"GET {murl}: HTTP {resp.status}" + (f": {msg}" if msg else ""))
+    except aiohttp.ClientConnectorError as exc:
+        raise ModelListError(f"GET {murl}: {connect_error(exc)}") from None
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        raise ModelListError(f"GET {murl}: {type(exc).__name__} {exc}".strip()) from None
+    try:
+        data = json.loads(raw)["data"]
+        ids = [str(m["id"]) for m in data if isinstance(m, dict) and m.get("id")]
+    except (ValueError, KeyError, TypeError):
+        raise ModelListError(f"GET {murl}: not an OpenAI model list") from None
+    if not ids:
+        raise ModelListError(f"GET {murl}: lists no model")
+    return ids
+
+
+class ModelListError(Exception):
+    """``GET /v1/models`` failed or listed nothing; the message says why, in one line."""
+
+
+def server_message(raw: bytes, limit: int = SERVER_MESSAGE_LIMIT) -> str | None:
+    """The server's own message in an error body: OpenAI-style ``{"error": {"message": ...}}`` (or
+    ``{"error": "..."}``, ``{"message": ...}``, ``{"detail": ...}``), else the first ``limit`` characters of
+    the text, whitespace collapsed; None for an empty body."""
+    text = raw.decode("utf-8", "replace").strip()
+    if not text:
+        return None
+    msg: Any = None
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        obj = None
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        if isinstance(err, dict):
+            msg = err.get("message") or err.get("msg")
+        elif isinstance(err, str):
+            msg = err
+        if not msg:
+            msg = obj.get("message") or obj.get("detail")
+    if not isinstance(msg, str) or not msg.strip():
+        msg = text
+    msg = " ".join(msg.split())
+    return msg if len(msg) <= limit else msg[: limit - 3].rstrip() + "..."
+
+
+def connect_error(exc: aiohttp.ClientConnectorError) -> str:
+    """``cannot connect to HOST:PORT (why)``, the why in a few plain words (connection refused, ...)."""
+    os_err = getattr(exc, "os_error", None)
+    code = getattr(os_err, "errno", None)
+    if isinstance(exc, getattr(aiohttp, "ClientConnectorDNSError", ())) or code in (-2, -3, -5, -8):
+        why = "host name not found"
+    elif code == _errno.ECONNREFUSED:
+        why = "connection refused"
+    elif isinstance(code, int) and code > 0:
+        why = os.strerror(code).lower()
+    else:
+        why = str(os_err or exc) or type(exc).__name__
+    host = exc.host if ":" not in (exc.host or "") else f"[{exc.host}]"
+    return f"cannot connect to {host}:{exc.port} ({why})"
+
+
 def make_session(target: Target) -> aiohttp.ClientSession:
     """One session per worker: its own connection pool (unlimited), stamping every read and write; no
     cookie jar, so no request is shaped by an earlier response (methodology 4.2.5, request isolation)."""
@@ -124,8 +208,9 @@ async def execute(session: aiohttp.ClientSession, target: Target, rec: RequestRe
             rec.http_status = resp.status
             ctype = resp.headers.get("Content-Type", "")
             if resp.status >= 400:
-                await _drain(resp)
+                raw = await _drain(resp, keep=True)
                 rec.end_mono_ns = mono_ns()
+                rec.server_message = server_message(raw)
                 if resp.status in target.refusal_statuses:
                     _fail(rec, Outcome.REFUSED, ErrorKind.REFUSED, f"HTTP {resp.status} (refusal status)")
                 else:
@@ -154,12 +239,17 @@ async def execute(session: aiohttp.ClientSession, target: Target, rec: RequestRe
         _fail(rec, Outcome.CLIENT_CANCEL, ErrorKind.CANCELLED, "the run ended before the response did")
         _take_stream(rec, stream)
         raise
+    except aiohttp.ConnectionTimeoutError:
+        rec.end_mono_ns = mono_ns()
+        parts = urlsplit(target.url)
+        _fail(rec, Outcome.UPSTREAM_ERROR, ErrorKind.UNREACHABLE,
+              f"cannot connect to {parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)} (connect timed out)")
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
         rec.end_mono_ns = mono_ns()
         _fail(rec, Outcome.TIMEOUT, ErrorKind.TIMEOUT, f"no complete answer within {target.timeout_s:g} s")
     except aiohttp.ClientConnectorError as exc:
         rec.end_mono_ns = mono_ns()
-        _fail(rec, Outcome.UPSTREAM_ERROR, ErrorKind.UNREACHABLE, f"cannot connect to {target.url}: {exc.os_error or exc}")
+        _fail(rec, Outcome.UPSTREAM_ERROR, ErrorKind.UNREACHABLE, connect_error(exc))
     except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionError) as exc:
         rec.end_mono_ns = mono_ns()
         _fail(rec, Outcome.UPSTREAM_ERROR, ErrorKind.DISCONNECTED, f"{type(exc).__name__}: {exc}")
@@ -172,12 +262,17 @@ async def execute(session: aiohttp.ClientSession, target: Target, rec: RequestRe
     return stream
 
 
-async def _drain(resp: aiohttp.ClientResponse) -> None:
+async def _drain(resp: aiohttp.ClientResponse, keep: bool = False) -> bytes:
+    """Read (at most ``ERROR_BODY_LIMIT`` of) the body; with ``keep``, return what was read."""
     read = 0
+    kept: list[bytes] = []
     async for chunk in resp.content.iter_any():
         read += len(chunk)
+        if keep:
+            kept.append(chunk)
         if read > ERROR_BODY_LIMIT:
             break
+    return b"".join(kept)[:ERROR_BODY_LIMIT]
 
 
 def _take_stream(rec: RequestRecord, stream: ClientStream | None) -> None:

@@ -3,12 +3,15 @@
 A daemon thread samples every NVIDIA GPU; energy for a time window is the trapezoidal integral of
 power over it (power linearly interpolated at the window's edges), summed over GPUs. Per request
 that gives energy per request; over the run, tokens per joule. With no NVIDIA GPU / driver the
-sampler says so once and the run goes on without it.
+sampler says so once, at INFO (that is normal), and the run goes on without it; NVML failing on a
+machine that does have an NVIDIA GPU (``/dev/nvidia0``, ``/proc/driver/nvidia/gpus``) is a WARNING.
 """
 
 from __future__ import annotations
 
+import glob
 import logging
+import os
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -19,6 +22,23 @@ import numpy as np
 from deltatap.core.clock import mono_ns, to_unix_ns
 
 log = logging.getLogger("deltatap.loadgen.gpu")
+
+
+def nvidia_gpu_present() -> bool:
+    """An NVIDIA GPU with its kernel driver loaded is visible on this machine (Linux device nodes or
+    the driver's /proc entries) - whether or not NVML works."""
+    if glob.glob("/dev/nvidia[0-9]*"):
+        return True
+    try:
+        return bool(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return False
+
+
+def no_gpu_log_level(gpu_present: bool) -> int:
+    """How loud "no GPU metrics" is: INFO where there is no NVIDIA GPU / driver (normal on a laptop or a
+    CI runner), WARNING where there is one and NVML still failed (a real problem: metrics are missing)."""
+    return logging.WARNING if gpu_present else logging.INFO
 
 
 @dataclass
@@ -81,7 +101,10 @@ class GpuSampler:
             self.available = True
         except Exception as exc:  # no driver, no library, no device: say so once, go on
             self.reason = f"{type(exc).__name__}: {exc}"
-            log.info("no GPU metrics: %s", self.reason)
+            present = nvidia_gpu_present()
+            if present:
+                self.reason = f"NVML failed on a machine with an NVIDIA GPU: {self.reason}"
+            log.log(no_gpu_log_level(present), "no GPU metrics: %s", self.reason)
 
     def start(self) -> None:
         if self.available and self._thread is None:

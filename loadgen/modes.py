@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from deltatap.core.clock import mono_ns
-from deltatap.loadgen.client import make_session
+from deltatap.loadgen.client import make_session, models_url
 from deltatap.loadgen.runner import Barrier, Runner
 from deltatap.net.aio import sleep_coarse_until
 from deltatap.loadgen.workloads.base import PlannedRequest
@@ -125,11 +125,11 @@ async def preconnect(sessions: list[aiohttp.ClientSession], url: str, headers: d
     """Open ``per_session`` connections in each session before the first timed send (GETs of the
     target's ``/v1/models``, sent together; the status is ignored), so neither a barrier batch nor the
     first open-loop arrivals spend their instant in TCP handshakes."""
-    base = url.split("/v1/", 1)[0] if "/v1/" in url else url.rsplit("/", 1)[0]
+    murl = models_url(url)
 
     async def one(s: aiohttp.ClientSession) -> None:
         try:
-            async with s.get(base + "/v1/models", headers=headers) as r:
+            async with s.get(murl, headers=headers) as r:
                 await r.read()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             pass

@@ -13,42 +13,49 @@ from deltatap.loadgen.arrivals import ARRIVALS
 from deltatap.loadgen.client import ENDPOINTS
 
 
+DEFAULT_MODEL = "default"  # the model sent when none is given and the target lists none at GET /v1/models
+
+
 class LoadOptions(StrictModel):
     target: str = Field(description="base URL (the endpoint path is appended) or a full endpoint URL")
-    endpoint: Literal["chat", "completions"] = "chat"
-    model: str = "default"
+    endpoint: Literal["chat", "completions"] = Field(default="chat", description="OpenAI API: chat (/v1/chat/completions) or completions (/v1/completions)")
+    model: str | None = Field(
+        default=None,
+        description=f"model name put in each request body; default: the first model the target lists at GET /v1/models, "
+        f"else {DEFAULT_MODEL!r}",
+    )
     workload: str | dict[str, Any] = Field(default="synthetic-uniform", description="name, YAML path, or a workload mapping")
     # exactly one load shape: rate (open loop), concurrency (closed loop) or batch (barrier batches)
-    rate: float | None = Field(default=None, gt=0)
-    arrival: str = "poisson"
-    concurrency: int | None = Field(default=None, gt=0)
-    batch: int | None = Field(default=None, gt=0)
-    requests: int | None = Field(default=None, gt=0)
-    duration_s: float | None = Field(default=None, gt=0)
-    seed: int = 42
-    warmup_requests: int = Field(default=0, ge=0)
-    warmup_probes: int = Field(default=5, ge=2)
-    warmup_rounds: int = Field(default=3, ge=1)
-    warmup_concurrency: int | None = Field(default=None, gt=0)
-    out: str | None = None
+    rate: float | None = Field(default=None, gt=0, description="open loop: mean requests per second")
+    arrival: str = Field(default="poisson", description="open-loop arrival process: poisson, uniform or bursty")
+    concurrency: int | None = Field(default=None, gt=0, description="closed loop: requests kept in flight")
+    batch: int | None = Field(default=None, gt=0, description="barrier-synchronised batches of N requests sent at one instant")
+    requests: int | None = Field(default=None, gt=0, description="measured requests (default 100 without a duration)")
+    duration_s: float | None = Field(default=None, gt=0, description="stop sending after this many seconds")
+    seed: int = Field(default=42, description="seed of the request plan and the arrival times (same seed, same run)")
+    warmup_requests: int = Field(default=0, ge=0, description="warm-up requests per round before measuring (0 = cold start)")
+    warmup_probes: int = Field(default=5, ge=2, description="probe requests before and after each warm-up round (stability check)")
+    warmup_rounds: int = Field(default=3, ge=1, description="most warm-up rounds before the run goes on unstable")
+    warmup_concurrency: int | None = Field(default=None, gt=0, description="warm-up requests in flight (default: the run's concurrency or batch, else min(8, 2 x workers))")
+    out: str | None = Field(default=None, description="output directory (records.jsonl, summary.json, run.json, requests.jsonl)")
     headers: dict[str, str] = Field(default_factory=dict, description="extra headers on every request")
     labels: dict[str, str] = Field(default_factory=dict, description="labels put on every request")
-    request_timeout_s: float = Field(default=600.0, gt=0)
+    request_timeout_s: float = Field(default=600.0, gt=0, description="seconds one request may take, end of the answer included")
     drain_s: float = Field(default=30.0, ge=0, description="with a duration: how long in-flight requests may finish")
     workers: int = Field(default=4, gt=0, description="open loop: sessions (connection pools) requests rotate over")
     clock_sync: str | None = Field(default=None, description="collector base URL for the NTP-style offset estimate")
-    refusal_statuses: list[int] = Field(default_factory=lambda: [403, 451])
-    ignore_eos: bool = False
+    refusal_statuses: list[int] = Field(default_factory=lambda: [403, 451], description="HTTP statuses counted as refusals, not errors")
+    ignore_eos: bool = Field(default=False, description="ask the engine to generate exactly max_tokens")
     spin_us: int = Field(default=1500, ge=0, description="final part of each send wait spent yielding instead of on a timer")
     preconnect: bool | None = Field(
         default=None,
         description="open connections (GET /v1/models) before timed sends; default: only for --batch "
         "(through taps they show up as extra requests)",
     )
-    progress: bool = True
-    gpu: bool = True
-    write_requests: bool = True
-    run_id: str | None = None
+    progress: bool = Field(default=True, description="show live progress on stderr")
+    gpu: bool = Field(default=True, description="sample NVIDIA GPU metrics (NVML) when a GPU is present")
+    write_requests: bool = Field(default=True, description="write the request plan to requests.jsonl under out")
+    run_id: str | None = Field(default=None, description="run id in request ids and spans (default: 8 random hex digits)")
 
     @model_validator(mode="after")
     def _check(self) -> LoadOptions:

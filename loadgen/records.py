@@ -22,7 +22,7 @@ class ErrorKind:
     """Why a request did not end ``ok``; the summary counts each kind."""
 
     UNREACHABLE = "unreachable"  # connection refused / DNS / connect timeout
-    HTTP_STATUS = "http_status"  # an HTTP status >= 400
+    HTTP_STATUS = "http_status"  # an HTTP status >= 400 (the status itself is the record's http_status)
     REFUSED = "refused"  # refusal: refusal status, or finish_reason "content_filter"
     NON_SSE = "non_sse"  # 2xx answer that is not an event stream
     MALFORMED_SSE = "malformed_sse"  # an event stream whose events are not JSON of a known format
@@ -59,6 +59,7 @@ class RequestRecord:
     http_status: int | None = None
     error_kind: str | None = None
     error: str | None = None
+    server_message: str | None = None  # a non-2xx answer's own message (error.message, else the body's start)
     # tokens and stream facts
     input_tokens: int = 0  # reference tokenizer (cl100k_base), everything sent
     output_tokens: int | None = None  # reference tokenizer over the received content
@@ -95,6 +96,7 @@ class RequestRecord:
             "http_status": self.http_status,
             "error_kind": self.error_kind,
             "error": self.error,
+            "server_message": self.server_message,
             "planned_send_unix_ns": u(self.planned_mono_ns),
             "send_unix_ns": u(self.send_mono_ns),
             "request_written_unix_ns": u(self.written_mono_ns),

@@ -7,6 +7,7 @@ import json
 import logging
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,18 +19,20 @@ from deltatap.core.config import ConfigError
 from deltatap.telemetry.tracer import Telemetry
 from deltatap.core.vocab import Outcome
 from deltatap.loadgen.arrivals import schedule_offsets_ns
-from deltatap.loadgen.client import Target, resolve_url
+from deltatap.loadgen.client import ModelListError, Target, list_models, resolve_url
 from deltatap.loadgen.gpu import GpuSampler
 from deltatap.loadgen.modes import MODES, ModeConfig, open_sessions, preconnect, sessions_needed
-from deltatap.loadgen.options import LoadOptions
+from deltatap.loadgen.options import DEFAULT_MODEL, LoadOptions
 from deltatap.loadgen.records import RecordWriter, RequestRecord
-from deltatap.loadgen.runner import Counters, Runner, new_run_id
+from deltatap.loadgen.runner import Counters, LoadAborted, Runner, new_run_id
 from deltatap.loadgen.summary import summarize
 from deltatap.loadgen.tokens import reference_tokenizer
 from deltatap.loadgen.workloads.base import PlannedRequest, WorkloadSpec, load_workload, spec_from_mapping, write_requests
 from deltatap.loadgen.warmup import warm_up
 
 log = logging.getLogger("deltatap.loadgen")
+
+__all__ = ["LoadAborted", "LoadResult", "group_units", "pick_model", "resolve_workload", "run_load"]
 
 
 @dataclass
@@ -65,13 +68,28 @@ def resolve_workload(options: LoadOptions) -> WorkloadSpec:
     return load_workload(options.workload)
 
 
-async def run_load(options: LoadOptions, telemetry: Telemetry) -> LoadResult:
+async def pick_model(url: str, headers: dict[str, str], timeout_s: float) -> tuple[str, str, str]:
+    """The model to send when none was given: the first one the target lists at ``GET /v1/models``,
+    else :data:`DEFAULT_MODEL`. Returns ``(model, source, one line for the user saying which and why)``."""
+    try:
+        ids = await list_models(url, headers, timeout_s)
+    except ModelListError as exc:
+        return (DEFAULT_MODEL, "default",
+                f"no --model given and the target lists none ({exc}); falling back to model {DEFAULT_MODEL!r}")
+    more = f" (of {len(ids)}: {', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''})" if len(ids) > 1 else ""
+    return ids[0], "listed", f"no --model given: using model {ids[0]!r}, the first the target lists at /v1/models{more}"
+
+
+async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[str], None] | None = None) -> LoadResult:
     """Run the load described by ``options``, exporting one client span per request via ``telemetry``.
 
     Raises :class:`~deltatap.config.ConfigError` for bad options (unknown workload, bad URL, an
-    unreachable ``--clock-sync`` collector); a target that fails requests does not raise - every
-    failure is a record with its status and error kind, counted in the summary.
+    unreachable ``--clock-sync`` collector), and its subclass :class:`LoadAborted` when every request
+    of the warm-up failed; otherwise a target that fails requests does not raise - every failure is a
+    record with its status and error kind, counted in the summary. ``say`` gets the one-line notes
+    meant for the user (the model picked when ``options.model`` is None); default: logged at INFO.
     """
+    say = say or log.info
     wall_start = time.time()
     tok = reference_tokenizer()
     spec = resolve_workload(options)
@@ -89,8 +107,12 @@ async def run_load(options: LoadOptions, telemetry: Telemetry) -> LoadResult:
         url, endpoint = resolve_url(options.target, options.endpoint)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    model, model_source = options.model, "given"
+    if model is None:
+        model, model_source, note = await pick_model(url, dict(options.headers), min(options.request_timeout_s, 10.0))
+        say(note)
     target = Target(
-        url=url, endpoint=endpoint, model=options.model, headers=dict(options.headers), timeout_s=options.request_timeout_s,
+        url=url, endpoint=endpoint, model=model, headers=dict(options.headers), timeout_s=options.request_timeout_s,
         refusal_statuses=frozenset(options.refusal_statuses), ignore_eos=options.ignore_eos,
     )
     clock: ClockEstimate | None = None
@@ -124,7 +146,12 @@ async def run_load(options: LoadOptions, telemetry: Telemetry) -> LoadResult:
             if len(sessions) < wc:
                 extra_sessions = open_sessions(runner, wc - len(sessions))
             warm_sessions = (sessions + extra_sessions)[:wc]
-            warm_report = await warm_up(runner, warm_sessions, warm_plan, plan[0], options.warmup_probes, options.warmup_rounds)
+            try:
+                warm_report = await warm_up(runner, warm_sessions, warm_plan, plan[0], options.warmup_probes, options.warmup_rounds)
+            except LoadAborted:
+                if options.out:  # what the warm-up got, to look at
+                    _write_records(Path(options.out) / "warmup.jsonl", runner.records)
+                raise
             warm_records = runner.records
             runner.records = []
             runner.counters = Counters()
@@ -169,10 +196,10 @@ async def run_load(options: LoadOptions, telemetry: Telemetry) -> LoadResult:
     summary["max_in_flight_observed"] = runner.counters.max_in_flight
     ok_out = sum(r.output_tokens or 0 for r in measured if r.status == Outcome.OK)
     summary["gpu"] = gpu.report(windows, ok_out, len(windows)) if gpu is not None else {"available": False, "reason": "disabled (--no-gpu)"}
-    if gpu is not None and not gpu.available:
-        log.warning("no GPU: system metrics off (%s)", gpu.reason)
     summary["warmup"] = warm_report or {"requests_per_round": 0, "verdict": "none: cold start (methodology 4.5.3)"}
     summary["run"] = _run_metadata(options, spec, tok, run_id, clock, telemetry, wall_start, len(plan))
+    summary["run"]["model"] = model  # what every request asked for
+    summary["run"]["model_source"] = model_source  # given (--model), listed (GET /v1/models) or default
     result = LoadResult(summary, records, [r.to_dict() for r in warm_records], plan, None)
     if options.out:
         result.out_dir = write_outputs(Path(options.out), result, measured, warm_records, options.write_requests)
@@ -217,17 +244,18 @@ def _run_metadata(options: LoadOptions, spec: WorkloadSpec, tok: Any, run_id: st
     }
 
 
-def write_outputs(out: Path, result: LoadResult, measured: list[RequestRecord], warm: list[RequestRecord], plan: bool) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    w = RecordWriter(out / "records.jsonl")
-    for r in measured:
+def _write_records(path: Path, records: list[RequestRecord]) -> None:
+    w = RecordWriter(path)
+    for r in records:
         w.write(r)
     w.close()
+
+
+def write_outputs(out: Path, result: LoadResult, measured: list[RequestRecord], warm: list[RequestRecord], plan: bool) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    _write_records(out / "records.jsonl", measured)
     if warm:
-        w = RecordWriter(out / "warmup.jsonl")
-        for r in warm:
-            w.write(r)
-        w.close()
+        _write_records(out / "warmup.jsonl", warm)
     if plan:
         write_requests(out / "requests.jsonl", result.plan)
     (out / "summary.json").write_text(json.dumps(result.summary, indent=2, default=str) + "\n", encoding="utf-8")

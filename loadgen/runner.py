@@ -22,12 +22,17 @@ from opentelemetry.trace import SpanKind
 
 from deltatap.core.clock import mono_ns, to_unix_ns
 from deltatap.core.clocksync import ClockEstimate
+from deltatap.core.config import ConfigError
 from deltatap.core.vocab import SPAN_CLIENT, Attr, ClientEvent, Observer, Outcome
 from deltatap.loadgen.client import Target, execute
 from deltatap.loadgen.records import RequestRecord
 from deltatap.net.aio import sleep_until
 from deltatap.loadgen.tokens import Tokenizer
 from deltatap.loadgen.workloads.base import PlannedRequest
+
+
+class LoadAborted(ConfigError):
+    """The run stopped before measuring (e.g. every warm-up request failed); the message is one line."""
 
 
 class Barrier:

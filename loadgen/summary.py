@@ -14,16 +14,26 @@ Per-request metrics (AIPerf metric reference; times from the record's ``*_unix_n
 * ``send_overhead`` request written - send call (connection set-up and client work)
 
 Aggregates: request/error counts per status and error kind, benchmark duration (first send to last
-end), request throughput, output token throughput, totals.
+end), request throughput, output token throughput, totals; and ``problems``: the failures grouped by
+kind, HTTP status and message, each with a one-line description (:func:`describe_problem`) that names
+the HTTP status and the server's own message, or what could not be reached and why.
+
+Two inter-token figures, named apart: ``inter_token_latency`` is AIPerf's *per-request* ITL (one value
+per request, averaged over its tokens); ``inter_chunk_latency`` is the distribution of every gap between
+content events - what ``deltatap report`` calls ITL (methodology 5.4.5).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from http import HTTPStatus
 from typing import Any
 
 import numpy as np
 
+MAX_PROBLEM_GROUPS = 20
+ITL_PER_REQUEST_LABEL = "ITL per request, AIPerf"  # (last token - first token) / (tokens - 1), one value per request
+ITL_GAPS_LABEL = "chunk gaps"  # every gap between content events: deltatap report's ITL
 PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9)
 ISL_BUCKETS = (0, 256, 512, 1024, 2048, 4096)  # methodology 5.1.4.2
 
@@ -40,6 +50,42 @@ def stats(values: Any, scale: float = 1.0) -> dict[str, float | int] | None:
     for p, v in zip(PERCENTILES, np.percentile(a, PERCENTILES), strict=True):
         out[f"p{p:g}".replace(".", "_")] = float(v)
     return out
+
+
+def problem_groups(records: list[dict[str, Any]], limit: int = MAX_PROBLEM_GROUPS) -> list[dict[str, Any]]:
+    """Records with an ``error_kind`` grouped by (kind, HTTP status, message), most frequent first; the
+    message is the server's own (``server_message``) for non-2xx answers, else the record's ``error``."""
+    groups: Counter[tuple[str, int | None, str | None]] = Counter()
+    for r in records:
+        kind = r.get("error_kind")
+        if not kind:
+            continue
+        status = r.get("http_status") if kind in ("http_status", "refused") else None
+        msg = r.get("server_message") if kind in ("http_status", "refused") else None
+        groups[(kind, status, msg or r.get("error"))] += 1
+    out = []
+    for (kind, status, msg), n in sorted(groups.items(), key=lambda kv: (-kv[1], kv[0][0], kv[0][1] or 0, kv[0][2] or "")):
+        g = {"kind": kind, "http_status": status, "message": msg, "count": n}
+        g["text"] = describe_problem(g)
+        out.append(g)
+    return out[:limit]
+
+
+def describe_problem(g: dict[str, Any]) -> str:
+    """One line for a problem group, e.g. ``HTTP 404 x20: The model 'default' does not exist`` or
+    ``cannot connect to 127.0.0.1:9 (connection refused) - 20 requests; is the server running?``."""
+    kind, status, msg, n = g["kind"], g.get("http_status"), g.get("message"), g["count"]
+    if kind in ("http_status", "refused") and status is not None:
+        if not msg or msg.startswith(f"HTTP {status}"):  # no message of the server's own: the status phrase
+            try:
+                msg = HTTPStatus(status).phrase
+            except ValueError:
+                msg = "no message"
+        head = f"HTTP {status}" if kind == "http_status" else f"refused (HTTP {status})"
+        return f"{head} x{n}: {msg}"
+    if kind == "unreachable":
+        return f"{msg or 'cannot connect'} - {n} request{'s' if n != 1 else ''}; is the server running?"
+    return f"{kind} x{n}: {msg}" if msg else f"{kind} x{n}"
 
 
 def _submit(r: dict[str, Any]) -> int | None:
@@ -100,6 +146,7 @@ def summarize(records: list[dict[str, Any]], token_source: str = "reference") ->
         "requests_total": len(recs),
         "status_counts": dict(sorted(status_counts.items())),
         "error_kinds": dict(sorted(kinds.items())),
+        "problems": problem_groups(recs),
         "benchmark_duration_s": duration_s,
         "request_throughput_per_s": len(ok) / duration_s if duration_s > 0 else None,
         "output_token_throughput_per_s": total_osl / duration_s if duration_s > 0 else None,
@@ -125,7 +172,8 @@ def summarize(records: list[dict[str, Any]], token_source: str = "reference") ->
             "isl_osl": f"{token_source} tokenizer (methodology 4.4.2 option B)",
             "usage_*": "server-reported usage (option A), where the server sent it",
         },
-        "itl_method": "ITL = (last token - first token) / (OSL - 1) with OSL in reference tokens; "
-        "inter_chunk_latency = time between content events (methodology 4.6.3 option A)",
+        "itl_method": "inter_token_latency = ITL per request, AIPerf: (last token - first token) / (OSL - 1) with OSL in "
+        "reference tokens, one value per request; inter_chunk_latency = every gap between content events "
+        "(methodology 4.6.3 option A), the distribution deltatap report calls ITL (5.4.5)",
         "ttft_definition": "first content token (5.1.3.1): first non-whitespace content event; T_submit = request's last byte written",
     }

@@ -7,7 +7,10 @@
    ``tolerance`` (10%) of the smaller one. If not, warm up again, up to ``rounds`` times.
 
 The report (in summary.json) lists every probe latency, each round and the verdict; an unstable
-verdict does not stop the run - it is reported.
+verdict does not stop the run - it is reported. A target that fails *every* request of the first
+probes and the first round (no answer ok, none a refusal) does stop it: :class:`LoadAborted`, one
+line with the HTTP status and the server's message (or what could not be reached), before anything
+is measured.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import aiohttp
 from deltatap.core.clock import mono_ns
 from deltatap.core.vocab import Outcome
 from deltatap.loadgen.modes import ModeConfig, closed_loop
-from deltatap.loadgen.runner import Runner
+from deltatap.loadgen.runner import LoadAborted, Runner
+from deltatap.loadgen.summary import problem_groups
 from deltatap.loadgen.workloads.base import PlannedRequest
 
 PROBE_MAX_TOKENS = 16
@@ -60,6 +64,8 @@ async def warm_up(
     for r in range(rounds):
         runner.phase = "warmup"
         await closed_loop(runner, ModeConfig(units=plan, concurrency=len(sessions)), sessions)
+        if r == 0:
+            _stop_if_all_failed(runner)
         runner.phase = "probe"
         lat = await _probe(runner, sessions[0], probe, probes)
         ok = None not in lat and stable([x for x in lat if x is not None], tolerance)
@@ -75,6 +81,16 @@ async def warm_up(
         else f"NOT stable after {rounds} round(s): consecutive probe latencies varied by {tolerance:.0%} or more"
     )
     return report
+
+
+def _stop_if_all_failed(runner: Runner) -> None:
+    """Raise :class:`LoadAborted` when no warm-up request so far was answered (ok or a refusal)."""
+    recs = runner.records
+    if not recs or any(r.status in (Outcome.OK, Outcome.REFUSED) for r in recs):
+        return
+    groups = problem_groups([r.to_dict() for r in recs])
+    why = "; ".join(g["text"] for g in groups[:3]) or "no answer"
+    raise LoadAborted(f"warm-up: all {len(recs)} requests failed, nothing measured: {why}")
 
 
 def _ms(values: list[int | None]) -> list[float | None]:

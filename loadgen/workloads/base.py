@@ -72,7 +72,7 @@ def register(name: str, params: type[WorkloadParams], description: str) -> Calla
 
 
 class WorkloadFile(StrictModel):
-    """A workload YAML file: ``workload: NAME``, its ``params``, and labels put on every request."""
+    """A workload YAML file: workload: NAME, its params, and labels put on every request."""
 
     workload: str
     description: str = ""

@@ -19,7 +19,7 @@ class Fixed(StrictModel):
 
 
 class Uniform(StrictModel):
-    """Integers uniform on [min, max], both inclusive (Appendix A.1.4's ``randint``)."""
+    """Integers uniform on [min, max], both inclusive (Appendix A.1.4's randint)."""
 
     dist: Literal["uniform"] = "uniform"
     min: int = Field(gt=0)
@@ -36,7 +36,7 @@ class Uniform(StrictModel):
 
 
 class LogNormal(StrictModel):
-    """exp(N(mu, sigma)) rounded, then floored at ``min`` and capped at ``max`` (Appendix A.2)."""
+    """exp(N(mu, sigma)) rounded, then floored at min and capped at max (Appendix A.2)."""
 
     dist: Literal["lognormal"] = "lognormal"
     mu: float
@@ -50,7 +50,7 @@ class LogNormal(StrictModel):
 
 
 class Choice(StrictModel):
-    """One of ``values``, uniformly (Appendix A.5's target lengths)."""
+    """One of the values, uniformly (Appendix A.5's target lengths)."""
 
     dist: Literal["choice"] = "choice"
     values: list[Annotated[int, Field(gt=0)]] = Field(min_length=1)

@@ -4,7 +4,8 @@ Each streamed answer: role-only delta at once, the first content token after ``f
 token every ``interval_ms``; ``tokens`` tokens (default: the request's max_tokens), a usage chunk and
 ``[DONE]``. Stamps are taken at the socket (deltatap.wire): the request's first byte read and the
 moment each token's write returned - the truth the client's measurements are compared with.
-Special paths answer badly on purpose (non-SSE, malformed SSE, HTTP 500, refusal, truncated stream).
+Special paths answer badly on purpose (non-SSE, malformed SSE, HTTP 500, refusal, truncated stream,
+plain-text 404, a long HTML 502). ``GET /v1/models`` lists ``state.models`` (None: HTTP 500).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ class ServerState:
     in_flight: int = 0
     max_in_flight: int = 0
     in_flight_log: list[tuple[int, int]] = field(default_factory=list)  # (mono_ns, in flight after the change)
+    models: list[str] | None = field(default_factory=lambda: ["m"])  # GET /v1/models; None answers HTTP 500
+    models_asked: int = 0
+    errors_sent: int = 0  # answers of the /bad/ error routes
 
 
 STATE = web.AppKey("state", ServerState)
@@ -105,7 +109,20 @@ async def malformed(request: web.Request) -> web.StreamResponse:
 
 async def error500(request: web.Request) -> web.Response:
     await request.read()
+    request.app[STATE].errors_sent += 1
     return web.json_response({"error": {"message": "boom"}}, status=500)
+
+
+async def text404(request: web.Request) -> web.Response:
+    await request.read()
+    request.app[STATE].errors_sent += 1
+    return web.Response(text="  no such\n route here  \n", status=404)
+
+
+async def html502(request: web.Request) -> web.Response:
+    await request.read()
+    request.app[STATE].errors_sent += 1
+    return web.Response(text="<html><body>" + "bad gateway " * 100 + "</body></html>", status=502, content_type="text/html")
 
 
 async def refused(request: web.Request) -> web.Response:
@@ -130,7 +147,11 @@ async def clock(request: web.Request) -> web.Response:
 
 
 async def models(request: web.Request) -> web.Response:
-    return web.json_response({"data": [{"id": "m"}]})
+    st = request.app[STATE]
+    st.models_asked += 1
+    if st.models is None:
+        return web.json_response({"error": {"message": "model list unavailable"}}, status=500)
+    return web.json_response({"object": "list", "data": [{"id": m, "object": "model"} for m in st.models]})
 
 
 async def start_server(state: ServerState) -> tuple[web.AppRunner, int]:
@@ -141,6 +162,8 @@ async def start_server(state: ServerState) -> tuple[web.AppRunner, int]:
     app.router.add_post("/bad/non-sse", non_sse)
     app.router.add_post("/bad/malformed", malformed)
     app.router.add_post("/bad/500", error500)
+    app.router.add_post("/bad/404-text", text404)
+    app.router.add_post("/bad/502-html", html502)
     app.router.add_post("/bad/refused", refused)
     app.router.add_post("/bad/truncated", truncated)
     app.router.add_get("/v1/models", models)

@@ -40,7 +40,7 @@ def test_loads_with_no_network(tmp_path):
     empty tiktoken cache: it must load from the package's bundled file."""
     if not shutil.which("unshare") or subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
         pytest.skip("unshare -n is not permitted on this machine")
-    code = "from loadgen.tokens import reference_tokenizer as r; print(r().count('offline works'))"
+    code = "from deltatap.loadgen.tokens import reference_tokenizer as r; print(r().count('offline works'))"
     env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path / "empty-cache")}
     proc = subprocess.run(
         ["unshare", "-n", "sh", "-c", f"ip link set lo up; exec {sys.executable} -c \"{code}\""],
