@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 PATH = "/v1/chat/completions"
 _TICK = os.sysconf("SC_CLK_TCK")
 _PROFILED = (
-    "import cProfile, sys, time; from deltatap.cli import main; p = cProfile.Profile(time.thread_time); "
+    "import cProfile, sys, time; from deltatap.app.cli import main; p = cProfile.Profile(time.thread_time); "
     "p.enable(); rc = main(sys.argv[1:]); p.disable(); p.dump_stats({out!r}); sys.exit(rc)"
 )
 

@@ -8,6 +8,8 @@ import logging
 import signal
 
 from deltatap.net import aio
+from deltatap.net.kstamp import stamp_source
+from deltatap.core.vocab import Attr
 from deltatap.core.gc_pauses import settle
 from deltatap.core.config import ConfigError
 from deltatap.telemetry.tracer import TelemetryConfigError, setup_telemetry
@@ -109,7 +111,7 @@ async def _serve(opts: TapOptions, args: argparse.Namespace) -> int:
 
     try:
         telemetry = setup_telemetry(f"deltatap-tap-{opts.link}", otlp=args.otlp, protocol=args.otlp_protocol,
-                                    resource_attributes={"deltatap.link": opts.link})
+                                    resource_attributes={"deltatap.link": opts.link, Attr.STAMP_SOURCE: stamp_source()})
     except TelemetryConfigError as exc:
         raise ConfigError(str(exc)) from None
     try:
@@ -118,7 +120,8 @@ async def _serve(opts: TapOptions, args: argparse.Namespace) -> int:
         telemetry.shutdown()
         raise
     settle()  # start-up's objects out of every garbage collection: no 40 ms pauses mid-stream (deltatap.core.gc_pauses)
-    print(f"deltatap tap {opts.link}: {running.url} -> {opts.upstream} (admin {running.admin_url or 'off'})", flush=True)
+    print(f"deltatap tap {opts.link}: {running.url} -> {opts.upstream} (admin {running.admin_url or 'off'}; "
+          f"read stamps: {stamp_source()}, see docs/tap.md)", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

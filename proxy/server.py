@@ -132,7 +132,9 @@ class Tap:
         url = f"http://{_host_for_url(o.listen_host)}:{port}"
         log.info(
             "tap %s listening on %s -> %s (admin %s; reads stamped by %s)", o.link, url, self.upstream_str, admin_url or "off",
-            "the kernel" if kstamp.enabled() else "the process (DELTATAP_KERNEL_STAMPS=0 or not Linux)",
+            {"packet": "the kernel, per packet where it merged them (packet socket)",
+             "kernel": "the kernel (no packet socket: CAP_NET_RAW missing or DELTATAP_PACKET_STAMPS=0; a merged read keeps the later stamp)",
+             "process": "the process (DELTATAP_KERNEL_STAMPS=0 or not Linux)"}[kstamp.stamp_source()],
         )
         problem = await self.probe_upstream()
         if problem:

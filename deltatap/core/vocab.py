@@ -217,6 +217,7 @@ class Attr:
     OVERHEAD_FIRST_TOKEN_NS = "deltatap.overhead.first_token_ns"
     CLOCK_OFFSET_NS = "deltatap.clock.offset_ns"  # observer clock minus collector clock
     CLOCK_UNCERTAINTY_NS = "deltatap.clock.uncertainty_ns"
+    STAMP_SOURCE = "deltatap.stamp.source"  # resource: where read stamps come from (deltatap.net.kstamp.stamp_source)
     OUTCOME = "deltatap.outcome"  # see Outcome
     ERROR_CAUSE = "deltatap.error.cause"
     FIREWALL_DECISION = "deltatap.firewall.decision"  # allow | allow_after_analysis | block_pattern | block_analysis | modify

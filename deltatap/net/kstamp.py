@@ -56,7 +56,7 @@ from typing import Any
 
 from deltatap.net.pktstamp import PacketLog, packet_log, tcp_counters
 
-__all__ = ["KernelStampServer", "KernelStampTransport", "connect", "enabled", "start_server"]
+__all__ = ["KernelStampServer", "KernelStampTransport", "connect", "enabled", "stamp_source", "start_server"]
 
 log = logging.getLogger("deltatap.net.kstamp")
 
@@ -118,6 +118,15 @@ class ReadLag:
 
 
 READ_LAG = ReadLag()
+
+def stamp_source() -> str:
+    """Where this process's read stamps come from: ``packet`` (the kernel's receive stamps, and each packet's own
+    arrival where the kernel merged packets: :mod:`deltatap.net.pktstamp`), ``kernel`` (receive stamps only: a
+    merged read keeps the later stamp) or ``process`` (taken when the process reads)."""
+    if not enabled():
+        return "process"
+    return "packet" if packet_log() is not None else "kernel"
+
 
 _local = threading.local()
 
@@ -286,7 +295,7 @@ class KernelStampTransport(asyncio.Transport):
                 self._segs_in = counts[0]
             if segments > 1 and self._read_by_packets(view, first):
                 return
-            plog.maybe_drain()
+            plog.maintain()
         if not first or lag < _PROMPT_NS:
             # read promptly (or unstamped): whatever else waits arrived within the same few µs
             r = self._recv(view, 0)
@@ -335,28 +344,20 @@ class KernelStampTransport(asyncio.Transport):
         """``[(end, wall_ns), ...]`` splitting the ``n`` waiting bytes at the segments the packet log saw."""
         plog, key = self._plog, self._pkey
         assert plog is not None and key is not None
-        plog.drain()
         if self._irs1 is None:
             self._irs1 = self._anchor()
             if self._irs1 is None:
                 return None
-        segs = plog.segments(key)
-        if not segs:
-            return None
         base = (self._irs1 + self._rx_off) & 0xFFFFFFFF  # sequence number of the first waiting byte
-        while segs:  # segments read before: forget them, so the log stays as short as what waits
-            rel = (segs[0][1] - base) & 0xFFFFFFFF
-            if rel and rel <= 0x7FFFFFFF:
-                break
-            segs.popleft()
+        segs = plog.segments_since(key, base)
         cuts: list[tuple[int, int]] = []
         pos = 0
         for seq, end, wall in segs:
             rel_end = (end - base) & 0xFFFFFFFF
-            if rel_end > 0x7FFFFFFF or rel_end <= pos:
-                continue  # before the waiting bytes, or a copy of bytes already placed
+            if rel_end <= pos:
+                continue  # a copy of bytes already placed (a retransmission)
             rel_start = (seq - base) & 0xFFFFFFFF
-            if rel_start > pos and rel_start <= 0x7FFFFFFF:
+            if pos < rel_start <= 0x7FFFFFFF:
                 return None  # a segment the log missed: cannot place the bytes
             if rel_end >= n:
                 cuts.append((n, wall))
@@ -369,19 +370,17 @@ class KernelStampTransport(asyncio.Transport):
         return cuts
 
     def _anchor(self) -> int | None:
-        """The sequence number of stream offset 0: the log's newest segment ends at ``tcpi_bytes_received``
-        when no segment of this connection arrived between two drains around the reading of it."""
+        """The sequence number of stream offset 0: the log's newest segment of this connection ends at
+        ``tcpi_bytes_received`` when no segment of it arrived while that was read (a packet socket gets each
+        packet before TCP counts it)."""
         plog, key = self._plog, self._pkey
         assert plog is not None and key is not None
         for _ in range(4):
-            segs = plog.segments(key)
-            newest = segs[-1] if segs else None
+            newest = plog.newest_segment(key)
             counts = tcp_counters(self._sock)
-            plog.drain()
-            segs = plog.segments(key)
-            if counts is None or not segs:
+            if counts is None or newest is None:
                 return None
-            if segs[-1] == newest:
+            if plog.newest_segment(key) == newest:
                 return (newest[1] - counts[1]) & 0xFFFFFFFF
         return None
 
@@ -606,7 +605,7 @@ class KernelStampTransport(asyncio.Transport):
     def _connection_lost(self, exc: BaseException | None) -> None:
         self._lost = True
         if self._plog is not None and self._pkey is not None:
-            self._plog.unwatch(self._pkey)
+            self._plog.unwatch(self._pkey[3])
             self._plog = None
         try:
             self._protocol.connection_lost(exc)

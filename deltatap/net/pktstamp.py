@@ -7,17 +7,19 @@ Why: a TCP socket's receive stamp belongs to the *last* packet of what it holds.
 token read that way is stamped at the *next* token's arrival, late by a whole inter-token gap (issue 14).
 
 What: one ``AF_PACKET`` socket per process (needs ``CAP_NET_RAW``), ``SOCK_DGRAM`` for IPv4, with a classic
-BPF filter that accepts only TCP segments toward the local ports of this process's stamped connections
-(:meth:`PacketLog.watch`), 128 bytes of each (the headers), with the kernel's ``SO_TIMESTAMPNS`` stamp: the
-same ``skb->tstamp`` the TCP socket reports, taken once per packet when the network stack takes it in, so
-the two agree exactly for a packet that was not merged. The packets are read in batches, off the relay's
-per-byte path: only when a read turns out to hold more segments than arrivals it could tell apart
-(``tcpi_data_segs_in``), and every 20 ms of reads otherwise so the socket's buffer never fills.
+BPF filter that accepts only TCP segments carrying data toward the local ports of this process's stamped
+connections (:meth:`PacketLog.watch`), 128 bytes of each (the headers). The kernel writes them with their
+stamps into a ``TPACKET_V2`` ring mapped into the process: nothing is copied, read or parsed per packet on
+the relay's path. Only when a read holds more segments than arrivals it could tell apart
+(``tcpi_data_segs_in``, one ``getsockopt`` per read) are the newest frames read, backwards, until the
+connection's segments before the waiting bytes; every 20 ms of reads the older half of the ring is handed
+back to the kernel (one status word per frame). The ring's stamp is the packet socket's own: on loopback
+5-20 µs after the TCP socket's stamp of the same packet (measured), the same kind of stamp a packet
+capture (tcpdump) takes.
 
 A segment's TCP sequence number maps to the connection's stream offset through one anchor per connection,
-found once: ``tcpi_bytes_received`` read between two drains that saw no new segment of the connection (a
-packet socket of ``ETH_P_IP`` gets each packet before TCP does, in the same softirq, so every byte TCP
-counts is already in the log).
+found once: ``tcpi_bytes_received`` read between two looks at the ring that saw no new segment of the
+connection (a packet socket of ``ETH_P_IP`` gets each packet before TCP counts it, in the same softirq).
 
 Falls back (returns ``None`` from :func:`packet_log`) without ``CAP_NET_RAW``, off Linux, or with
 ``DELTATAP_PACKET_STAMPS=0``; IPv6 connections are not watched. Then a merged read keeps the later stamp.
@@ -25,9 +27,9 @@ Falls back (returns ``None`` from :func:`packet_log`) without ``CAP_NET_RAW``, o
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import logging
+import mmap
 import os
 import socket
 import struct
@@ -41,15 +43,21 @@ log = logging.getLogger("deltatap.net.pktstamp")
 _LINUX = sys.platform.startswith("linux")
 ETH_P_IP = 0x0800
 SO_ATTACH_FILTER = 26
-SO_TIMESTAMPING = getattr(socket, "SO_TIMESTAMPING", 37)
-_RX_FLAGS = (1 << 3) | (1 << 4)  # SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE, as deltatap.net.kstamp
 _SNAP = 128  # bytes kept of each packet: IPv4 header (<= 60) + TCP header (<= 60)
-_RCVBUF = 4 << 20
 _MAX_LISTED_PORTS = 120  # more watched ports than this: the filter takes the range between the lowest and highest
-_KEEP = 512  # segments kept per connection
-_DRAIN_EVERY_NS = 20_000_000
-_TIMESPEC = struct.Struct("@qq")
-_ANC = socket.CMSG_SPACE(3 * _TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
+# the ring: 4 KiB blocks of 16 frames of 256 bytes (tpacket2_hdr, sockaddr_ll, then the 128 bytes kept)
+_BLOCK, _FRAME = 4096, 256
+_PER_BLOCK = _BLOCK // _FRAME
+_BLOCKS = 512
+_FRAMES = _BLOCKS * _PER_BLOCK  # 8192 frames, 2 MiB
+_KEEP_FRAMES = _FRAMES // 2  # what maintain() leaves for reads to look back into
+_MAINTAIN_EVERY_NS = 20_000_000
+_SOL_PACKET, _PACKET_RX_RING, _PACKET_VERSION, _PACKET_TIMESTAMP = 263, 5, 10, 17
+_TPACKET_V2 = 1
+_TP_STATUS_USER = 1
+_SOFTWARE = 1 << 4  # SOF_TIMESTAMPING_SOFTWARE: the ring's stamp is the packet's skb->tstamp
+_TP2 = struct.Struct("=IIIHHII")  # tpacket2_hdr: status, len, snaplen, mac, net, sec, nsec
+_U32 = struct.Struct("=I")
 _IPV4 = struct.Struct("!BBHHHBBH4s4s")
 _TCP = struct.Struct("!HHIIB")
 _FPROG = struct.Struct("@HL")
@@ -115,16 +123,22 @@ def _filter(ports: list[int]) -> bytes:
 
 
 class PacketLog:
-    """The process's packet socket and the segments it saw, per connection (see the module doc)."""
+    """The process's packet socket, read through a ``TPACKET_V2`` ring mapped into memory (see the module doc).
+
+    The kernel writes each accepted packet's headers and its stamp into the next frame of the ring; nothing is
+    copied or parsed per packet on the relay's path. :meth:`segments_since` reads the newest frames backwards,
+    only when a read needs them; :meth:`maintain` hands old frames back to the kernel (one status word each)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._ports: dict[int, int] = {}  # local port -> number of watched connections
-        self._segs: dict[tuple[bytes, int, bytes, int], collections.deque] = {}  # (src ip, sport, dst ip, dport) -> (seq, end, wall_ns)
-        self._buf = memoryview(bytearray(_SNAP))
-        self._last_drain = 0
-        self.packets = 0
-        self.drains = 0
+        sock.setsockopt(_SOL_PACKET, _PACKET_VERSION, _TPACKET_V2)
+        sock.setsockopt(_SOL_PACKET, _PACKET_TIMESTAMP, _SOFTWARE)  # skb->tstamp: the TCP socket's own stamp
+        sock.setsockopt(_SOL_PACKET, _PACKET_RX_RING, struct.pack("=IIII", _BLOCK, _BLOCKS, _FRAME, _FRAMES))
+        self._ring = mmap.mmap(sock.fileno(), _BLOCK * _BLOCKS, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._mv = memoryview(self._ring)
+        self._head = 0  # oldest frame not handed back (a frame number, not yet reduced modulo _FRAMES)
+        self._last_maintain = 0
         self._attach()
 
     def _attach(self) -> None:
@@ -139,68 +153,99 @@ class PacketLog:
         if n == 0:
             self._attach()
 
-    def unwatch(self, key: tuple[bytes, int, bytes, int]) -> None:
-        """Forget a connection (``key`` as for :meth:`segments`) and stop watching its local port when it was the last."""
-        self._segs.pop(key, None)
-        port = key[3]
-        n = self._ports.get(port, 0)
+    def unwatch(self, local_port: int) -> None:
+        """One connection on ``local_port`` closed: stop watching the port when it was the last."""
+        n = self._ports.get(local_port, 0)
         if n <= 1:
-            self._ports.pop(port, None)
+            self._ports.pop(local_port, None)
             if n == 1:
                 try:
                     self._attach()
                 except OSError:
                     pass
         else:
-            self._ports[port] = n - 1
+            self._ports[local_port] = n - 1
 
-    def drain(self) -> int:
-        """Read every packet waiting; returns how many were TCP data segments."""
-        sock, buf, recv = self._sock, self._buf, self._sock.recvmsg_into
-        segs = self._segs
-        n = 0
-        while True:
-            try:
-                got, anc, _flags, _addr = recv((buf,), _ANC, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                break
-            if got < 40:
+    # ---- the ring ------------------------------------------------------------------------
+    @staticmethod
+    def _at(frame: int) -> int:
+        i = frame % _FRAMES
+        return (i // _PER_BLOCK) * _BLOCK + (i % _PER_BLOCK) * _FRAME
+
+    def _filled(self, frame: int) -> bool:
+        return bool(_U32.unpack_from(self._mv, self._at(frame))[0] & _TP_STATUS_USER)
+
+    def _newest(self) -> int:
+        """One past the newest frame the kernel has filled: frames ``[head, end)`` are ours, the rest its own."""
+        lo, hi = self._head, self._head + _FRAMES  # filled(lo - 1 ...) / not filled(hi) invariant
+        if not self._filled(lo):
+            return lo
+        while hi - lo > 1:
+            mid = (lo + hi) >> 1
+            if self._filled(mid):
+                lo = mid
+            else:
+                hi = mid
+        return hi
+
+    def maintain(self, force: bool = False) -> None:
+        """Hand back all but the newest ``_KEEP_FRAMES`` frames (every 20 ms at most, unless ``force``)."""
+        now = time.perf_counter_ns()
+        if not force and now - self._last_maintain < _MAINTAIN_EVERY_NS:
+            return
+        self._last_maintain = now
+        end = self._newest() - _KEEP_FRAMES
+        mv, at, zero = self._mv, self._at, _U32.pack_into
+        head = self._head
+        while head < end:
+            zero(mv, at(head), 0)
+            head += 1
+        self._head = head
+
+    def _segment(self, frame: int) -> tuple[tuple[bytes, int, bytes, int], int, int, int] | None:
+        """(key, seq, end_seq, wall_ns) of the TCP data segment in ``frame``."""
+        mv, off = self._mv, self._at(frame)
+        _status, _len, snap, _mac, net, sec, nsec = _TP2.unpack_from(mv, off)
+        if snap < 40:
+            return None
+        base = off + net
+        vihl, _tos, total, _id, _frag, _ttl, _proto, _ck, src, dst = _IPV4.unpack_from(mv, base)
+        ihl = (vihl & 0xF) * 4
+        sport, dport, seq, _ack, doff = _TCP.unpack_from(mv, base + ihl)
+        payload = total - ihl - (doff >> 4) * 4
+        if payload <= 0:
+            return None
+        return (src, sport, dst, dport), seq, (seq + payload) & 0xFFFFFFFF, sec * 1_000_000_000 + nsec
+
+    def segments_since(self, key: tuple[bytes, int, bytes, int], base_seq: int, limit: int = 4096) -> list[tuple[int, int, int]]:
+        """``[(seq, end_seq, wall_ns), ...]``, oldest first: the segments toward connection ``key`` (its
+        (source ip, source port, local ip, local port)) that end after sequence number ``base_seq``, read
+        backwards from the newest frame until one that ends at or before it (or ``limit`` frames)."""
+        out = []
+        frame = self._newest() - 1
+        stop = max(self._head, frame - limit)
+        while frame >= stop:
+            seg = self._segment(frame)
+            frame -= 1
+            if seg is None or seg[0] != key:
                 continue
-            vihl, _tos, total, _id, _frag, _ttl, _proto, _ck, src, dst = _IPV4.unpack_from(buf, 0)
-            ihl = (vihl & 0xF) * 4
-            sport, dport, seq, _ack, off = _TCP.unpack_from(buf, ihl)
-            payload = total - ihl - (off >> 4) * 4
-            if payload <= 0:
-                continue
-            wall = 0
-            for level, kind, data in anc:
-                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING:
-                    sec, nsec = _TIMESPEC.unpack_from(data)
-                    wall = sec * 1_000_000_000 + nsec
-            key = (src, sport, dst, dport)
-            q = segs.get(key)
-            if q is None:
-                q = segs[key] = collections.deque(maxlen=_KEEP)
-            q.append((seq, (seq + payload) & 0xFFFFFFFF, wall))
-            n += 1
-        self.packets += n
-        self.drains += 1
-        self._last_drain = time.perf_counter_ns()
-        # (connections that closed without unwatch: their ports are no longer watched by anyone)
-        if len(segs) > 4 * (len(self._ports) + 16):
-            for k in [k for k in segs if k[3] not in self._ports]:
-                del segs[k]
-        return n
+            rel = (seg[2] - base_seq) & 0xFFFFFFFF
+            if rel == 0 or rel > 0x7FFFFFFF:
+                break
+            out.append(seg[1:])
+        out.reverse()
+        return out
 
-    def maybe_drain(self) -> None:
-        if time.perf_counter_ns() - self._last_drain > _DRAIN_EVERY_NS:
-            self.drain()
-
-    def segments(self, key: tuple[bytes, int, bytes, int]) -> collections.deque | None:
-        """``(seq, end_seq, wall_ns)`` of the data segments seen toward one connection, oldest first."""
-        return self._segs.get(key)
+    def newest_segment(self, key: tuple[bytes, int, bytes, int], limit: int = 4096) -> tuple[int, int, int] | None:
+        """The newest ``(seq, end_seq, wall_ns)`` toward ``key`` still in the ring."""
+        frame = self._newest() - 1
+        stop = max(self._head, frame - limit)
+        while frame >= stop:
+            seg = self._segment(frame)
+            frame -= 1
+            if seg is not None and seg[0] == key:
+                return seg[1:]
+        return None
 
 
 _log: PacketLog | None = None
@@ -222,8 +267,6 @@ def packet_log() -> PacketLog | None:
         return None
     try:
         sock.setblocking(False)
-        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, _RX_FLAGS)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RCVBUF)
         _log = PacketLog(sock)
     except OSError as exc:
         sock.close()
