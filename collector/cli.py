@@ -20,7 +20,8 @@ from deltatap.collector.sinks import write_rows
 from deltatap.collector.table import RENDERERS, decomposition, summary_csv, summary_json, summary_markdown, summary_rich
 from deltatap.net import aio
 from deltatap.core.config import ConfigError
-from deltatap.core.topology import load_topology
+from deltatap.collector.ingest import load_topology_offline
+from deltatap.collector.reports.render_terminal import print_table
 
 log = logging.getLogger("deltatap.collector")
 STATS = ("p50", "p90", "p95", "p99", "p999", "mean")
@@ -69,13 +70,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     r = subparsers.add_parser(
         "report",
-        help="decompose offline inputs: OTLP JSON, Jaeger JSON, AIPerf profile_export.jsonl, rows files, sketches",
+        help="decompose offline inputs: OTLP JSON, Jaeger JSON, AIPerf profile_export.jsonl, load-generator records, rows files, sketches, output directories",
         description="Read span files (OTLP JSON as written by the OpenTelemetry Collector's file exporter or "
-        "deltatap's --otlp file:PATH, Jaeger trace JSON), AIPerf profile_export.jsonl (joined on X-Request-ID), rows "
-        "files and sketches.json of other collectors (merged), and print the decomposition.",
+        "deltatap's --otlp file:PATH, Jaeger trace JSON), AIPerf profile_export.jsonl (joined on X-Request-ID), the load "
+        "generator's records.jsonl (joined as client-side records), rows files and sketches.json of other collectors "
+        "(merged), or whole output directories of `deltatap collect` and `deltatap load`, and print the decomposition.",
     )
-    r.add_argument("--from", dest="inputs", nargs="+", required=True, metavar="FILE", help="input files (format detected from content)")
-    r.add_argument("--topology", help="topology YAML (default: the default stack)")
+    r.add_argument("--from", dest="inputs", nargs="+", required=True, metavar="PATH",
+                   help="input files (format detected from content), or output directories of `deltatap collect` (rows file, "
+                   "else sketches.json; span files) or `deltatap load` (records.jsonl, joined as client-side records)")
+    r.add_argument("--topology", help="topology YAML (default: the default stack); taps need no listen address here")
     r.add_argument("--out", help="also write rows and report files into this directory")
     r.add_argument("--rows-format", default="parquet", choices=ROWS_FORMATS, help="rows file format with --out (default parquet)")
     r.add_argument("--format", default="rich", choices=("rich", "markdown", "csv", "json"), help="what to print (default rich)")
@@ -90,7 +94,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_collect(args: argparse.Namespace) -> int:
-    topo = load_topology(args.topology)
+    topo = load_topology_offline(args.topology)  # the collector binds no tap address: tap.listen is optional
     opts = CollectorOptions(
         otlp_grpc=_none(args.otlp_grpc), otlp_http=_none(args.otlp_http), metrics=_none(args.metrics), topology=topo,
         pipeline=_pipeline_options(args), out_dir=args.out, rows_format=args.rows_format, forward=args.forward, reexport=args.reexport,
@@ -123,7 +127,7 @@ async def _collect(opts: CollectorOptions, duration: float | None) -> int:
     s = running.stats()
     out = Console()
     topo = running.topology
-    out.print(RENDERERS["rich"](decomposition(running.aggregator, topo), running.aggregator))
+    print_table(out, RENDERERS["rich"](decomposition(running.aggregator, topo), running.aggregator))
     err.print(
         f"{s['rows']} rows from {s['spans_received']} spans in {time.monotonic() - t0:.1f}s; joined {s['joined']}; "
         f"evicted {s['traces_evicted']}, late spans {s['late_spans']}, ambiguous {s['ambiguous']}, decode errors {s['decode_errors']}"
@@ -138,8 +142,11 @@ async def _collect(opts: CollectorOptions, duration: float | None) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    topo = load_topology(args.topology)
-    loaded = load(args.inputs)
+    topo = load_topology_offline(args.topology)  # offline: no tap listens, so tap.listen is optional
+    loaded = load(args.inputs, topo)
+    err = Console(stderr=True)
+    for line in loaded.found:  # a directory: what it was and which of its files were used
+        err.print(line, highlight=False, markup=False, soft_wrap=True)
     opts = _pipeline_options(args)
     pipe = Pipeline(topo, PipelineOptions(**{**opts.__dict__, "max_open_traces": max(opts.max_open_traces, len(loaded.spans) + 1), "keep_rows": 0}))
     pipe.ingest(loaded.spans, 0.0)
@@ -157,8 +164,8 @@ def run_report(args: argparse.Namespace) -> int:
     lines = decomposition(agg, topo, stat)
     if args.format == "rich":
         con = Console()
-        con.print(RENDERERS["rich"](lines, agg, stat))
-        con.print(summary_rich(agg, topo))
+        print_table(con, RENDERERS["rich"](lines, agg, stat))
+        print_table(con, summary_rich(agg, topo))
     elif args.format == "markdown":
         sys.stdout.write(RENDERERS["markdown"](lines, agg, stat) + "\n" + summary_markdown(agg, topo))
     elif args.format == "csv":
@@ -173,5 +180,5 @@ def run_report(args: argparse.Namespace) -> int:
         write_outputs(agg, topo, args.out, stats, stat)
     if loaded.spans:
         s = pipe.snapshot()
-        Console(stderr=True).print(f"{len(rows)} requests from {s['spans_received']} spans; joined {s['joined']}; ambiguous {s['ambiguous']}")
+        err.print(f"{len(rows)} requests from {s['spans_received']} spans; joined {s['joined']}; ambiguous {s['ambiguous']}")
     return 0

@@ -11,25 +11,38 @@
   counts are AIPerf's tokenizer counts.
 * ``rows`` - a rows file written by the collector (.parquet, .csv, .jsonl).
 * ``sketches`` - ``sketches.json`` of another collector or run: merged into the aggregate.
+* ``records`` - the load generator's ``records.jsonl`` (docs/records.md): each measured record becomes
+  the client span the load generator would have exported (``client.send`` = T_submit, first and last
+  token, end), so it joins the taps' spans of the same request on its trace id or ``x-request-id``; a
+  ``run.json`` beside it supplies the clock offset measured with ``--clock-sync``. A record whose
+  request is already in a rows file (or whose client span is among the spans) is not counted twice.
 
-Each reader is detected from the file's first record; a file no reader recognises is a clear error.
+A directory is read as what it holds: a collector's output directory (a rows file, else
+``sketches.json``; span files) or a load generator's (``records.jsonl``, ``run.json``);
+:attr:`Loaded.found` says in one line per input what was used.
+
+Each reader is detected from the file's first record; a file no reader recognises, or one that cannot
+be read at all (binary, a ``.parquet`` that is not Parquet), is one clear ConfigError naming the file
+and what was expected.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deltatap.collector.rows import Row
+from deltatap.collector.rows import DeltaValue, PointObs, Row, TokenSource, delta_defs
 from deltatap.collector.sinks import ROW_FORMATS, read_rows
 from deltatap.collector.sketches import SKETCH_FORMAT, Aggregator
 from deltatap.collector.spans import OtlpDecodeError, SpanRecord, decode_json
-from deltatap.core.config import ConfigError
-from deltatap.core.vocab import Attr, ClientEvent, Observer, Outcome
+from deltatap.core.config import ConfigError, read_yaml, validate
+from deltatap.core.topology import Topology, default_topology
+from deltatap.core.vocab import SPAN_CLIENT, Attr, ClientEvent, Observer, Outcome, Role, point
 
 AIPERF_SERVICE = "aiperf"
 
@@ -39,6 +52,8 @@ class Loaded:
     spans: list[SpanRecord]
     rows: list[Row]
     aggregates: list[Aggregator]
+    records: list[tuple[dict[str, Any], int, int]] = field(default_factory=list)  # (record, clock offset ns, uncertainty ns)
+    found: list[str] = field(default_factory=list)  # one line per --from input: what it was and what was used
 
 
 # --------------------------------------------------------------------------------------------
@@ -46,8 +61,26 @@ class Loaded:
 # --------------------------------------------------------------------------------------------
 
 
+EXPECTED = (
+    "OTLP JSON (resourceSpans), Jaeger JSON (data[].spans), AIPerf profile_export.jsonl, the load generator's "
+    "records.jsonl, a deltatap rows file (.parquet, .csv, .jsonl) or sketches.json"
+)
+
+
+def read_text(path: Path, expected: str = EXPECTED) -> str:
+    """A file's text; a file that is not UTF-8 text is one ConfigError naming it and what was expected."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a text file (byte {exc.start} is not UTF-8); expected {expected}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
 def _documents(path: Path) -> Iterator[tuple[int, Any]]:
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path)
+    if "\x00" in text:
+        raise ConfigError(f"{path}: binary data, not a text file; expected {EXPECTED}")
     stripped = text.strip()
     if not stripped:
         return
@@ -223,6 +256,139 @@ def read_aiperf(path: Path, out: Loaded) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# the load generator's records.jsonl
+# --------------------------------------------------------------------------------------------
+
+LOADGEN_SERVICE = "deltatap-loadgen"
+
+
+def _is_records(doc: Any) -> bool:
+    return isinstance(doc, dict) and "request_id" in doc and "trace_id" in doc and "send_unix_ns" in doc and "chunk_unix_ns" in doc
+
+
+def _clock_of(run_json: Path) -> tuple[int, int]:
+    """(offset ns, uncertainty ns) the load generator measured with --clock-sync, from its run.json; (0, 0) without."""
+    if not run_json.is_file():
+        return 0, 0
+    try:
+        sync = ((json.loads(read_text(run_json, "the load generator's run.json")) or {}).get("clock") or {}).get("sync") or {}
+    except (json.JSONDecodeError, AttributeError):
+        raise ConfigError(f"{run_json}: not the load generator's run.json (not a JSON object)") from None
+    return int(sync.get("offset_ns") or 0), int(sync.get("uncertainty_ns") or 0)
+
+
+def read_records(path: Path, out: Loaded) -> None:
+    offset, unc = _clock_of(path.parent / "run.json")
+    for i, doc in _documents(path):
+        if not _is_records(doc):
+            raise ConfigError(f"{path}:{i}: not a load-generator record (no request_id, trace_id, send_unix_ns, chunk_unix_ns; docs/records.md)")
+        if doc.get("phase", "measure") == "measure":
+            out.records.append((doc, offset, unc))
+
+
+def record_span(rec: dict[str, Any], offset_ns: int = 0, uncertainty_ns: int = 0) -> SpanRecord | None:
+    """The client span the load generator exports for this record (loadgen/runner.py), rebuilt from the record."""
+    t0 = rec.get("request_written_unix_ns") or rec.get("send_unix_ns")
+    if t0 is None or not rec.get("trace_id"):
+        return None
+    status = str(rec.get("status") or Outcome.OK.value)
+    end = rec.get("end_unix_ns")
+    events: list[tuple[str, int, dict | None]] = [(ClientEvent.SEND.value, int(t0), None)]
+    for name, key in ((ClientEvent.FIRST_TOKEN, "first_token_unix_ns"), (ClientEvent.LAST_TOKEN, "last_token_unix_ns")):
+        if rec.get(key) is not None:
+            events.append((name.value, int(rec[key]), None))
+    if end is not None:
+        if status == Outcome.CLIENT_CANCEL:
+            events.append((ClientEvent.CANCEL.value, int(end), None))
+        elif status != Outcome.OK:
+            events.append((ClientEvent.ERROR.value, int(end), {Attr.ERROR_CAUSE: rec.get("error_kind") or ""}))
+        events.append((ClientEvent.END.value, int(end), None))
+    attrs: dict[str, Any] = {Attr.OBSERVER: Observer.CLIENT.value, Attr.REQUEST_ID: str(rec.get("request_id") or ""),
+                             Attr.OUTCOME: status, "service.name": LOADGEN_SERVICE}
+    if rec.get("http_status") is not None:
+        attrs[Attr.HTTP_STATUS] = int(rec["http_status"])
+    if rec.get("usage_input_tokens") is not None:
+        attrs[Attr.GENAI_INPUT_TOKENS] = int(rec["usage_input_tokens"])
+    if rec.get("usage_output_tokens") is not None:
+        attrs[Attr.GENAI_OUTPUT_TOKENS] = int(rec["usage_output_tokens"])
+    if rec.get("error_kind"):
+        attrs[Attr.ERROR_CAUSE] = rec["error_kind"]
+    for k, v in (rec.get("labels") or {}).items():
+        attrs[Attr.LABEL_PREFIX + str(k)] = v
+    attrs[Attr.LABEL_PREFIX + "phase"] = rec.get("phase", "measure")
+    if offset_ns or uncertainty_ns:
+        attrs[Attr.CLOCK_OFFSET_NS] = offset_ns
+        attrs[Attr.CLOCK_UNCERTAINTY_NS] = uncertainty_ns
+    start = int(rec.get("planned_send_unix_ns") or t0)
+    sid = str(rec.get("span_id") or hashlib.sha256(f"record:{rec.get('trace_id')}".encode()).hexdigest()[:16])
+    return SpanRecord(str(rec["trace_id"]), sid, "", SPAN_CLIENT, start, int(end) if end is not None else start, attrs, events, 3, 0, LOADGEN_SERVICE)
+
+
+def _join_into_row(row: Row, rec: dict[str, Any], topo: Topology, offset_ns: int, unc_ns: int) -> None:
+    """Put the client's own points of ``rec`` into a row that has only a tap's approximation of them, or none
+    (the load generator exported no spans), and recompute the point deltas and the residual they enter."""
+    c = topo.client.name
+    observer = "client:loadgen"
+    mine = set()
+    for role, key in ((Role.SEND, "request_written_unix_ns"), (Role.FIRST_TOKEN_RECEIVED, "first_token_unix_ns"),
+                      (Role.LAST_TOKEN_RECEIVED, "last_token_unix_ns"), (Role.END, "end_unix_ns")):
+        v = rec.get(key) if key != "request_written_unix_ns" else rec.get(key) or rec.get("send_unix_ns")
+        if v is not None:
+            row.points[point(c, role)] = PointObs(int(v) - offset_ns, unc_ns, observer, "client")  # the client's own stamp beats a tap's
+            mine.add(point(c, role))
+    defs = delta_defs(topo)
+    for d in defs:
+        if d.end and (d.end in mine or d.start in mine) and d.end in row.points and d.start in row.points:
+            e, s = row.points[d.end], row.points[d.start]
+            same = e.observer == s.observer
+            row.deltas[d.name] = DeltaValue(e.unix_ns - s.unix_ns, 0 if same else e.uncertainty_ns + s.uncertainty_ns, same)
+    total = row.deltas.get("system_ttft")
+    if total is not None:
+        row.deltas.pop("residual", None)
+        terms = [row.deltas.get(d.name) for d in defs if d.contributes and d.phase != "tap"]
+        terms += [v for k, v in row.deltas.items() if k.startswith("tap_") and k.endswith(("_request", "_first_token"))]
+        if all(t is not None for t in terms):
+            row.deltas["residual"] = DeltaValue(total.ns - sum(t.ns for t in terms), total.error_bound_ns + sum(t.error_bound_ns for t in terms), False)
+    if row.tokens_out is None and rec.get("output_tokens") is not None:
+        row.tokens_out, row.tokens_source = int(rec["output_tokens"]), TokenSource.TOKENIZER
+    if row.tokens_in is None and rec.get("input_tokens") is not None:
+        row.tokens_in = int(rec["input_tokens"])
+    for k, v in (rec.get("labels") or {}).items():
+        row.labels.setdefault(str(k), v)
+
+
+def _join_records(out: Loaded, topo: Topology) -> tuple[int, int, int]:
+    """Join each record: into its request's row when the row lacks the client's own points, else (no row) as a
+    client span for the pipeline; a record already in a row or among the spans is not counted twice.
+    Returns (joined into rows, joined as client spans, already present)."""
+    by_id: dict[str, Row] = {}
+    for r in out.rows:
+        for key in (r.request_id, r.trace_id, *r.trace_ids):
+            if key:
+                by_id.setdefault(key, r)
+    spans = {(s.trace_id, s.span_id) for s in out.spans}
+    send = point(topo.client.name, Role.SEND)
+    into_rows = as_spans = dup = 0
+    for rec, offset, unc in out.records:
+        row = by_id.get(rec.get("request_id") or "") or by_id.get(rec.get("trace_id") or "")
+        if row is not None:
+            if send in row.points and row.points[send].source not in ("", "tap"):  # the client's own stamps are in already
+                dup += 1
+            else:
+                _join_into_row(row, rec, topo, offset, unc)
+                into_rows += 1
+            continue
+        if (rec.get("trace_id"), rec.get("span_id")) in spans:
+            dup += 1
+            continue
+        sp = record_span(rec, offset, unc)
+        if sp is not None:
+            out.spans.append(sp)
+            as_spans += 1
+    return into_rows, as_spans, dup
+
+
+# --------------------------------------------------------------------------------------------
 # rows and sketches
 # --------------------------------------------------------------------------------------------
 
@@ -242,7 +408,7 @@ def _is_sketches(doc: Any) -> bool:
 def read_sketches(path: Path, out: Loaded) -> None:
     try:
         out.aggregates.append(Aggregator.from_dict(_first(path)))
-    except (KeyError, ValueError, TypeError) as exc:
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise ConfigError(f"{path}: bad sketch file ({exc})") from None
 
 
@@ -255,9 +421,12 @@ FORMATS: dict[str, tuple[Callable[[Any], bool], Reader]] = {
     "otlp-json": (_is_otlp, read_otlp_json),
     "jaeger": (_is_jaeger, read_jaeger),
     "aiperf": (_is_aiperf, read_aiperf),
+    "records": (_is_records, read_records),
     "rows": (_is_rows_record, read_rows_file),
     "sketches": (_is_sketches, read_sketches),
 }
+WHAT = {"otlp-json": "OTLP JSON spans", "jaeger": "Jaeger spans", "aiperf": "AIPerf records", "records": "load-generator records",
+        "rows": "rows", "sketches": "sketches"}
 
 
 def detect(path: Path) -> str:
@@ -267,21 +436,124 @@ def detect(path: Path) -> str:
     for name, (match, _) in FORMATS.items():
         if match(doc):
             return name
-    raise ConfigError(
-        f"{path}: unrecognised input; expected OTLP JSON (resourceSpans), Jaeger JSON (data[].spans), "
-        "AIPerf profile_export.jsonl, a deltatap rows file or sketches.json"
-    )
+    raise ConfigError(f"{path}: unrecognised input; expected {EXPECTED}")
 
 
-def load(paths: list[str | Path]) -> Loaded:
+# --------------------------------------------------------------------------------------------
+# directories: a collector's or a load generator's output
+# --------------------------------------------------------------------------------------------
+
+# what the collector and the load generator write besides their inputs for a report (outputs of a report)
+_DERIVED = {"summary.json", "stats.json", "decomposition.json", "report.json", "requests.jsonl", "warmup.jsonl", "run.json"}
+
+
+def _load_dir(d: Path, out: Loaded) -> str:
+    """Read what a report needs from a collector's or a load generator's output directory; one line saying what."""
+    used: list[str] = []
+    skipped: list[str] = []
+    rows_file = next((d / n for n in ("rows.parquet", "rows.jsonl", "rows.csv") if (d / n).is_file()), None)
+    if rows_file is not None:
+        before = len(out.rows)
+        read_rows_file(rows_file, out)
+        used.append(f"{rows_file.name} ({len(out.rows) - before} rows)")
+    sketches = d / "sketches.json"
+    if sketches.is_file():
+        if rows_file is None:
+            read_sketches(sketches, out)
+            used.append(f"{sketches.name} ({out.aggregates[-1].rows} requests, aggregate only)")
+        else:
+            skipped.append(f"{sketches.name} (the same requests as {rows_file.name})")
+    records = d / "records.jsonl"
+    if records.is_file():
+        before = len(out.records)
+        read_records(records, out)
+        used.append(f"records.jsonl ({len(out.records) - before} measured requests, as client-side records)")
+    for f in sorted(d.iterdir()):
+        if not f.is_file() or f.suffix.lower() not in (".json", ".jsonl") or f.name in _DERIVED or f in (rows_file, sketches, records):
+            continue
+        try:
+            fmt = detect(f)
+        except ConfigError:
+            skipped.append(f"{f.name} (not an input)")
+            continue
+        if fmt in ("otlp-json", "jaeger", "aiperf"):
+            if rows_file is not None:
+                skipped.append(f"{f.name} ({WHAT[fmt]}: the rows file holds these requests already)")
+                continue
+            before = len(out.spans)
+            FORMATS[fmt][1](f, out)
+            used.append(f"{f.name} ({len(out.spans) - before} {WHAT[fmt]})")
+        else:
+            skipped.append(f"{f.name} ({WHAT[fmt]}, not used: {'a rows file' if rows_file else 'one per directory'} is)")
+    if (d / "run.json").is_file():
+        skipped.append("run.json (run metadata: `deltatap summary` shows it)")
+    kind = "collector output" if rows_file is not None or sketches.is_file() else "load-generator output" if records.is_file() else None
+    if kind is None or not used:
+        raise ConfigError(
+            f"--from {d}: neither a collector's output directory (rows.parquet / rows.jsonl / rows.csv, sketches.json, span files) "
+            f"nor a load generator's (records.jsonl); name the input files instead"
+        )
+    if kind == "collector output" and records.is_file():
+        kind = "collector and load-generator output"
+    line = f"--from {d}: {kind}; using {', '.join(used)}"
+    return line + (f"; not used: {', '.join(skipped)}" if skipped else "")
+
+
+def load(paths: list[str | Path], topology: Topology | None = None) -> Loaded:
     out = Loaded([], [], [])
     for p in map(Path, paths):
         if not p.exists():
             raise ConfigError(f"--from {p}: file not found")
         if p.is_dir():
-            raise ConfigError(f"--from {p}: is a directory; name the files (e.g. {p}/rows.parquet or {p}/sketches.json)")
+            out.found.append(_load_dir(p, out))
+            continue
         fmt = detect(p)
         if fmt == "rows" and p.suffix.lower() not in ROW_FORMATS:
             raise ConfigError(f"{p}: a rows file must end in .parquet, .csv or .jsonl")
+        before = len(out.records)
         FORMATS[fmt][1](p, out)
+        if fmt == "records":
+            out.found.append(f"--from {p}: load-generator records; using {len(out.records) - before} measured requests as client-side records")
+    if out.records:
+        into_rows, as_spans, dup = _join_records(out, topology or default_topology())
+        parts = [f"{into_rows} joined into their rows (client points added)"] if into_rows else []
+        parts += [f"{as_spans} as client spans"] if as_spans else []
+        parts += [f"{dup} already in the rows or spans (not counted twice)"] if dup else []
+        out.found.append(f"load-generator records: {', '.join(parts) or 'none usable'}")
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# topologies for offline use
+# --------------------------------------------------------------------------------------------
+
+# Topologies for offline use (reports, the collector): tap addresses are optional.
+#
+# A topology file names where each tap listens (``tap.listen``) because ``deltatap tap`` and ``deltatap stack``
+# must bind there. Reading recorded spans or rows never binds anything: the collector and every report
+# only need the chain of components, which links are tapped, the correlation header and the timeouts.
+# :func:`load_topology_offline` accepts a tapped link without ``listen`` (``tap: {}``, or ``tap:`` with only
+# an upstream or a timeout) by filling in :data:`UNBOUND`, an address nothing ever listens on, and is
+# otherwise exactly :func:`deltatap.core.topology.load_topology` (same validation, same messages).
+
+UNBOUND = "0.0.0.0:0"  # stands for "no listen address given": an offline topology never binds it
+
+
+def load_topology_offline(path: str | Path | None) -> Topology:
+    """The topology in ``path`` (a whole file, or the ``topology:`` section of a larger one), taps' ``listen`` optional."""
+    if path is None:
+        return default_topology()
+    data: Any = read_yaml(path)
+    source = str(path)
+    if isinstance(data, dict) and "topology" in data and "components" not in data:
+        data, source = data["topology"], f"{path} [topology]"
+    if isinstance(data, dict) and isinstance(data.get("links"), list):
+        data = copy.deepcopy(data)
+        for link in data["links"]:
+            if isinstance(link, dict) and "tap" in link and (link["tap"] is None or isinstance(link["tap"], dict)):
+                tap = link["tap"]
+                if tap is None:
+                    continue  # `tap:` with nothing: the link is not tapped, as before
+                if tap.get("listen") is None:
+                    tap["listen"] = UNBOUND
+    return validate(Topology, data, source)

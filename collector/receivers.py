@@ -11,8 +11,11 @@ handler), ``GET /metrics`` and ``GET /healthz``.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
+import os
+import socket
 import zlib
 from collections.abc import Callable
 
@@ -54,13 +57,35 @@ def grpc_handler(on_spans: OnSpans, on_error: OnError) -> grpc.GenericRpcHandler
     return grpc.method_handlers_generic_handler(_SERVICE, {_EXPORT_METHOD: handler})
 
 
+def check_bindable(host: str, port: int) -> None:
+    """Raise OSError (errno and strerror set, e.g. "Address already in use") when ``host:port`` cannot be bound.
+
+    gRPC's C core reports a failed bind on stderr itself (an ``add_port.cc`` log line) and then raises a
+    RuntimeError that does not say why; binding a plain socket first gives the reason, and no C-core noise.
+    Port 0 (any free port) always binds."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise OSError(errno.EADDRNOTAVAIL, f"cannot resolve {host!r} ({exc.strerror})") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: a port in TIME_WAIT is free
+        s.bind(addr)
+
+
 async def start_grpc(listen: tuple[str, int], on_spans: OnSpans, on_error: OnError) -> tuple[grpc.aio.Server, int]:
+    host, port = listen
+    check_bindable(host, port)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((grpc_handler(on_spans, on_error),))
-    host, port = listen
-    bound = server.add_insecure_port(f"{host}:{port}" if ":" not in host else f"[{host}]:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}" if ":" not in host else f"[{host}]:{port}")
+    except RuntimeError:  # grpcio >= 1.60 raises instead of returning 0 (lost a race after check_bindable)
+        bound = 0
     if bound == 0:
-        raise OSError(f"OTLP/gRPC: cannot listen on {host}:{port} (in use?)")
+        raise OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE))
     await server.start()
     return server, bound
 

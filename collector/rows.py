@@ -250,8 +250,8 @@ def _delta_defs(topo: Topology) -> list[DeltaDef]:
         DeltaDef("output_path_overhead_last", P(client, Role.LAST_TOKEN_RECEIVED), P(engine, Role.LAST_TOKEN), "last", None, False, "output path overhead (last token)"),
     ]
     for m in mids:
-        defs.append(DeltaDef(f"{m}_itl_added_mean", "", "", "itl", m, False, f"{m} ITL added (mean gap)"))
-        defs.append(DeltaDef(f"{m}_itl_added_p99", "", "", "itl", m, False, f"{m} ITL added (p99 gap)"))
+        defs.append(DeltaDef(f"{m}_itl_added_mean", "", "", "itl", m, False, f"{m} inter-chunk gap added (mean gap)"))
+        defs.append(DeltaDef(f"{m}_itl_added_p99", "", "", "itl", m, False, f"{m} inter-chunk gap added (p99 gap)"))
         defs.append(DeltaDef(f"{m}_max_pause_added", "", "", "itl", m, False, f"{m} max pause added"))
     for link in topo.links:
         defs.append(DeltaDef(f"tap_{link.name}_request", "", "", "tap", None, True, f"tap {link.name} overhead (request)"))

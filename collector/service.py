@@ -122,7 +122,10 @@ class RunningCollector:
         try:
             if o.otlp_grpc is not None:
                 host, port = parse_hostport(o.otlp_grpc, "--otlp-grpc")
-                self._grpc, bound = await start_grpc((host, port), self._on_spans, self._on_error)
+                try:
+                    self._grpc, bound = await start_grpc((host, port), self._on_spans, self._on_error)
+                except OSError as exc:  # one line, like --otlp-http and --metrics
+                    raise ConfigError(f"--otlp-grpc {host}:{port}: cannot listen ({exc.strerror or exc})") from None
                 self.otlp_grpc_endpoint = f"grpc://{host}:{bound}"
             if o.otlp_http is not None:
                 host, port = parse_hostport(o.otlp_http, "--otlp-http")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ def column_type(name: str) -> pa.DataType:
 def row_format(path: str | Path) -> str:
     fmt = ROW_FORMATS.get(Path(path).suffix.lower())
     if fmt is None:
-        raise ConfigError(f"{path}: unknown rows format; use a .parquet, .csv or .jsonl file name")
+        raise ConfigError(f"{path}: unknown rows format; expected a deltatap rows file named *.parquet, *.csv or *.jsonl, or a run directory")
     return fmt
 
 
@@ -114,25 +115,44 @@ def write_rows(rows: list[Row], path: str | Path, topology: Topology) -> Path:
     return w.path
 
 
+ROWS_EXPECTED = "a deltatap rows file (written by `deltatap collect` or `deltatap report --out`)"
+
+
 def _read_parquet(path: Path) -> list[dict[str, Any]]:
-    return pq.read_table(path).to_pylist()
+    try:
+        return pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError) as exc:
+        why = re.sub(r"^Could not open Parquet input source '.*?': ", "", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        raise ConfigError(f"{path}: not a readable Parquet file ({why}); expected {ROWS_EXPECTED}") from None
+
+
+def _not_text(path: Path, exc: UnicodeDecodeError) -> ConfigError:
+    return ConfigError(f"{path}: not a text file (byte {exc.start} is not UTF-8); expected {ROWS_EXPECTED}")
 
 
 def _read_csv(path: Path) -> list[dict[str, Any]]:
-    with path.open(encoding="utf-8", newline="") as fh:
-        return list(csv.DictReader(fh))
+    try:
+        with path.open(encoding="utf-8", newline="") as fh:
+            return list(csv.DictReader(fh))
+    except UnicodeDecodeError as exc:
+        raise _not_text(path, exc) from None
+    except csv.Error as exc:
+        raise ConfigError(f"{path}: not a CSV file ({exc}); expected {ROWS_EXPECTED}") from None
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path, expected: str = "JSON lines") -> list[dict[str, Any]]:
     """Every non-blank line of a JSON-lines file; a bad line is a ConfigError naming the file and line."""
     out = []
-    with path.open(encoding="utf-8") as fh:
-        for i, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ConfigError(f"{path}:{i}: not JSON ({exc.msg})") from None
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for i, line in enumerate(fh, 1):
+                if line.strip():
+                    try:
+                        out.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise ConfigError(f"{path}:{i}: not JSON ({exc.msg})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a text file (byte {exc.start} is not UTF-8); expected {expected}") from None
     return out
 
 
@@ -147,5 +167,5 @@ def read_rows(path: str | Path) -> list[Row]:
     recs = _READERS[row_format(p)](p)
     try:
         return [from_record(r) for r in recs]
-    except (KeyError, ValueError, TypeError) as exc:
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise ConfigError(f"{p}: not a deltatap rows file ({exc})") from None

@@ -20,7 +20,7 @@ the HTTP status and the server's own message, or what could not be reached and w
 
 Two inter-token figures, named apart: ``inter_token_latency`` is AIPerf's *per-request* ITL (one value
 per request, averaged over its tokens); ``inter_chunk_latency`` is the distribution of every gap between
-content events - what ``deltatap report`` calls ITL (methodology 5.4.5).
+content events - what ``deltatap report`` calls the inter-chunk gap (its ITL is the per-request one, as here).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 
 MAX_PROBLEM_GROUPS = 20
 ITL_PER_REQUEST_LABEL = "ITL per request, AIPerf"  # (last token - first token) / (tokens - 1), one value per request
-ITL_GAPS_LABEL = "chunk gaps"  # every gap between content events: deltatap report's ITL
+ITL_GAPS_LABEL = "chunk gaps"  # every gap between content events: deltatap report's "inter-chunk gap"
 PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9)
 ISL_BUCKETS = (0, 256, 512, 1024, 2048, 4096)  # methodology 5.1.4.2
 
@@ -174,6 +174,6 @@ def summarize(records: list[dict[str, Any]], token_source: str = "reference") ->
         },
         "itl_method": "inter_token_latency = ITL per request, AIPerf: (last token - first token) / (OSL - 1) with OSL in "
         "reference tokens, one value per request; inter_chunk_latency = every gap between content events "
-        "(methodology 4.6.3 option A), the distribution deltatap report calls ITL (5.4.5)",
+        "(methodology 4.6.3 option A), the distribution deltatap report calls the inter-chunk gap (5.4.5)",
         "ttft_definition": "first content token (5.1.3.1): first non-whitespace content event; T_submit = request's last byte written",
     }

@@ -119,7 +119,7 @@ def cascade_section(rows: Sequence[Row], topology: Topology, max_timelines: int 
         "cascade_timelines",
         "Per-request timelines (seconds after the client sent the request)",
         [
-            Column("request_id", "Request"),
+            Column("request_id", "Request", whole=True),
             Column("gave_up_by", "Gave up first"),
             Column("gave_up_s", "Gave up at", "s", 3),
             Column("client_error_s", "Client error at", "s", 3),

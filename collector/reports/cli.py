@@ -19,10 +19,11 @@ from rich.console import Console
 
 from deltatap.collector.reports.registry import ReportInputs, ReportOptions, build_report
 from deltatap.collector.reports.renderers import parse_formats, write_report
+from deltatap.collector.ingest import load_topology_offline
 from deltatap.collector.reports.render_terminal import print_report
 from deltatap.collector.reports.runs import load_run, parse_run_specs
 from deltatap.core.config import ConfigError, StrictModel, load_yaml
-from deltatap.core.topology import Topology, default_topology, load_topology
+from deltatap.core.topology import Topology, default_topology
 
 
 class GuardrailsConfig(StrictModel):
@@ -46,7 +47,7 @@ def _add_output_flags(p: argparse.ArgumentParser) -> None:
 
 def _topology(flag: str | None, runs: list) -> Topology:
     if flag:
-        return load_topology(flag)
+        return load_topology_offline(flag)  # a report binds nothing: tap.listen is optional
     return next((r.topology for r in runs if r.topology is not None), None) or default_topology()
 
 

@@ -1,4 +1,5 @@
-"""Columns of a set of decomposition rows as numpy arrays (float ms, NaN where missing)."""
+"""Columns of a set of decomposition rows as numpy arrays (float ms, NaN where missing), and the names
+the reports give to metrics that are easily confused (one definition per name, every report reads them here)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,14 @@ from deltatap.core.topology import Topology
 from deltatap.core.vocab import ComponentKind, Role, point
 
 BLOCK_DECISIONS = ("block_pattern", "block_analysis", "block")
+
+# Two inter-token figures, never both called "ITL" (the load generator's summary uses the same two names).
+# A firewall that releases tokens in windows makes most chunk gaps ~0 ms (inter-chunk gap P50 0.0 ms) while
+# every request's ITL is tens of ms: one name for both read as a contradiction.
+ITL_PER_REQUEST = "ITL (per request)"
+ITL_PER_REQUEST_DEF = "(last token - first token) / (output tokens - 1), one value per request (AIPerf's inter_token_latency)"
+CHUNK_GAP = "inter-chunk gap"
+CHUNK_GAP_DEF = "every gap between consecutive content events the client received (methodology §4.6.3 option A, §5.4.5)"
 
 
 def delta_ms(rows: Sequence[Row], name: str) -> np.ndarray:

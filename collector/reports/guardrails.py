@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from deltatap.collector.reports.columns import components_of_kind, decisions, delta_ms, is_blocked, labels
+from deltatap.collector.reports.columns import CHUNK_GAP, components_of_kind, decisions, delta_ms, is_blocked, labels
 from deltatap.collector.reports.model import Column, Section, Table
 from deltatap.collector.reports.registry import ReportInputs, ReportOptions, register_section
 from deltatap.collector.reports.stats import rate, summarize
@@ -97,7 +97,7 @@ def streaming_table(rows: Sequence[Row], fw: str, opts: ReportOptions) -> Table 
 
     Per request: the hold per token is estimated as the mean of the first token's and the last
     token's outbound delay (exact whenever the hold changes linearly along the stream, as with
-    per-window checks); the ITL added is the mean gap released minus the mean gap received (it is
+    per-window checks); the inter-chunk gap added is the mean gap released minus the mean gap received (it is
     negative when the firewall holds the start and then releases faster); the pause added is the
     longest gap released minus the longest received."""
     first, last = delta_ms(rows, f"{fw}_outbound"), delta_ms(rows, f"{fw}_outbound_last")
@@ -116,14 +116,14 @@ def streaming_table(rows: Sequence[Row], fw: str, opts: ReportOptions) -> Table 
     t.add("per-token inspection delay, P50 over requests", hold_s.p50, "ms")
     t.add("per-token inspection delay, P99 over requests", hold_s.p99, "ms")
     t.add("jitter contribution (std dev of per-token delay across requests)", hold_s.std, "ms")
-    t.add("ITL added (mean gap released - received), P50", mean_s.p50, "ms")
+    t.add(f"{CHUNK_GAP} added (mean gap released - received), P50", mean_s.p50, "ms")
     t.add("tail gap added (P99 gap released - received), P50", p99_s.p50, "ms")
     t.add("maximum pause added, P50 over requests", pause_s.p50, "ms")
     t.add("maximum pause added, worst request", pause_s.max, "ms")
     t.add(f"pause frequency (requests with a pause >= {opts.pause_threshold_ms:g} ms added)", rate(paused, n), "fraction")
     t.footnotes.append(
         "Per-token delay: mean of the first and last token's outbound delay per request. The taps keep count, mean, "
-        "P99 and max of the gaps on each side (not every gap), so ITL and pauses are differences of those."
+        f"P99 and max of the gaps on each side (not every gap), so the {CHUNK_GAP} and pauses added are differences of those."
     )
     return t
 

@@ -1,10 +1,11 @@
 """The methodology draft's report formats: TTFT (§5.1.5.2), TTFT by input length (§5.1.5.3),
 ITL (§5.4.5) and the minimum viable report (Appendix C.1).
 
-TTFT is the client-observed ``system_ttft`` (t12 - t0) of each row. ITL samples are the gaps
-between content-token arrivals at the client, from the load generator's per-request records
-(``first_token_unix_ns`` + ``chunk_unix_ns``); without records the ITL section falls back to the
-per-request gap statistics the edge tap saw (mean and maximum per request: §5.4.4.2).
+TTFT is the client-observed ``system_ttft`` (t12 - t0) of each row. Inter-token latency is two figures,
+named apart (``columns.ITL_PER_REQUEST`` and ``columns.CHUNK_GAP``): the ITL (per request), one value per
+request from the load generator's records, and the inter-chunk gaps, every gap between content events
+at the client (``chunk_unix_ns``). Without records the section falls back to the per-request
+inter-chunk gap statistics the edge tap saw (mean and maximum per request: §5.4.4.2).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from deltatap.collector.reports.columns import delta_ms, ints
+from deltatap.collector.reports.columns import CHUNK_GAP, CHUNK_GAP_DEF, ITL_PER_REQUEST, ITL_PER_REQUEST_DEF, delta_ms, ints
 from deltatap.collector.reports.model import Column, Section, Table
 from deltatap.collector.reports.registry import ReportInputs, register_section
 from deltatap.collector.reports.stats import PERCENTILE_TITLES, summarize
@@ -67,8 +68,8 @@ def ttft_by_input_table(ttft_ms: np.ndarray, tokens_in: np.ndarray) -> Table:
     return t
 
 
-def itl_samples_from_records(records: Sequence[dict[str, Any]]) -> list[np.ndarray]:
-    """Per request, the gaps (ms) between consecutive content-token arrivals; TTFT is excluded (§5.4.3)."""
+def chunk_gaps_from_records(records: Sequence[dict[str, Any]]) -> list[np.ndarray]:
+    """Per request, the inter-chunk gaps (ms) between consecutive content events; TTFT is excluded (§5.4.3)."""
     out: list[np.ndarray] = []
     for rec in records:
         if rec.get("phase", "measure") != "measure":
@@ -79,37 +80,60 @@ def itl_samples_from_records(records: Sequence[dict[str, Any]]) -> list[np.ndarr
     return out
 
 
-def itl_table(per_request: list[np.ndarray]) -> Table:
+def itl_per_request_from_records(records: Sequence[dict[str, Any]]) -> np.ndarray:
+    """ITL (per request), ms: (last token - first token) / (output tokens - 1) of every ok request with 2+
+    tokens, exactly as the load generator's summary computes ``inter_token_latency``."""
+    out = []
+    for rec in records:
+        if rec.get("phase", "measure") != "measure" or rec.get("status", "ok") != "ok":
+            continue
+        ft, lt, n = rec.get("first_token_unix_ns"), rec.get("last_token_unix_ns"), rec.get("output_tokens")
+        if ft is not None and lt is not None and n and n > 1 and lt > ft:
+            out.append((lt - ft) / (n - 1) / 1e6)
+    return np.asarray(out, dtype=float)
+
+
+def itl_table(per_request_itl: np.ndarray) -> Table:
+    s = summarize(per_request_itl)
+    t = _metric_table("itl", f"{ITL_PER_REQUEST}: {ITL_PER_REQUEST_DEF}")
+    t.add(f"{ITL_PER_REQUEST} requests", s.count, "")
+    for key in ("p50", "p90", "p95", "p99", "p999"):
+        t.add(f"{ITL_PER_REQUEST} {PERCENTILE_TITLES[key]}", s.get(key), "ms")
+    t.add(f"{ITL_PER_REQUEST} Mean", s.mean, "ms")
+    return t
+
+
+def chunk_gap_table(per_request: list[np.ndarray]) -> Table:
     allv = np.concatenate(per_request) if per_request else np.array([], dtype=float)
     s = summarize(allv)
-    t = _metric_table("itl", "ITL results (methodology §5.4.5)")
-    t.add("ITL Samples", s.count, "")
+    t = _metric_table("chunk_gaps", f"{CHUNK_GAP} results (methodology §5.4.5): {CHUNK_GAP_DEF}")
+    t.add(f"{CHUNK_GAP} samples", s.count, "")
     for key in ("p50", "p90", "p95", "p99", "p999"):
-        t.add(f"ITL {PERCENTILE_TITLES[key]}", s.get(key), "ms")
-    t.add("ITL Mean", s.mean, "ms")
-    t.add("ITL Std Dev", s.std, "ms")
+        t.add(f"{CHUNK_GAP} {PERCENTILE_TITLES[key]}", s.get(key), "ms")
+    t.add(f"{CHUNK_GAP} Mean", s.mean, "ms")
+    t.add(f"{CHUNK_GAP} Std Dev", s.std, "ms")
     t.add("P99/P50 Ratio", s.p99 / s.p50 if s.count and s.p50 > 0 else float("nan"), "")
     jit = summarize([float(np.std(a)) for a in per_request])
     pause = summarize([float(np.max(a)) for a in per_request])
     for key in ("p50", "p95", "p99"):
-        t.add(f"Jitter (per-request std dev) {PERCENTILE_TITLES[key]}", jit.get(key), "ms")
+        t.add(f"Jitter (per-request std dev of the {CHUNK_GAP}s) {PERCENTILE_TITLES[key]}", jit.get(key), "ms")
     for key in ("p50", "p95", "p99"):
-        t.add(f"Max pause (per-request max ITL) {PERCENTILE_TITLES[key]}", pause.get(key), "ms")
+        t.add(f"Max pause (per-request max {CHUNK_GAP}) {PERCENTILE_TITLES[key]}", pause.get(key), "ms")
     return t
 
 
-def itl_from_gaps_table(rows: Sequence[Row], link: str) -> Table | None:
+def chunk_gaps_from_tap_table(rows: Sequence[Row], link: str) -> Table | None:
     mean = np.array([r.gaps[link].down.mean_ns / 1e6 if link in r.gaps and r.gaps[link].down and r.gaps[link].down.mean_ns is not None else np.nan for r in rows])
     mx = np.array([r.gaps[link].down.max_ns / 1e6 if link in r.gaps and r.gaps[link].down and r.gaps[link].down.max_ns is not None else np.nan for r in rows])
     if not np.isfinite(mean).any():
         return None
     sm, sx = summarize(mean), summarize(mx)
-    t = _metric_table("itl_per_request", f"ITL per request, as delivered by the {link} tap (§5.4.4.2)")
-    t.add("Requests with 2+ tokens", sm.count, "")
+    t = _metric_table("chunk_gaps_per_request", f"{CHUNK_GAP}s per request, as delivered by the {link} tap (§5.4.4.2)")
+    t.add("Requests with 2+ chunks", sm.count, "")
     for key in ("p50", "p95", "p99"):
-        t.add(f"Mean ITL per request {PERCENTILE_TITLES[key]}", sm.get(key), "ms")
+        t.add(f"Mean {CHUNK_GAP} per request {PERCENTILE_TITLES[key]}", sm.get(key), "ms")
     for key in ("p50", "p95", "p99"):
-        t.add(f"Max pause per request {PERCENTILE_TITLES[key]}", sx.get(key), "ms")
+        t.add(f"Max {CHUNK_GAP} (pause) per request {PERCENTILE_TITLES[key]}", sx.get(key), "ms")
     return t
 
 
@@ -146,14 +170,18 @@ class ItlSection:
     title = "Inter-token latency"
 
     def build(self, inputs: ReportInputs) -> Section | None:
-        per_req = itl_samples_from_records(inputs.records)
-        if per_req:
-            sec = Section(self.name, "Inter-token latency (client)", tables=[itl_table(per_req)])
-            sec.notes += sample_count_notes(int(sum(a.size for a in per_req)), "ITL")
+        gaps = chunk_gaps_from_records(inputs.records)
+        itl = itl_per_request_from_records(inputs.records)
+        if gaps or itl.size:
+            sec = Section(self.name, "Inter-token latency (client)", tables=[itl_table(itl), chunk_gap_table(gaps)])
+            sec.notes.append(f"Two figures, named apart: {ITL_PER_REQUEST} = {ITL_PER_REQUEST_DEF}; {CHUNK_GAP} = {CHUNK_GAP_DEF}.")
+            sec.notes += sample_count_notes(int(sum(a.size for a in gaps)), CHUNK_GAP)
             return sec
         if not inputs.topology.links:
             return None
-        t = itl_from_gaps_table(inputs.rows, inputs.topology.links[0].name)
+        t = chunk_gaps_from_tap_table(inputs.rows, inputs.topology.links[0].name)
         if t is None:
             return None
-        return Section(self.name, "Inter-token latency (edge tap)", tables=[t], notes=["No load-generator records: per-request gap statistics from the edge tap instead of every ITL sample."])
+        return Section(self.name, "Inter-token latency (edge tap)", tables=[t],
+                       notes=[f"No load-generator records: per-request {CHUNK_GAP} statistics from the edge tap instead of every "
+                              f"{CHUNK_GAP} ({CHUNK_GAP_DEF}); {ITL_PER_REQUEST} needs the records' token counts."])

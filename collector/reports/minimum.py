@@ -15,6 +15,8 @@ from deltatap.collector.reports.stats import summarize
 
 def _workload_name(wl: Any) -> str:
     if isinstance(wl, dict):
+        if not (wl.get("workload") or wl.get("name")) and wl and all(isinstance(v, dict) and v.get("workload") for v in wl.values()):
+            return "; ".join(f"{phase}: {v['workload']}" for phase, v in wl.items())  # the demo: one workload per load phase
         return str(wl.get("workload") or wl.get("name") or "custom")
     return str(wl or "unknown")
 

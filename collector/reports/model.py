@@ -20,6 +20,7 @@ class Column:
     title: str  # human heading
     unit: str = ""  # "ms", "s", "%", "tok/s", "" ...
     digits: int = 1  # decimals when a renderer rounds for people
+    whole: bool = False  # an identifier: the terminal never shortens it (three ids cropped to one prefix read as one)
 
 
 @dataclass
@@ -68,7 +69,9 @@ class Section:
     notes: list[str] = field(default_factory=list)  # sentences a person reads first
     data: dict[str, Any] = field(default_factory=dict)  # machine-readable figures for JSON (totals, counts)
     figures: list[Figure] = field(default_factory=list)
-    text: str = ""  # a preformatted block (the Appendix C.1 minimum viable report), shown verbatim
+    # a preformatted block (the Appendix C.1 minimum viable report), shown verbatim; the human renderers
+    # (terminal, Markdown, HTML) show it instead of the section's tables, which hold the same values for CSV/JSON
+    text: str = ""
 
     def table(self, name: str) -> Table:
         for t in self.tables:

@@ -2,7 +2,7 @@
 
 * TTFT CDF per boundary: what a client, the gateway, the firewall and the engine each see as TTFT;
 * the median request's waterfall: every interval between consecutive timeline points, in order;
-* the ITL histogram (client samples from the load generator's records, else the edge tap's gaps);
+* the inter-chunk gap histogram (client gaps from the load generator's records, else the edge tap's per-request mean);
 * per-component TTFT contribution over the run (median per time bin, stacked).
 """
 
@@ -18,7 +18,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from deltatap.collector.reports.columns import delta_ms, points_diff_ms, seconds_since_first  # noqa: E402
-from deltatap.collector.reports.methodology import itl_samples_from_records  # noqa: E402
+from deltatap.collector.reports.columns import CHUNK_GAP  # noqa: E402
+from deltatap.collector.reports.methodology import chunk_gaps_from_records  # noqa: E402
 from deltatap.collector.reports.model import Figure  # noqa: E402
 from deltatap.collector.reports.registry import ReportInputs  # noqa: E402
 from deltatap.collector.rows import Row, intermediaries  # noqa: E402
@@ -127,21 +128,21 @@ def waterfall(rows: Sequence[Row], topology: Topology) -> Figure | None:
 
 
 def itl_histogram(inputs: ReportInputs) -> Figure | None:
-    per = itl_samples_from_records(inputs.records)
+    per = chunk_gaps_from_records(inputs.records)
     if per:
-        v, what = np.concatenate(per), "client ITL samples (load generator)"
+        v, what = np.concatenate(per), f"every {CHUNK_GAP} at the client (load generator records)"
     else:
         link = inputs.topology.links[0].name if inputs.topology.links else ""
         v = np.array([r.gaps[link].down.mean_ns / 1e6 for r in inputs.rows if link in r.gaps and r.gaps[link].down and r.gaps[link].down.mean_ns is not None])
-        what = f"mean gap per request at the {link} tap"
+        what = f"mean {CHUNK_GAP} per request at the {link} tap"
     if not v.size:
         return None
     fig, ax = plt.subplots(figsize=(8, 3.8))
     ax.hist(v, bins=min(60, max(10, int(np.sqrt(v.size)))), color=COLORS[0])
-    ax.set_xlabel("inter-token latency (ms)")
+    ax.set_xlabel(f"{CHUNK_GAP} (ms)")
     ax.set_ylabel("count")
     ax.grid(alpha=0.3)
-    return Figure("itl_histogram", "ITL histogram", "image/png", _png(fig), what)
+    return Figure("itl_histogram", f"{CHUNK_GAP} histogram", "image/png", _png(fig), what)  # name kept: the HTML anchor
 
 
 def contribution_series(rows: Sequence[Row], topology: Topology) -> dict[str, np.ndarray]:

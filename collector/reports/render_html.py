@@ -57,9 +57,10 @@ def render_html(report: Report) -> str:
     for section in report.sections:
         parts.append(f'<section id="{escape(section.name)}"><h2>{escape(section.title)}</h2>')
         parts.extend(f'<p class="note">{escape(n)}</p>' for n in section.notes)
-        if section.text:
+        if section.text:  # the same values as the section's tables: shown once
             parts.append(f"<pre>{escape(section.text)}</pre>")
-        parts.extend(table_html(t) for t in section.tables)
+        else:
+            parts.extend(table_html(t) for t in section.tables)
         parts.extend(figure_html(f) for f in section.figures)
         parts.append("</section>")
     if report.metadata:

@@ -34,8 +34,9 @@ def render_markdown(report: Report) -> str:
         out += [f"## {section.title}", ""]
         for note in section.notes:
             out += [note, ""]
-        if section.text:
+        if section.text:  # the same values as the section's tables: shown once
             out += ["```text", section.text.rstrip("\n"), "```", ""]
+            continue
         for table in section.tables:
             out += [table_markdown(table), ""]
     return "\n".join(out).rstrip() + "\n"

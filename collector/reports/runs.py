@@ -4,6 +4,11 @@ A run directory holds the collector's rows file (``rows.parquet``, ``rows.csv`` 
 read by :func:`deltatap.collector.sinks.read_rows`), and optionally the load generator's ``records.jsonl``
 (docs/records.md), a ``topology.yaml`` and a ``run.json`` with run metadata (seed, workload,
 config hash, ...). ``deltatap demo`` writes exactly this layout.
+
+The records may live elsewhere (``--records out/load/records.jsonl``): the load generator's ``run.json``
+beside them is read too, and what Appendix C.1 asks for (model, hardware, software, SUT boundary,
+workload, load model) is taken from it where the run directory's own ``run.json`` does not say
+(:func:`c1_from_loadgen`).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 
 from deltatap.collector.rows import Row
 from deltatap.core.config import ConfigError
-from deltatap.core.topology import Topology, load_topology
+from deltatap.core.topology import Topology
 
 ROWS_FILES = ("rows.parquet", "rows.jsonl", "rows.csv")
 RECORDS_FILE = "records.jsonl"
@@ -45,7 +50,88 @@ def _rows_file(path: Path) -> Path:
     raise ConfigError(f"{path}: no rows file in this directory (looked for {', '.join(ROWS_FILES)}; write one with `deltatap collect --out {path}`)")
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    from deltatap.collector.ingest import read_text
+
+    try:
+        doc = json.loads(read_text(path, "run metadata as JSON (run.json)"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc.msg}); expected run metadata (run.json)") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: expected a JSON object of run metadata (run.json), got {type(doc).__name__}")
+    return doc
+
+
+def _load_model(meta: dict[str, Any]) -> str | None:
+    o = meta.get("options") or {}
+    mode = meta.get("mode") or o.get("mode")
+    if o.get("rate"):
+        s = f"open-loop {o.get('arrival', 'poisson')} {o['rate']:g} req/s"
+    elif o.get("batch") or mode == "batch":
+        s = f"barrier batches of {o.get('batch')}"
+    elif o.get("concurrency") or mode == "closed":
+        s = f"closed-loop concurrency {o.get('concurrency') or 1}"
+    else:
+        return None
+    if o.get("requests"):
+        s += f", {o['requests']} requests"
+    if o.get("duration_s"):
+        s += f", {o['duration_s']:g} s"
+    return s
+
+
+def c1_from_loadgen(meta: dict[str, Any], summary: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Appendix C.1 fields (``model``, ``hardware``, ``software``, ``sut_boundary``, ``load_model``, ``workload``)
+    from the load generator's ``run.json`` (loadgen/run.py) and ``summary.json``, where it knows them.
+    The load generator runs beside the system under test, so hardware is what its GPU report saw, if anything."""
+    o = meta.get("options") or {}
+    out: dict[str, Any] = {}
+    model = meta.get("model") or o.get("model")
+    if model:
+        out["model"] = model
+    target = o.get("target")
+    if target:
+        out["sut_boundary"] = f"compound: everything behind {target} (as the load generator saw it)"
+        version = f" {meta['deltatap_version']}" if meta.get("deltatap_version") else ""
+        out["software"] = f"not recorded; {o.get('endpoint') or 'chat'} API at {target}, driven by the deltatap{version} load generator"
+    gpu = (summary or {}).get("gpu") or {}
+    names = [str(g.get("name")) for g in gpu.get("gpus") or gpu.get("devices") or [] if isinstance(g, dict) and g.get("name")]
+    if gpu.get("available") and names:
+        counts: dict[str, int] = {}
+        for n in names:
+            counts[n] = counts.get(n, 0) + 1
+        out["hardware"] = {"accelerator_summary": ", ".join(f"{n} x {c}" for n, c in counts.items()) + " (seen by the load generator's host)"}
+    else:
+        out["hardware"] = {"accelerator_summary": "not recorded (the load generator's run.json has no hardware class)"}
+    lm = _load_model(meta)
+    if lm:
+        out["load_model"] = lm
+    if meta.get("workload") is not None:
+        out["workload"] = meta["workload"]
+    return out
+
+
+def _is_loadgen_meta(meta: dict[str, Any]) -> bool:
+    return "run_id" in meta and isinstance(meta.get("options"), dict)
+
+
+def _metadata(base: Path, rec_path: Path | None) -> dict[str, Any]:
+    """The run directory's run.json, filled in from the load generator's run.json beside the records."""
+    meta = _read_json(base / META_FILE) if (base / META_FILE).is_file() else {}
+    lg_path = rec_path.parent / META_FILE if rec_path is not None else None
+    lg = meta if lg_path is None or not lg_path.is_file() or lg_path.resolve() == (base / META_FILE).resolve() else _read_json(lg_path)
+    if lg and _is_loadgen_meta(lg):
+        summary_path = (lg_path or base / META_FILE).parent / "summary.json"
+        summary = _read_json(summary_path) if summary_path.is_file() else None
+        filled = c1_from_loadgen(lg, summary)
+        if lg is not meta:
+            meta = {**meta, "load_generator": lg}
+        meta = {**filled, **{k: v for k, v in meta.items() if v not in (None, "", {})}}
+    return meta
+
+
 def load_run(path: str | Path, label: str = "run", records: str | Path | None = None) -> RunData:
+    from deltatap.collector.ingest import load_topology_offline
     from deltatap.collector.sinks import read_jsonl, read_rows
 
     p = Path(path)
@@ -56,14 +142,10 @@ def load_run(path: str | Path, label: str = "run", records: str | Path | None = 
     if records and not rec_path.is_file():
         raise ConfigError(f"--records {rec_path}: file not found")
     if rec_path.is_file():
-        run.records = read_jsonl(rec_path)
-    if (base / META_FILE).is_file():
-        try:
-            run.metadata = json.loads((base / META_FILE).read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{base / META_FILE}: not valid JSON ({exc.msg})") from None
+        run.records = read_jsonl(rec_path, "the load generator's records.jsonl (JSON lines, docs/records.md)")
+    run.metadata = _metadata(base, rec_path if rec_path.is_file() else None)
     if (base / TOPOLOGY_FILE).is_file():
-        run.topology = load_topology(base / TOPOLOGY_FILE)
+        run.topology = load_topology_offline(base / TOPOLOGY_FILE)
     return run
 
 

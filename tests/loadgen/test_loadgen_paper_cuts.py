@@ -281,7 +281,7 @@ async def test_summary_names_the_two_itl_figures_apart(sse_server, telemetry):
     state, url = sse_server
     state.first_ms, state.interval_ms, state.tokens = 2.0, 1.0, 4
     res = await run_load(opts(url, concurrency=2, requests=4), telemetry)
-    assert "per request" in res.summary["itl_method"] and "deltatap report calls ITL" in res.summary["itl_method"]
+    assert "per request" in res.summary["itl_method"] and "deltatap report calls the inter-chunk gap" in res.summary["itl_method"]
     for width in (80, 200):
         text = printed(res.summary, width)
         assert "ITL per request, AIPerf (ms)" in text and "chunk gaps (ms)" in text

@@ -56,7 +56,7 @@ def test_streaming_inspection_delay_pause_and_jitter():
     assert v["per-token inspection delay, P50 over requests"] == 2.0
     assert v["per-token inspection delay, P99 over requests"] == pytest.approx(2.98)
     assert v["jitter contribution (std dev of per-token delay across requests)"] == pytest.approx(math.sqrt(2 / 9))
-    assert v["ITL added (mean gap released - received), P50"] == pytest.approx(1.0)
+    assert v["inter-chunk gap added (mean gap released - received), P50"] == pytest.approx(1.0)
     assert v["tail gap added (P99 gap released - received), P50"] == 2.0
     assert v["maximum pause added, worst request"] == 8.0
     assert v["maximum pause added, P50 over requests"] == 5.0

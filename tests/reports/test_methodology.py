@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from deltatap.collector.reports.methodology import itl_samples_from_records, itl_table, ttft_by_input_table
+from deltatap.collector.reports.methodology import chunk_gap_table, chunk_gaps_from_records, itl_per_request_from_records, itl_table, ttft_by_input_table
 from deltatap.collector.reports.registry import ReportInputs, build_report
 from tests.reports.factories import MS, S, T0, row
 
@@ -42,18 +42,38 @@ def test_ttft_by_input_uses_open_last_bucket():
     assert t.records() == [{"input_tokens": "4096+", "count": 2, "p50_ms": 1.5, "p95_ms": pytest.approx(1.95), "p99_ms": pytest.approx(1.99)}]
 
 
-def test_itl_from_records_excludes_ttft_and_is_exact():
+def test_chunk_gaps_from_records_exclude_ttft_and_are_exact():
     recs = [
         {"send_unix_ns": T0, "first_token_unix_ns": T0 + 50 * MS, "chunk_unix_ns": [T0 + 50 * MS, T0 + 60 * MS, T0 + 80 * MS]},
         {"send_unix_ns": T0, "first_token_unix_ns": T0 + 50 * MS, "chunk_unix_ns": [T0 + 50 * MS, T0 + 70 * MS]},
-        {"send_unix_ns": T0, "chunk_unix_ns": [T0 + 50 * MS]},  # one token: no ITL
+        {"send_unix_ns": T0, "chunk_unix_ns": [T0 + 50 * MS]},  # one token: no gap
     ]
-    per = itl_samples_from_records(recs)
+    per = chunk_gaps_from_records(recs)
     assert [list(a) for a in per] == [[10.0, 20.0], [20.0]]
-    v = {r["metric"]: r["value"] for r in itl_table(per).records()}
-    assert v["ITL Samples"] == 3 and v["ITL P50"] == 20.0 and v["ITL Mean"] == pytest.approx(50 / 3)
-    assert v["ITL Std Dev"] == pytest.approx(math.sqrt(200 / 9)) and v["P99/P50 Ratio"] == 1.0
-    assert v["Jitter (per-request std dev) P50"] == 2.5 and v["Max pause (per-request max ITL) P99"] == 20.0
+    v = {r["metric"]: r["value"] for r in chunk_gap_table(per).records()}
+    assert v["inter-chunk gap samples"] == 3 and v["inter-chunk gap P50"] == 20.0 and v["inter-chunk gap Mean"] == pytest.approx(50 / 3)
+    assert v["inter-chunk gap Std Dev"] == pytest.approx(math.sqrt(200 / 9)) and v["P99/P50 Ratio"] == 1.0
+    assert v["Jitter (per-request std dev of the inter-chunk gaps) P50"] == 2.5 and v["Max pause (per-request max inter-chunk gap) P99"] == 20.0
+
+
+def test_itl_per_request_and_inter_chunk_gap_are_two_named_figures():
+    """A firewall releasing tokens in windows: chunk gaps mostly 0, yet each request's ITL is 10 ms.
+    One name for both ("ITL P50 0.0 ms" next to the load summary's ITL) read as a contradiction."""
+    burst = [T0 + 50 * MS] * 4 + [T0 + 90 * MS] * 4 + [T0 + 120 * MS]  # 9 tokens in 3 windows
+    recs = [
+        {"phase": "measure", "status": "ok", "output_tokens": 9, "first_token_unix_ns": burst[0], "last_token_unix_ns": burst[-1], "chunk_unix_ns": burst},
+        {"phase": "measure", "status": "http_error", "output_tokens": 0, "chunk_unix_ns": []},
+        {"phase": "warmup", "status": "ok", "output_tokens": 3, "first_token_unix_ns": T0, "last_token_unix_ns": T0 + 99 * MS, "chunk_unix_ns": [T0, T0 + 99 * MS]},
+    ]
+    assert list(itl_per_request_from_records(recs)) == [pytest.approx(70 / 8)]
+    s = build_report(ReportInputs(rows=ten_rows(), records=recs), sections=["itl"]).section("itl")
+    itl = {r["metric"]: r["value"] for r in s.table("itl").records()}
+    gaps = {r["metric"]: r["value"] for r in s.table("chunk_gaps").records()}
+    assert itl["ITL (per request) requests"] == 1 and itl["ITL (per request) P50"] == pytest.approx(8.75)
+    assert gaps["inter-chunk gap P50"] == 0.0 and gaps["inter-chunk gap samples"] == 8
+    every_label = [str(r[0]) for t in s.tables for r in t.rows]
+    assert not [x for x in every_label if x.startswith("ITL ") and not x.startswith("ITL (per request)")], every_label
+    assert any("ITL (per request) = (last token - first token)" in n for n in s.notes)
 
 
 def test_minimum_viable_report_text_and_values():
