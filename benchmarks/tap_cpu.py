@@ -74,7 +74,7 @@ async def measure(urls: dict[str, str], pids: dict[str, int], args: argparse.Nam
     """Per concurrency and path: CPU us per request of the path's proxy and of the upstream, median of
     ``--rounds`` rounds (paths interleaved in a shuffled order each round)."""
     out: dict = {}
-    q = f"?first_ms=0&gap_ms=0&tokens={args.tokens}"
+    q = f"?first_ms=0&gap_ms={args.gap_ms}&tokens={args.tokens}"
     for conc in args.concurrency:
         for url in urls.values():
             await drive(url + q, conc, min(200, args.requests))  # warm-up: connections, caches
@@ -136,6 +136,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds; figures are the median (default 3)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     p.add_argument("--tokens", type=int, default=4, help="content events per stream (default 4)")
+    p.add_argument("--gap-ms", type=float, default=0.0,
+                   help="gap between content events (default 0: the events come in a burst, the most CPU per request; "
+                        "2 is how ordinary engines write, a few ms apart)")
     p.add_argument("--otlp", choices=["http", "file", "none"], nargs="+", default=["http", "file", "none"],
                    help="the taps' span export, one tap each: OTLP/HTTP to a sink process, OTLP JSON lines to a file, none")
     p.add_argument("--python-stamps", action="store_true",
@@ -195,6 +198,7 @@ def main() -> int:
                 "tap-<mode>-pystamps: the same with DELTATAP_KERNEL_STAMPS=0; tap-<mode>-nopackets: the same with "
                 "DELTATAP_PACKET_STAMPS=0 (kernel read stamps, no per-packet log)",
         "tokens_per_stream": args.tokens,
+        "gap_ms": args.gap_ms,
         "profiled": bool(args.profile),
         "loadavg_1m_before": load,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},

@@ -181,7 +181,7 @@ class KernelStampTransport(asyncio.Transport):
         "_loop", "_sock", "_fd", "_protocol", "_wbuf", "_wsize", "_closing", "_paused",
         "_lost", "_eof", "_high", "_low", "_protocol_paused", "_server",
         "rx_mono_ns", "last_write_mono_ns", "writes",
-        "_plog", "_pkey", "_segs_in", "_rx_off", "_irs1",
+        "_plog", "_pkey", "_segs_in", "_rx_off", "_irs1", "_drained_wall", "_prev_drained_wall",
     )
 
     def __init__(
@@ -221,6 +221,8 @@ class KernelStampTransport(asyncio.Transport):
         self._segs_in = 0
         self._rx_off = 0  # stream offset (bytes the kernel received in order, counted from 0) of the next byte to read
         self._irs1: int | None = None  # TCP sequence number of stream offset 0 (found once, see _anchor)
+        self._drained_wall = 0  # wall clock when the latest read began (it left the queue empty)
+        self._prev_drained_wall = 0  # ... and the read before it: what the latest read found arrived after this
         if sock.family == socket.AF_INET:
             self._watch_packets(sock, extra)
         if server is not None:
@@ -284,11 +286,15 @@ class KernelStampTransport(asyncio.Transport):
                 self.close()
             return
         first = _kernel_ns(r[1])
-        lag = _wall() - first if first else 0
+        t_wall = _wall()
+        lag = t_wall - first if first else 0
         if first:
             READ_LAG.add(lag)
         plog = self._plog
         if plog is not None:
+            # what waits now arrived after the previous read emptied the queue; this read empties it again
+            # (reads take up to 256 KiB: a larger backlog only costs the packet path a fallback)
+            self._prev_drained_wall, self._drained_wall = self._drained_wall, t_wall
             counts = tcp_counters(self._sock)
             segments = counts[0] - self._segs_in if counts else 0
             if counts:
@@ -349,7 +355,7 @@ class KernelStampTransport(asyncio.Transport):
             if self._irs1 is None:
                 return None
         base = (self._irs1 + self._rx_off) & 0xFFFFFFFF  # sequence number of the first waiting byte
-        segs = plog.segments_since(key, base)
+        segs = plog.segments_since(key, base, self._prev_drained_wall - 1_000_000)
         cuts: list[tuple[int, int]] = []
         pos = 0
         for seq, end, wall in segs:

@@ -58,6 +58,7 @@ _TP_STATUS_USER = 1
 _SOFTWARE = 1 << 4  # SOF_TIMESTAMPING_SOFTWARE: the ring's stamp is the packet's skb->tstamp
 _TP2 = struct.Struct("=IIIHHII")  # tpacket2_hdr: status, len, snaplen, mac, net, sec, nsec
 _U32 = struct.Struct("=I")
+_PORTS = struct.Struct("!HH")
 _IPV4 = struct.Struct("!BBHHHBBH4s4s")
 _TCP = struct.Struct("!HHIIB")
 _FPROG = struct.Struct("@HL")
@@ -169,8 +170,7 @@ class PacketLog:
     # ---- the ring ------------------------------------------------------------------------
     @staticmethod
     def _at(frame: int) -> int:
-        i = frame % _FRAMES
-        return (i // _PER_BLOCK) * _BLOCK + (i % _PER_BLOCK) * _FRAME
+        return (frame % _FRAMES) * _FRAME  # (a block holds _PER_BLOCK frames exactly: the frames are contiguous)
 
     def _filled(self, frame: int) -> bool:
         return bool(_U32.unpack_from(self._mv, self._at(frame))[0] & _TP_STATUS_USER)
@@ -217,33 +217,68 @@ class PacketLog:
             return None
         return (src, sport, dst, dport), seq, (seq + payload) & 0xFFFFFFFF, sec * 1_000_000_000 + nsec
 
-    def segments_since(self, key: tuple[bytes, int, bytes, int], base_seq: int, limit: int = 4096) -> list[tuple[int, int, int]]:
+    def _matches(self, key: tuple[bytes, int, bytes, int], limit: int):
+        """Frames holding a segment toward ``key``, newest first: ``(frame offset, IP header offset)``.
+
+        Found by ``mmap.rfind`` (C) of the 12 bytes an IPv4 header without options and its TCP header carry
+        contiguously (source and destination address, source and destination port), each hit checked
+        against its frame's own layout: the ring is read at C speed, not frame by frame in Python."""
+        pattern = key[0] + key[2] + _PORTS.pack(key[1], key[3])
+        newest = self._newest()
+        oldest = max(self._head, newest - limit)
+        if newest <= oldest:
+            return
+        ring, hdr, frame_size = self._ring, _TP2, _FRAME
+        hi, lo = newest % _FRAMES, oldest % _FRAMES
+        spans = [(lo, hi)] if lo < hi else [(0, hi), (lo, _FRAMES)]  # newest part first
+        for first, last in spans:
+            end = last * frame_size
+            start = first * frame_size
+            while end > start:
+                at = ring.rfind(pattern, start, end)
+                if at < 0:
+                    break
+                off = at - at % frame_size
+                net = hdr.unpack_from(self._mv, off)[4]
+                if at == off + net + 12:
+                    yield off, off + net
+                end = off if at == off + net + 12 else at + len(pattern) - 1
+
+    def segments_since(self, key: tuple[bytes, int, bytes, int], base_seq: int, not_before_ns: int = 0,
+                       limit: int = _FRAMES) -> list[tuple[int, int, int]]:
         """``[(seq, end_seq, wall_ns), ...]``, oldest first: the segments toward connection ``key`` (its
-        (source ip, source port, local ip, local port)) that end after sequence number ``base_seq``, read
-        backwards from the newest frame until one that ends at or before it (or ``limit`` frames)."""
+        (source ip, source port, local ip, local port)) from the one holding sequence number ``base_seq`` on,
+        newest first from the ring. The search stops at that segment, at one stamped before ``not_before_ns``
+        (wall clock: the bytes cannot have arrived before) or ``limit`` frames back."""
         out = []
-        frame = self._newest() - 1
-        stop = max(self._head, frame - limit)
-        while frame >= stop:
-            seg = self._segment(frame)
-            frame -= 1
-            if seg is None or seg[0] != key:
-                continue
-            rel = (seg[2] - base_seq) & 0xFFFFFFFF
-            if rel == 0 or rel > 0x7FFFFFFF:
+        mv = self._mv
+        for off, ip in self._matches(key, limit):
+            _status, _len, _snap, _mac, _net, sec, nsec = _TP2.unpack_from(mv, off)
+            wall = sec * 1_000_000_000 + nsec
+            if wall < not_before_ns:
                 break
-            out.append(seg[1:])
+            vihl, _tos, total, _id, _frag, _ttl, _proto, _ck, _src, _dst = _IPV4.unpack_from(mv, ip)
+            ihl = (vihl & 0xF) * 4
+            _sport, _dport, seq, _ack, doff = _TCP.unpack_from(mv, ip + ihl)
+            payload = total - ihl - (doff >> 4) * 4
+            if payload <= 0:
+                continue
+            end = (seq + payload) & 0xFFFFFFFF
+            rel_end = (end - base_seq) & 0xFFFFFFFF
+            if rel_end == 0 or rel_end > 0x7FFFFFFF:
+                break  # ends before the waiting bytes: everything older is older still
+            out.append((seq, end, wall))
+            rel_start = (seq - base_seq) & 0xFFFFFFFF
+            if rel_start == 0 or rel_start > 0x7FFFFFFF:
+                break  # holds the first waiting byte
         out.reverse()
         return out
 
-    def newest_segment(self, key: tuple[bytes, int, bytes, int], limit: int = 4096) -> tuple[int, int, int] | None:
-        """The newest ``(seq, end_seq, wall_ns)`` toward ``key`` still in the ring."""
-        frame = self._newest() - 1
-        stop = max(self._head, frame - limit)
-        while frame >= stop:
-            seg = self._segment(frame)
-            frame -= 1
-            if seg is not None and seg[0] == key:
+    def newest_segment(self, key: tuple[bytes, int, bytes, int], limit: int = _FRAMES) -> tuple[int, int, int] | None:
+        """The newest ``(seq, end_seq, wall_ns)`` toward ``key`` still in the ring (data segments only)."""
+        for off, _ip in self._matches(key, limit):
+            seg = self._segment(off // _FRAME)
+            if seg is not None:
                 return seg[1:]
         return None
 
