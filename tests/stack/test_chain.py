@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -112,3 +113,18 @@ async def test_cli_all_exports_true_points_over_otlp(session) -> None:
     assert spans[component_span_name("engine")] == ("deltatap-stack-engine", ["queue", "exec_start", "first_token", "last_token"])
     assert spans[component_span_name("firewall")][1][:3] == ["in.arrive", "in.decision", "in.exit"]
     assert spans[component_span_name("gateway")][1][:2] == ["in.arrive", "in.exit"]
+
+
+def test_a_component_that_cannot_listen_says_so_in_one_line(tmp_path) -> None:
+    """A port already in use: one line naming the component once, the address and what to do; no traceback."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "deltatap.app.cli", "stack", "engine", "--config", "demo", "--listen", f"127.0.0.1:{port}",
+                               "--otlp", "none"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"engine: cannot listen on 127.0.0.1:{port}" in lines[0] and "engine engine" not in lines[0], lines[0]
+    assert "in use" in lines[0].lower(), lines[0]
