@@ -97,10 +97,14 @@ def itl_table(per_request_itl: np.ndarray) -> Table:
     s = summarize(per_request_itl)
     t = _metric_table("itl", f"{ITL_PER_REQUEST}: {ITL_PER_REQUEST_DEF}")
     t.add(f"{ITL_PER_REQUEST} requests", s.count, "")
-    for key in ("p50", "p90", "p95", "p99", "p999"):
-        t.add(f"{ITL_PER_REQUEST} {PERCENTILE_TITLES[key]}", s.get(key), "ms")
-    t.add(f"{ITL_PER_REQUEST} Mean", s.mean, "ms")
+    _percentile_rows(t, ITL_PER_REQUEST, s)
     return t
+
+
+def _percentile_rows(t: Table, label: str, s) -> None:
+    for key in ("p50", "p90", "p95", "p99", "p999"):
+        t.add(f"{label} {PERCENTILE_TITLES[key]}", s.get(key), "ms")
+    t.add(f"{label} Mean", s.mean, "ms")
 
 
 def chunk_gap_table(per_request: list[np.ndarray]) -> Table:
@@ -108,9 +112,7 @@ def chunk_gap_table(per_request: list[np.ndarray]) -> Table:
     s = summarize(allv)
     t = _metric_table("chunk_gaps", f"{CHUNK_GAP} results (methodology §5.4.5): {CHUNK_GAP_DEF}")
     t.add(f"{CHUNK_GAP} samples", s.count, "")
-    for key in ("p50", "p90", "p95", "p99", "p999"):
-        t.add(f"{CHUNK_GAP} {PERCENTILE_TITLES[key]}", s.get(key), "ms")
-    t.add(f"{CHUNK_GAP} Mean", s.mean, "ms")
+    _percentile_rows(t, CHUNK_GAP, s)
     t.add(f"{CHUNK_GAP} Std Dev", s.std, "ms")
     t.add("P99/P50 Ratio", s.p99 / s.p50 if s.count and s.p50 > 0 else float("nan"), "")
     jit = summarize([float(np.std(a)) for a in per_request])

@@ -175,24 +175,27 @@ def test_client_read_stamp_is_the_kernel_arrival(run, stamps):
         assert head - t_send >= 0.1 * 1e9  # the loop got to it only after its block
 
 
+class Recorder(asyncio.Protocol):
+    """Keeps every delivery with the stamp the transport gave it."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[bytes, int]] = []
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.got.append((data, self.transport.rx_mono_ns))
+
+
 @LOOPS
 def test_a_late_read_is_split_at_each_arrival(run):
     """Two writes 5 ms apart while the reader's loop is blocked arrive in one read; the transport
     hands them over as two, each with its own kernel stamp (not both with the second's)."""
 
-    class Rec(asyncio.Protocol):
-        def __init__(self) -> None:
-            self.got: list[tuple[bytes, int]] = []
-
-        def connection_made(self, transport) -> None:
-            self.transport = transport
-
-        def data_received(self, data: bytes) -> None:
-            self.got.append((data, self.transport.rx_mono_ns))
-
     async def scenario():
-        protos: list[Rec] = []
-        server = await kstamp.start_server(lambda: protos.append(Rec()) or protos[-1], "127.0.0.1", 0)
+        protos: list[Recorder] = []
+        server = await kstamp.start_server(lambda: protos.append(Recorder()) or protos[-1], "127.0.0.1", 0)
         c = socket.create_connection(server.sockets[0].getsockname(), timeout=5)
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for _ in range(200):
@@ -468,19 +471,9 @@ def test_writes_the_kernel_merged_keep_their_own_arrivals(run, packet_stamps):
     packet log each write is handed over with its own arrival; without it the merged ones carry the last
     one's stamp (which this test tells apart: it fails for the first two writes)."""
 
-    class Rec(asyncio.Protocol):
-        def __init__(self) -> None:
-            self.got: list[tuple[bytes, int]] = []
-
-        def connection_made(self, transport) -> None:
-            self.transport = transport
-
-        def data_received(self, data: bytes) -> None:
-            self.got.append((data, self.transport.rx_mono_ns))
-
     async def scenario():
-        protos: list[Rec] = []
-        server = await kstamp.start_server(lambda: protos.append(Rec()) or protos[-1], "127.0.0.1", 0)
+        protos: list[Recorder] = []
+        server = await kstamp.start_server(lambda: protos.append(Recorder()) or protos[-1], "127.0.0.1", 0)
         _wait_kernel_stamping()
         c = socket.create_connection(server.sockets[0].getsockname(), timeout=5)
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

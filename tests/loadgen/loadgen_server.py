@@ -174,3 +174,17 @@ async def start_server(state: ServerState) -> tuple[web.AppRunner, int]:
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     return runner, port
+
+
+async def load_cli(*args: str) -> tuple[int, str, str]:
+    """``deltatap load ARGS`` in a subprocess from the repository root: (exit code, stdout, stderr)."""
+    import asyncio
+    import sys
+    from pathlib import Path
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "deltatap.app.cli", "load", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(Path(__file__).resolve().parents[2]),
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=90)
+    return proc.returncode or 0, out.decode(), err.decode()

@@ -20,6 +20,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from rich.console import Console
 
+from loadgen_server import load_cli as _cli
 from deltatap.loadgen import LoadAborted, LoadOptions, run_load
 from deltatap.loadgen.client import models_url, server_message
 from deltatap.loadgen.gpu import GpuSampler, no_gpu_log_level, nvidia_gpu_present
@@ -67,13 +68,6 @@ async def engine():
         tel.shutdown()
 
 
-async def _cli(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "deltatap.app.cli", "load", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(ROOT),
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=90)
-    return proc.returncode or 0, out.decode(), err.decode()
 
 
 # --------------------------------------------------------------------------- 1. the model the target lists

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from loadgen_server import load_cli as _cli
 from deltatap.core.config import ConfigError
 from deltatap.loadgen import LoadOptions, run_load
 from deltatap.loadgen.records import read_records
@@ -129,13 +130,6 @@ async def test_bad_options_raise_clear_errors():
         await run_load(opts("ftp://nowhere"), None)  # rejected before any telemetry is used
 
 
-async def _cli(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "deltatap.app.cli", "load", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(ROOT),
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=90)
-    return proc.returncode or 0, out.decode(), err.decode()
 
 
 async def test_cli_runs_and_exports_spans(sse_server, tmp_path):
