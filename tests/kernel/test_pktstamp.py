@@ -1,0 +1,105 @@
+"""deltatap.net.pktstamp: the packet log's filter, its ring (wrapping past its size) and what it returns, over real
+loopback connections. Needs CAP_NET_RAW (a packet socket); skipped without it."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from deltatap.net import pktstamp
+from deltatap.net.pktstamp import _FRAMES, packet_log, tcp_counters
+
+pytestmark = pytest.mark.skipif(packet_log() is None, reason="per-packet stamps need CAP_NET_RAW (a packet socket)")
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    with socket.create_server(("127.0.0.1", 0)) as lsock:
+        c = socket.create_connection(lsock.getsockname(), timeout=5)
+        s, _ = lsock.accept()
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return c, s
+
+
+def _key(c: socket.socket, s: socket.socket) -> tuple[bytes, int, bytes, int]:
+    """Segments toward ``s``: (source ip, source port, local ip, local port)."""
+    src, sport = c.getsockname()
+    dst, dport = s.getsockname()
+    return socket.inet_aton(src), sport, socket.inet_aton(dst), dport
+
+
+def _anchor(log, key, s) -> int:
+    newest = log.newest_segment(key)
+    assert newest is not None
+    return (newest[1] - tcp_counters(s)[1]) & 0xFFFFFFFF
+
+
+def test_only_data_segments_toward_watched_ports_are_kept():
+    log = packet_log()
+    c1, s1 = _pair()
+    c2, s2 = _pair()
+    try:
+        log.watch(s1.getsockname()[1])
+        for i in range(5):
+            c1.send(b"w" * (10 + i))
+            c2.send(b"u" * 7)
+            s1.send(b"answer")  # toward c1's port, which nobody watches
+            time.sleep(0.002)
+        time.sleep(0.01)
+        k1, k2, back = _key(c1, s1), _key(c2, s2), _key(s1, c1)
+        irs1 = _anchor(log, k1, s1)
+        segs = log.segments_since(k1, irs1)
+        assert [end - seq for seq, end, _ in segs] == [10, 11, 12, 13, 14]  # every write, in order, with its length
+        assert [seq for seq, _, _ in segs] == [(irs1 + sum(range(10, 10 + i))) & 0xFFFFFFFF for i in range(5)]
+        assert all(a[2] <= b[2] for a, b in zip(segs, segs[1:], strict=False))  # stamps in arrival order
+        assert log.newest_segment(k2) is None and log.newest_segment(back) is None
+        # (pure acknowledgements toward s1 exist - c1 acknowledges s1's answers - but carry no data: dropped)
+    finally:
+        log.unwatch(s1.getsockname()[1])
+        for x in (c1, s1, c2, s2):
+            x.close()
+
+
+def test_the_ring_wraps_and_keeps_the_newest_segments():
+    log = packet_log()
+    c, s = _pair()
+    try:
+        log.watch(s.getsockname()[1])
+        s.setblocking(False)
+        sent = 0
+        n = _FRAMES + _FRAMES // 2  # one and a half times round the ring
+        for i in range(n):
+            c.send(b"%08d" % i)
+            sent += 8
+            if i % 64 == 63:
+                log.maintain(force=True)  # what reads do every 20 ms: hand the older half back
+                try:
+                    while s.recv(1 << 16):
+                        pass
+                except BlockingIOError:
+                    pass
+        time.sleep(0.01)
+        key = _key(c, s)
+        newest = log.newest_segment(key)
+        assert newest is not None and newest[1] - newest[0] == 8
+        irs1 = (newest[1] - sent) & 0xFFFFFFFF
+        assert _anchor(log, key, s) == irs1
+        # the last 100 writes are still in the ring, each at its own offset
+        base = (irs1 + sent - 800) & 0xFFFFFFFF
+        segs = log.segments_since(key, base)
+        assert len(segs) == 100
+        assert [(seq - irs1) & 0xFFFFFFFF for seq, _, _ in segs] == list(range(sent - 800, sent, 8))
+        # and an offset long handed back to the kernel is not invented
+        assert log.segments_since(key, irs1)[0][0] != irs1
+    finally:
+        log.unwatch(s.getsockname()[1])
+        c.close()
+        s.close()
+
+
+def test_a_filter_for_many_ports_takes_their_range():
+    prog_few = pktstamp._filter([40000, 40001])
+    prog_many = pktstamp._filter(list(range(30000, 30000 + pktstamp._MAX_LISTED_PORTS + 1)))
+    assert len(prog_many) < len(prog_few) + 8 * pktstamp._INSN.size  # two comparisons, not one per port
+    assert pktstamp._filter([]) == pktstamp._INSN.pack(pktstamp._RET, 0, 0, 0)  # nothing watched: drop all
