@@ -21,7 +21,7 @@ from prometheus_client.utils import floatToGoString
 
 from deltatap.core.clocksync import ClockEstimate
 from deltatap.core.gc_pauses import PAUSES
-from deltatap.net.kstamp import READ_LAG
+from deltatap.net.kstamp import MERGED_READS, READ_LAG
 from deltatap.telemetry.tracer import ExportStats
 
 _OVERHEAD_BUCKETS = (20e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 50e-3)
@@ -126,6 +126,12 @@ class _TapCollector(Collector):
         buckets.append(("+Inf", READ_LAG.count))
         lag.add_metric([link], buckets, READ_LAG.total_ns / 1e9)
         yield lag
+        merged = CounterMetricFamily("deltatap_process_merged_reads", "Reads that held several segments (per-packet stamps on): "
+                                     "placed segment by segment from the packet log, or not (fallback: merged packets keep the later stamp)",
+                                     labels=["link", "placed"])
+        for placed, n in MERGED_READS.items():
+            merged.add_metric([link, placed], n)
+        yield merged
         est = self.clock()
         if est is not None:
             off = GaugeMetricFamily("deltatap_tap_clock_offset_seconds", "Tap clock minus collector clock", labels=["link"])

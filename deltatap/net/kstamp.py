@@ -118,6 +118,10 @@ class ReadLag:
 
 
 READ_LAG = ReadLag()
+# reads that held more segments than arrivals (with the packet log on): placed segment by segment from the log,
+# or not (the log could not place the bytes: the read's stamps fall back to the kernel's, the later one for merged
+# packets). Process-wide, like READ_LAG; the tap exports both on /metrics.
+MERGED_READS = {"packets": 0, "fallback": 0}
 
 def stamp_source() -> str:
     """Where this process's read stamps come from: ``packet`` (the kernel's receive stamps, and each packet's own
@@ -299,8 +303,11 @@ class KernelStampTransport(asyncio.Transport):
             segments = counts[0] - self._segs_in if counts else 0
             if counts:
                 self._segs_in = counts[0]
-            if segments > 1 and self._read_by_packets(view, first):
-                return
+            if segments > 1:
+                if self._read_by_packets(view, first):
+                    MERGED_READS["packets"] += 1
+                    return
+                MERGED_READS["fallback"] += 1
             plog.maintain()
         if not first or lag < _PROMPT_NS:
             # read promptly (or unstamped): whatever else waits arrived within the same few µs

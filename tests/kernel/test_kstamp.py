@@ -494,6 +494,7 @@ def test_writes_the_kernel_merged_keep_their_own_arrivals(run, packet_stamps):
         server.close()
         return sent, protos[0].got
 
+    placed_before = kstamp.MERGED_READS["packets"]
     sent, got = run(scenario())
     assert b"".join(d for d, _ in got) == b"one.two.three."
     stamps = {}
@@ -507,5 +508,6 @@ def test_writes_the_kernel_merged_keep_their_own_arrivals(run, packet_stamps):
     assert all(-0.1 <= v for v in late.values()), late
     if packet_stamps == "packets":
         assert all(v <= 1.0 for v in late.values()), late  # each at its own arrival (the writes are 4 ms apart)
+        assert kstamp.MERGED_READS["packets"] > placed_before  # and counted as placed from the log
     else:
         assert late[b"one."] >= 3.0, late  # merged: the first write carries a later write's stamp
