@@ -185,7 +185,7 @@ class KernelStampTransport(asyncio.Transport):
         "_loop", "_sock", "_fd", "_protocol", "_wbuf", "_wsize", "_closing", "_paused",
         "_lost", "_eof", "_high", "_low", "_protocol_paused", "_server",
         "rx_mono_ns", "last_write_mono_ns", "writes",
-        "_plog", "_pkey", "_segs_in", "_rx_off", "_irs1", "_drained_wall", "_prev_drained_wall",
+        "_plog", "_pkey", "_segs_in", "_rx_off", "_irs1",
     )
 
     def __init__(
@@ -225,8 +225,6 @@ class KernelStampTransport(asyncio.Transport):
         self._segs_in = 0
         self._rx_off = 0  # stream offset (bytes the kernel received in order, counted from 0) of the next byte to read
         self._irs1: int | None = None  # TCP sequence number of stream offset 0 (found once, see _anchor)
-        self._drained_wall = 0  # wall clock when the latest read began (it left the queue empty)
-        self._prev_drained_wall = 0  # ... and the read before it: what the latest read found arrived after this
         if sock.family == socket.AF_INET:
             self._watch_packets(sock, extra)
         if server is not None:
@@ -296,9 +294,6 @@ class KernelStampTransport(asyncio.Transport):
             READ_LAG.add(lag)
         plog = self._plog
         if plog is not None:
-            # what waits now arrived after the previous read emptied the queue; this read empties it again
-            # (reads take up to 256 KiB: a larger backlog only costs the packet path a fallback)
-            self._prev_drained_wall, self._drained_wall = self._drained_wall, t_wall
             counts = tcp_counters(self._sock)
             segments = counts[0] - self._segs_in if counts else 0
             if counts:
@@ -339,6 +334,9 @@ class KernelStampTransport(asyncio.Transport):
             return True  # (nothing there after all, or the socket failed: handled)
         n, last = r[0], _kernel_ns(r[1])
         cuts = self._packet_cuts(n)
+        if cuts is None and self._irs1 is not None:
+            self._irs1 = None  # the anchor may be stale (found once, when a copy of a segment was the newest): once more
+            cuts = self._packet_cuts(n)
         if cuts is None:
             return False
         data = bytes(view[:n])
@@ -360,9 +358,10 @@ class KernelStampTransport(asyncio.Transport):
         if self._irs1 is None:
             self._irs1 = self._anchor()
             if self._irs1 is None:
+                log.debug("packet path: no anchor for %s", self._extra.get("peername"))
                 return None
         base = (self._irs1 + self._rx_off) & 0xFFFFFFFF  # sequence number of the first waiting byte
-        segs = plog.segments_since(key, base, self._prev_drained_wall - 1_000_000)
+        segs = plog.segments_since(key, base)
         cuts: list[tuple[int, int]] = []
         pos = 0
         for seq, end, wall in segs:
@@ -371,6 +370,7 @@ class KernelStampTransport(asyncio.Transport):
                 continue  # a copy of bytes already placed (a retransmission)
             rel_start = (seq - base) & 0xFFFFFFFF
             if pos < rel_start <= 0x7FFFFFFF:
+                log.debug("packet path: %d waiting bytes, the log's segments start %d bytes in (%d found)", n, rel_start - pos, len(segs))
                 return None  # a segment the log missed: cannot place the bytes
             if rel_end >= n:
                 cuts.append((n, wall))
@@ -378,6 +378,7 @@ class KernelStampTransport(asyncio.Transport):
             cuts.append((rel_end, wall))
             pos = rel_end
         if not cuts:
+            log.debug("packet path: %d waiting bytes, no segment of them in the log", n)
             return None
         cuts.append((n, 0))  # (bytes the log has not seen yet: the read's own stamp)
         return cuts
