@@ -188,6 +188,21 @@ class Recorder(asyncio.Protocol):
         self.got.append((data, self.transport.rx_mono_ns))
 
 
+async def _send_while_blocked(c: socket.socket, rec: Recorder, msgs: tuple[bytes, ...], gap_s: float) -> list[int]:
+    """Send ``msgs`` ``gap_s`` apart while this loop is blocked (they all wait in the reader's socket), then let the
+    loop run until the recorder has them all; returns when each was sent (``mono_ns``)."""
+    sent = []
+    for msg in msgs:
+        sent.append(mono_ns())
+        c.send(msg)
+        time.sleep(gap_s)  # (blocking on purpose)
+    for _ in range(200):
+        if sum(len(d) for d, _ in rec.got) >= sum(map(len, msgs)):
+            break
+        await asyncio.sleep(0.005)
+    return sent
+
+
 @LOOPS
 def test_a_late_read_is_split_at_each_arrival(run):
     """Two writes 5 ms apart while the reader's loop is blocked arrive in one read; the transport
@@ -209,15 +224,7 @@ def test_a_late_read_is_split_at_each_arrival(run):
             await asyncio.sleep(0.001)
         await asyncio.sleep(0.02)
         protos[0].got.clear()
-        sent = []
-        for msg in (b"first", b"second"):
-            sent.append(mono_ns())
-            c.send(msg)
-            time.sleep(0.005)  # the loop stays blocked: both wait in the socket
-        for _ in range(200):
-            if sum(len(d) for d, _ in protos[0].got) >= len(b"firstsecond"):
-                break
-            await asyncio.sleep(0.005)
+        sent = await _send_while_blocked(c, protos[0], (b"first", b"second"), 0.005)
         c.close()
         server.close()
         return sent, protos[0].got
@@ -481,15 +488,7 @@ def test_writes_the_kernel_merged_keep_their_own_arrivals(run, packet_stamps):
             if protos:
                 break
             await asyncio.sleep(0.005)
-        sent = []
-        for msg in (b"one.", b"two.", b"three."):
-            sent.append(mono_ns())
-            c.send(msg)
-            time.sleep(0.004)  # the loop stays blocked: all three wait in the socket
-        for _ in range(200):
-            if sum(len(d) for d, _ in protos[0].got) >= len(b"one.two.three."):
-                break
-            await asyncio.sleep(0.005)
+        sent = await _send_while_blocked(c, protos[0], (b"one.", b"two.", b"three."), 0.004)
         c.close()
         server.close()
         return sent, protos[0].got
