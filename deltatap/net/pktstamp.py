@@ -202,21 +202,6 @@ class PacketLog:
             head += 1
         self._head = head
 
-    def _segment(self, frame: int) -> tuple[tuple[bytes, int, bytes, int], int, int, int] | None:
-        """(key, seq, end_seq, wall_ns) of the TCP data segment in ``frame``."""
-        mv, off = self._mv, self._at(frame)
-        _status, _len, snap, _mac, net, sec, nsec = _TP2.unpack_from(mv, off)
-        if snap < 40:
-            return None
-        base = off + net
-        vihl, _tos, total, _id, _frag, _ttl, _proto, _ck, src, dst = _IPV4.unpack_from(mv, base)
-        ihl = (vihl & 0xF) * 4
-        sport, dport, seq, _ack, doff = _TCP.unpack_from(mv, base + ihl)
-        payload = total - ihl - (doff >> 4) * 4
-        if payload <= 0:
-            return None
-        return (src, sport, dst, dport), seq, (seq + payload) & 0xFFFFFFFF, sec * 1_000_000_000 + nsec
-
     def _matches(self, key: tuple[bytes, int, bytes, int], limit: int):
         """Frames holding a segment toward ``key``, newest first: ``(frame offset, IP header offset)``.
 
@@ -242,32 +227,39 @@ class PacketLog:
                 net = hdr.unpack_from(self._mv, off)[4]
                 if at == off + net + 12:
                     yield off, off + net
-                end = off if at == off + net + 12 else at + len(pattern) - 1
+                    end = off
+                else:
+                    end = at + len(pattern) - 1  # (the bytes matched elsewhere in a frame: look before them)
 
-    def segments_since(self, key: tuple[bytes, int, bytes, int], base_seq: int, not_before_ns: int = 0,
-                       limit: int = _FRAMES) -> list[tuple[int, int, int]]:
+    def _segment_at(self, off: int, ip: int) -> tuple[int, int, int] | None:
+        """``(seq, end_seq, wall_ns)`` of the TCP segment in the frame at ``off`` (its IP header at ``ip``);
+        None when it carries no data."""
+        mv = self._mv
+        _status, _len, snap, _mac, _net, sec, nsec = _TP2.unpack_from(mv, off)
+        if snap < 40:
+            return None
+        vihl, _tos, total, _id, _frag, _ttl, _proto, _ck, _src, _dst = _IPV4.unpack_from(mv, ip)
+        ihl = (vihl & 0xF) * 4
+        _sport, _dport, seq, _ack, doff = _TCP.unpack_from(mv, ip + ihl)
+        payload = total - ihl - (doff >> 4) * 4
+        if payload <= 0:
+            return None
+        return seq, (seq + payload) & 0xFFFFFFFF, sec * 1_000_000_000 + nsec
+
+    def segments_since(self, key: tuple[bytes, int, bytes, int], base_seq: int, limit: int = _FRAMES) -> list[tuple[int, int, int]]:
         """``[(seq, end_seq, wall_ns), ...]``, oldest first: the segments toward connection ``key`` (its
         (source ip, source port, local ip, local port)) from the one holding sequence number ``base_seq`` on,
-        newest first from the ring. The search stops at that segment, at one stamped before ``not_before_ns``
-        (wall clock: the bytes cannot have arrived before) or ``limit`` frames back."""
+        searched newest first in the ring. The search stops at that segment or ``limit`` frames back."""
         out = []
-        mv = self._mv
         for off, ip in self._matches(key, limit):
-            _status, _len, _snap, _mac, _net, sec, nsec = _TP2.unpack_from(mv, off)
-            wall = sec * 1_000_000_000 + nsec
-            if wall < not_before_ns:
-                break
-            vihl, _tos, total, _id, _frag, _ttl, _proto, _ck, _src, _dst = _IPV4.unpack_from(mv, ip)
-            ihl = (vihl & 0xF) * 4
-            _sport, _dport, seq, _ack, doff = _TCP.unpack_from(mv, ip + ihl)
-            payload = total - ihl - (doff >> 4) * 4
-            if payload <= 0:
+            seg = self._segment_at(off, ip)
+            if seg is None:
                 continue
-            end = (seq + payload) & 0xFFFFFFFF
+            seq, end, _wall = seg
             rel_end = (end - base_seq) & 0xFFFFFFFF
             if rel_end == 0 or rel_end > 0x7FFFFFFF:
                 break  # ends before the waiting bytes: everything older is older still
-            out.append((seq, end, wall))
+            out.append(seg)
             rel_start = (seq - base_seq) & 0xFFFFFFFF
             if rel_start == 0 or rel_start > 0x7FFFFFFF:
                 break  # holds the first waiting byte
@@ -276,10 +268,10 @@ class PacketLog:
 
     def newest_segment(self, key: tuple[bytes, int, bytes, int], limit: int = _FRAMES) -> tuple[int, int, int] | None:
         """The newest ``(seq, end_seq, wall_ns)`` toward ``key`` still in the ring (data segments only)."""
-        for off, _ip in self._matches(key, limit):
-            seg = self._segment(off // _FRAME)
+        for off, ip in self._matches(key, limit):
+            seg = self._segment_at(off, ip)
             if seg is not None:
-                return seg[1:]
+                return seg
         return None
 
 
