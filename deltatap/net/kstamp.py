@@ -93,13 +93,12 @@ class ReadLag:
     per stamped read, in power-of-two buckets of ns (bucket ``i`` holds lags in ``[2**(i-1), 2**i)``).
     Process-wide (every stamped transport adds to :data:`READ_LAG`); the tap exports it on ``/metrics``."""
 
-    __slots__ = ("buckets", "count", "total_ns", "max_ns")
+    __slots__ = ("buckets", "count", "total_ns")
 
     def __init__(self) -> None:
         self.buckets = [0] * 48
         self.count = 0
         self.total_ns = 0
-        self.max_ns = 0
 
     def add(self, ns: int) -> None:
         if ns < 0:
@@ -107,14 +106,6 @@ class ReadLag:
         self.buckets[min(ns.bit_length(), 47)] += 1
         self.count += 1
         self.total_ns += ns
-        if ns > self.max_ns:
-            self.max_ns = ns
-
-    def share_over(self, ns: int) -> float:
-        """Share of reads whose lag was at least ``ns`` (to the bucket's resolution: lags >= the power of two at or below ``ns``)."""
-        if not self.count:
-            return 0.0
-        return sum(self.buckets[ns.bit_length():]) / self.count
 
 
 READ_LAG = ReadLag()
@@ -122,6 +113,7 @@ READ_LAG = ReadLag()
 # or not (the log could not place the bytes: the read's stamps fall back to the kernel's, the later one for merged
 # packets). Process-wide, like READ_LAG; the tap exports both on /metrics.
 MERGED_READS = {"packets": 0, "fallback": 0}
+
 
 def stamp_source() -> str:
     """Where this process's read stamps come from: ``packet`` (the kernel's receive stamps, and each packet's own
@@ -288,8 +280,7 @@ class KernelStampTransport(asyncio.Transport):
                 self.close()
             return
         first = _kernel_ns(r[1])
-        t_wall = _wall()
-        lag = t_wall - first if first else 0
+        lag = _wall() - first if first else 0
         if first:
             READ_LAG.add(lag)
         plog = self._plog
@@ -314,9 +305,14 @@ class KernelStampTransport(asyncio.Transport):
         if r is None:
             return
         n, last = r[0], _kernel_ns(r[1])
+        self._hand_over(view, n, self._arrivals(n, first, last) if n > 1 and last and first != last else [(n, last or first)])
+
+    def _hand_over(self, view: memoryview, n: int, cuts: list[tuple[int, int]]) -> None:
+        """Take in the ``n`` bytes peeked into ``view`` and hand them to the protocol one cut at a time:
+        ``cuts`` is ``[(end, kernel_ns), ...]``, each piece with its own stamp."""
         data = bytes(view[:n])  # (the read buffer is shared: keep the peeked bytes while handing them over)
         start = 0
-        for end, k in self._arrivals(n, first, last) if n > 1 and last and first != last else ((n, last or first),):
+        for end, k in cuts:
             r = self._recv(view[start:end], _DISCARD)  # take in what was peeked
             if r is None:
                 return
@@ -333,26 +329,18 @@ class KernelStampTransport(asyncio.Transport):
         if r is None:
             return True  # (nothing there after all, or the socket failed: handled)
         n, last = r[0], _kernel_ns(r[1])
-        cuts = self._packet_cuts(n)
+        cuts = self._packet_cuts(n, last or first)
         if cuts is None and self._irs1 is not None:
             self._irs1 = None  # the anchor may be stale (found once, when a copy of a segment was the newest): once more
-            cuts = self._packet_cuts(n)
+            cuts = self._packet_cuts(n, last or first)
         if cuts is None:
             return False
-        data = bytes(view[:n])
-        start = 0
-        for end, k in cuts:
-            r = self._recv(view[start:end], _DISCARD)
-            if r is None:
-                return True
-            end = start + r[0]
-            if not self._deliver(data[start:end], k or last or first) or self._closing or self._paused:
-                return True
-            start = end
+        self._hand_over(view, n, cuts)
         return True
 
-    def _packet_cuts(self, n: int) -> list[tuple[int, int]] | None:
-        """``[(end, wall_ns), ...]`` splitting the ``n`` waiting bytes at the segments the packet log saw."""
+    def _packet_cuts(self, n: int, last_ns: int) -> list[tuple[int, int]] | None:
+        """``[(end, wall_ns), ...]`` splitting the ``n`` waiting bytes at the segments the packet log saw
+        (``last_ns``, the read's own stamp, for bytes past the newest logged segment)."""
         plog, key = self._plog, self._pkey
         assert plog is not None and key is not None
         if self._irs1 is None:
@@ -380,7 +368,7 @@ class KernelStampTransport(asyncio.Transport):
         if not cuts:
             log.debug("packet path: %d waiting bytes, no segment of them in the log", n)
             return None
-        cuts.append((n, 0))  # (bytes the log has not seen yet: the read's own stamp)
+        cuts.append((n, last_ns))  # (bytes the log has not seen yet)
         return cuts
 
     def _anchor(self) -> int | None:
