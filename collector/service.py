@@ -34,6 +34,7 @@ from deltatap.collector.rows import Row
 from deltatap.collector.sinks import RowWriter
 from deltatap.collector.sketches import Aggregator
 from deltatap.collector.spans import SpanRecord
+from deltatap.core.gc_pauses import settle
 from deltatap.core.config import ConfigError
 from deltatap.core.topology import Topology, default_topology, parse_hostport
 
@@ -229,9 +230,9 @@ def tune_gc(young: int = 1_000_000) -> None:
     is freed by reference counting anyway (benchmarks/collector_throughput.py, 40k requests:
     about 27-30k spans/s joined at 200,000, 31-32k at 1,000,000; the RSS with 100k open traces is
     in docs/benchmarks.md). A young collection then pauses the loop for tens of ms. Process-wide:
-    call it from a collector process, not from a library or test that shares the interpreter."""
-    gc.collect()
-    gc.freeze()
+    call it from a collector process, not from a library or test that shares the interpreter.
+    The freeze (and the pause timing) is every long-running deltatap process's: :func:`deltatap.core.gc_pauses.settle`."""
+    settle()
     gc.set_threshold(young, 20, 100)
 
 

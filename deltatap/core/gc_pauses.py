@@ -20,7 +20,6 @@ timing stays), for measuring what it is worth.
 
 from __future__ import annotations
 
-import collections
 import gc
 import os
 import time
@@ -31,13 +30,11 @@ __all__ = ["PAUSES", "GcPauses", "settle"]
 
 @dataclass
 class GcPauses:
-    """Counts, total and longest pause per generation since :meth:`install`; the last pauses with their
-    start (``perf_counter_ns``, the scale of :func:`deltatap.core.clock.mono_ns`)."""
+    """Counts, total and longest pause per generation since :meth:`install`."""
 
     count: list[int] = field(default_factory=lambda: [0, 0, 0])
     total_ns: list[int] = field(default_factory=lambda: [0, 0, 0])
     max_ns: list[int] = field(default_factory=lambda: [0, 0, 0])
-    recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=512))  # (start_mono_ns, ns, generation)
     _t0: int = 0
     _installed: bool = False
 
@@ -45,11 +42,6 @@ class GcPauses:
         if not self._installed:
             gc.callbacks.append(self._callback)
             self._installed = True
-
-    def uninstall(self) -> None:
-        if self._installed:
-            gc.callbacks.remove(self._callback)
-            self._installed = False
 
     def _callback(self, phase: str, info: dict) -> None:
         if phase == "start":
@@ -61,11 +53,6 @@ class GcPauses:
         self.total_ns[g] += ns
         if ns > self.max_ns[g]:
             self.max_ns[g] = ns
-        self.recent.append((self._t0, ns, g))
-
-    def summary(self) -> dict[str, dict[str, float]]:
-        """``{"gen0": {"count", "total_ms", "max_ms"}, ...}``."""
-        return {f"gen{g}": {"count": self.count[g], "total_ms": self.total_ns[g] / 1e6, "max_ms": self.max_ns[g] / 1e6} for g in range(3)}
 
 
 PAUSES = GcPauses()
