@@ -68,13 +68,13 @@ def find_config(ref: str | Path, folder: str | None = None) -> Path:
         return p
     text = str(ref)
     rel = text[len("configs/"):] if text.startswith("configs/") else text
+    folders = (folder,) if folder is not None else CONFIG_FOLDERS
     if not p.is_absolute() and rel:
         root = packaged_configs()
-        for sub in (folder,) if folder is not None else CONFIG_FOLDERS:
+        for sub in folders:
             for cand in (root / sub / rel, root / sub / f"{rel}.yaml"):
                 if cand.is_file():
                     return cand
-    folders = (folder,) if folder is not None else CONFIG_FOLDERS
     names = [f"{sub}/{n}" if sub else n for sub in folders for n in packaged_config_names(sub)]
     raise ConfigError(f"{ref}: file not found, and no packaged config has that name (packaged: {', '.join(names)})")
 

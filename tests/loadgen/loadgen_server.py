@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from aiohttp import web
 
@@ -178,10 +180,6 @@ async def start_server(state: ServerState) -> tuple[web.AppRunner, int]:
 
 async def load_cli(*args: str) -> tuple[int, str, str]:
     """``deltatap load ARGS`` in a subprocess from the repository root: (exit code, stdout, stderr)."""
-    import asyncio
-    import sys
-    from pathlib import Path
-
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "deltatap.app.cli", "load", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(Path(__file__).resolve().parents[2]),
