@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from deltatap.core.sse import itl_per_request_ns
+
 MAX_PROBLEM_GROUPS = 20
 ITL_PER_REQUEST_LABEL = "ITL per request, AIPerf"  # (last token - first token) / (tokens - 1), one value per request
 ITL_GAPS_LABEL = "chunk gaps"  # every gap between content events: deltatap report's "inter-chunk gap"
@@ -128,10 +130,8 @@ def summarize(records: list[dict[str, Any]], token_source: str = "reference") ->
         if len(chunks) >= 2:
             ttst.append(chunks[1] - chunks[0])
             icl.extend(np.diff(chunks).tolist())
-        n_out = r.get("output_tokens")
-        lt = r.get("last_token_unix_ns")
-        if ft is not None and lt is not None and n_out and n_out > 1 and lt > ft:
-            v = (lt - ft) / (n_out - 1)
+        v = itl_per_request_ns(ft, r.get("last_token_unix_ns"), r.get("output_tokens"))
+        if v is not None:
             itl.append(v)
             tpu.append(1e9 / v)
     sends = [r["send_unix_ns"] for r in recs if r.get("send_unix_ns") is not None]

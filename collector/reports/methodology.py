@@ -20,6 +20,7 @@ from deltatap.collector.reports.model import Column, Section, Table
 from deltatap.collector.reports.registry import ReportInputs, register_section
 from deltatap.collector.reports.stats import PERCENTILE_TITLES, summarize
 from deltatap.collector.rows import Row
+from deltatap.core.sse import itl_per_request_ns
 
 INPUT_BUCKETS: tuple[tuple[int, int | None], ...] = ((0, 256), (256, 512), (512, 1024), (1024, 2048), (2048, 4096), (4096, None))
 
@@ -82,14 +83,14 @@ def chunk_gaps_from_records(records: Sequence[dict[str, Any]]) -> list[np.ndarra
 
 def itl_per_request_from_records(records: Sequence[dict[str, Any]]) -> np.ndarray:
     """ITL (per request), ms: (last token - first token) / (output tokens - 1) of every ok request with 2+
-    tokens, exactly as the load generator's summary computes ``inter_token_latency``."""
+    tokens (:func:`deltatap.core.sse.itl_per_request_ns`, as the load generator's ``inter_token_latency``)."""
     out = []
     for rec in records:
         if rec.get("phase", "measure") != "measure" or rec.get("status", "ok") != "ok":
             continue
-        ft, lt, n = rec.get("first_token_unix_ns"), rec.get("last_token_unix_ns"), rec.get("output_tokens")
-        if ft is not None and lt is not None and n and n > 1 and lt > ft:
-            out.append((lt - ft) / (n - 1) / 1e6)
+        v = itl_per_request_ns(rec.get("first_token_unix_ns"), rec.get("last_token_unix_ns"), rec.get("output_tokens"))
+        if v is not None:
+            out.append(v / 1e6)
     return np.asarray(out, dtype=float)
 
 

@@ -92,6 +92,7 @@ __all__ = [
     "detect_format",
     "format_for_path",
     "get_format",
+    "itl_per_request_ns",
     "register_format",
 ]
 
@@ -336,3 +337,12 @@ class StreamObserver:
             self.format = name
         return self._fmt.extract(obj, ev.event, self.facts)
 
+
+
+def itl_per_request_ns(first_token_ns: int | None, last_token_ns: int | None, output_tokens: int | None) -> float | None:
+    """ITL (per request), the one definition (AIPerf's ``inter_token_latency``): (last token - first token) /
+    (output tokens - 1), for a request with two tokens or more that ended after its first token; else None.
+    The load generator's summary and the reports both read it from here."""
+    if first_token_ns is None or last_token_ns is None or not output_tokens or output_tokens < 2 or last_token_ns <= first_token_ns:
+        return None
+    return (last_token_ns - first_token_ns) / (output_tokens - 1)
