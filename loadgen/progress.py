@@ -83,7 +83,7 @@ def summary_table(summary: dict[str, Any], width: int | None = None) -> Table:
     metrics = summary["metrics_ms"]
     itl = metrics.get("inter_token_latency") or metrics.get("inter_chunk_latency")
     caption = (f"{ITL_PER_REQUEST_LABEL}: (last token - first token) / (tokens - 1), one value per request; "
-               f"{ITL_GAPS_LABEL}: every gap between content events (the ITL of deltatap report)") if itl else None
+               f"{ITL_GAPS_LABEL}: every gap between content events (the inter-chunk gap of deltatap report)") if itl else None
     if wide:
         t = Table(title="deltatap load - summary", caption=caption, show_lines=False)
     else:
