@@ -77,6 +77,18 @@ def read_text(path: Path, expected: str = EXPECTED) -> str:
         raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
+def read_json_object(path: Path, expected: str) -> dict[str, Any]:
+    """A file holding one JSON object (``run.json``, ``summary.json``); anything else is one ConfigError naming
+    the file and ``expected``."""
+    try:
+        doc = json.loads(read_text(path, expected))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc.msg}); expected {expected}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: expected a JSON object, {expected}, got {type(doc).__name__}")
+    return doc
+
+
 def _documents(path: Path) -> Iterator[tuple[int, Any]]:
     text = read_text(path)
     if "\x00" in text:
@@ -270,10 +282,7 @@ def _clock_of(run_json: Path) -> tuple[int, int]:
     """(offset ns, uncertainty ns) the load generator measured with --clock-sync, from its run.json; (0, 0) without."""
     if not run_json.is_file():
         return 0, 0
-    try:
-        sync = ((json.loads(read_text(run_json, "the load generator's run.json")) or {}).get("clock") or {}).get("sync") or {}
-    except (json.JSONDecodeError, AttributeError):
-        raise ConfigError(f"{run_json}: not the load generator's run.json (not a JSON object)") from None
+    sync = (read_json_object(run_json, "the load generator's run.json").get("clock") or {}).get("sync") or {}
     return int(sync.get("offset_ns") or 0), int(sync.get("uncertainty_ns") or 0)
 
 

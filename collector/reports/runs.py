@@ -13,7 +13,6 @@ workload, load model) is taken from it where the run directory's own ``run.json`
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,15 +50,9 @@ def _rows_file(path: Path) -> Path:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    from deltatap.collector.ingest import read_text
+    from deltatap.collector.ingest import read_json_object
 
-    try:
-        doc = json.loads(read_text(path, "run metadata as JSON (run.json)"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc.msg}); expected run metadata (run.json)") from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{path}: expected a JSON object of run metadata (run.json), got {type(doc).__name__}")
-    return doc
+    return read_json_object(path, f"run metadata ({path.name})")
 
 
 def _load_model(meta: dict[str, Any]) -> str | None:
