@@ -8,10 +8,10 @@ Runs ``deltatap load`` -> tap edge -> plain aiohttp gateway -> tap gw-fw -> plai
 tap fw-engine -> engine, each its own process, the taps and the load generator exporting to
 ``deltatap collect``, while tcpdump captures loopback (kernel stamps, ns). The plain engine writes a
 role-only chunk, the first content token as a separate write, then tokens ``--gap-ms`` apart
-(``benchmarks/referee/engines.py``); ``--engine llamacpp`` uses the llama-server that ``.ci/realstack``
+(``deltatap/app/referee/engines.py``); ``--engine llamacpp`` uses the llama-server that ``.ci/realstack``
 installs under ~/.cache/deltatap (skipped with a message when it is absent). Every TCP stream is
 reassembled; each row of rows.parquet is matched to its request on every hop by ``x-request-id`` and
-each point compared with the wire (mapping: ``benchmarks/referee/compare.py``). Per point and per delta:
+each point compared with the wire (mapping: ``deltatap/app/referee/compare.py``). Per point and per delta:
 |error| p50 / p99 / max, the share of requests off by more than 0.3 ms, late (row after the wire) and
 early counts, and for read points how many late stamps equal a *later* packet of the same response.
 Writes benchmarks/results/wire_referee_<engine>_<rate>[_gap<G>ms][_busy].json per run.
@@ -33,9 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.referee.chain import ChainConfig, ChainError, llama_server, run_chain  # noqa: E402
-from benchmarks.referee.capture import tcpdump_path  # noqa: E402
-from benchmarks.referee.compare import ALIASES, compare, load_wire, stats  # noqa: E402
+from deltatap.app.referee.chain import ChainConfig, ChainError, llama_server, run_chain  # noqa: E402
+from deltatap.app.referee.capture import tcpdump_path  # noqa: E402
+from deltatap.app.referee.compare import ALIASES, compare, load_wire, stats  # noqa: E402
 
 POINT_ORDER = ["client.send", "gateway.in.arrive", "gateway.in.exit", "firewall.in.arrive", "firewall.in.exit", "engine.queue",
                "engine.first_token", "engine.last_token", "firewall.out.first_in", "firewall.out.first_out", "gateway.out.first_in",
@@ -57,7 +57,7 @@ def uptime() -> dict:
 
 def deltatap_build(exe: str | None) -> dict:
     """Which deltatap code the chain ran: the executable, where its package lives, and that tree's git state."""
-    from benchmarks.referee.chain import deltatap_exe
+    from deltatap.app.referee.chain import deltatap_exe
 
     argv = [exe] if exe else deltatap_exe()
     py = Path(argv[0]).parent / "python" if exe else Path(sys.executable)
@@ -219,7 +219,7 @@ def main() -> int:
                           "gateway_delay_ms": args.gateway_delay_ms, "busy_burners": cfg.busy, "kernel_stamps": args.kernel_stamps,
                           "deltatap": deltatap_build(args.deltatap), "warmup_excluded": args.warmup, "threshold_ms": 0.3,
                           "error_sign": "row - wire: positive = the row's stamp is later than the packet",
-                          "mapping": "benchmarks/referee/compare.py docstring"},
+                          "mapping": "deltatap/app/referee/compare.py docstring"},
                 **s,
                 "load_at_start": start, "load_at_end": end,
             }

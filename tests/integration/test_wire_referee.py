@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.referee.capture import tcpdump_path  # noqa: E402
-from benchmarks.referee.compare import HOPS, NOT_ON_WIRE, compare, load_wire  # noqa: E402
-from benchmarks.referee.pcap import ACK, PSH, SYN, read_tcp  # noqa: E402
-from benchmarks.referee.reassembly import first_last_content, parse_requests, parse_responses, reassemble, sse_events  # noqa: E402
+from deltatap.app.referee.capture import tcpdump_path  # noqa: E402
+from deltatap.app.referee.compare import HOPS, NOT_ON_WIRE, compare, load_wire  # noqa: E402
+from deltatap.app.referee.pcap import ACK, PSH, SYN, read_tcp  # noqa: E402
+from deltatap.app.referee.reassembly import first_last_content, parse_requests, parse_responses, reassemble, sse_events  # noqa: E402
 
 REQUESTS = 60
 RATE = 20.0
@@ -50,7 +50,7 @@ def referee_run(tmp_path_factory):
     why = _can_capture()
     if why:
         pytest.skip(why)
-    from benchmarks.referee.chain import ChainConfig, run_chain
+    from deltatap.app.referee.chain import ChainConfig, run_chain
     from deltatap.collector.sinks import read_rows
 
     work = tmp_path_factory.mktemp("referee")

@@ -1,7 +1,7 @@
 """Plain aiohttp servers for the referee's chain: none of deltatap's code, no stamps, no spans.
 
-    python benchmarks/referee/engines.py engine --listen 127.0.0.1:PORT [--gap-ms 2] [--prefill-ms 3]
-    python benchmarks/referee/engines.py proxy  --listen 127.0.0.1:PORT --upstream http://127.0.0.1:P [--delay-ms 0]
+    python deltatap/app/referee/engines.py engine --listen 127.0.0.1:PORT [--gap-ms 2] [--prefill-ms 3]
+    python deltatap/app/referee/engines.py proxy  --listen 127.0.0.1:PORT --upstream http://127.0.0.1:P [--delay-ms 0]
 
 ``engine``: POST /v1/chat/completions (and /v1/completions) honouring ``max_tokens``; with
 ``stream`` (the load generator always streams) it answers an event stream written the way ordinary

@@ -19,5 +19,5 @@ Modules:
   every child at the end.
 * :mod:`.compare` -- the point -> packet mapping and the per point / per delta error statistics.
 
-The CLI is ``benchmarks/wire_referee.py``.
+The CLI is ``benchmarks/wire_referee.py``; ``deltatap selftest`` uses it where a capture is allowed.
 """

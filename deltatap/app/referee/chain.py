@@ -25,7 +25,6 @@ from pathlib import Path
 
 from .capture import Capture
 
-ROOT = Path(__file__).resolve().parents[2]
 ENGINES_PY = Path(__file__).resolve().parent / "engines.py"
 LINKS = {"edge": ("client", "gateway"), "gw-fw": ("gateway", "firewall"), "fw-engine": ("firewall", "engine")}
 KIND = {"client": "client", "gateway": "gateway", "firewall": "firewall", "engine": "engine"}
@@ -196,7 +195,7 @@ def run_chain(cfg: ChainConfig, workdir: Path, log=print) -> ChainRun:
     def spawn(name: str, argv: list[str]) -> subprocess.Popen:
         f = open(workdir / f"{name}.log", "w")
         logs.append(f)
-        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT), start_new_session=True)
+        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(workdir), start_new_session=True)
         procs.append((name, p))
         return p
 
