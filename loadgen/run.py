@@ -200,10 +200,22 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
     summary["run"] = _run_metadata(options, spec, tok, run_id, clock, telemetry, wall_start, len(plan))
     summary["run"]["model"] = model  # what every request asked for
     summary["run"]["model_source"] = model_source  # given (--model), listed (GET /v1/models) or default
+    summary["run"]["provenance"] = await _provenance(options, plan, url)
     result = LoadResult(summary, records, [r.to_dict() for r in warm_records], plan, None)
     if options.out:
         result.out_dir = write_outputs(Path(options.out), result, measured, warm_records, options.write_requests)
     return result
+
+
+async def _provenance(options: LoadOptions, plan: list[PlannedRequest], url: str) -> dict[str, Any]:
+    """The run's provenance (deltatap.core.provenance): seed, the planned bodies' hash, the target's versions."""
+    import asyncio
+
+    from deltatap.core.provenance import probe_versions, provenance, workload_sha256
+
+    found = await asyncio.to_thread(probe_versions, url)
+    return provenance(tool="load", seed=options.seed, workload_bytes_sha256=workload_sha256(r.to_json() for r in plan),
+                      components={"target": found} if found else {})
 
 
 def _count_output_tokens(records: list[RequestRecord], tok: Any) -> None:

@@ -1,30 +1,19 @@
 """Run metadata for reproducibility: seed, workload spec, config hash, versions, hardware class.
 
-The hardware fingerprint follows llm-speed's rule: coarse class, never a device identity. It
-records the OS name and major version, the CPU model and core count, RAM rounded to an 8 GB
-bucket, accelerator model names and count (no driver build, PCI bus id, UUID or serial), and
-backend versions; ``fingerprint_hash`` is a SHA-256 over those bucketed fields only, so two
-machines of the same class share it. No host name, user name or MAC address is ever read.
+The hardware fingerprint and the provenance record live in :mod:`deltatap.core.provenance` (one definition,
+read by every command); this module adds the report-side helpers: the config hash, the demo's run metadata,
+and Appendix C.1's fields from a run's provenance (:func:`c1_from_provenance`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import platform
-import sys
-import warnings
-from pathlib import Path
 from typing import Any
 
 from deltatap import __version__
+from deltatap.core.provenance import canonical_json, hardware_fingerprint, provenance
 
-RAM_BUCKET_GB = 8
-
-
-def canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+__all__ = ["c1_from_provenance", "canonical_json", "config_hash", "hardware_fingerprint", "run_metadata", "software_line", "with_provenance"]
 
 
 def config_hash(config: Any) -> str:
@@ -32,92 +21,6 @@ def config_hash(config: Any) -> str:
     if hasattr(config, "model_dump"):
         config = config.model_dump(mode="json")
     return hashlib.sha256(canonical_json(config).encode()).hexdigest()[:16]
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return " ".join(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def _ram_gb_bucket() -> int | None:
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-    gb = total / 2**30
-    return max(RAM_BUCKET_GB, int(round(gb / RAM_BUCKET_GB)) * RAM_BUCKET_GB)
-
-
-def _gpus() -> list[str]:
-    """Accelerator model names only (NVML), or [] when there is none or NVML is absent."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # pynvml's deprecation notice
-            import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return []
-    try:
-        names = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-            names.append(name.decode() if isinstance(name, bytes) else str(name))
-        return names
-    except Exception:
-        return []
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
-
-
-def _versions() -> dict[str, str]:
-    import numpy
-
-    out = {"deltatap": __version__, "python": ".".join(map(str, sys.version_info[:2])), "numpy": numpy.__version__}
-    try:
-        import aiohttp
-
-        out["aiohttp"] = aiohttp.__version__
-    except ImportError:  # pragma: no cover - a hard dependency
-        pass
-    return out
-
-
-def hardware_fingerprint(gpus: list[str] | None = None) -> dict[str, Any]:
-    """The coarse hardware class of this machine plus its hash (see the module docstring)."""
-    system = platform.system() or "unknown"
-    release = platform.release().split(".")[0] if platform.release() else ""
-    gpu_names = _gpus() if gpus is None else gpus
-    ram = _ram_gb_bucket()
-    cores = os.cpu_count() or 0
-    fields: dict[str, Any] = {
-        "os": f"{system} {release}".strip(),
-        "cpu": f"{_cpu_model()}, {cores} cores",
-        "ram_gb": ram,
-        "gpu": _gpu_summary(gpu_names),
-        "backend_versions": _versions(),
-    }
-    accel = fields["gpu"] if gpu_names else f"CPU only ({cores} cores)"
-    fields["accelerator_summary"] = f"{accel} + {ram} GB RAM" if ram else accel
-    fields["fingerprint_hash"] = hashlib.sha256(canonical_json(fields).encode()).hexdigest()
-    return fields
-
-
-def _gpu_summary(names: list[str]) -> str:
-    if not names:
-        return "none"
-    counts: dict[str, int] = {}
-    for n in names:
-        counts[n] = counts.get(n, 0) + 1
-    return ", ".join(f"{n} x {c}" for n, c in counts.items())
 
 
 def run_metadata(
@@ -138,5 +41,54 @@ def run_metadata(
         "sut_boundary": boundary,
         "hardware": hardware if hardware is not None else hardware_fingerprint(),
     }
+    meta["provenance"] = provenance(tool="demo", seed=seed, hardware=meta["hardware"])
     meta.update(extra or {})
     return meta
+
+
+def software_line(prov: dict[str, Any]) -> str | None:
+    """Appendix C.1 "Software": the components' versions as they exposed them, then deltatap's."""
+    parts = []
+    for name, v in sorted((prov.get("components") or {}).items()):
+        if isinstance(v, dict):
+            desc = v.get("version") or v.get("server") or v.get("models_owned_by")
+            if v.get("version") and v.get("server") and v["server"] not in str(v["version"]):
+                desc = f"{v['version']} ({v['server']})"
+        else:
+            desc = v
+        if desc:
+            parts.append(f"{name} {desc}")
+    if prov.get("deltatap_version"):
+        parts.append(f"deltatap {prov['deltatap_version']} ({prov.get('suite_version') or 'no suite'})")
+    return "; ".join(parts) or None
+
+
+def c1_from_provenance(prov: dict[str, Any]) -> dict[str, Any]:
+    """Appendix C.1 fields a provenance record (:func:`deltatap.core.provenance.provenance`) knows."""
+    out: dict[str, Any] = {}
+    if not isinstance(prov, dict):
+        return out
+    if isinstance(prov.get("hardware"), dict) and prov["hardware"].get("accelerator_summary"):
+        out["hardware"] = prov["hardware"]
+    sw = software_line(prov)
+    if sw:
+        out["software"] = sw
+    for k in ("seed", "suite_version", "workload_sha256", "topology_sha256"):
+        if prov.get(k) is not None:
+            out[k] = prov[k]
+    return out
+
+
+def with_provenance(meta: dict[str, Any], prov: dict[str, Any] | None) -> dict[str, Any]:
+    """``meta`` with a ``provenance`` record and the C.1 fields it knows, where ``meta`` does not say better."""
+    if not prov:
+        return meta
+    filled = c1_from_provenance(prov)
+    out = {**meta, "provenance": meta.get("provenance") or prov}
+    for k, v in filled.items():
+        cur = out.get(k)
+        weak = cur in (None, "", {}) or (isinstance(cur, str) and cur.startswith("not recorded")) or (
+            isinstance(cur, dict) and str(cur.get("accelerator_summary", "")).startswith("not recorded"))
+        if weak:
+            out[k] = v
+    return out

@@ -21,6 +21,25 @@ def _workload_name(wl: Any) -> str:
     return str(wl or "unknown")
 
 
+def _boundary(topology: Any) -> str:
+    """The SUT boundary the topology draws: everything behind the client, as a compound system."""
+    names = [c.name for c in getattr(topology, "components", [])]
+    return f"compound ({' -> '.join(names)})" if names else "unknown"
+
+
+def _provenance_notes(meta: dict[str, Any]) -> list[str]:
+    prov = meta.get("provenance") or {}
+    hw = meta.get("hardware") or prov.get("hardware") or {}
+    out = []
+    for key, title in (("workload_sha256", "workload bytes SHA-256"), ("topology_sha256", "topology SHA-256")):
+        v = meta.get(key) or prov.get(key)
+        if v:
+            out.append(f"{title}: {v}")
+    if hw.get("fingerprint_hash"):
+        out.append(f"hardware class: {hw.get('os', '?')}, {hw.get('cpu', '?')} (fingerprint {hw['fingerprint_hash'][:16]})")
+    return out
+
+
 def _fmt(v: float, unit: str, digits: int = 1) -> str:
     return "n/a" if not np.isfinite(v) else f"{v:.{digits}f} {unit}"
 
@@ -45,12 +64,14 @@ class MinimumViableReport:
             ("Model", str(meta.get("model", "unknown"))),
             ("Hardware", str(hw.get("accelerator_summary", "unknown"))),
             ("Software", str(meta.get("software", "unknown"))),
-            ("SUT Boundary", str(meta.get("sut_boundary", "unknown"))),
+            ("SUT Boundary", str(meta.get("sut_boundary") or _boundary(inputs.topology))),
             ("Test Configuration", None),
             ("Workload", _workload_name(meta.get("workload"))),
             ("Load Model", str(meta.get("load_model", "unknown"))),
             ("Request Count", str(len(rows))),
             ("Test Duration", _fmt(duration, "s", 2)),
+            ("Seed", str(meta["seed"]) if meta.get("seed") is not None else "none (the run drew nothing at random)" if meta.get("provenance") else "unknown"),
+            ("Suite Version", str(meta.get("suite_version") or (meta.get("provenance") or {}).get("suite_version") or "unknown")),
             ("Key Results", None),
             ("TTFT P50", _fmt(ttft.p50, "ms")),
             ("TTFT P99", _fmt(ttft.p99, "ms")),
@@ -60,7 +81,7 @@ class MinimumViableReport:
             (f"Throughput at P99 TTFT < {opts.ttft_slo_ms:g}ms", slo),
             ("Notes", None),
         ]
-        notes = list(meta.get("deviations") or []) + [str(meta.get("guardrails", "guardrail configuration: see the guardrail section"))]
+        notes = list(meta.get("deviations") or []) + _provenance_notes(meta) + [str(meta.get("guardrails", "guardrail configuration: see the guardrail section"))]
         lines = ["=== LLM Benchmark Report (Minimum) ==="]
         t = Table(self.name, "Minimum viable report (Appendix C.1)", [Column("field", "Field"), Column("value", "Value")])
         for k, v in fields:

@@ -26,6 +26,7 @@ ROWS_FILES = ("rows.parquet", "rows.jsonl", "rows.csv")
 RECORDS_FILE = "records.jsonl"
 META_FILE = "run.json"
 TOPOLOGY_FILE = "topology.yaml"
+PROVENANCE_FILE = "provenance.json"  # deltatap.core.provenance, written by collect and report
 
 
 @dataclass
@@ -120,7 +121,29 @@ def _metadata(base: Path, rec_path: Path | None) -> dict[str, Any]:
         if lg is not meta:
             meta = {**meta, "load_generator": lg}
         meta = {**filled, **{k: v for k, v in meta.items() if v not in (None, "", {})}}
-    return meta
+    return _with_provenance(meta, base, lg)
+
+
+def _with_provenance(meta: dict[str, Any], base: Path, lg: dict[str, Any] | None) -> dict[str, Any]:
+    """Fill C.1 from the provenance records the run left (deltatap.core.provenance): the load generator's (its
+    run.json's ``provenance``: seed, workload bytes, the target's versions, its host's hardware class) first,
+    then the collector's ``provenance.json`` (the versions the spans carried, the topology)."""
+    from deltatap.collector.reports.metadata import with_provenance
+
+    provs = [p for p in ((lg or {}).get("provenance"), meta.get("provenance")) if isinstance(p, dict)]
+    if (base / PROVENANCE_FILE).is_file():
+        provs.append(_read_json(base / PROVENANCE_FILE))
+    if not provs:
+        return meta
+    merged = dict(provs[0])
+    merged["components"] = {}
+    for p in reversed(provs):
+        merged["components"].update(p.get("components") or {})
+    for p in provs[1:]:
+        for k, v in p.items():
+            if merged.get(k) is None and v is not None:
+                merged[k] = v
+    return with_provenance(meta, merged)
 
 
 def load_run(path: str | Path, label: str = "run", records: str | Path | None = None) -> RunData:
