@@ -21,7 +21,7 @@ from prometheus_client.utils import floatToGoString
 
 from deltatap.core.clocksync import ClockEstimate
 from deltatap.core.gc_pauses import PAUSES
-from deltatap.net.kstamp import MERGED_READS, READ_LAG
+from deltatap.net.kstamp import MERGED_READS, READ_LAG, SLOW_SENDS
 from deltatap.telemetry.tracer import ExportStats
 
 _OVERHEAD_BUCKETS = (20e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 50e-3)
@@ -132,6 +132,12 @@ class _TapCollector(Collector):
         for placed, n in MERGED_READS.items():
             merged.add_metric([link, placed], n)
         yield merged
+        slow = CounterMetricFamily("deltatap_process_slow_sends", "Sends that took over 30 us (the write's stamp is taken before the send): "
+                                   "departure placed from the packet log, or not (bounded: the stamp keeps the send's duration as its bound)",
+                                   labels=["link", "placed"])
+        for placed, n in SLOW_SENDS.items():
+            slow.add_metric([link, placed], n)
+        yield slow
         est = self.clock()
         if est is not None:
             off = GaugeMetricFamily("deltatap_tap_clock_offset_seconds", "Tap clock minus collector clock", labels=["link"])

@@ -54,7 +54,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from deltatap.net.pktstamp import PacketLog, packet_log, tcp_counters
+from deltatap.net.pktstamp import PacketLog, packet_log, tcp_counters, tcp_notsent
 
 __all__ = ["KernelStampServer", "KernelStampTransport", "connect", "enabled", "stamp_source", "start_server"]
 
@@ -74,6 +74,8 @@ _PROMPT_NS = 30_000  # a read this soon after its first packet arrived is not sp
 _TIMESPEC = struct.Struct("@qq")
 _ANCBUF = socket.CMSG_SPACE(3 * _TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0  # scm_timestamping
 _READ_SIZE = 256 * 1024  # one read takes up to this much (what asyncio and uvloop read at once)
+_SLOW_SEND_NS = 30_000  # a send that took longer: its departure is looked up in the packet log
+_RESTAMP_SLACK_NS = 50_000  # a logged departure this far outside the send's readings is not this write's
 _MAX_AGE_NS = 60 * 10**9  # a stamp older than this (or from the future) means the wall clock stepped
 _SOCKET_ERRORS = (OSError,)
 _mono = time.perf_counter_ns  # deltatap.clock.mono_ns, bound here for the read path
@@ -113,6 +115,9 @@ READ_LAG = ReadLag()
 # or not (the log could not place the bytes: the read's stamps fall back to the kernel's, the later one for merged
 # packets). Process-wide, like READ_LAG; the tap exports both on /metrics.
 MERGED_READS = {"packets": 0, "fallback": 0}
+# sends that took longer than _SLOW_SEND_NS: their departure placed from the packet log, or not (the write keeps the
+# stamp taken before the send, with the send's duration as its bound). Process-wide; the tap exports it.
+SLOW_SENDS = {"packets": 0, "bounded": 0}
 
 
 def stamp_source() -> str:
@@ -176,8 +181,8 @@ class KernelStampTransport(asyncio.Transport):
     __slots__ = (
         "_loop", "_sock", "_fd", "_protocol", "_wbuf", "_wsize", "_closing", "_paused",
         "_lost", "_eof", "_high", "_low", "_protocol_paused", "_server",
-        "rx_mono_ns", "last_write_mono_ns", "writes",
-        "_plog", "_pkey", "_segs_in", "_rx_off", "_irs1",
+        "rx_mono_ns", "last_write_mono_ns", "last_write_bound_ns", "writes",
+        "_plog", "_pkey", "_segs_in", "_rx_off", "_irs1", "_tkey", "_tx_off", "_iss1",
     )
 
     def __init__(
@@ -210,13 +215,17 @@ class KernelStampTransport(asyncio.Transport):
         self._protocol_paused = False
         self._server = server
         self.rx_mono_ns: int | None = None  # kernel stamp of the read being delivered
-        self.last_write_mono_ns: int | None = None  # when the latest write was issued
+        self.last_write_mono_ns: int | None = None  # when the latest write's bytes left (see write())
+        self.last_write_bound_ns = 0  # they left at most this much after it (-1: unknown, they waited behind others)
         self.writes = 0
         self._plog: PacketLog | None = None
         self._pkey: tuple[bytes, int, bytes, int] | None = None
         self._segs_in = 0
         self._rx_off = 0  # stream offset (bytes the kernel received in order, counted from 0) of the next byte to read
         self._irs1: int | None = None  # TCP sequence number of stream offset 0 (found once, see _anchor)
+        self._tkey: tuple[bytes, int, bytes, int] | None = None  # (local ip, port, peer ip, port): our own segments
+        self._tx_off = 0  # bytes handed to the kernel so far (the stream offset of the next byte we send)
+        self._iss1: int | None = None  # TCP sequence number of our stream offset 0 (found once, see _tx_anchor)
         if sock.family == socket.AF_INET:
             self._watch_packets(sock, extra)
         if server is not None:
@@ -244,6 +253,7 @@ class KernelStampTransport(asyncio.Transport):
             return
         self._segs_in, self._rx_off = c2[0], c2[1] - waiting
         self._pkey = (socket.inet_aton(peer[0]), peer[1], socket.inet_aton(local[0]), local[1])
+        self._tkey = (self._pkey[2], self._pkey[3], self._pkey[0], self._pkey[1])
         self._plog = plog
         plog.watch(local[1])
 
@@ -386,6 +396,45 @@ class KernelStampTransport(asyncio.Transport):
                 return (newest[1] - counts[1]) & 0xFFFFFFFF
         return None
 
+    def _restamp_write(self, t0: int, t1: int) -> None:
+        """A ``send`` that took long (the process lost its CPU in it, or the kernel's work for the peer ran in it):
+        its bytes left somewhere between the readings ``t0`` and ``t1``. Take the departure of the segment that
+        carried the write's last byte from the packet log; keep ``t0`` (and the bound) when it has none."""
+        plog, key = self._plog, self._tkey
+        assert plog is not None and key is not None
+        for attempt in range(2):
+            if self._iss1 is None:
+                self._iss1 = self._tx_anchor()
+                if self._iss1 is None:
+                    return
+            last = (self._iss1 + self._tx_off - 1) & 0xFFFFFFFF  # sequence number of the write's last byte
+            segs = plog.segments_since(key, last, limit=256)
+            if segs:
+                seq, end, wall = segs[0]
+                if ((last - seq) & 0xFFFFFFFF) < ((end - seq) & 0xFFFFFFFF):
+                    t = _to_mono(wall)
+                    if t0 - _RESTAMP_SLACK_NS <= t <= t1 + _RESTAMP_SLACK_NS:
+                        self.last_write_mono_ns = min(max(t, t0), t1)
+                        self.last_write_bound_ns = 0
+                        SLOW_SENDS["packets"] += 1
+                        return
+            self._iss1 = None  # (a stale anchor, or the segment is not out yet: once more, then keep t0)
+        SLOW_SENDS["bounded"] += 1
+
+    def _tx_anchor(self) -> int | None:
+        """The sequence number of our stream offset 0: the log's newest segment of ours ends where TCP's sent
+        bytes end (``_tx_off`` minus ``tcpi_notsent_bytes``) when no segment of ours left while that was read."""
+        plog, key = self._plog, self._tkey
+        assert plog is not None and key is not None
+        for _ in range(3):
+            newest = plog.newest_segment(key, limit=256)
+            notsent = tcp_notsent(self._sock)
+            if newest is None or notsent is None:
+                return None
+            if plog.newest_segment(key, limit=256) == newest:
+                return (newest[1] - (self._tx_off - notsent)) & 0xFFFFFFFF
+        return None
+
     def _recv(self, buf: memoryview, flags: int) -> tuple[int, list[tuple[int, int, bytes]]] | None:
         """``recvmsg_into`` (bytes, ancillary data); None when there is nothing (or the socket failed)."""
         try:
@@ -468,13 +517,14 @@ class KernelStampTransport(asyncio.Transport):
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:  # hands nothing to the kernel: not a write to stamp
             return
-        self.last_write_mono_ns = _mono()
         self.writes += 1
         if self._eof:
             raise RuntimeError("write() after write_eof()")
         if self._lost:
+            self.last_write_mono_ns = _mono()
             return
         if not self._wbuf:
+            t0 = self.last_write_mono_ns = _mono()
             try:
                 n = self._sock.send(data)
             except (BlockingIOError, InterruptedError):
@@ -482,10 +532,21 @@ class KernelStampTransport(asyncio.Transport):
             except _SOCKET_ERRORS as exc:
                 self._fatal(exc)
                 return
+            t1 = _mono()
+            self.last_write_bound_ns = t1 - t0  # the bytes left between the two readings
+            self._tx_off += n
+            if t1 - t0 > _SLOW_SEND_NS and n:
+                if self._plog is not None:
+                    self._restamp_write(t0, t1)
+                else:
+                    SLOW_SENDS["bounded"] += 1
             if n == len(data):
                 return
             data = memoryview(data)[n:]
             self._loop.add_writer(self._fd, self._on_writable)
+        else:  # (behind bytes still waiting for the socket: they leave later, when it drains)
+            self.last_write_mono_ns = _mono()
+            self.last_write_bound_ns = -1
         self._wbuf.append(bytes(data))
         self._wsize += len(data)
         self._maybe_pause_protocol()
@@ -508,6 +569,7 @@ class KernelStampTransport(asyncio.Transport):
             self._wsize = 0
             self._fatal(exc)
             return
+        self._tx_off += n
         buf.clear()
         self._wsize = len(data) - n
         if self._wsize:

@@ -36,7 +36,7 @@ import struct
 import sys
 import time
 
-__all__ = ["PacketLog", "packet_log", "tcp_counters"]
+__all__ = ["PacketLog", "packet_log", "tcp_counters", "tcp_notsent"]
 
 log = logging.getLogger("deltatap.net.pktstamp")
 
@@ -48,8 +48,8 @@ _MAX_LISTED_PORTS = 120  # more watched ports than this: the filter takes the ra
 # the ring: 4 KiB blocks of 16 frames of 256 bytes (tpacket2_hdr, sockaddr_ll, then the 128 bytes kept)
 _BLOCK, _FRAME = 4096, 256
 _PER_BLOCK = _BLOCK // _FRAME
-_BLOCKS = 512
-_FRAMES = _BLOCKS * _PER_BLOCK  # 8192 frames, 2 MiB
+_BLOCKS = 1024
+_FRAMES = _BLOCKS * _PER_BLOCK  # 16384 frames, 4 MiB
 _KEEP_FRAMES = _FRAMES // 2  # what maintain() leaves for reads to look back into
 _MAINTAIN_EVERY_NS = 20_000_000
 _SOL_PACKET, _PACKET_RX_RING, _PACKET_VERSION, _PACKET_TIMESTAMP = 263, 5, 10, 17
@@ -65,11 +65,16 @@ _FPROG = struct.Struct("@HL")
 _INSN = struct.Struct("=HBBI")
 _TCP_INFO_LEN = 160
 _BYTES_RECEIVED_AT = 128  # struct tcp_info: tcpi_bytes_received (u64), Linux >= 4.1
+_NOTSENT_AT = 144  # struct tcp_info: tcpi_notsent_bytes (u32), Linux >= 4.6
 _DATA_SEGS_IN_AT = 152  # struct tcp_info: tcpi_data_segs_in (u32), Linux >= 4.6
 
+ETH_P_ALL = 0x0003
+_PACKET_OUTGOING = 4  # sll_pkttype of a packet this host sends
+# classic BPF: ancillary loads (SKF_AD_OFF + SKF_AD_PROTOCOL / SKF_AD_PKTTYPE)
+_AD_PROTOCOL, _AD_PKTTYPE = (-0x1000 + 0) & 0xFFFFFFFF, (-0x1000 + 4) & 0xFFFFFFFF
 # classic BPF opcodes
 _LDB_ABS, _LDH_ABS, _LDH_IND, _LDXB_MSH = 0x30, 0x28, 0x48, 0xB1
-_JEQ, _JGE, _JGT, _JSET, _RET = 0x15, 0x35, 0x25, 0x45, 0x06
+_JEQ, _JGE, _JGT, _JSET, _RET, _JA = 0x15, 0x35, 0x25, 0x45, 0x06, 0x05
 _ST, _LDX_MEM, _LDB_IND, _RSH_K, _AND_K, _ADD_X, _JGT_X = 0x02, 0x61, 0x50, 0x74, 0x54, 0x0C, 0x2D
 
 
@@ -84,14 +89,36 @@ def tcp_counters(sock: socket.socket) -> tuple[int, int] | None:
     return struct.unpack_from("=I", b, _DATA_SEGS_IN_AT)[0], struct.unpack_from("=Q", b, _BYTES_RECEIVED_AT)[0]
 
 
+def tcp_notsent(sock: socket.socket) -> int | None:
+    """``tcpi_notsent_bytes`` of a TCP socket: bytes written to it that TCP has not sent yet; None if unknown."""
+    try:
+        b = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+    except OSError:
+        return None
+    if len(b) < _NOTSENT_AT + 4:
+        return None
+    return struct.unpack_from("=I", b, _NOTSENT_AT)[0]
+
+
+def _port_tests(ports: list[int], keep: str, drop: str) -> list[tuple[int, str | None, str | None, int]]:
+    """A = a port: jump to ``keep`` when it is one of ``ports`` (for many ports: between the lowest and the highest),
+    fall through to the instruction after these (``drop`` placed there) otherwise."""
+    if len(ports) <= _MAX_LISTED_PORTS:
+        return [(_JEQ, keep, None, p) for p in ports]
+    return [(_JGE, None, drop, min(ports)), (_JGT, drop, keep, max(ports))]
+
+
 def _filter(ports: list[int]) -> bytes:
-    """Classic BPF over a cooked IPv4 packet: TCP, not a fragment, carrying data (pure acknowledgements are
-    half of what flows toward a server's port), destination port in ``ports`` (or, for many ports, between
-    the lowest and the highest) -> keep ``_SNAP`` bytes; anything else -> drop."""
+    """Classic BPF over a cooked packet: IPv4, TCP, not a fragment, carrying data (pure acknowledgements are half
+    of what flows on a connection), and either received (any packet type but outgoing) toward a port in ``ports``
+    or sent (outgoing) from one -> keep ``_SNAP`` bytes; anything else -> drop. On loopback each packet shows twice
+    (outgoing, then received): the received copy is the arrival, the outgoing copy the departure."""
     if not ports:
         return _INSN.pack(_RET, 0, 0, 0)
     # (code, jump-if-true label, jump-if-false label, k); None: the next instruction
     prog: list[tuple[int, str | None, str | None, int]] = [
+        (_LDH_ABS, None, None, _AD_PROTOCOL),  # A = the packet's ethertype
+        (_JEQ, None, "drop", ETH_P_IP),
         (_LDB_ABS, None, None, 9),  # A = protocol
         (_JEQ, None, "drop", 6),
         (_LDH_ABS, None, None, 6),  # A = flags + fragment offset
@@ -106,20 +133,44 @@ def _filter(ports: list[int]) -> bytes:
         (_LDX_MEM, None, None, 0),
         (_JGT_X, None, "drop", 0),  # no data beyond the headers: drop
         (_LDXB_MSH, None, None, 0),
+        (_LDB_ABS, None, None, _AD_PKTTYPE),
+        (_JEQ, "tx", "rx", _PACKET_OUTGOING),
+        ("label", "drop", None, 0),
+        (_RET, None, None, 0),
+        ("label", "tx", None, 0),
+        (_JA, "tx_ports", None, 0),
+        ("label", "rx", None, 0),
         (_LDH_IND, None, None, 2),  # A = tcp destination port
+        *_port_tests(ports, "keep_rx", "drop_rx"),
+        ("label", "drop_rx", None, 0),
+        (_RET, None, None, 0),
+        ("label", "keep_rx", None, 0),
+        (_RET, None, None, _SNAP),
+        ("label", "tx_ports", None, 0),
+        (_LDH_IND, None, None, 0),  # A = tcp source port
+        *_port_tests(ports, "keep_tx", "drop_tx"),
+        ("label", "drop_tx", None, 0),
+        (_RET, None, None, 0),
+        ("label", "keep_tx", None, 0),
+        (_RET, None, None, _SNAP),
     ]
-    if len(ports) <= _MAX_LISTED_PORTS:
-        prog += [(_JEQ, "keep", None, p) for p in ports]
-        tail = ["drop", "keep"]  # the last failed test falls through to drop
-    else:
-        prog += [(_JGE, None, "drop", min(ports)), (_JGT, "drop", None, max(ports))]
-        tail = ["keep", "drop"]
-    at = {label: len(prog) + i for i, label in enumerate(tail)}
+    at: dict[str, int] = {}
+    code: list[tuple[int, str | None, str | None, int]] = []
+    for ins in prog:
+        if ins[0] == "label":
+            at[ins[1]] = len(code)  # type: ignore[index]
+        else:
+            code.append(ins)
     out = []
-    for i, (code, jt, jf, k) in enumerate(prog):
-        out.append(_INSN.pack(code, at[jt] - i - 1 if jt else 0, at[jf] - i - 1 if jf else 0, k))
-    for label in tail:
-        out.append(_INSN.pack(_RET, 0, 0, _SNAP if label == "keep" else 0))
+    for i, (op, jt, jf, k) in enumerate(code):
+        if op == _JA:  # an unconditional jump: 32-bit offset in k
+            out.append(_INSN.pack(op, 0, 0, at[jt] - i - 1))  # type: ignore[index]
+            continue
+        t = at[jt] - i - 1 if jt else 0
+        f = at[jf] - i - 1 if jf else 0
+        if not (0 <= t <= 255 and 0 <= f <= 255):
+            raise ValueError("packet filter: a conditional jump too far")
+        out.append(_INSN.pack(op, t, f, k))
     return b"".join(out)
 
 
@@ -288,7 +339,7 @@ def packet_log() -> PacketLog | None:
         return _log
     _tried = True
     try:
-        sock = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_IP))
+        sock = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_ALL))
     except (OSError, AttributeError) as exc:
         log.info("per-packet stamps off (%s): a read the kernel merged keeps its later stamp", getattr(exc, "strerror", None) or exc)
         return None

@@ -510,3 +510,47 @@ def test_writes_the_kernel_merged_keep_their_own_arrivals(run, packet_stamps):
         assert kstamp.MERGED_READS["packets"] > placed_before  # and counted as placed from the log
     else:
         assert late[b"one."] >= 3.0, late  # merged: the first write carries a later write's stamp
+
+
+@LOOPS
+def test_a_slow_send_takes_its_departure_from_the_packet_log(run, packet_stamps, monkeypatch):
+    """A write is stamped just before its ``send``; a send that took long (here: every send, the threshold set to 0)
+    left somewhere between the readings before and after it. With the packet log the stamp becomes the departure of
+    the segment that carried the write's last byte (bound 0), which precedes the peer's kernel arrival stamp;
+    without it the stamp stays the reading before the send and the send's duration is its bound."""
+    monkeypatch.setattr(kstamp, "_SLOW_SEND_NS", 0)
+
+    async def scenario():
+        protos: list[Recorder] = []
+        server = await kstamp.start_server(lambda: protos.append(Recorder()) or protos[-1], "127.0.0.1", 0)
+        _wait_kernel_stamping()
+        c = socket.create_connection(server.sockets[0].getsockname(), timeout=5)
+        c.setsockopt(socket.SOL_SOCKET, kstamp.SO_TIMESTAMPING, kstamp.RX_FLAGS)
+        for _ in range(200):
+            if protos:
+                break
+            await asyncio.sleep(0.005)
+        tr = protos[0].transport
+        out = []
+        for i in range(20):
+            before = mono_ns()
+            tr.write(b"token %d\n" % i)
+            stamp, bound = tr.last_write_mono_ns, tr.last_write_bound_ns
+            _n, anc, _f, _a = c.recvmsg(64, socket.CMSG_SPACE(48))
+            out.append((before, stamp, bound, kstamp._to_mono(kstamp._kernel_ns(anc))))
+            await asyncio.sleep(0.001)
+        c.close()
+        server.close()
+        return out
+
+    slow_before = dict(kstamp.SLOW_SENDS)
+    out = run(scenario())
+    assert all(before <= stamp for before, stamp, _b, _k in out)
+    if packet_stamps == "packets":
+        assert kstamp.SLOW_SENDS["packets"] - slow_before["packets"] == 20  # every write placed from the log
+        assert all(bound == 0 for _a, _s, bound, _k in out)
+        # the departure precedes the arrival (up to the two clock conversions' reading error, 20 us at most)
+        assert all(stamp <= arrival + 20_000 for _a, stamp, _b, arrival in out)
+    else:
+        assert kstamp.SLOW_SENDS["bounded"] - slow_before["bounded"] == 20
+        assert all(bound > 0 for _a, _s, bound, _k in out)

@@ -35,7 +35,7 @@ def _anchor(log, key, s) -> int:
     return (newest[1] - tcp_counters(s)[1]) & 0xFFFFFFFF
 
 
-def test_only_data_segments_toward_watched_ports_are_kept():
+def test_only_data_segments_to_and_from_watched_ports_are_kept():
     log = packet_log()
     c1, s1 = _pair()
     c2, s2 = _pair()
@@ -44,7 +44,7 @@ def test_only_data_segments_toward_watched_ports_are_kept():
         for i in range(5):
             c1.send(b"w" * (10 + i))
             c2.send(b"u" * 7)
-            s1.send(b"answer")  # toward c1's port, which nobody watches
+            s1.send(b"answer")  # from the watched port: kept as departures (toward c1's port, which nobody watches)
             time.sleep(0.002)
         time.sleep(0.01)
         k1, k2, back = _key(c1, s1), _key(c2, s2), _key(s1, c1)
@@ -53,8 +53,14 @@ def test_only_data_segments_toward_watched_ports_are_kept():
         assert [end - seq for seq, end, _ in segs] == [10, 11, 12, 13, 14]  # every write, in order, with its length
         assert [seq for seq, _, _ in segs] == [(irs1 + sum(range(10, 10 + i))) & 0xFFFFFFFF for i in range(5)]
         assert all(a[2] <= b[2] for a, b in zip(segs, segs[1:], strict=False))  # stamps in arrival order
-        assert log.newest_segment(k2) is None and log.newest_segment(back) is None
+        assert log.newest_segment(k2) is None
         # (pure acknowledgements toward s1 exist - c1 acknowledges s1's answers - but carry no data: dropped)
+        # s1's own segments: each once (loopback shows a packet twice, departing and arriving: the departure is kept)
+        newest = log.newest_segment(back)
+        assert newest is not None
+        out = log.segments_since(back, (newest[1] - 5 * 6) & 0xFFFFFFFF)
+        assert [end - seq for seq, end, _ in out] == [6] * 5
+        assert all(a[2] < b[2] for a, b in zip(out, out[1:], strict=False))
     finally:
         log.unwatch(s1.getsockname()[1])
         for x in (c1, s1, c2, s2):
@@ -82,14 +88,16 @@ def test_the_ring_wraps_and_keeps_the_newest_segments():
         time.sleep(0.01)
         key = _key(c, s)
         newest = log.newest_segment(key)
-        assert newest is not None and newest[1] - newest[0] == 8
+        assert newest is not None
         irs1 = (newest[1] - sent) & 0xFFFFFFFF
         assert _anchor(log, key, s) == irs1
-        # the last 100 writes are still in the ring, each at its own offset
+        # the last 800 bytes are still in the ring, segment after segment (TCP may have sent several writes as one)
         base = (irs1 + sent - 800) & 0xFFFFFFFF
         segs = log.segments_since(key, base)
-        assert len(segs) == 100
-        assert [(seq - irs1) & 0xFFFFFFFF for seq, _, _ in segs] == list(range(sent - 800, sent, 8))
+        rel = [((seq - irs1) & 0xFFFFFFFF, (end - irs1) & 0xFFFFFFFF) for seq, end, _ in segs]
+        assert rel[0][0] <= sent - 800 < rel[0][1] and rel[-1][1] == sent
+        assert all(a[1] == b[0] for a, b in zip(rel, rel[1:], strict=False))
+        assert all(0 < end - seq and (end - seq) % 8 == 0 for seq, end in rel)
         # and an offset long handed back to the kernel is not invented
         assert log.segments_since(key, irs1)[0][0] != irs1
     finally:
