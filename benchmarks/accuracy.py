@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/accuracy.py [--requests 270] [--rate 50]
 
-Runs the harness of ``tests/integration/accuracy_harness.py`` twice: loadgen -> tap -> gateway -> tap
+Runs the harness of ``deltatap/app/accuracy.py`` (its ``summarize`` is also what ``deltatap selftest`` prints) twice: loadgen -> tap -> gateway -> tap
 -> firewall -> tap -> engine on loopback, every component and tap in its own process, the taps and
 the load generator exporting to a collector over OTLP/gRPC, the components sending their true
 (socket-stamped) points to a separate sink the collector never reads. Run 1 propagates trace headers (joined by
@@ -24,15 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from deltatap.net.aio import run  # noqa: E402
-from tests.integration.accuracy_harness import (  # noqa: E402
-    COMPONENT_DELTAS, RATE, REQUESTS, WARMUP, after_warmup, delta_median_ns, errors_vs_truth, run_once,
-)
+from deltatap.app.accuracy import COMPONENT_DELTAS, RATE, REQUESTS, WARMUP, run_once, summarize  # noqa: E402
 
 TARGET_P50_MS = 0.3
 TARGET_P99_MS = 1.0
@@ -42,44 +39,6 @@ RUNS = {"propagating": True, "headers_stripped": False}
 def uptime() -> dict:
     line = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
     return {"uptime": line, "loadavg": list(os.getloadavg())}
-
-
-def true_median_ms(rows, truth, name: str) -> float | None:
-    comp, end, start = COMPONENT_DELTAS[name]
-    v = []
-    for r in rows:
-        t: dict[str, int] = {}
-        for tid in r.trace_ids:
-            t.update(truth.get(tid, {}).get(comp, {}))
-        if str(end) in t and str(start) in t:
-            v.append(t[str(end)] - t[str(start)])
-    return float(np.median(v)) / 1e6 if v else None
-
-
-def summarize(run_result, requests: int) -> dict:
-    rows = run_result.rows
-    kept = after_warmup([r for r in rows if r.outcome == "ok"])
-    errs = errors_vs_truth(kept, run_result.truth)
-    deltas = {}
-    for name, v in errs.items():
-        ms = v / 1e6
-        deltas[name] = {
-            "count": int(len(v)),
-            "p50_ms": float(np.percentile(ms, 50)) if len(v) else None,
-            "p99_ms": float(np.percentile(ms, 99)) if len(v) else None,
-            "max_ms": float(ms.max()) if len(v) else None,
-            "reported_median_ms": (lambda m: m / 1e6 if m is not None else None)(delta_median_ns(kept, name)),
-            "true_median_ms": true_median_ms(kept, run_result.truth, name),
-        }
-    joins: dict[str, int] = {}
-    for r in rows:
-        joins[str(r.join_method)] = joins.get(str(r.join_method), 0) + 1
-    s = run_result.stats
-    return {
-        "requests": requests, "rows": len(rows), "ok": sum(r.outcome == "ok" for r in rows), "compared": len(kept),
-        "join_methods": joins, "ambiguous": s.get("ambiguous"), "traces_evicted": s.get("traces_evicted"), "late_spans": s.get("late_spans"),
-        "deltas": deltas,
-    }
 
 
 def met(summary: dict) -> bool:

@@ -1,6 +1,6 @@
 """End-to-end accuracy: loadgen -> tap -> gateway -> tap -> firewall -> tap -> engine on loopback.
 
-The harness (``tests/integration/accuracy_harness.py``) runs every component and every tap in its own
+The harness (``deltatap/app/accuracy.py``) runs every component and every tap in its own
 process, as deployed, at 50 req/s, and compares every component delta the collector reports with the
 same delta computed from the components' own true points. These tests assert what survives a loaded
 2-core machine and would still catch real bugs: every request succeeds and is joined (by trace id;
@@ -24,7 +24,7 @@ import pytest
 
 from deltatap.collector.rows import JoinMethod
 from deltatap.core.vocab import Role, point
-from tests.integration.accuracy_harness import COMPONENT_DELTAS, REQUESTS, WARMUP, after_warmup, delta_median_ns, errors_vs_truth, run_once
+from deltatap.app.accuracy import COMPONENT_DELTAS, REQUESTS, WARMUP, after_warmup, delta_median_ns, errors_vs_truth, run_once
 
 pytestmark = pytest.mark.slow
 

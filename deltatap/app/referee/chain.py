@@ -5,7 +5,7 @@
 
 Every component, every tap, the collector and the load generator are their own OS processes, started
 from the command line as a user would (the process-launch pattern of
-``tests/integration/accuracy_harness.py``: free ports, wait for each to listen, the edge stopped
+``deltatap/app/accuracy.py``: free ports, wait for each to listen, the edge stopped
 first). tcpdump captures the six listening ports (not the collector's) from before the first
 component starts until after the last one stopped, so every connection's SYN and FIN are in the file.
 """

@@ -1,7 +1,9 @@
 """End-to-end accuracy harness: loadgen -> tap -> gateway -> tap -> firewall -> tap -> engine on loopback.
 
-Shared by ``tests/integration/test_accuracy.py`` (robust checks: joins, coverage, attribution) and
-``benchmarks/accuracy.py`` (the precise |error| figures). Every reference component and every tap runs
+Shared by ``deltatap selftest`` (deltatap/app/selftest.py), ``tests/integration/test_accuracy.py`` (robust
+checks: joins, coverage, attribution), ``tests/compare`` (two runs with different injected delays) and
+``benchmarks/accuracy.py`` (the precise |error| figures): :func:`summarize` is the one computation of the
+figures both the benchmark and the self-test print. Every reference component and every tap runs
 in its own process, as deployed; the taps and the load generator export to a real collector over
 OTLP/gRPC; the components' own spans (their *true* points, stamped at the socket) go over OTLP/gRPC to
 a separate sink in this process that keeps the requests as received (the collector never sees them;
@@ -59,7 +61,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def stack_yaml(propagate: bool) -> str:
+def stack_yaml(propagate: bool, injected: dict[str, float] | None = None, jitter: dict[str, float] | None = None) -> str:
+    """The reference stack's config; ``injected`` / ``jitter`` override the fixed / random parts (ms) of the
+    gateway's and firewall's inbound delays (keys of :data:`INJECTED_MS`)."""
+    inj = {**INJECTED_MS, **(injected or {})}
+    jit = {"gateway_inbound": 0.3, "firewall_inbound": 0.5, **(jitter or {})}
     return f"""
 engine:
   name: engine
@@ -70,12 +76,12 @@ engine:
 firewall:
   name: firewall
   seed: 2
-  delays: {{inbound: {{fixed_ms: {INJECTED_MS['firewall_inbound']}, jitter_ms: 0.5}}, outbound_first: {{fixed_ms: 1.5}}}}
+  delays: {{inbound: {{fixed_ms: {inj['firewall_inbound']}, jitter_ms: {jit['firewall_inbound']}}}, outbound_first: {{fixed_ms: 1.5}}}}
   upstream_policy: {{propagate_trace: {str(propagate).lower()}}}
 gateway:
   name: gateway
   seed: 1
-  delays: {{inbound: {{fixed_ms: {INJECTED_MS['gateway_inbound']}, jitter_ms: 0.3}}, outbound_first: {{fixed_ms: 1.0}}}}
+  delays: {{inbound: {{fixed_ms: {inj['gateway_inbound']}, jitter_ms: {jit['gateway_inbound']}}}, outbound_first: {{fixed_ms: 1.0}}}}
 """
 
 
@@ -146,12 +152,13 @@ def _commands(cfg: Path, workdir: Path, ports: dict[str, int], otlp: str, truth_
     ]
 
 
-async def run_once(propagate: bool, workdir: Path, requests: int = REQUESTS, rate: float = RATE) -> RunResult:
+async def run_once(propagate: bool, workdir: Path, requests: int = REQUESTS, rate: float = RATE,
+                   injected: dict[str, float] | None = None, jitter: dict[str, float] | None = None) -> RunResult:
     """Each component and each tap in its own process (as deployed); the collector and the load
     generator in this one. Components export their truth to a sink the collector never reads."""
     workdir.mkdir(parents=True, exist_ok=True)
     cfg = workdir / "stack.yaml"
-    cfg.write_text(stack_yaml(propagate))
+    cfg.write_text(stack_yaml(propagate, injected, jitter))
     collector = await start_collector(CollectorOptions(otlp_grpc="127.0.0.1:0", otlp_http=None, pipeline=PipelineOptions(grace_s=0.5, join_hold_s=0.5)))
     sink = TruthSink()
     await sink.start()
@@ -222,3 +229,73 @@ def delta_median_ns(rows, name: str) -> float | None:
     """Median of a reported delta over the rows that have it."""
     v = [r.deltas[name].ns for r in rows if name in r.deltas]
     return float(np.median(v)) if v else None
+
+
+def true_median_ms(rows, truth, name: str) -> float | None:
+    """Median of a component delta computed from the components' own (true) points."""
+    comp, end, start = COMPONENT_DELTAS[name]
+    v = []
+    for r in rows:
+        t: dict[str, int] = {}
+        for tid in r.trace_ids:
+            t.update(truth.get(tid, {}).get(comp, {}))
+        if str(end) in t and str(start) in t:
+            v.append(t[str(end)] - t[str(start)])
+    return float(np.median(v)) / 1e6 if v else None
+
+
+# Each tap's link, crossed through the tap: (link, direction) -> ((component, role) sending, (component, role) receiving).
+# "client" means the load generator's own stamp on the row (the client sends no truth spans).
+TAP_TRANSIT = {
+    ("edge", "request"): (("client", Role.SEND), ("gateway", Role.IN_ARRIVE)),
+    ("gw-fw", "request"): (("gateway", Role.IN_EXIT), ("firewall", Role.IN_ARRIVE)),
+    ("fw-engine", "request"): (("firewall", Role.IN_EXIT), ("engine", Role.QUEUE)),
+    ("fw-engine", "first_token"): (("engine", Role.FIRST_TOKEN), ("firewall", Role.OUT_FIRST_IN)),
+    ("gw-fw", "first_token"): (("firewall", Role.OUT_FIRST_OUT), ("gateway", Role.OUT_FIRST_IN)),
+    ("edge", "first_token"): (("gateway", Role.OUT_FIRST_OUT), ("client", Role.FIRST_TOKEN_RECEIVED)),
+}
+
+
+def tap_transit_ns(rows, truth) -> dict[str, np.ndarray]:
+    """Per link and direction, the time from the sending side's stamp to the receiving side's, through the tap
+    (two loopback hops plus the tap itself): what the tap costs a request at most, from the components' clocks."""
+    out: dict[str, list[int]] = {f"{link} {d}": [] for link, d in TAP_TRANSIT}
+    for r in rows:
+        comps: dict[str, dict[str, int]] = {}
+        for tid in r.trace_ids:
+            comps.update(truth.get(tid, {}))
+        for (link, d), ((c0, r0), (c1, r1)) in TAP_TRANSIT.items():
+            t0 = r.points[f"client.{r0}"].unix_ns if c0 == "client" and f"client.{r0}" in r.points else comps.get(c0, {}).get(str(r0))
+            t1 = r.points[f"client.{r1}"].unix_ns if c1 == "client" and f"client.{r1}" in r.points else comps.get(c1, {}).get(str(r1))
+            if t0 is not None and t1 is not None:
+                out[f"{link} {d}"].append(t1 - t0)
+    return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
+
+
+def _ms_stats(ns: np.ndarray) -> dict:
+    ms = ns / 1e6
+    return {"count": int(len(ns)), "p50_ms": float(np.percentile(ms, 50)) if len(ns) else None,
+            "p99_ms": float(np.percentile(ms, 99)) if len(ns) else None, "max_ms": float(ms.max()) if len(ns) else None}
+
+
+def summarize(run_result: RunResult, requests: int, warmup: int = WARMUP) -> dict:
+    """The accuracy figures of one run: per component delta |reported - true| p50/p99/max over the ok requests
+    after the warm-up, the reported and true medians; the taps' transit; joins and the collector's counters."""
+    rows = run_result.rows
+    kept = after_warmup([r for r in rows if r.outcome == "ok"], warmup)
+    errs = errors_vs_truth(kept, run_result.truth)
+    deltas = {}
+    for name, v in errs.items():
+        deltas[name] = {**_ms_stats(v),
+                        "reported_median_ms": (lambda m: m / 1e6 if m is not None else None)(delta_median_ns(kept, name)),
+                        "true_median_ms": true_median_ms(kept, run_result.truth, name)}
+    taps = {k: _ms_stats(v) for k, v in tap_transit_ns(kept, run_result.truth).items()}
+    joins: dict[str, int] = {}
+    for r in rows:
+        joins[str(r.join_method)] = joins.get(str(r.join_method), 0) + 1
+    s = run_result.stats
+    return {
+        "requests": requests, "rows": len(rows), "ok": sum(r.outcome == "ok" for r in rows), "compared": len(kept),
+        "join_methods": joins, "ambiguous": s.get("ambiguous"), "traces_evicted": s.get("traces_evicted"), "late_spans": s.get("late_spans"),
+        "deltas": deltas, "tap_transit": taps,
+    }
