@@ -42,7 +42,7 @@ class Pipeline:
         self.assembler = TraceAssembler(grace_s=o.grace_s, orphan_wait_s=o.orphan_wait_s, max_open=o.max_open_traces, late_memory=max(o.max_open_traces, 10_000))
         self.joiner = Joiner(self.topo, window_s=o.join_window_s, hold_s=o.join_hold_s)
         self.aggregator = Aggregator(o.sketch_accuracy)
-        self.hist = DeltaHistograms({d.name: d.component for d in delta_defs(self.topo)})
+        self.hist = DeltaHistograms(delta_defs(self.topo))
         self.kept: collections.deque[Row] = collections.deque(maxlen=o.keep_rows if o.keep_rows > 0 else None)
         self.listeners: list[Callable[[list[Row]], None]] = []
         self.decode_errors: dict[str, int] = {"grpc": 0, "http": 0}

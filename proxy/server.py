@@ -44,6 +44,7 @@ from deltatap.proxy.response import RelayedResponse
 from deltatap.proxy.spans import SpanStart, begin, emit
 
 log = logging.getLogger("deltatap.tap")
+CLOCK_RETRY_FIRST_S = 0.5  # first retry of a failed clock exchange; doubles up to clock_resync_s
 
 _SKIP_AUTO = frozenset({"Accept", "Accept-Encoding", "User-Agent", "Content-Type"})
 _READ_WHOLE = 64 * 1024  # request bodies up to this size with a Content-Length are read at once
@@ -198,11 +199,21 @@ class Tap:
         try:
             self.clock = await estimate_offset(self.o.clock_sync or "")
         except ConnectionError as exc:
-            log.warning("tap %s: %s; spans carry no clock offset until it succeeds", self.o.link, exc)
+            first = not getattr(self, "_clock_warned", False)
+            self._clock_warned = True
+            (log.warning if first else log.debug)("tap %s: %s; spans carry no clock offset until it succeeds (retrying)", self.o.link, exc)
 
     async def _clock_loop(self) -> None:
+        """Re-estimate every ``clock_resync_s``; while no exchange has succeeded yet (a tap started
+        before its collector), retry promptly: after 0.5 s, then twice as long each time, up to the
+        resync period, so spans carry an offset within a second or two of the collector answering."""
+        retry = CLOCK_RETRY_FIRST_S
         while True:
-            await asyncio.sleep(self.o.clock_resync_s)
+            if self.clock is None:
+                await asyncio.sleep(min(retry, self.o.clock_resync_s))
+                retry *= 2
+            else:
+                await asyncio.sleep(self.o.clock_resync_s)
             await self._sync_clock()
 
     # ---- one request ---------------------------------------------------------------------

@@ -97,13 +97,13 @@ def _tap_listen(topo: Topology | None, link: str, ephemeral: bool) -> tuple[str,
     return host, port, admin
 
 
-async def _start_tap(link: str, upstream: str, cfg: StackConfig, telemetry: Telemetry, ephemeral: bool) -> Any:
+async def _start_tap(link: str, upstream: str, cfg: StackConfig, telemetry: Telemetry, ephemeral: bool, clock_sync: str | None = None) -> Any:
     try:
         from deltatap.proxy import TapOptions, start_tap
     except ImportError as exc:  # pragma: no cover - the tap ships in the same distribution
         raise ConfigError(f"--taps needs deltatap's tap package (proxy): {exc}") from None
     host, port, admin = _tap_listen(cfg.topology, link, ephemeral)
-    return await start_tap(TapOptions(link=link, upstream=upstream, listen_host=host, listen_port=port, admin_port=admin), telemetry)
+    return await start_tap(TapOptions(link=link, upstream=upstream, listen_host=host, listen_port=port, admin_port=admin, clock_sync=clock_sync), telemetry)
 
 
 async def start_stack(
@@ -112,7 +112,10 @@ async def start_stack(
     *,
     taps: bool = False,
     ephemeral: bool = False,
+    clock_sync: str | None = None,
 ) -> RunningStack:
+    """Start engine, firewall and gateway chained, with taps when ``taps``; ``clock_sync`` (a collector's
+    base URL, ``GET /v1/clock``) makes every tap estimate its clock offset to that collector."""
     started: list[Any] = []
     try:
         listen = (lambda c: EPHEMERAL) if ephemeral else (lambda c: c.listen)
@@ -122,7 +125,7 @@ async def start_stack(
         tap_tel = telemetry_for("deltatap-tap") if taps else None
         fw_upstream = engine.url
         if tap_tel is not None:
-            running_taps["fw-engine"] = tap = await _start_tap("fw-engine", engine.url, cfg, tap_tel, ephemeral)
+            running_taps["fw-engine"] = tap = await _start_tap("fw-engine", engine.url, cfg, tap_tel, ephemeral, clock_sync)
             started.append(tap)
             fw_upstream = tap.url
         fw_cfg = cfg.firewall.model_copy(update={"upstream": fw_upstream})
@@ -130,14 +133,14 @@ async def start_stack(
         started.append(firewall)
         gw_upstream = firewall.url
         if tap_tel is not None:
-            running_taps["gw-fw"] = tap = await _start_tap("gw-fw", firewall.url, cfg, tap_tel, ephemeral)
+            running_taps["gw-fw"] = tap = await _start_tap("gw-fw", firewall.url, cfg, tap_tel, ephemeral, clock_sync)
             started.append(tap)
             gw_upstream = tap.url
         routes = [r.model_copy(update={"upstreams": [gw_upstream]}) for r in cfg.gateway.routes]
         gateway = await start_gateway(cfg.gateway.model_copy(update={"routes": routes}), telemetry_for("deltatap-stack-gateway"), listen(cfg.gateway))
         started.append(gateway)
         if tap_tel is not None:
-            running_taps["edge"] = tap = await _start_tap("edge", gateway.url, cfg, tap_tel, ephemeral)
+            running_taps["edge"] = tap = await _start_tap("edge", gateway.url, cfg, tap_tel, ephemeral, clock_sync)
             started.append(tap)
         return RunningStack(engine=engine, firewall=firewall, gateway=gateway, taps=running_taps)
     except BaseException:

@@ -3,7 +3,7 @@
     deltatap stack engine   --config configs/demo.yaml [--listen 127.0.0.1:8300]
     deltatap stack firewall --config configs/demo.yaml [--upstream http://127.0.0.1:9300]
     deltatap stack gateway  --config configs/demo.yaml [--upstream http://127.0.0.1:9200]
-    deltatap stack all      --config configs/demo.yaml [--taps]
+    deltatap stack all      --config configs/demo.yaml [--taps [--clock-sync URL]]
 
 ``--config`` takes a component's own file or a combined file (its ``engine:`` / ``firewall:`` /
 ``gateway:`` section is used). ``--upstream`` replaces the firewall's upstream, or every gateway
@@ -94,7 +94,11 @@ async def _serve_one(args: argparse.Namespace, tels: _Telemetries) -> None:
 
 async def _serve_all(args: argparse.Namespace, tels: _Telemetries) -> None:
     cfg = load_stack_config(args.config)
-    stack = await start_stack(cfg, tels, taps=args.taps, ephemeral=args.ephemeral)
+    if args.clock_sync and not args.taps:
+        raise ConfigError("--clock-sync is the taps' clock exchange with the collector: give it with --taps")
+    if args.clock_sync and not args.clock_sync.startswith(("http://", "https://")):
+        raise ConfigError(f"--clock-sync {args.clock_sync!r}: expected the collector's base URL, e.g. http://127.0.0.1:4318")
+    stack = await start_stack(cfg, tels, taps=args.taps, ephemeral=args.ephemeral, clock_sync=args.clock_sync)
     settle()
     for rc in stack.components:
         print(f"deltatap stack {rc.kind} {rc.name}: {rc.url}", flush=True)
@@ -146,5 +150,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, help="combined YAML, a file or a packaged name (e.g. demo: the packaged configs/demo.yaml)")
     p.add_argument("--taps", action="store_true", help="put deltatap taps on the links (listen addresses from the topology)")
     p.add_argument("--ephemeral", action="store_true", help="listen on free ports instead of the configured ones")
+    p.add_argument("--clock-sync", metavar="URL", default=None,
+                   help="with --taps: the collector's base URL (GET /v1/clock, e.g. http://127.0.0.1:4318); each tap estimates its clock offset to it and retries promptly until it answers")
     _common(p)
     p.set_defaults(func=_run(_serve_all))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from typing import Any
 
 from deltatap.collector.reports.model import Cell, Column
 
@@ -34,3 +36,17 @@ def heading(col: Column) -> str:
 def json_cell(v: Cell) -> Cell:
     """NaN/inf become null in JSON (missing, not a number)."""
     return None if is_missing(v) else v
+
+
+def flat_metadata(meta: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """Run metadata as (dotted key, text) pairs, for a key/value table instead of a JSON dump."""
+    out: list[tuple[str, str]] = []
+    for k, v in meta.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out += flat_metadata(v, key + ".")
+        elif isinstance(v, list) and v and all(isinstance(x, str | int | float) for x in v):
+            out.append((key, ", ".join(str(x) for x in v)))
+        else:
+            out.append((key, v if isinstance(v, str) else json.dumps(v, default=str)))
+    return out

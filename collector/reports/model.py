@@ -59,6 +59,7 @@ class Figure:
     mime: str  # image/png or image/svg+xml
     data: bytes
     caption: str = ""
+    section: str = ""  # the section the HTML page shows it in (empty: after the sections)
 
 
 @dataclass

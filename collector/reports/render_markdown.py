@@ -1,11 +1,12 @@
-"""Markdown renderer: one document, metadata first, then each section's notes and tables."""
+"""Markdown renderer: one document in the reading order of every format (:func:`sections.reading_order`):
+the headline first, then each section's notes and tables (exclusions as footnotes beside them), and
+last, folded in ``<details>`` blocks, the Appendix C.1 block and the run metadata as a key/value table."""
 
 from __future__ import annotations
 
-import json
-
-from deltatap.collector.reports.fmt import fmt_cell, heading
-from deltatap.collector.reports.model import Report, Table
+from deltatap.collector.reports.fmt import flat_metadata, fmt_cell, heading
+from deltatap.collector.reports.model import Report, Section, Table
+from deltatap.collector.reports.sections import reading_order
 
 
 def _escape(s: str) -> str:
@@ -26,17 +27,26 @@ def _numeric(table: Table, i: int) -> bool:
     return bool(vals) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in vals)
 
 
+def _section(section: Section) -> list[str]:
+    out = [f"## {section.title}", ""]
+    for note in section.notes:
+        out += [note, ""]
+    if section.text:  # the same values as the section's tables: shown once
+        return out + ["```text", section.text.rstrip("\n"), "```", ""]
+    for table in section.tables:
+        out += [table_markdown(table), ""]
+    return out
+
+
 def render_markdown(report: Report) -> str:
     out = [f"# {report.title}", ""]
+    body, tail = reading_order(report.sections)
+    for section in body:
+        out += _section(section)
+    for section in tail:
+        out += [f"<details><summary>{section.title}</summary>", "", *_section(section), "</details>", ""]
     if report.metadata:
-        out += ["## Run metadata", "", "```json", json.dumps(report.metadata, indent=2, default=str), "```", ""]
-    for section in report.sections:
-        out += [f"## {section.title}", ""]
-        for note in section.notes:
-            out += [note, ""]
-        if section.text:  # the same values as the section's tables: shown once
-            out += ["```text", section.text.rstrip("\n"), "```", ""]
-            continue
-        for table in section.tables:
-            out += [table_markdown(table), ""]
+        out += ["<details><summary>Run metadata</summary>", "", "| Key | Value |", "|---|---|"]
+        out += [f"| {_escape(k)} | {_escape(str(v))} |" for k, v in flat_metadata(report.metadata)]
+        out += ["", "</details>", ""]
     return "\n".join(out).rstrip() + "\n"

@@ -1,17 +1,16 @@
-"""Terminal renderer (rich): notes as text, tables as rich tables.
+"""Terminal renderer (rich): the sections in reading order (:func:`sections.reading_order`), notes as
+text, tables as rich tables that fit the console's width, piped or not.
 
-Piped output (not a terminal: ``| less``, ``> report.txt``, CI logs) is never cropped: rich would
-lay a table out at 80 columns (or ``$COLUMNS``) and crop cells to ``inboun…`` and ``1,746…``, or
-show three different request ids as the same ``d657eaab…``. :func:`print_table` widens the console
-to the table's natural width for that table instead; prose and rules keep the console's width. In a
-terminal tables still fit the window: numbers fold onto a second line, never cropped, and a column
-marked :attr:`Column.whole` (ids) is never shortened.
+A table is never cropped (rich would crop cells to ``inboun…`` and ``1,746…`` or show three request
+ids as the same ``d657eaab…``) and never wider than the console (80 columns when piped, unless
+``$COLUMNS`` says otherwise): a table too wide for it is split into column groups, printed one under
+the other, each repeating the first column (the row's name) so every part reads on its own. Within a
+group numbers fold onto a second line rather than being cut; a column marked :attr:`Column.whole`
+(ids) is never shortened.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
@@ -20,46 +19,61 @@ from rich.table import Table as RichTable
 
 from deltatap.collector.reports.fmt import fmt_cell, heading
 from deltatap.collector.reports.model import Report, Section, Table
+from deltatap.collector.reports.sections import reading_order
 
-MAX_PIPED_WIDTH = 1000  # a table wider than this is laid out at this width (cells fold)
+MEASURE_WIDTH = 1000
 
 
-def rich_table(table: Table) -> RichTable:
-    rt = RichTable(title=table.title, title_justify="left", caption="\n".join(table.footnotes) or None, caption_justify="left")
+def rich_table(table: Table, columns: list[int] | None = None, title: str | None = None, caption: bool = True) -> RichTable:
+    """``table`` as a rich table; ``columns`` picks some of its columns (by index), in order."""
+    idx = list(range(len(table.columns))) if columns is None else columns
+    rt = RichTable(title=table.title if title is None else title, title_justify="left",
+                   caption=("\n".join(table.footnotes) or None) if caption else None, caption_justify="left")
     cells = [[fmt_cell(v, c) for v, c in zip(row, table.columns, strict=True)] for row in table.rows]
-    for i, col in enumerate(table.columns):
+    for i in idx:
+        col = table.columns[i]
         numeric = any(isinstance(r[i], int | float) and not isinstance(r[i], bool) for r in table.rows)
         if col.whole:  # an id: shown in full, or it is no id at all
             rt.add_column(heading(col), no_wrap=True, min_width=max([len(r[i]) for r in cells] + [1]))
-        else:
-            # a number is folded onto a second line when the terminal is narrow, never cropped ("139…" for 1395.44)
-            rt.add_column(heading(col), justify="right" if numeric else "left", overflow="fold" if numeric else "ellipsis")
+        else:  # folded onto further lines when narrow, never cropped ("139…" for 1395.44)
+            rt.add_column(heading(col), justify="right" if numeric else "left", overflow="fold")
     for row in cells:
-        rt.add_row(*row)
+        rt.add_row(*(row[i] for i in idx))
     return rt
 
 
-@contextmanager
-def _width(console: Console, width: int) -> Iterator[None]:
-    saved = console.__dict__.get("_width")
-    console.width = width
-    try:
-        yield
-    finally:
-        console.__dict__["_width"] = saved
+def _natural(console: Console, rt: RichTable) -> int:
+    return Measurement.get(console, console.options.update_width(MEASURE_WIDTH), rt).maximum
 
 
-def print_table(console: Console, renderable: Any) -> None:
-    """Print a table; when the console is not a terminal, at the table's natural width (never cropped)."""
-    if console.is_terminal:
-        console.print(renderable)
+def column_groups(console: Console, table: Table, width: int) -> list[list[int]]:
+    """Column indices per printed group: the first column, then as many as fit ``width``, in order."""
+    n = len(table.columns)
+    if n <= 2 or _natural(console, rich_table(table, caption=False)) <= width:
+        return [list(range(n))]
+    groups: list[list[int]] = []
+    cur = [0]
+    for i in range(1, n):
+        trial = cur + [i]
+        if len(cur) > 1 and _natural(console, rich_table(table, trial, caption=False)) > width:
+            groups.append(cur)
+            cur = [0, i]
+        else:
+            cur = trial
+    groups.append(cur)
+    return groups
+
+
+def print_table(console: Console, table: Table | Any) -> None:
+    """Print ``table`` within the console's width, split into column groups where it does not fit
+    (a rich renderable of another module is printed at the console's width, its cells folding)."""
+    if not isinstance(table, Table):
+        console.print(table)
         return
-    need = Measurement.get(console, console.options.update_width(MAX_PIPED_WIDTH), renderable).maximum
-    if need <= console.width:
-        console.print(renderable)
-        return
-    with _width(console, min(need, MAX_PIPED_WIDTH)):
-        console.print(renderable)
+    groups = column_groups(console, table, console.width)
+    for k, g in enumerate(groups):
+        title = table.title if k == 0 else f"{table.title} (continued, {k + 1}/{len(groups)})"
+        console.print(rich_table(table, g, title=title, caption=k == len(groups) - 1))
 
 
 def print_section(section: Section, console: Console) -> None:
@@ -71,11 +85,13 @@ def print_section(section: Section, console: Console) -> None:
         console.print(section.text, highlight=False, markup=False)
         return
     for table in section.tables:
-        print_table(console, rich_table(table))
+        print_table(console, table)
 
 
 def print_report(report: Report, console: Console | None = None, sections: list[str] | None = None) -> None:
+    """Every section (or those named in ``sections``) in reading order: the headline first, reference material last."""
     console = console or Console()
-    for section in report.sections:
+    body, tail = reading_order(report.sections)
+    for section in body + tail:
         if sections is None or section.name in sections:
             print_section(section, console)

@@ -30,7 +30,7 @@ from deltatap.core.topology import Topology
 
 DEFAULT_CONFIG = "demo"  # the packaged configs/demo.yaml, also what `deltatap stack all --config demo` runs
 DEFAULT_OUT = "deltatap-demo"
-SHOWN_SECTIONS = ["decomposition", "guardrails", "timeouts", "cascades"]
+SHOWN_SECTIONS = ["headline", "decomposition", "guardrails", "timeouts", "cascades"]
 
 
 def _stack_models() -> tuple[type, type, type]:

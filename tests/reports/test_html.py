@@ -50,9 +50,10 @@ def test_page_embeds_every_plot_and_parses():
     recs = [{"phase": "measure", "chunk_unix_ns": [T0 + k * 10 * MS for k in range(10)]} for _ in range(3)]
     inputs = ReportInputs(rows=rows(), records=recs, metadata={"seed": 1})
     report = build_report(inputs, figures=report_figures)
-    assert [f.name for f in report.figures] == ["ttft_cdf", "waterfall", "itl_histogram", "contribution_over_time"]
+    names = ["decomposition_bars", "waterfall", "ttft_cdf", "itl_histogram", "contribution_over_time"]
+    assert [f.name for f in report.figures] == names  # no cascade in these rows: no cascade timeline
     page = parse_page(render_html(report))
-    assert len(page.images) == 4 and all(img.startswith(b"\x89PNG\r\n\x1a\n") for img in page.images)
+    assert len(page.images) == len(names) and all(img.startswith(b"\x89PNG\r\n\x1a\n") for img in page.images)
     assert all(m == "image/png" for m in page.image_mimes)
     assert page.external_refs == []
-    assert {"fig-ttft_cdf", "fig-waterfall", "fig-itl_histogram", "fig-contribution_over_time", "minimum", "ttft", "itl", "guardrails", "timeouts", "cascades", "metadata"} <= page.ids
+    assert {*(f"fig-{n}" for n in names), "headline", "minimum", "ttft", "itl", "guardrails", "timeouts", "cascades", "metadata"} <= page.ids

@@ -10,7 +10,7 @@ from rich.console import Console
 from deltatap.collector.reports.model import Column, Report, Section, Table
 from deltatap.collector.reports.registry import ReportInputs, build_report
 from deltatap.collector.reports.render_markdown import render_markdown
-from deltatap.collector.reports.render_terminal import print_report, print_table, rich_table
+from deltatap.collector.reports.render_terminal import print_report, print_table
 from tests.reports.factories import MS, S, T0, cascade, row
 
 IDS = ["d657eaab-4c1f-m1", "d657eaab-4c1f-m2", "d657eaab-4c1f-m3"]  # one run id: a common prefix
@@ -21,18 +21,18 @@ def _console(width: int = 80, terminal: bool = False) -> tuple[Console, io.Strin
     return Console(file=buf, width=width, force_terminal=terminal, color_system=None), buf
 
 
-def test_piped_table_is_laid_out_at_its_natural_width():
+def test_a_wide_table_is_split_into_column_groups_that_fit_80_columns_piped_or_not():
     t = Table("x", "wide", [Column("name", "Component"), *(Column(f"c{i}", f"Column {i}", "ms", 3) for i in range(8))])
     t.add("inbound (firewall, blocking)", *(1746.123 + i for i in range(8)))
-    con, buf = _console(80)
-    print_table(con, rich_table(t))
-    out = buf.getvalue()
-    assert "…" not in out and "inbound (firewall, blocking)" in out
-    assert all(f"{1746.123 + i:.3f}" in out for i in range(8))
-    assert con.width == 80  # only that table was widened
-    con, buf = _console(80, terminal=True)  # a real terminal keeps its width
-    print_table(con, rich_table(t))
-    assert max(len(x) for x in buf.getvalue().splitlines()) <= 80
+    for terminal in (False, True):
+        con, buf = _console(80, terminal=terminal)
+        print_table(con, t)
+        out = buf.getvalue()
+        assert "…" not in out and all(f"{1746.123 + i:.3f}" in out for i in range(8))  # nothing cropped
+        assert max(len(x) for x in out.splitlines()) <= 80, out
+        groups = out.count("inbound (firewall, blocking)")
+        assert groups >= 2 and out.count("(continued") == groups - 1  # every group repeats the row's name
+    assert con.width == 80
 
 
 def _cascading_rows():
