@@ -254,7 +254,7 @@ def contribution_over_time(rows: Sequence[Row], topology: Topology, bins: int = 
         stacked.append(np.clip(med, 0, None))
     centers = centers[used]
     fig, ax = plt.subplots(figsize=(WIDTH_IN, 4))
-    ax.stackplot(centers, *stacked, labels=list(series), colors=[color_of(k, topology) for k in series], alpha=0.9)
+    ax.stackplot(centers, *stacked, labels=list(series), colors=[color_of(k, topology) for k in series])
     ax.set_xlabel("seconds into the run (s)")
     ax.set_ylabel("TTFT contribution, median per bin (ms)")
     ax.legend(fontsize=9, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(series), frameon=False)
