@@ -45,6 +45,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from deltatap.collector.applies import applicable_rows, is_signed
 from deltatap.collector.rows import DeltaDef, Row, delta_columns
 from deltatap.collector.sketches import QUANTILES, Aggregator
+from deltatap.core.vocab import Outcome
 
 PREFIX = "deltatap_collector"
 _MANTISSAS = (1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 2.0, 2.2, 2.4, 2.5, 2.6, 2.8, 3.0, 3.3, 3.6, 3.8, 4.0, 4.4, 4.8, 5.0,
@@ -119,7 +120,8 @@ class CollectorMetrics:
         yield fam
         yield c("join_ambiguous", "Fingerprint joins refused because the match was ambiguous", s["ambiguous"])
         fam = CounterMetricFamily(f"{PREFIX}_rows", "Decomposition rows emitted, by outcome", labels=["outcome"])
-        for o, v in s["outcomes"].items():
+        # every outcome from the start, at 0: rate() over a run then counts its first timeout too
+        for o, v in {**{x.value: 0 for x in Outcome}, **s["outcomes"]}.items():
             fam.add_metric([o], v)
         yield fam
         yield c("forward_dropped", "Spans not forwarded to the next OTLP endpoint", s["forward_dropped"])
