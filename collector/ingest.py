@@ -9,6 +9,11 @@
   ``request_start_ns``, t12 = t0 + ``time_to_first_token``, last token = ``request_end_ns``) carrying
   ``x_request_id`` as its correlation id, so it joins the taps' spans of the same request; token
   counts are AIPerf's tokenizer counts.
+* ``guidellm`` - GuideLLM's benchmarks JSON (``--output kind=json``): each request becomes a client-side record
+  (send = ``request_start``, first / last token = ``first_token_iteration`` / ``last_token_iteration``, end =
+  ``request_end``; GuideLLM's token counts). GuideLLM sends no correlation header, so each is matched by send
+  time to the request the taps and components saw (:func:`match_by_time`), then joined like the load
+  generator's records.
 * ``rows`` - a rows file written by the collector (.parquet, .csv, .jsonl).
 * ``sketches`` - ``sketches.json`` of another collector or run: merged into the aggregate.
 * ``records`` - the load generator's ``records.jsonl`` (docs/records.md): each measured record becomes
@@ -268,6 +273,123 @@ def read_aiperf(path: Path, out: Loaded) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# GuideLLM benchmarks JSON
+# --------------------------------------------------------------------------------------------
+
+GUIDELLM_SERVICE = "guidellm"
+GUIDELLM_STATUS = {"successful": Outcome.OK.value, "errored": Outcome.HTTP_ERROR.value, "incomplete": Outcome.CLIENT_CANCEL.value}
+
+
+def _is_guidellm(doc: Any) -> bool:
+    if not isinstance(doc, dict) or not isinstance(doc.get("benchmarks"), list):
+        return False
+    md = doc.get("metadata")
+    return (isinstance(md, dict) and "guidellm_version" in md) or any(
+        isinstance(b, dict) and isinstance(b.get("requests"), dict) and "successful" in b["requests"] for b in doc["benchmarks"])
+
+
+def _s_to_ns(v: Any) -> int | None:
+    return None if v is None else int(round(float(v) * 1e9))
+
+
+def guidellm_records(doc: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """Each request of a GuideLLM benchmarks JSON (``--output kind=json``: ``benchmarks[].requests.successful / errored
+    / incomplete``, GenerativeRequestStats with ``info.timings`` in Unix seconds) as a client-side record in the load
+    generator's record format (docs/records.md): send = ``request_start``, first token = ``first_token_iteration``,
+    last token = ``last_token_iteration``, end = ``request_end``; token counts are GuideLLM's. GuideLLM sends no
+    correlation header, so ``request_id`` is left empty for :func:`match_by_time`."""
+    out = []
+    for bi, bench in enumerate(doc.get("benchmarks") or []):
+        reqs = bench.get("requests") if isinstance(bench, dict) else None
+        if not isinstance(reqs, dict):
+            raise ConfigError(f"{where}: benchmarks[{bi}] has no requests object (not a GuideLLM benchmarks JSON?)")
+        strategy = ((bench.get("config") or {}).get("strategy") or {}).get("type_") if isinstance(bench.get("config"), dict) else None
+        for key, status in GUIDELLM_STATUS.items():
+            for ri, req in enumerate(reqs.get(key) or []):
+                info = req.get("info") if isinstance(req, dict) else None
+                t = info.get("timings") if isinstance(info, dict) else None
+                if not isinstance(t, dict):
+                    raise ConfigError(f"{where}: benchmarks[{bi}].requests.{key}[{ri}] has no info.timings")
+                try:
+                    start = _s_to_ns(t.get("request_start") if t.get("request_start") is not None else t.get("resolve_start"))
+                    first, last = _s_to_ns(t.get("first_token_iteration")), _s_to_ns(t.get("last_token_iteration"))
+                    end = _s_to_ns(t.get("request_end") if t.get("request_end") is not None else t.get("resolve_end"))
+                except (TypeError, ValueError):
+                    raise ConfigError(f"{where}: benchmarks[{bi}].requests.{key}[{ri}].info.timings: a time is not a number") from None
+                if start is None:
+                    continue
+                rid = str(req.get("request_id") or info.get("request_id") or f"{bi}-{key}-{ri}")
+                rec: dict[str, Any] = {
+                    "request_id": "", "source_request_id": rid, "trace_id": hashlib.sha256(f"guidellm:{rid}".encode()).hexdigest()[:32],
+                    "send_unix_ns": start, "request_written_unix_ns": start, "end_unix_ns": end, "status": status, "phase": "measure",
+                    "service": GUIDELLM_SERVICE, "labels": {"guidellm_benchmark": str(bi)} | ({"guidellm_strategy": str(strategy)} if strategy else {}),
+                }
+                if status == Outcome.OK.value:
+                    rec.update(first_token_unix_ns=first, last_token_unix_ns=last, http_status=200)
+                elif info.get("error"):
+                    rec["error_kind"] = str(info["error"])[:200]
+                it, ot = (req.get("input_metrics") or {}).get("text_tokens"), (req.get("output_metrics") or {}).get("text_tokens")
+                if it is not None:
+                    rec["input_tokens"] = rec["usage_input_tokens"] = int(it)
+                if ot is not None:
+                    rec["output_tokens"] = rec["usage_output_tokens"] = int(ot)
+                out.append(rec)
+    return out
+
+
+def read_guidellm(path: Path, out: Loaded) -> None:
+    doc = _first(path)
+    if not _is_guidellm(doc):
+        raise ConfigError(f"{path}: not a GuideLLM benchmarks JSON (no benchmarks[].requests)")
+    out.records.extend((rec, 0, 0) for rec in guidellm_records(doc, str(path)))
+
+
+MATCH_TOLERANCE_NS = 1_000_000  # an entry stamp may precede the client's by this much (clock granularity)
+MATCH_WINDOW_NS = 250_000_000  # and follow it by at most this much
+
+
+def _entry_times(out: Loaded, claimed: set[str]) -> list[tuple[int, str]]:
+    """(when the request first reached the system, its request id) of every request in the rows and the non-client
+    spans that no client record or span claims yet."""
+    first: dict[str, int] = {}
+    for r in out.rows:
+        rid = r.request_id
+        if rid and rid not in claimed:
+            ts = [p.unix_ns for p in r.points.values() if p.source != "client"]
+            if ts:
+                first[rid] = min(ts)
+    for sp in out.spans:
+        rid = sp.attrs.get(Attr.REQUEST_ID)
+        if rid and rid not in claimed and sp.attrs.get(Attr.OBSERVER) != Observer.CLIENT.value:
+            t = min([sp.start_unix_ns, *(e[1] for e in sp.events)])
+            first[rid] = min(first.get(rid, t), t)
+    return sorted((t, rid) for rid, t in first.items())
+
+
+def match_by_time(out: Loaded) -> tuple[int, int]:
+    """Give each client record without a request id (GuideLLM's) the request it sent: in send order, the first
+    request not yet claimed that reached the system (a tap or the first component) no earlier than
+    :data:`MATCH_TOLERANCE_NS` before the send and no later than :data:`MATCH_WINDOW_NS` after it. Clocks must be
+    one (same host) or synchronised. Returns (matched, unmatched)."""
+    pending = sorted((rec for rec, _, _ in out.records if not rec.get("request_id")), key=lambda r: r["send_unix_ns"])
+    if not pending:
+        return 0, 0
+    claimed = {str(rec.get("request_id")) for rec, _, _ in out.records if rec.get("request_id")}
+    claimed |= {str(s.attrs.get(Attr.REQUEST_ID)) for s in out.spans if s.attrs.get(Attr.OBSERVER) == Observer.CLIENT.value and s.attrs.get(Attr.REQUEST_ID)}
+    entries = _entry_times(out, claimed)
+    j = matched = 0
+    for rec in pending:
+        t0 = rec["send_unix_ns"]
+        while j < len(entries) and entries[j][0] < t0 - MATCH_TOLERANCE_NS:
+            j += 1
+        if j < len(entries) and entries[j][0] <= t0 + MATCH_WINDOW_NS:
+            rec["request_id"] = entries[j][1]
+            matched += 1
+            j += 1
+    return matched, len(pending) - matched
+
+
+# --------------------------------------------------------------------------------------------
 # the load generator's records.jsonl
 # --------------------------------------------------------------------------------------------
 
@@ -312,8 +434,9 @@ def record_span(rec: dict[str, Any], offset_ns: int = 0, uncertainty_ns: int = 0
         elif status != Outcome.OK:
             events.append((ClientEvent.ERROR.value, int(end), {Attr.ERROR_CAUSE: rec.get("error_kind") or ""}))
         events.append((ClientEvent.END.value, int(end), None))
+    service = str(rec.get("service") or LOADGEN_SERVICE)  # GuideLLM's records name their own
     attrs: dict[str, Any] = {Attr.OBSERVER: Observer.CLIENT.value, Attr.REQUEST_ID: str(rec.get("request_id") or ""),
-                             Attr.OUTCOME: status, "service.name": LOADGEN_SERVICE}
+                             Attr.OUTCOME: status, "service.name": service}
     if rec.get("http_status") is not None:
         attrs[Attr.HTTP_STATUS] = int(rec["http_status"])
     if rec.get("usage_input_tokens") is not None:
@@ -330,7 +453,7 @@ def record_span(rec: dict[str, Any], offset_ns: int = 0, uncertainty_ns: int = 0
         attrs[Attr.CLOCK_UNCERTAINTY_NS] = uncertainty_ns
     start = int(rec.get("planned_send_unix_ns") or t0)
     sid = str(rec.get("span_id") or hashlib.sha256(f"record:{rec.get('trace_id')}".encode()).hexdigest()[:16])
-    return SpanRecord(str(rec["trace_id"]), sid, "", SPAN_CLIENT, start, int(end) if end is not None else start, attrs, events, 3, 0, LOADGEN_SERVICE)
+    return SpanRecord(str(rec["trace_id"]), sid, "", SPAN_CLIENT, start, int(end) if end is not None else start, attrs, events, 3, 0, service)
 
 
 def _join_into_row(row: Row, rec: dict[str, Any], topo: Topology, offset_ns: int, unc_ns: int) -> None:
@@ -430,11 +553,12 @@ FORMATS: dict[str, tuple[Callable[[Any], bool], Reader]] = {
     "otlp-json": (_is_otlp, read_otlp_json),
     "jaeger": (_is_jaeger, read_jaeger),
     "aiperf": (_is_aiperf, read_aiperf),
+    "guidellm": (_is_guidellm, read_guidellm),
     "records": (_is_records, read_records),
     "rows": (_is_rows_record, read_rows_file),
     "sketches": (_is_sketches, read_sketches),
 }
-WHAT = {"otlp-json": "OTLP JSON spans", "jaeger": "Jaeger spans", "aiperf": "AIPerf records", "records": "load-generator records",
+WHAT = {"otlp-json": "OTLP JSON spans", "jaeger": "Jaeger spans", "aiperf": "AIPerf records", "guidellm": "GuideLLM requests", "records": "load-generator records",
         "rows": "rows", "sketches": "sketches"}
 
 
@@ -523,12 +647,19 @@ def load(paths: list[str | Path], topology: Topology | None = None) -> Loaded:
         FORMATS[fmt][1](p, out)
         if fmt == "records":
             out.found.append(f"--from {p}: load-generator records; using {len(out.records) - before} measured requests as client-side records")
+        elif fmt == "guidellm":
+            out.found.append(f"--from {p}: GuideLLM benchmarks JSON; using {len(out.records) - before} requests as client-side records")
+    matched, unmatched = match_by_time(out)
+    if matched or unmatched:
+        out.found.append(f"GuideLLM requests matched by send time to the requests the taps and components saw: {matched}"
+                         + (f"; {unmatched} with no request reaching the system within {MATCH_WINDOW_NS // 1_000_000} ms (kept as client-only rows)" if unmatched else ""))
     if out.records:
         into_rows, as_spans, dup = _join_records(out, topology or default_topology())
         parts = [f"{into_rows} joined into their rows (client points added)"] if into_rows else []
         parts += [f"{as_spans} as client spans"] if as_spans else []
         parts += [f"{dup} already in the rows or spans (not counted twice)"] if dup else []
-        out.found.append(f"load-generator records: {', '.join(parts) or 'none usable'}")
+        what = "load-generator records" if all(not rec.get("service") for rec, _, _ in out.records) else "client-side records"
+        out.found.append(f"{what}: {', '.join(parts) or 'none usable'}")
     return out
 
 
