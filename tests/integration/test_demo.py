@@ -41,7 +41,9 @@ def test_deltatap_demo_runs_to_completion(tmp_path):
     for name in ("report.html", "report.md", "report.json", "rows.parquet", "records.jsonl", "run.json", "topology.yaml"):
         assert (out / name).is_file(), name
     page = parse_page((out / "report.html").read_text(encoding="utf-8"))
-    assert len(page.images) == 4 and all(img.startswith(b"\x89PNG\r\n\x1a\n") for img in page.images)
+    # the headline's stacked bar and the median waterfall, the TTFT CDF, the gap histogram, the contribution over time, the cascade timeline
+    assert len(page.images) == 6 and all(img.startswith(b"\x89PNG\r\n\x1a\n") for img in page.images)
+    assert {"fig-decomposition_bars", "fig-waterfall", "fig-cascade_timeline", "headline"} <= page.ids
     assert page.external_refs == []
     doc = json.loads((out / "report.json").read_text(encoding="utf-8"))
     assert doc["sections"]["cascades"]["data"]["cascades"] >= 1
