@@ -28,7 +28,7 @@ h1{font-size:1.4rem;margin:.2rem 0 .6rem}h2{font-size:1.2rem;border-bottom:1px s
 #headline h2{display:none}#headline p.lead{font-size:1.25rem;margin:.2rem 0}#headline p.lead:first-of-type{font-weight:600}
 table{border-collapse:collapse;margin:.6rem 0 .4rem;font-size:.9rem}
 th,td{border:1px solid #ccc;padding:.25rem .6rem}th{background:#f3f3f3;text-align:left}
-td.num{text-align:right;font-variant-numeric:tabular-nums}caption{text-align:left;font-weight:600;padding:.2rem 0}
+td.num{text-align:right;font-variant-numeric:tabular-nums}td.id{white-space:nowrap}caption{text-align:left;font-weight:600;padding:.2rem 0}
 figure{margin:.6rem 0 1rem}figure img{width:100%;height:auto;border:1px solid #eee}figcaption{font-size:.85rem;color:#555}
 pre{background:#f7f7f7;padding:.6rem;overflow-x:auto;font-size:.8rem}p.note{margin:.3rem 0}p.foot{font-size:.8rem;color:#555;margin:.1rem 0 1rem}
 details{margin:1.5rem 0}summary{font-size:1.1rem;font-weight:600;cursor:pointer}
@@ -48,7 +48,7 @@ def table_html(table: Table, swatches: dict[str, str] | None = None) -> str:
     for row in table.rows:
         cells = []
         for i, (v, c) in enumerate(zip(row, table.columns, strict=True)):
-            cls = ' class="num"' if isinstance(v, int | float) and not isinstance(v, bool) and not is_missing(v) else ""
+            cls = ' class="num"' if isinstance(v, int | float) and not isinstance(v, bool) and not is_missing(v) else ' class="id"' if c.whole else ""
             text = escape(fmt_cell(v, c))
             if i == 0 and swatches and isinstance(v, str):
                 color = swatches.get(v.split(" ")[0])
