@@ -64,6 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--rows-format", default="parquet", choices=ROWS_FORMATS, help="rows file format (default parquet)")
     c.add_argument("--forward", help="also send everything received to this OTLP endpoint: grpc://HOST:PORT or http://HOST:PORT")
     c.add_argument("--reexport", action="store_true", help="send synthetic per-component decomposition spans to --forward (Jaeger waterfall)")
+    c.add_argument("--handoff", metavar="URL", help="scale-out shard: send each partial request (a fragment whose partners another "
+                   "collector may hold) to the joining collector at grpc://HOST:PORT or http://HOST:PORT instead of writing a "
+                   "partial row (docs/scaleout.md)")
     c.add_argument("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C / SIGTERM)")
     _pipeline_args(c)
     c.set_defaults(func=run_collect)
@@ -98,6 +101,7 @@ def run_collect(args: argparse.Namespace) -> int:
     opts = CollectorOptions(
         otlp_grpc=_none(args.otlp_grpc), otlp_http=_none(args.otlp_http), metrics=_none(args.metrics), topology=topo,
         pipeline=_pipeline_options(args), out_dir=args.out, rows_format=args.rows_format, forward=args.forward, reexport=args.reexport,
+        handoff=args.handoff,
     )
     opts.check()
     if args.duration is not None and args.duration <= 0:
@@ -163,6 +167,8 @@ async def _collect(opts: CollectorOptions, duration: float | None) -> int:
     err.print(
         f"{s['rows']} rows from {s['spans_received']} spans in {time.monotonic() - t0:.1f}s; joined {s['joined']}; "
         f"evicted {s['traces_evicted']}, late spans {s['late_spans']}, ambiguous {s['ambiguous']}, decode errors {s['decode_errors']}"
+        + (f"; handed off {s['handed_off']} partial requests ({s['handoff_sent_spans']} spans sent, {s['handoff_dropped_spans']} dropped)"
+           if "handoff_sent_spans" in s else "")
     )
     err.print(f"files: {', '.join(str(p) for p in written.values())}")
     return 0

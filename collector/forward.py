@@ -18,18 +18,18 @@ from deltatap.core.config import ConfigError
 log = logging.getLogger("deltatap.collector")
 
 
-def parse_target(url: str) -> tuple[str, str]:
+def parse_target(url: str, flag: str = "--forward") -> tuple[str, str]:
     """(transport, address): ("grpc", "host:port") or ("http", "http://host:port/v1/traces")."""
     if url.startswith("grpc://"):
         return "grpc", url[len("grpc://") :].rstrip("/")
     if url.startswith(("http://", "https://")):
         return "http", url if url.rstrip("/").endswith("/v1/traces") else url.rstrip("/") + "/v1/traces"
-    raise ConfigError(f"--forward {url!r}: use grpc://HOST:PORT or http://HOST:PORT")
+    raise ConfigError(f"{flag} {url!r}: use grpc://HOST:PORT or http://HOST:PORT")
 
 
 class Forwarder:
-    def __init__(self, url: str, on_drop: Callable[[int], None], max_queue: int = 1000, timeout_s: float = 5.0) -> None:
-        self.transport, self.address = parse_target(url)
+    def __init__(self, url: str, on_drop: Callable[[int], None], max_queue: int = 1000, timeout_s: float = 5.0, flag: str = "--forward") -> None:
+        self.transport, self.address = parse_target(url, flag)
         self.on_drop = on_drop
         self.timeout_s = timeout_s
         self.queue: asyncio.Queue[tuple[bytes, int]] = asyncio.Queue(max_queue)

@@ -150,6 +150,10 @@ class Joiner:
         it (see _complementary), so it is never a fingerprint candidate nor has one."""
         return g.lo <= -1 and g.hi >= self._last_link
 
+    def complete(self, g: Group) -> bool:
+        """``g`` covers the first (or the client) through the last tapped link: a whole request, short hold."""
+        return g.lo <= 0 and g.hi >= self._last_link
+
     def _index(self, g: Group) -> None:
         for r in g.rids:
             self._by_rid[r] = g.gid
@@ -192,7 +196,7 @@ class Joiner:
                 g.method = JoinMethod.FINGERPRINT
         self._groups[g.gid] = g
         self._index(g)
-        complete = g.lo <= 0 and g.hi >= self._last_link
+        complete = self.complete(g)
         g.due = now + (self.hold_s if complete else self.incomplete_hold_s)
         heapq.heappush(self._heap, (g.due, g.gid))
 

@@ -48,6 +48,10 @@ class Pipeline:
         self.decode_errors: dict[str, int] = {"grpc": 0, "http": 0}
         self.forward_dropped = 0
         self.joined: dict[str, int] = {m.value: 0 for m in JoinMethod}
+        # Scale-out (docs/scaleout.md): a shard collector hands a request it holds only part of (a fragment
+        # whose partners went to other shards) to the joining collector instead of emitting a partial row.
+        self.handoff: Callable[[list], None] | None = None
+        self.handed_off = 0
 
     def ingest(self, spans: Iterable[SpanRecord], now: float) -> None:
         for frag in self.assembler.add(spans, now):
@@ -57,6 +61,13 @@ class Pipeline:
         rows: list[Row] = []
         deltas = DeltaColumns()  # every row's deltas, read while the row is fresh, for both aggregates
         topo = self.topo
+        if self.handoff is not None:
+            whole = self.joiner.complete
+            for g in groups:
+                if not whole(g):
+                    self.handoff(g.spans)
+                    self.handed_off += 1
+            groups = [g for g in groups if whole(g)]
         for g in groups:
             r = build_row(g.spans, topo, g.method, g.note, g.trace_ids)
             rows.append(r)
@@ -90,5 +101,5 @@ class Pipeline:
             "traces_evicted": a.traces_evicted, "late_spans": a.late_spans, "open_traces": self.assembler.open_traces,
             "pending_groups": self.joiner.pending, "joined": dict(self.joined), "ambiguous": j.ambiguous,
             "outcomes": dict(self.aggregator.outcomes), "rows": self.aggregator.rows, "decode_errors": dict(self.decode_errors),
-            "forward_dropped": self.forward_dropped,
+            "forward_dropped": self.forward_dropped, "handed_off": self.handed_off,
         }

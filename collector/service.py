@@ -24,7 +24,9 @@ from typing import Any
 
 from aiohttp import web
 
-from deltatap.collector.forward import Forwarder
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from deltatap.collector.forward import Forwarder, parse_target
 from deltatap.collector.metrics import CollectorMetrics
 from deltatap.collector.outputs import write_outputs
 from deltatap.collector.pipeline import Pipeline, PipelineOptions
@@ -53,11 +55,14 @@ class CollectorOptions:
     rows_format: str = "parquet"
     forward: str | None = None  # grpc://HOST:PORT or http://HOST:PORT
     reexport: bool = False  # send synthetic decomposition spans to ``forward``
+    handoff: str | None = None  # shard mode: partial requests' spans go to this joining collector (docs/scaleout.md)
     tick_s: float = 0.05
 
     def check(self) -> None:
         if self.rows_format not in ROWS_FORMATS:
             raise ConfigError(f"--rows-format {self.rows_format!r}: use one of {', '.join(ROWS_FORMATS)}")
+        if self.handoff is not None:
+            parse_target(self.handoff, "--handoff")
         if self.reexport and not self.forward:
             raise ConfigError("--reexport needs --forward grpc://HOST:PORT or http://HOST:PORT (where to send the decomposition spans)")
         for flag, v in (("--otlp-grpc", self.otlp_grpc), ("--otlp-http", self.otlp_http), ("--metrics", self.metrics)):
@@ -83,6 +88,8 @@ class RunningCollector:
         self._runners: list[web.AppRunner] = []
         self._tick_task: asyncio.Task | None = None
         self._forwarder: Forwarder | None = None
+        self._handoff: Forwarder | None = None
+        self.handoff_dropped = 0
         self._writer: RowWriter | None = None
         self._pending_rows: list[Row] = []
         self._last_write = time.monotonic()
@@ -110,6 +117,19 @@ class RunningCollector:
     def _drop(self, n: int) -> None:
         self.pipeline.forward_dropped += n
 
+    def _hand_off(self, spans: list) -> None:
+        by_service: dict[str, list] = {}
+        for sp in spans:
+            by_service.setdefault(sp.service, []).append(sp)
+        req = ExportTraceServiceRequest()
+        for group in by_service.values():
+            req.resource_spans.extend(encode_records(group).resource_spans)
+        assert self._handoff is not None
+        self._handoff.submit(req.SerializeToString(), len(spans))
+
+    def _drop_handoff(self, n: int) -> None:
+        self.handoff_dropped += n
+
     # ---- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
         o = self.options
@@ -120,6 +140,10 @@ class RunningCollector:
         if o.forward:
             self._forwarder = Forwarder(o.forward, self._drop)
             await self._forwarder.start()
+        if o.handoff:
+            self._handoff = Forwarder(o.handoff, self._drop_handoff, flag="--handoff")
+            await self._handoff.start()
+            self.pipeline.handoff = self._hand_off
         try:
             if o.otlp_grpc is not None:
                 host, port = parse_hostport(o.otlp_grpc, "--otlp-grpc")
@@ -185,6 +209,8 @@ class RunningCollector:
         s = self.pipeline.snapshot()
         if self._forwarder is not None:
             s["forwarded_spans"] = self._forwarder.sent_spans
+        if self._handoff is not None:
+            s["handoff_sent_spans"], s["handoff_dropped_spans"] = self._handoff.sent_spans, self.handoff_dropped
         return s
 
     async def _stop_servers(self) -> None:
@@ -210,6 +236,8 @@ class RunningCollector:
         await self.drain()
         if self._forwarder is not None:
             await self._forwarder.close()
+        if self._handoff is not None:
+            await self._handoff.close(drain_s=10.0)
         written: dict[str, Path] = {}
         if self._writer is not None:
             self._writer.close()

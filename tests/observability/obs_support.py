@@ -141,7 +141,8 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
     total = 0.0
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+            # prometheus_client names a counter's sample NAME_total even where the exporter wrote NAME
+            if name in (s.name, s.name.removesuffix("_total")) and all(s.labels.get(k) == v for k, v in labels.items()):
                 total += s.value
     return total
 
