@@ -42,7 +42,7 @@ def rich_table(table: Table, columns: list[int] | None = None, title: str | None
     return rt
 
 
-def _natural(console: Console, rt: RichTable) -> int:
+def _natural(console: Console, rt: Any) -> int:
     return Measurement.get(console, console.options.update_width(MEASURE_WIDTH), rt).maximum
 
 
@@ -66,14 +66,32 @@ def column_groups(console: Console, table: Table, width: int) -> list[list[int]]
 
 def print_table(console: Console, table: Table | Any) -> None:
     """Print ``table`` within the console's width, split into column groups where it does not fit
-    (a rich renderable of another module is printed at the console's width, its cells folding)."""
+    (a rich renderable of another module: :func:`_print_foreign`)."""
     if not isinstance(table, Table):
-        console.print(table)
+        _print_foreign(console, table)
         return
     groups = column_groups(console, table, console.width)
     for k, g in enumerate(groups):
         title = table.title if k == 0 else f"{table.title} (continued, {k + 1}/{len(groups)})"
         console.print(rich_table(table, g, title=title, caption=k == len(groups) - 1))
+
+
+def _print_foreign(console: Console, renderable: Any) -> None:
+    """A rich table of another module (``deltatap report``'s collector tables): in a terminal at its width,
+    piped at its natural width (up to 1000 columns), so no cell is folded or cropped."""
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    need = min(_natural(console, renderable), MEASURE_WIDTH)
+    if need <= console.width:
+        console.print(renderable)
+        return
+    saved = console.__dict__.get("_width")
+    console.width = need
+    try:
+        console.print(renderable)
+    finally:
+        console.__dict__["_width"] = saved
 
 
 def print_section(section: Section, console: Console) -> None:
