@@ -208,14 +208,13 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
 
 
 async def _provenance(options: LoadOptions, plan: list[PlannedRequest], url: str) -> dict[str, Any]:
-    """The run's provenance (deltatap.core.provenance): seed, the planned bodies' hash, the target's versions."""
-    import asyncio
+    """The run's provenance (deltatap.core.provenance): seed, the planned bodies' hash, the target. The target's
+    versions are not probed here: a GET /version through the taps would be measured as a request of the run (the
+    components' versions come from their spans, in the collector's provenance.json)."""
+    from deltatap.core.provenance import provenance, workload_sha256
 
-    from deltatap.core.provenance import probe_versions, provenance, workload_sha256
-
-    found = await asyncio.to_thread(probe_versions, url)
     return provenance(tool="load", seed=options.seed, workload_bytes_sha256=workload_sha256(r.to_json() for r in plan),
-                      components={"target": found} if found else {})
+                      components={"target": {"url": url}})
 
 
 def _count_output_tokens(records: list[RequestRecord], tok: Any) -> None:

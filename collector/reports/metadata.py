@@ -51,13 +51,15 @@ def software_line(prov: dict[str, Any]) -> str | None:
     parts = []
     for name, v in sorted((prov.get("components") or {}).items()):
         if isinstance(v, dict):
-            desc = v.get("version") or v.get("server") or v.get("models_owned_by")
-            if v.get("version") and v.get("server") and v["server"] not in str(v["version"]):
-                desc = f"{v['version']} ({v['server']})"
+            bits = [str(v[k]) for k in ("version", "server") if v.get(k)]
+            if v.get("models_owned_by"):
+                bits.append(f"models owned by {v['models_owned_by']}")
+            desc = ", ".join(bits) or "no version exposed"
+            if v.get("url"):
+                desc += f" at {v['url']}"
         else:
-            desc = v
-        if desc:
-            parts.append(f"{name} {desc}")
+            desc = str(v)
+        parts.append(f"{name}: {desc}")
     if prov.get("deltatap_version"):
         parts.append(f"deltatap {prov['deltatap_version']} ({prov.get('suite_version') or 'no suite'})")
     return "; ".join(parts) or None

@@ -162,7 +162,9 @@ def test_summary_fills_appendix_c1_from_the_loadgen_run_json(run, tmp_path):
     assert c1["Workload"] == "synthetic-uniform"
     assert c1["Load Model"] == f"closed-loop concurrency 2, {REQUESTS} requests"
     assert c1["SUT Boundary"].startswith("compound: everything behind " + run_json["options"]["target"])
-    assert run_json["options"]["target"] in c1["Software"] and c1["Hardware"].startswith("not recorded")
+    prov = run_json["provenance"]  # deltatap.core.provenance: C.1 filled from it
+    assert run_json["options"]["target"] in c1["Software"] and f"({prov['suite_version']})" in c1["Software"]
+    assert c1["Hardware"] == prov["hardware"]["accelerator_summary"] and c1["Seed"] == str(run_json["seed"])
     assert not [k for k, v in c1.items() if v == "unknown"], c1
     # the minimum report is printed once (the text block), not again as a table
     assert p.stdout.count("=== LLM Benchmark Report (Minimum) ===") == 1 and "Minimum viable report (Appendix C.1)" not in p.stdout
