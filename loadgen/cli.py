@@ -66,6 +66,13 @@ def register(subparsers: Any) -> None:
                    help="open connections before the first timed send (default: only with --batch)")
     p.add_argument("--spin-us", type=int, default=1500,
                    help="final microseconds of each send wait spent yielding to the loop instead of on a timer")
+    p.add_argument("--coordinate", metavar="HOST:PORT", help="load from several hosts: this one coordinates, listening here; "
+                   "every host sends its share of one plan from one shared start (docs/scaleout.md)")
+    p.add_argument("--hosts", type=int, help="with --coordinate: how many hosts send load, this one included")
+    p.add_argument("--coordinator", metavar="URL", help="load from several hosts: join the coordinator at http://HOST:PORT "
+                   "(run with the same workload, seed and load shape as it)")
+    p.add_argument("--start-in", type=float, default=2.0, dest="start_in_s",
+                   help="with --coordinate: seconds from the last host joining to the shared start (default 2)")
     p.add_argument("--run-id", help="run id used in request ids and spans (default: 8 random hex digits)")
     p.add_argument("--plan-only", action="store_true", help="write the request sequence to --out/requests.jsonl and exit")
     p.add_argument("--json", action="store_true", help="print summary.json to stdout")
@@ -84,6 +91,7 @@ def main(args: argparse.Namespace) -> int:
         "target", "endpoint", "model", "workload", "rate", "concurrency", "batch", "arrival", "requests", "duration_s",
         "seed", "warmup_requests", "warmup_probes", "warmup_rounds", "warmup_concurrency", "out", "request_timeout_s",
         "drain_s", "workers", "clock_sync", "ignore_eos", "progress", "gpu", "run_id", "preconnect", "spin_us",
+        "coordinate", "hosts", "coordinator", "start_in_s",
     )}
     fields["headers"] = dict(args.header)
     fields["labels"] = dict(args.label)

@@ -42,6 +42,7 @@ class ModeConfig:
     lead_ns: int = 5_000_000
     start_delay_ns: int = 20_000_000
     cycle: bool = False  # closed loop / batch with a duration: start the plan again when it runs out
+    start_mono_ns: int | None = None  # several hosts (loadgen/coordinate.py): the shared start, on this host's clock
 
 
 ModeFn = Callable[[Runner, ModeConfig, list[aiohttp.ClientSession]], Awaitable[None]]
@@ -71,10 +72,15 @@ async def _finish(tasks: set[asyncio.Task], drain_s: float) -> None:
         await asyncio.gather(*pending, return_exceptions=True)
 
 
+async def _shared_start(cfg: ModeConfig) -> None:
+    if cfg.start_mono_ns is not None:
+        await sleep_coarse_until(cfg.start_mono_ns)
+
+
 @register("open")
 async def open_loop(runner: Runner, cfg: ModeConfig, sessions: list[aiohttp.ClientSession]) -> None:
     assert cfg.offsets_ns is not None
-    t_start = mono_ns() + cfg.start_delay_ns
+    t_start = cfg.start_mono_ns if cfg.start_mono_ns is not None else mono_ns() + cfg.start_delay_ns
     stop = t_start + int(cfg.duration_s * 1e9) if cfg.duration_s else None
     tasks: set[asyncio.Task] = set()
     for k, unit in enumerate(cfg.units):
@@ -91,6 +97,7 @@ async def open_loop(runner: Runner, cfg: ModeConfig, sessions: list[aiohttp.Clie
 @register("closed")
 async def closed_loop(runner: Runner, cfg: ModeConfig, sessions: list[aiohttp.ClientSession]) -> None:
     it = itertools.cycle(cfg.units) if cfg.cycle else iter(cfg.units)
+    await _shared_start(cfg)
     stop = mono_ns() + int(cfg.duration_s * 1e9) if cfg.duration_s else None
 
     async def worker(w: int) -> None:
@@ -111,6 +118,7 @@ async def closed_loop(runner: Runner, cfg: ModeConfig, sessions: list[aiohttp.Cl
 @register("batch")
 async def batch_mode(runner: Runner, cfg: ModeConfig, sessions: list[aiohttp.ClientSession]) -> None:
     n = cfg.batch
+    await _shared_start(cfg)
     stop = mono_ns() + int(cfg.duration_s * 1e9) if cfg.duration_s else None
     it = itertools.cycle(cfg.units) if cfg.cycle else iter(cfg.units)
     while group := list(itertools.islice(it, n)):

@@ -55,6 +55,10 @@ class LoadOptions(StrictModel):
     progress: bool = Field(default=True, description="show live progress on stderr")
     gpu: bool = Field(default=True, description="sample NVIDIA GPU metrics (NVML) when a GPU is present")
     write_requests: bool = Field(default=True, description="write the request plan to requests.jsonl under out")
+    coordinate: str | None = Field(default=None, description="several hosts: be the coordinator, listening at HOST:PORT (loadgen/coordinate.py)")
+    hosts: int | None = Field(default=None, ge=2, description="with coordinate: how many hosts send load, this one included")
+    coordinator: str | None = Field(default=None, description="several hosts: the coordinator's URL (http://HOST:PORT) to join")
+    start_in_s: float = Field(default=2.0, gt=0, description="with coordinate: the shared start, this long after the last host joined")
     run_id: str | None = Field(default=None, description="run id in request ids and spans (default: 8 random hex digits)")
 
     @model_validator(mode="after")
@@ -66,6 +70,12 @@ class LoadOptions(StrictModel):
             raise ValueError(f"arrival {self.arrival!r} unknown; choose one of {', '.join(sorted(ARRIVALS))}")
         if self.endpoint not in ENDPOINTS:
             raise ValueError(f"endpoint {self.endpoint!r} unknown; choose one of {', '.join(ENDPOINTS)}")
+        if self.coordinate and self.coordinator:
+            raise ValueError("--coordinate (be the coordinator) and --coordinator URL (join one) exclude each other")
+        if self.coordinate and self.hosts is None:
+            raise ValueError("--coordinate needs --hosts N (how many hosts send load, this one included)")
+        if self.hosts is not None and not self.coordinate:
+            raise ValueError("--hosts is the coordinator's: give it with --coordinate HOST:PORT")
         return self
 
     @property

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from deltatap import __version__
-from deltatap.core.clock import ANCHOR
+from deltatap.core.clock import ANCHOR, mono_ns
 from deltatap.core.clocksync import ClockEstimate, estimate_offset
 from deltatap.core.config import ConfigError
 from deltatap.telemetry.tracer import Telemetry
@@ -21,6 +21,7 @@ from deltatap.core.vocab import Outcome
 from deltatap.loadgen.arrivals import schedule_offsets_ns
 from deltatap.loadgen.client import ModelListError, Target, list_models, resolve_url
 from deltatap.loadgen.gpu import GpuSampler
+from deltatap.loadgen.coordinate import Assignment, Coordinator, join, plan_key
 from deltatap.loadgen.modes import MODES, ModeConfig, open_sessions, preconnect, sessions_needed
 from deltatap.loadgen.options import DEFAULT_MODEL, LoadOptions
 from deltatap.loadgen.records import RecordWriter, RequestRecord
@@ -137,6 +138,8 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
     warm_report: dict[str, Any] | None = None
     warm_records: list[RequestRecord] = []
     progress = None
+    coordinator: Coordinator | None = None
+    assignment: Assignment | None = None
     try:
         if gpu is not None:
             gpu.start()
@@ -165,10 +168,18 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
             total = len(plan) if options.duration_s is None else None
             progress = LiveProgress(runner.counters, total)
             progress.start()
+        if options.coordinate or options.coordinator:  # several hosts: this one's share, from one shared start
+            coordinator, assignment = await _coordinate(options, spec, say)
+            cfg.units = assignment.share(cfg.units)
+            if cfg.offsets_ns is not None:
+                cfg.offsets_ns = assignment.share(cfg.offsets_ns)
+            cfg.start_mono_ns = assignment.start_mono_ns()
         gc.collect()
         gc.freeze()  # the plan, bodies and libraries move out of the collector's scans: shorter pauses mid-run
         await MODES[options.mode](runner, cfg, sessions)
     finally:
+        if coordinator is not None:
+            await coordinator.close()
         gc.unfreeze()
         if progress is not None:
             await progress.stop()
@@ -201,6 +212,8 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
     summary["run"]["model"] = model  # what every request asked for
     summary["run"]["model_source"] = model_source  # given (--model), listed (GET /v1/models) or default
     summary["run"]["provenance"] = await _provenance(options, plan, url)
+    if assignment is not None:
+        summary["run"]["hosts"] = assignment.to_dict()  # several hosts: this one's share and the shared start
     result = LoadResult(summary, records, [r.to_dict() for r in warm_records], plan, None)
     if options.out:
         result.out_dir = write_outputs(Path(options.out), result, measured, warm_records, options.write_requests)
@@ -272,3 +285,26 @@ def write_outputs(out: Path, result: LoadResult, measured: list[RequestRecord], 
     (out / "summary.json").write_text(json.dumps(result.summary, indent=2, default=str) + "\n", encoding="utf-8")
     (out / "run.json").write_text(json.dumps(result.summary["run"], indent=2, default=str) + "\n", encoding="utf-8")
     return out
+
+
+async def _coordinate(options: LoadOptions, spec: WorkloadSpec, say: Callable[[str], None]) -> tuple[Coordinator | None, Assignment]:
+    """Several hosts (loadgen/coordinate.py): serve as the coordinator or join one; returns this host's share."""
+    key = plan_key({"workload": spec.name, "spec": options.workload, "seed": options.seed, "requests": options.requests,
+                    "duration_s": options.duration_s, "rate": options.rate, "arrival": options.arrival, "mode": options.mode,
+                    "endpoint": options.endpoint})
+    if options.coordinator:
+        a = await join(options.coordinator, key)
+        say(f"host {a.index + 1} of {a.hosts}: clock offset to the coordinator {a.offset_ns / 1e6:+.3f} ms "
+            f"(+/- {a.uncertainty_ns / 1e6:.3f} ms); shared start in {(a.start_mono_ns() - mono_ns()) / 1e9:.2f} s")
+        return None, a
+    assert options.coordinate and options.hosts
+    c = Coordinator(options.hosts, key, options.start_in_s)
+    await c.start(options.coordinate)
+    say(f"coordinating {options.hosts} hosts at {c.url}: start the others with --coordinator {c.url}")
+    try:
+        a = await c.assign_self()
+    except BaseException:
+        await c.close()
+        raise
+    say(f"all {a.hosts} hosts joined; shared start in {(a.start_mono_ns() - mono_ns()) / 1e9:.2f} s")
+    return c, a
