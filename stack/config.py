@@ -81,6 +81,10 @@ class EngineModel(StrictModel):
     prefix_cache: bool = True
     prefix_block_tokens: int = Field(default=16, ge=1)
     prefix_cache_blocks: int = Field(default=4096, ge=0)
+    policy: Literal["fcfs", "priority"] = Field(
+        default="fcfs", description="admission order: fcfs (arrival order) or priority (lowest priority value first, "
+        "then arrival; vLLM's --scheduling-policy priority); preemption then picks the lowest-priority newest sequence")
+    priority_header: str = Field(default="x-priority", min_length=1, description="request header carrying an integer priority (default 0)")
 
     def decode_ms(self, batch: int) -> float:
         return self.decode_base_ms + self.decode_per_seq_ms * max(0, batch - 1) if batch else 0.0

@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "deltatap.collector.cli",  # deltatap collect, deltatap report
     "deltatap.collector.reports.cli",  # deltatap guardrails, deltatap cascade
     "deltatap.app.demo",  # deltatap demo
+    "deltatap.app.bench.cli",  # deltatap bench <test>
     "deltatap.collector.compare.cli",  # deltatap compare
     "deltatap.app.sign",  # deltatap sign, deltatap verify
     "deltatap.app.selftest",  # deltatap selftest

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from deltatap.core.topology import Topology
 
 DEFAULT_CONFIG = "demo"  # the packaged configs/demo.yaml, also what `deltatap stack all --config demo` runs
 DEFAULT_OUT = "deltatap-demo"
-SHOWN_SECTIONS = ["headline", "decomposition", "guardrails", "timeouts", "cascades"]
+SHOWN_SECTIONS = ["taps_vs_components", "headline", "decomposition", "guardrails", "timeouts", "cascades"]
 
 
 def _stack_models() -> tuple[type, type, type]:
@@ -81,49 +82,63 @@ def _load_options(name: str, phase: dict[str, Any], target: str, model: str, out
     return validate(LoadOptions, data, f"{src} [load.{name}]")
 
 
-async def run_demo(out_dir: str | Path = DEFAULT_OUT, config: str | Path | None = None, console: Console | None = None,
-                   formats: list[str] | None = None, wait_rows_s: float = 20.0,
-                   observe: Callable[[str, Any], None] | None = None) -> DemoResult:
-    """Run the demo; ``observe(name, telemetry)`` is called for each observer's telemetry (client, taps,
-    gateway, firewall, engine) before anything starts, e.g. to add a span processor of one's own."""
+
+@dataclass
+class ReferenceStack:
+    """What :func:`launch_reference_stack` started: the edge URL to send load to, the collector, one
+    telemetry per observer, the running components (``components["engine"]``...) and their addresses."""
+
+    edge_url: str
+    engine_url: str
+    collector: Any
+    tels: dict[str, Any]
+    components: dict[str, Any]
+    addresses: dict[str, str]
+    grace_s: float
+    collector_files: dict[str, Path] = field(default_factory=dict)
+
+    async def settle(self, expected_rows: int, wait_rows_s: float, engine_idle_s: float = 5.0) -> list:
+        """Let the engine finish what it still generates (up to ``engine_idle_s``), flush every exporter,
+        and wait until the collector has a row for ``expected_rows`` requests (in all); returns its rows."""
+        await _wait_engine_idle(self.engine_url, engine_idle_s)
+        # flush from worker threads: the exporters post to the collector, which runs on this loop
+        await asyncio.gather(*(asyncio.to_thread(t.processor.force_flush, 5_000) for t in self.tels.values()))
+        return await _wait_rows(self.collector, expected_rows, wait_rows_s, self.grace_s)
+
+
+@contextlib.asynccontextmanager
+async def launch_reference_stack(topo: Topology, gw_cfg: Any, fw_cfg: Any, en_cfg: Any, out: Path, grace_s: float, src: str = "",
+                                 observe: Callable[[str, Any], None] | None = None,
+                                 console: Console | None = None) -> AsyncIterator[ReferenceStack]:
+    """Start, in this process on ephemeral 127.0.0.1 ports, the collector (OTLP/HTTP, rows under ``out``),
+    the reference engine, firewall and gateway of ``topo`` and a tap on every link; close them all on exit
+    (the collector last: ``stack.collector_files`` then holds what it wrote). ``observe(name, telemetry)``
+    is called for each observer's telemetry before anything starts."""
     from deltatap.collector.pipeline import PipelineOptions
-    from deltatap.collector.reports.cli import summary_report
-    from deltatap.collector.reports.metadata import config_hash, run_metadata
-    from deltatap.collector.reports.render_terminal import print_report
-    from deltatap.collector.reports.renderers import write_report
-    from deltatap.collector.reports.runs import RunData
     from deltatap.collector.service import CollectorOptions, start_collector
-    from deltatap.telemetry.tracer import setup_telemetry
-    from deltatap.loadgen.run import run_load
     from deltatap.proxy import TapOptions, start_tap
     from deltatap.stack.engine.app import start_engine
     from deltatap.stack.firewall.app import start_firewall
     from deltatap.stack.gateway.app import start_gateway
+    from deltatap.telemetry.tracer import setup_telemetry
 
-    t_start = time.monotonic()
-    console = console or Console()
-    src = str(find_config(config or DEFAULT_CONFIG))
-    cfg, gw_cfg, fw_cfg, en_cfg, raw = load_demo_config(config)
-    topo = cfg.topology
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model = en_cfg.models[0]
-    # the trace of a cascading request closes a grace period after the client's span ends, and the
-    # engine's span ends later than that (it keeps generating): give it the engine's declared timeout
-    grace = max(2.5, (topo.engine.timeout_s or 0) - (topo.client.timeout_s or 0) + 1.0)
     collector = await start_collector(CollectorOptions(otlp_grpc=None, otlp_http="127.0.0.1:0", topology=topo, out_dir=out, rows_format="parquet",
-                                                       pipeline=PipelineOptions(grace_s=grace)))
+                                                       pipeline=PipelineOptions(grace_s=grace_s)))
     otlp = collector.otlp_http_url
     tels = {n: setup_telemetry(f"deltatap-{n}", otlp=otlp) for n in ("client", "taps", "gateway", "firewall", "engine")}
     for n, t in tels.items():
         if observe is not None:
             observe(n, t)
     started: list[Any] = []
+    components: dict[str, Any] = {}
     addresses: dict[str, str] = {"collector (OTLP/HTTP, /metrics, /v1/clock)": str(otlp)}
+    stack: ReferenceStack | None = None
     try:
         engine = await start_engine(en_cfg, tels["engine"], listen="127.0.0.1:0")
         started.append(engine)
+        components["engine"] = engine
         upstream = engine.url
+        edge_url = engine.url
         names = [c.name for c in topo.components]
         for link in reversed(topo.links):
             tap = await start_tap(TapOptions(link=link.name, upstream=upstream, listen_port=0, admin_port=0, downstream=link.downstream,
@@ -136,44 +151,79 @@ async def run_demo(out_dir: str | Path = DEFAULT_OUT, config: str | Path | None 
                 fw_cfg.upstream = tap.url
                 fw = await start_firewall(fw_cfg, tels["firewall"], listen="127.0.0.1:0")
                 started.append(fw)
+                components["firewall"] = fw
                 upstream = fw.url
                 addresses["firewall"] = fw.url
             elif comp.kind == "gateway":
                 gw_cfg.routes[0].upstreams = [tap.url]
                 gw = await start_gateway(gw_cfg, tels["gateway"], listen="127.0.0.1:0")
                 started.append(gw)
+                components["gateway"] = gw
                 upstream = gw.url
                 addresses["gateway"] = gw.url
             elif comp.kind != "client":
-                raise ConfigError(f"{src}: the demo runs gateway, firewall and engine only; topology has {comp.kind} {comp.name!r} ({names})")
+                raise ConfigError(f"{src}: the reference stack runs gateway, firewall and engine only; topology has {comp.kind} {comp.name!r} ({names})")
             else:
                 edge_url = tap.url
         addresses["engine"] = engine.url
-        console.print(f"[bold]deltatap demo[/] - reference stack on loopback ({' -> '.join(names)}), taps on every link", highlight=False)
-        for k, v in addresses.items():
-            console.print(f"  {k}: {v}", highlight=False)
-
-        records: list[dict[str, Any]] = []
-        phases: dict[str, Any] = {}
-        for name, phase in cfg.load.items():
-            opts = _load_options(name, phase, edge_url, model, out, topo.client.timeout_s, src)
-            console.print(f"load phase [bold]{name}[/]: {opts.requests or '-'} requests, {opts.mode} loop, workload {_workload_name(opts.workload)}", highlight=False)
-            result = await run_load(opts, tels["client"])
-            records += result.records
-            phases[name] = {"summary_requests": len(result.records), "options": opts.model_dump(mode="json", exclude={"target", "out"})}
-        # let the engine finish what it still generates for nobody before the spans are flushed
-        await _wait_engine_idle(engine.url, (topo.engine.timeout_s or 5.0) + 1.0)
-        # flush from worker threads: the exporters post to the collector, which runs on this loop
-        await asyncio.gather(*(asyncio.to_thread(t.processor.force_flush, 5_000) for t in tels.values()))
-        rows = await _wait_rows(collector, len(records), wait_rows_s, grace)
+        stack = ReferenceStack(edge_url, engine.url, collector, tels, components, addresses, grace_s)
+        yield stack
     finally:
         for comp in reversed(started):
             try:
                 await comp.close()
             except Exception as exc:  # keep closing the others
-                console.print(f"[yellow]closing {comp}: {exc}[/]")
+                (console or Console(stderr=True)).print(f"[yellow]closing {comp}: {exc}[/]")
         await asyncio.gather(*(asyncio.to_thread(t.shutdown) for t in tels.values()))
-        collector_files = await collector.close()
+        files = await collector.close()
+        if stack is not None:
+            stack.collector_files = files
+
+
+async def run_demo(out_dir: str | Path = DEFAULT_OUT, config: str | Path | None = None, console: Console | None = None,
+                   formats: list[str] | None = None, wait_rows_s: float = 20.0,
+                   observe: Callable[[str, Any], None] | None = None) -> DemoResult:
+    """Run the demo; ``observe(name, telemetry)`` is called for each observer's telemetry (client, taps,
+    gateway, firewall, engine) before anything starts, e.g. to add a span processor of one's own."""
+    from deltatap.collector.reports.cli import summary_report
+    from deltatap.app.views import SpanCapture, taps_vs_components
+    from deltatap.collector.reports.model import Section
+    from deltatap.collector.reports.metadata import config_hash, run_metadata
+    from deltatap.collector.reports.render_terminal import print_report
+    from deltatap.collector.reports.renderers import write_report
+    from deltatap.collector.reports.runs import RunData
+    from deltatap.loadgen.run import run_load
+
+    t_start = time.monotonic()
+    capture = SpanCapture()  # every observer's spans, for the taps-vs-components table
+    observe = capture.observer(observe)
+    console = console or Console()
+    src = str(find_config(config or DEFAULT_CONFIG))
+    cfg, gw_cfg, fw_cfg, en_cfg, raw = load_demo_config(config)
+    topo = cfg.topology
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model = en_cfg.models[0]
+    # the trace of a cascading request closes a grace period after the client's span ends, and the
+    # engine's span ends later than that (it keeps generating): give it the engine's declared timeout
+    grace = max(2.5, (topo.engine.timeout_s or 0) - (topo.client.timeout_s or 0) + 1.0)
+    async with launch_reference_stack(topo, gw_cfg, fw_cfg, en_cfg, out, grace, src, observe, console) as stack:
+        names = [c.name for c in topo.components]
+        console.print(f"[bold]deltatap demo[/] - reference stack on loopback ({' -> '.join(names)}), taps on every link", highlight=False)
+        for k, v in stack.addresses.items():
+            console.print(f"  {k}: {v}", highlight=False)
+
+        records: list[dict[str, Any]] = []
+        phases: dict[str, Any] = {}
+        for name, phase in cfg.load.items():
+            opts = _load_options(name, phase, stack.edge_url, model, out, topo.client.timeout_s, src)
+            console.print(f"load phase [bold]{name}[/]: {opts.requests or '-'} requests, {opts.mode} loop, workload {_workload_name(opts.workload)}", highlight=False)
+            result = await run_load(opts, stack.tels["client"])
+            records += result.records
+            phases[name] = {"summary_requests": len(result.records), "options": opts.model_dump(mode="json", exclude={"target", "out"})}
+        # let the engine finish what it still generates for nobody before the spans are flushed
+        await stack.settle(len(records), wait_rows_s, (topo.engine.timeout_s or 5.0) + 1.0)
+    collector, collector_files, addresses = stack.collector, stack.collector_files, stack.addresses
     rows = collector.rows()
 
     (out / "records.jsonl").write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records), encoding="utf-8")
@@ -190,6 +240,11 @@ async def run_demo(out_dir: str | Path = DEFAULT_OUT, config: str | Path | None 
     (out / "run.json").write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
     run = RunData("demo", out, rows, records, meta, topo)
     report = summary_report(run, topo, title="deltatap demo report")
+    at = next((i + 1 for i, sec in enumerate(report.sections) if sec.name == "headline"), 0)  # right after the headline
+    report.sections.insert(at, Section("taps_vs_components", "What the taps measured vs what the components say",
+                                      tables=[taps_vs_components(capture.records(), topo)],
+                                      notes=["The decomposition below prefers the components' own points (they outrank the taps); "
+                                             "this table is the taps alone next to the components alone, per delta."]))
     files = {k: v for k, v in collector_files.items()}
     files.update({f"report.{k}": v for k, v in write_report(report, out, formats).items()})
     files["records"] = out / "records.jsonl"

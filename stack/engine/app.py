@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from typing import Any
 
 from aiohttp import web
 
@@ -181,7 +182,8 @@ class Job:
         st.metrics.observe(outcome, status, (end - span.start_mono) / 1e9)
 
 
-def _prepare(st: EngineState, kind: str, body: bytes) -> tuple[GenRequest, list[str], int]:
+def _prepare(st: EngineState, kind: str, body: bytes, headers: Any = None) -> tuple[GenRequest, list[str], int]:
+    headers = headers or {}
     req = parse_request(kind, parse_json(body))
     if req.model not in st.cfg.models:
         raise ApiError(404, f"The model {req.model!r} does not exist; served: {st.cfg.models}", "NotFoundError", "model_not_found")
@@ -190,6 +192,11 @@ def _prepare(st: EngineState, kind: str, body: bytes) -> tuple[GenRequest, list[
         raise ApiError(400, "the prompt is empty (no tokens)")
     max_tokens = req.max_tokens or st.cfg.default_max_tokens
     m = st.cfg.scheduler
+    if m.policy == "priority":
+        try:
+            int(headers.get(m.priority_header, 0))
+        except ValueError:
+            raise ApiError(400, f"header {m.priority_header}: {headers.get(m.priority_header)!r} is not an integer priority") from None
     limit = min(m.max_model_len, m.kv_capacity_tokens)
     if len(tokens) + max_tokens > limit:
         raise ApiError(
@@ -209,7 +216,7 @@ def _handler(kind: str):
         )
         t_arrive = span.start_mono
         try:
-            req, tokens, max_tokens = _prepare(st, kind, await request.read())
+            req, tokens, max_tokens = _prepare(st, kind, await request.read(), request.headers)
         except ApiError as err:
             return reject(span, st.metrics, err, t_arrive, {st.cfg.correlation_header: rid})
         except asyncio.CancelledError:
@@ -224,6 +231,7 @@ def _handler(kind: str):
             gen=TextGenerator(st.cfg.seed, req.seed, req.text),
             block_hashes=block_hashes(tokens, st.cfg.scheduler.prefix_block_tokens) if st.cfg.scheduler.prefix_cache else [],
             queue_mono=t_arrive,
+            priority=int(request.headers.get(st.cfg.scheduler.priority_header, 0)) if st.cfg.scheduler.policy == "priority" else 0,
         )
         job = Job(st, span, seq, req, rid)
         try:

@@ -13,7 +13,9 @@ sleeps per request.
   ``prefill_base_ms + prefill_per_token_ms * tokens``;
 * KV capacity in tokens: when the next step would not fit, the most recently admitted sequence
   is preempted (its KV freed; it re-queues at the front and recomputes prompt + output so far);
-* prefix cache over hashed blocks of prompt tokens (LRU), so shared prefixes skip prefill.
+* prefix cache over hashed blocks of prompt tokens (LRU), so shared prefixes skip prefill;
+* policy ``priority``: the waiting queue is served lowest ``priority`` first (arrival order within a
+  priority) and preemption picks the newest sequence of the lowest priority (vLLM's priority policy).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class Sequence:
     finish_mono: int | None = None
     finish_reason: str | None = None
     admitted_order: int = 0
+    priority: int = 0  # policy "priority": lower is admitted first
     first_batch: int = 0  # sequences running when the first token was produced
     on_finish: list[Callable[[Sequence], None]] = field(default_factory=list)
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -248,6 +251,8 @@ class Scheduler:
 
     def _admit(self, start: int) -> None:
         m = self.m
+        if m.policy == "priority" and len(self.waiting) > 1:
+            self.waiting = collections.deque(sorted(self.waiting, key=lambda s: s.priority))  # stable: arrival order within a priority
         while self.waiting and len(self.running) < m.max_batch:
             seq = self.waiting[0]
             need = seq.context_len + 1
@@ -269,7 +274,7 @@ class Scheduler:
     def _ensure_kv(self, start: int) -> None:
         """Every decoding sequence needs one more KV slot this step; preempt newest until it fits."""
         while self.running and self.kv_used + len(self.running) > self.m.kv_capacity_tokens and len(self.running) > 1:
-            victim = max(self.running, key=lambda s: s.admitted_order)
+            victim = max(self.running, key=(lambda s: (s.priority, s.admitted_order)) if self.m.policy == "priority" else (lambda s: s.admitted_order))
             self.running.remove(victim)
             victim.kv_tokens = 0
             victim.computed = 0
