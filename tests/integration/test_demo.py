@@ -48,6 +48,13 @@ def test_deltatap_demo_runs_to_completion(tmp_path):
     doc = json.loads((out / "report.json").read_text(encoding="utf-8"))
     assert doc["sections"]["cascades"]["data"]["cascades"] >= 1
     assert doc["metadata"]["hardware"]["fingerprint_hash"] and doc["metadata"]["config_hash"]
+    # what the taps measured next to what the components say, per delta, with the difference
+    assert "What the taps measured vs what the components say" in text
+    views = {r["delta"]: r for r in doc["sections"]["taps_vs_components"]["tables"]["taps_vs_components"]["rows"]}
+    for name in ("gateway_inbound", "firewall_inbound", "engine_ttft", "firewall_outbound", "gateway_outbound", "system_ttft"):
+        v = views[name]
+        assert v["n"] >= 30 and v["taps_p50_ms"] > 0 and v["components_p50_ms"] > 0, v
+        assert abs(v["diff_p50_ms"]) <= 1.5 and abs(v["taps_p50_ms"] - v["components_p50_ms"] - v["diff_p50_ms"]) <= v["components_p50_ms"], v
     print(f"deltatap demo took {elapsed:.1f} s")  # the timing claim itself is in docs/benchmarks.md
 
 
