@@ -105,3 +105,15 @@ def test_bootstrap_and_mann_whitney_on_known_samples():
     assert mann_whitney(a, b).p < 1e-12 and mann_whitney(a, a.copy()).p == pytest.approx(1.0, abs=0.05)
     assert verdict(cis[0], Threshold.parse("10%")) == "regression"
     assert verdict(cis[0], Threshold.parse("50%")) == "changed, within threshold"
+
+
+def test_repeated_runs_flag_the_outlier_and_keep_it(two_runs, capsys):
+    """Three runs of one configuration and one of another (one hardware class, one workload): the odd one is
+    flagged beyond 3 sigma of its cluster and stays in every comparison."""
+    f = two_runs["fast"]
+    assert main(["compare", f"a={f}", f"b={f}", f"c={f}", f"odd={two_runs['slow']}", "--deltas", "firewall_inbound",
+                 "--resamples", "200", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {"run": "odd", "delta": "firewall_inbound"} in [{k: o[k] for k in ("run", "delta")} for o in doc["outliers"]]
+    assert not [o for o in doc["outliers"] if o["run"] != "odd"]
+    assert [c["candidate"] for c in doc["comparisons"]] == ["b", "c", "odd"]
