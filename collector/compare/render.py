@@ -160,7 +160,7 @@ def forest_plot(c: Comparison, pair: Pair) -> bytes | None:
     ax.axvline(0, color="#888", lw=1)
     if not c.threshold.relative:
         ax.axvspan(-c.threshold.value, c.threshold.value, color="#f1c40f", alpha=0.15, lw=0, label=f"threshold ±{c.threshold}")
-        ax.legend(loc="lower right", fontsize=8)
+        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)  # above the plot, clear of the points
     ax.set_yticks(range(len(items)))
     ax.set_yticklabels([n for n, _, _ in reversed(items)], fontsize=7)
     ax.set_xlabel(f"{pair.candidate} - {pair.baseline} (ms), {c.level * 100:g}% bootstrap interval")

@@ -105,6 +105,19 @@ def check_summary(args: argparse.Namespace) -> None:
         load_topology(repo_path(args.topology))
 
 
+def check_compare(args: argparse.Namespace) -> None:
+    from deltatap.collector.compare.stats import Threshold
+
+    Threshold.parse(args.threshold)  # raises ValueError with the one line the command prints
+    assert all(0 <= q <= 100 for q in args.percentiles) and 0 < args.confidence < 1 and args.resamples >= 100
+
+
+def check_selftest(args: argparse.Namespace) -> None:
+    from deltatap.app.accuracy import WARMUP
+
+    assert args.requests > WARMUP and 0 < args.rate <= 500
+
+
 COMMAND_CHECKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "tap": check_tap,
     "collect": check_collect,
@@ -112,6 +125,10 @@ COMMAND_CHECKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "load": check_load,
     "summary": check_summary,
     "demo": lambda args: None,  # its only input is the packaged config, validated by its own tests
+    "compare": check_compare,
+    "selftest": check_selftest,
+    "sign": lambda args: None,  # its input is a result file the command itself reads and reports on
+    "verify": lambda args: None,
 }
 
 
