@@ -120,8 +120,10 @@ class HeadlineSection:
         if not inputs.rows:
             return None
         d = decompose_percentiles(inputs.rows, inputs.topology)
-        if not d.bars:
-            return None
+        if not d.bars:  # say so first, rather than open on the details
+            return Section(self.name, self.title, notes=[f"No request of {len(inputs.rows)} can be decomposed (none with a first token and every delta "
+                                                         f"of its path). {d.excluded.sentence('Requests')}"],
+                           data={"kept": 0, "excluded": {"refused": d.excluded.refused, "cut": d.excluded.cut, "other": d.excluded.other}, "bars": []})
         shown = [b for b in d.bars if b.percentile in TABLE_PERCENTILES]
         cols = [Column("part", "Part")]
         for b in shown:

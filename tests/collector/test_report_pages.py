@@ -143,3 +143,16 @@ def test_no_impossible_negative_and_every_exclusion_accounted_for(runs, name):
         assert f"excluded {refused} refused or blocked" in cdf.caption
     if ex["other"]:
         assert f"{ex['other']} without a first token" in cdf.caption
+
+
+def test_a_run_where_nothing_can_be_decomposed_says_so_first():
+    from deltatap.collector.reports.plots import report_figures
+    from deltatap.collector.reports.registry import ReportInputs, build_report
+    from tests.reports.factories import row
+
+    rows = [row(i, outcome="refused", firewall_decision="block_pattern", deltas_ms={"firewall_inbound_block": 5.0}) for i in range(3)]
+    report = build_report(ReportInputs(rows=rows), figures=report_figures)
+    assert report.sections[0].name == "headline"
+    assert report.sections[0].notes == ["No request of 3 can be decomposed (none with a first token and every delta of its path). "
+                                        "Requests: excluded 3 refused or blocked."]
+    assert not report.has("decomposition") and [f.name for f in report.figures] == []
