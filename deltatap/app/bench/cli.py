@@ -43,7 +43,7 @@ def add_common(p: argparse.ArgumentParser, name: str) -> None:
     o = p.add_argument_group("run")
     o.add_argument("--out", metavar="DIR", help=f"results directory (default: ./bench-{name})")
     o.add_argument("--quick", action="store_true", help="CI-sized run: fewer, shorter levels, one repetition (the report lists the deviations)")
-    o.add_argument("--repetitions", type=int, metavar="N", help="independent runs per level (default 3, --quick 1; §6.3 asks >= 3)")
+    o.add_argument("--repetitions", type=int, metavar="N", help="independent runs per level (default: 3 for throughput-latency and prefix-cache, else 1 to fit a few minutes; --quick 1; §6.3 asks >= 3)")
     o.add_argument("--slo", action="append", metavar="NAME=MS", help="SLO for goodput (AIPerf): ttft=MS, tpot=MS or e2e=MS; repeat for several")
     o.add_argument("--capacity-rps", type=float, metavar="R", help="capacity estimate in req/s (default: measured by a closed-loop pre-run)")
     o.add_argument("--probe-concurrency", type=int, default=32, metavar="N", help="concurrency of that pre-run against an external target (default 32)")
@@ -78,7 +78,7 @@ async def run_bench(name: str, args: argparse.Namespace, console: Console | None
     console = console or Console()
     out = Path(args.out or f"bench-{mod.NAME}")
     out.mkdir(parents=True, exist_ok=True)
-    reps = args.repetitions or (1 if args.quick else 3)
+    reps = args.repetitions or (1 if args.quick else getattr(mod, "REPETITIONS", 1))
     t0 = time.monotonic()
     async with open_harness(out, args.stack, args.target, args.collect, args.topology, args.model) as h:
         ctx = BenchContext(args, h, console, out, slos, reps, args.quick)

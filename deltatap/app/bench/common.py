@@ -157,7 +157,7 @@ def decomposition_by_level(levels: list[LevelMetrics], stat: str = "p50") -> Tab
     for c in comps:
         delta = next((m.deltas[c]["delta"] for m in levels if c in m.deltas), "")
         t.add(c, delta, *[(m.deltas.get(c) or {}).get(stat) for m in levels])
-    t.footnotes.append("Each cell is the collector's decomposition at that level (client -> gateway -> firewall -> engine deltas from the taps' points); "
+    t.footnotes.append("Each cell is the collector's decomposition at that level (the deltas between the taps' points on every link); "
                        "the residual is network time plus interaction effects.")
     return t
 
@@ -168,9 +168,13 @@ def knee_attribution(levels: list[LevelMetrics], knee: int | None, stat: str = "
     A component's growth counts when it is at least 1 ms, half its value at the lowest level and a fifth of the
     largest component's growth at the knee (a few ms of noise beside hundreds is not where the knee comes from);
     among those, the one that crossed first (ties: the largest growth) is named, with its growth at the knee."""
-    if knee is None or knee <= 0 or not levels[0].deltas:
-        return "No knee in the measured range: no component's delta is attributed." if knee is None else \
-            "The knee is at the lowest level measured: no lower level to compare components against."
+    if knee is None:
+        return "No knee in the measured range: no component's delta is attributed."
+    if knee <= 0:
+        return "The knee is at the lowest level measured: no lower level to compare components against."
+    if not levels[0].deltas:
+        return (f"Knee at {levels[knee].label}; no per-component deltas to attribute it (no taps reported to this bench's collector: "
+                "use the embedded stack, or --collect with taps on the links).")
     base = levels[0]
     growth: dict[str, float] = {}
     for comp, d0 in base.deltas.items():

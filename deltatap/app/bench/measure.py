@@ -216,4 +216,5 @@ def component_deltas(rows: Sequence[Any], topology: Any) -> dict[str, dict[str, 
 
 
 def fmt_ci(ci: tuple[float, float] | None, digits: int = 1) -> str:
-    return "" if ci is None else f"[{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+    """The interval as text; every figure here is non-negative, so a lower bound below 0 shows as 0."""
+    return "" if ci is None else f"[{max(0.0, ci[0]):.{digits}f}, {ci[1]:.{digits}f}]"

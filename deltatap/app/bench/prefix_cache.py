@@ -12,6 +12,7 @@ from deltatap.collector.reports.model import Column, Report, Section, Table
 
 NAME = "prefix-cache"
 SECTION = "5.7"
+REPETITIONS = 3  # §6.3: at least 3 independent runs
 HELP = "prefix-cache effectiveness: cache disabled vs cold vs warm, TTFT reduction and hit rate (§5.7)"
 OUTPUT_TOKENS = 16
 

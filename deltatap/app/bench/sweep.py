@@ -15,10 +15,11 @@ KNEE_X_MIN_P99 = 2.0  # §5.3.4: P99 latency above 2x the minimum P99 observed
 NOISE = 0.03  # a throughput "decrease" smaller than this fraction is noise
 
 
-def knee_index(levels: Sequence[LevelMetrics]) -> int | None:
+def knee_index(levels: Sequence[LevelMetrics], stat: str = "p99") -> int | None:
     """§5.3.4: the first level whose TTFT P99 exceeds 2x the minimum TTFT P99 observed - and stays above it at every
-    higher level: one noisy level below the knee (a P99 over a few samples is nearly their maximum) is not the knee."""
-    p99 = np.array([m.ttft.p99 for m in levels], dtype=float)
+    higher level: one noisy level below the knee (a P99 over a few samples is nearly their maximum) is not the knee.
+    ``stat="p50"``: the same rule on the median, the knee a busy machine's tail noise does not move."""
+    p99 = np.array([getattr(m.ttft, stat) for m in levels], dtype=float)
     if not np.isfinite(p99).any():
         return None
     lo = np.nanmin(p99)

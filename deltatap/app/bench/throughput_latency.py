@@ -13,13 +13,14 @@ from deltatap.core.config import ConfigError
 
 NAME = "throughput-latency"
 SECTION = "5.3"
+REPETITIONS = 3  # §6.3: at least 3 independent runs
 HELP = "throughput-latency curve: >= 10 open-loop levels, knee and saturation points, per-component attribution (§5.3)"
 DEFAULT_LEVELS = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--levels", default=DEFAULT_LEVELS, help=f"load levels as fractions of the estimated capacity (default {DEFAULT_LEVELS})")
-    p.add_argument("--duration", type=float, default=None, metavar="S", help="seconds of arrivals per level (default 6, --quick 1.5; the draft asks 60)")
+    p.add_argument("--duration", type=float, default=None, metavar="S", help="seconds of arrivals per level (default 4, --quick 1.5; the draft asks 60)")
 
 
 def fractions(text: str) -> list[float]:
@@ -45,13 +46,15 @@ async def sweep(ctx: BenchContext, fr: list[float], duration: float) -> tuple[fl
 async def run(ctx: BenchContext) -> Report:
     a = ctx.args
     fr = fractions(a.levels)
-    duration = a.duration or (1.5 if ctx.quick else 6.0)
+    duration = a.duration or (1.5 if ctx.quick else 4.0)
     cap, levels = await sweep(ctx, fr, duration)
     knee, sat = knee_index(levels), saturation_index(levels)
+    mknee = knee_index(levels, "p50")
     first_sat = next((i for i, m in enumerate(levels) if saturated(m, levels[0].e2e.p50)), None)
     ok_slo = [i for i, m in enumerate(levels) if ctx.slos and meets_slos(m, ctx.slos)]
     optimal = max(ok_slo, key=lambda i: levels[i].output_tok_s) if ok_slo else None
     sentence = knee_attribution(levels, knee)
+    msentence = knee_attribution(levels, mknee, "p50").replace("Knee at", "Median knee at", 1)
     res = Section("results", "Throughput-latency (methodology §5.3)", tables=[levels_table(levels)])
     t = ci_table(levels)
     if t:
@@ -67,12 +70,15 @@ async def run(ctx: BenchContext) -> Report:
         (f"Optimal operating point: {levels[optimal].label} ({levels[optimal].output_tok_s:.0f} tok/s meeting the SLOs at P99)." if optimal is not None
          else "Optimal operating point: no level meets the SLOs at P99." if ctx.slos else "Optimal operating point: give --slo to find it."),
         sentence,
+        (f"Median knee (TTFT P50 > 2x its minimum, and above it at every higher level): {levels[mknee].label}. " + msentence) if mknee is not None
+        else "Median knee: TTFT P50 never doubles in the measured range.",
     ] + summary_notes(levels, ctx.slos)
     res.data = {"knee_index": knee, "saturation_index": sat, "first_saturated_index": first_sat, "capacity_rps": cap,
-                "knee_rps": levels[knee].x if knee is not None else None, "knee_attribution": sentence}
+                "knee_rps": levels[knee].x if knee is not None else None, "knee_attribution": sentence,
+                "median_knee_index": mknee, "median_knee_rps": levels[mknee].x if mknee is not None else None, "median_knee_attribution": msentence}
     res.figures.append(plots.curve(levels, "offered load (req/s)", knee, sat))
     decomp = [t for t in (decomposition_by_level(levels, "p50"), decomposition_by_level(levels, "p99")) if t]
-    comp = Section("components", "Per-component decomposition at every level", tables=decomp, notes=[sentence])
+    comp = Section("components", "Per-component decomposition at every level", tables=decomp, notes=[sentence, msentence])
     fig = plots.components(levels, "p99")
     if fig:
         comp.figures.append(fig)
