@@ -10,6 +10,7 @@ components (the taps' own overhead, the residual, the network) have fixed neutra
 
 from __future__ import annotations
 
+from deltatap.collector.rows import delta_defs
 from deltatap.core.topology import Topology
 
 # a colour-blind-safe palette (Okabe-Ito), one per kind
@@ -55,3 +56,14 @@ def component_colors(topology: Topology) -> dict[str, str]:
 def color_of(name: str, topology: Topology) -> str:
     """The colour of a component (by name), of a part (taps, residual, network), else by kind name."""
     return component_colors(topology).get(name) or KIND_COLORS.get(name) or PART_COLORS.get(name) or FALLBACK
+
+
+def color_of_delta(delta: str, topology: Topology) -> str:
+    """The colour of the component a delta is charged to (``firewall_outbound`` -> the firewall's; a tap's
+    overhead -> the taps'; the residual -> the residual's), for plots keyed by delta or decomposition line."""
+    if delta.startswith("tap_"):
+        return PART_COLORS[TAPS]
+    if delta == "residual":
+        return PART_COLORS[RESIDUAL]
+    comp = next((d.component for d in delta_defs(topology) if d.name == delta), None)
+    return color_of(comp, topology) if comp else FALLBACK

@@ -156,3 +156,12 @@ def test_a_run_where_nothing_can_be_decomposed_says_so_first():
     assert report.sections[0].notes == ["No request of 3 can be decomposed (none with a first token and every delta of its path). "
                                         "Requests: excluded 3 refused or blocked."]
     assert not report.has("decomposition") and [f.name for f in report.figures] == []
+
+
+def test_a_delta_takes_its_components_colour():
+    from deltatap.collector.reports.colors import KIND_COLORS, PART_COLORS, color_of_delta
+
+    topo = default_topology()
+    assert color_of_delta("firewall_outbound", topo) == color_of_delta("firewall_inbound", topo) == KIND_COLORS["firewall"]
+    assert color_of_delta("engine_ttft", topo) == KIND_COLORS["engine"] and color_of_delta("gateway_inbound", topo) == KIND_COLORS["gateway"]
+    assert color_of_delta("tap_edge_request", topo) == PART_COLORS["taps"] and color_of_delta("residual", topo) == PART_COLORS["residual"]
