@@ -46,10 +46,10 @@ ATTRS_READ: frozenset[str] = frozenset({
     Attr.GAP_MAX_MS, Attr.GAP_FWD_MEAN_MS, Attr.GAP_FWD_P99_MS, Attr.GAP_FWD_MAX_MS, Attr.CONTENT_EVENTS,
     Attr.ENGINE_PROMPT_MS, Attr.ENGINE_PROMPT_N, Attr.ENGINE_PREDICTED_N, Attr.COMPONENT, Attr.COMPONENT_KIND,
     Attr.ENGINE_TOKENS_AFTER_DISCONNECT, Attr.VLLM_TIME_IN_QUEUE, Attr.VLLM_TTFT, Attr.VLLM_PREFILL, Attr.VLLM_DECODE,
-    Attr.VLLM_INFERENCE, "service.name", *LITELLM_ATTRS,
+    Attr.VLLM_INFERENCE, Attr.STAMP_BOUNDS, "service.name", *LITELLM_ATTRS,
 })
 # string attributes that differ per request: held per span; every other string is part of the Layout
-_PER_SPAN: frozenset[str] = frozenset({Attr.REQUEST_ID, Attr.BODY_FINGERPRINT, Attr.FIREWALL_DECISION})
+_PER_SPAN: frozenset[str] = frozenset({Attr.REQUEST_ID, Attr.BODY_FINGERPRINT, Attr.FIREWALL_DECISION, Attr.STAMP_BOUNDS})
 _LABEL = Attr.LABEL_PREFIX
 _CACHE_MAX = 65_536
 _intern = sys.intern

@@ -19,7 +19,7 @@ from deltatap.collector.points import Extracted, Obs, Shape, extract, extract_fl
 from deltatap.collector.rows import Cascade, DeltaValue, JoinMethod, PointObs, Row, TokenSource, delta_defs, intermediaries
 from deltatap.collector.spans import SpanRecord
 from deltatap.core.topology import Topology
-from deltatap.core.vocab import Outcome, Role, point
+from deltatap.core.vocab import Attr, Outcome, Role, delta_bound, point
 
 
 _new = tuple.__new__  # builds a NamedTuple (PointObs, DeltaValue) without its Python-level __new__
@@ -69,9 +69,12 @@ def _pair(ends: list[Obs], starts: list[Obs]) -> tuple[Obs, Obs, bool]:
     return e, s, False
 
 
-def _point_deltas(defs: list[tuple[str, str, str]], by: dict[str, list[Obs]]) -> dict[str, DeltaValue]:
+def _point_deltas(defs: list[tuple[str, str, str]], by: dict[str, list[Obs]],
+                  bounds: dict[tuple[str, str], tuple[int, int]] | None = None,
+                  delta_bounds: dict[str, int] | None = None) -> dict[str, DeltaValue]:
     """Every point-to-point delta whose two points were observed (plain ints: a dozen per row);
-    ``defs``: (name, end point, start point) as :func:`_point_defs` gives them."""
+    ``defs``: (name, end point, start point) as :func:`_point_defs` gives them. ``bounds``: the observations that are
+    intervals (``Extracted.bounds``): their width goes into the delta's error bound, and into ``delta_bounds``."""
     out: dict[str, DeltaValue] = {}
     get = by.get
     for name, end, start in defs:
@@ -83,13 +86,30 @@ def _point_deltas(defs: list[tuple[str, str, str]], by: dict[str, list[Obs]]) ->
             continue
         e, s = e_obs[0], s_obs[0]
         if e[3] == s[3]:  # one observer saw both
-            out[name] = _new(DeltaValue, (e[1] - s[1], 0, True))
+            d = _new(DeltaValue, (e[1] - s[1], 0, True))
         elif len(e_obs) == 1 and len(s_obs) == 1:
-            out[name] = _new(DeltaValue, (e[1] - s[1], e[2] + s[2], False))
+            d = _new(DeltaValue, (e[1] - s[1], e[2] + s[2], False))
         else:
             e, s, same = _pair(e_obs, s_obs)
-            out[name] = _new(DeltaValue, (e[1] - s[1], 0 if same else e[2] + s[2], same))
+            d = _new(DeltaValue, (e[1] - s[1], 0 if same else e[2] + s[2], same))
+        if bounds:
+            b = delta_bound(bounds.get((e[3], e[0])), bounds.get((s[3], s[0])))
+            if b:
+                d = _new(DeltaValue, (d[0], d[1] + b, d[2]))
+                if delta_bounds is not None:
+                    delta_bounds[name] = b
+        out[name] = d
     return out
+
+
+def _any_bounded(spans: Sequence[SpanRecord]) -> bool:
+    """Whether a span states an interval for one of its events (those rows take the plain extractors)."""
+    key = Attr.STAMP_BOUNDS
+    for sp in spans:
+        lay = getattr(sp, "layout", None)
+        if key in (lay.other_keys if lay is not None else sp.attrs):
+            return True
+    return False
 
 
 class _TopoPlan:
@@ -279,25 +299,43 @@ def build_row(
     if not isinstance(spans, list | tuple):
         spans = list(spans)  # read more than once below
     tp = _topo_plan(topo)
-    got = _planned_points(spans, topo, tp)
+    bounded = _any_bounded(spans)
+    got = None if bounded else _planned_points(spans, topo, tp)
+    point_bounds: dict[str, tuple[int, int]] = {}
+    delta_bounds: dict[str, int] = {}
     if got is not None:
         ex, points, deltas = got
     else:
         ex = extract(list(spans), topo)
         by = choose_points(ex.obs)
-        deltas = _point_deltas(tp.point_defs, by)
+        deltas = _point_deltas(tp.point_defs, by, ex.bounds, delta_bounds)
         points = {p: _new(PointObs, o[0][1:5]) for p, o in by.items()}  # Obs[1:5]: unix_ns, unc_ns, observer, source
+        if ex.bounds:
+            for p, o in by.items():
+                b = ex.bounds.get((o[0][3], p))
+                if b:
+                    point_bounds[p] = b
     for link, (req, ft, _) in ex.tap_overhead.items():
         names = _TAP_NAMES.get(link) or _tap_names(link)
+        req_b, ft_b = ex.tap_overhead_bounds.get(link, (0, 0))
         if req is not None:
-            deltas[names[0]] = _new(DeltaValue, (req, 0, True))
+            deltas[names[0]] = _new(DeltaValue, (req, req_b, True))
+            if req_b:
+                delta_bounds[names[0]] = req_b
         if ft is not None:
-            deltas[names[1]] = _new(DeltaValue, (ft, 0, True))
+            deltas[names[1]] = _new(DeltaValue, (ft, ft_b, True))
+            if ft_b:
+                delta_bounds[names[1]] = ft_b
     if ex.gaps:
         _itl_added(tp, ex, deltas)
     res = _residual(tp, deltas, ex)
     if res is not None:
         deltas["residual"] = res
+        if delta_bounds:
+            b = delta_bounds.get("system_ttft", 0) + sum(delta_bounds.get(n, 0) for n in tp.residual_terms)
+            b += sum(delta_bounds.get(n, 0) for link, r, f in tp.residual_taps if ex.attempts.get(link, 0) for n in (r, f))
+            if b:
+                delta_bounds["residual"] = b
 
     # outermost observer first: the client, then taps from the edge inwards, then components
     # (the client observers in the order they first appear in http_status, then in outcome)
@@ -364,8 +402,11 @@ def build_row(
     rid = (rids[0] if rids.count(rids[0]) == len(rids) else Counter(rids).most_common(1)[0][0]) if rids else None
     tids = tuple(dict.fromkeys(trace_ids or [s.trace_id for s in spans]))
     start = ex.start_ns if ex.start_ns is not None else min((p.unix_ns for p in points.values()), default=None)
-    return Row(  # positional, in field order: trace_id .. trace_ids
+    row = Row(  # positional, in field order: trace_id .. trace_ids
         tids[0] if tids else "", rid, join_method, join_note, start, str(outcome), status if isinstance(status, int) else None,
         ex.firewall_decision, ex.labels, tokens[0] if tokens else None, tokens[1] if tokens else None, tok_source, points, deltas,
         ex.gaps, cascade, tids,
     )
+    if point_bounds or delta_bounds:
+        row.point_bounds, row.delta_bounds = point_bounds, delta_bounds
+    return row

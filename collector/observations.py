@@ -50,6 +50,9 @@ class Extracted:
     start_ns: int | None = None
     tokenizer_counted: set[str] = field(default_factory=set)  # observers whose token counts come from a tokenizer
     engine_tokens_after_disconnect: int | None = None
+    # (observer, point) -> (before_ns, after_ns): an observation that is an interval, not exact (Attr.STAMP_BOUNDS)
+    bounds: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    tap_overhead_bounds: dict[str, tuple[int, int]] = field(default_factory=dict)  # link -> (request, first token) ns
 
 
 def as_int(v: Any) -> int | None:

@@ -52,7 +52,10 @@ from deltatap.collector.observations import clock as _clock
 from deltatap.collector.rows import GapStats, LinkGaps
 from deltatap.collector.spans import SpanRecord
 from deltatap.core.topology import Topology
-from deltatap.core.vocab import SPAN_CLIENT, SPAN_COMPONENT_PREFIX, SPAN_TAP, Attr, ClientEvent, ComponentKind, Observer, Role, TapEvent, point, tap_point
+from deltatap.core.vocab import (
+    SPAN_CLIENT, SPAN_COMPONENT_PREFIX, SPAN_TAP, Attr, ClientEvent, ComponentKind, Observer, Role, TapEvent, delta_bound, parse_stamp_bounds, point,
+    tap_point,
+)
 
 __all__ = [
     "EXTRACTORS", "RANK_COMPONENT", "RANK_TAP", "RANK_TELEMETRY", "Extracted", "Obs", "Shape", "SpanReader", "extract", "extract_flat",
@@ -179,6 +182,7 @@ def extract_tap(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
     obs_append = ex.obs.append
     intermediary = dsk != ComponentKind.CLIENT
     skip_received = intermediary and any(e[0] == TapEvent.REQUEST_BODY_RECEIVED for e in events)
+    sb = parse_stamp_bounds(a.get(Attr.STAMP_BOUNDS)) if Attr.STAMP_BOUNDS in a else None
     for name, t, _ in events:
         ev = _TAP_EVENTS.get(name)
         if ev is None:
@@ -191,8 +195,13 @@ def extract_tap(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
             if ev is TapEvent.REQUEST_RECEIVED and skip_received:
                 continue  # an intermediary has let the request go when its last byte arrived (below)
             obs_append(Obs(p, tc, unc, observer, "tap", RANK_TAP, start))
+            if sb and name in sb:
+                ex.bounds[(observer, p)] = sb[name]
         elif ev is TapEvent.REQUEST_BODY_RECEIVED and intermediary:
-            obs_append(Obs(point(ds, Role.IN_EXIT), tc, unc, observer, "tap", RANK_TAP, start))
+            p = point(ds, Role.IN_EXIT)
+            obs_append(Obs(p, tc, unc, observer, "tap", RANK_TAP, start))
+            if sb and name in sb:
+                ex.bounds[(observer, p)] = sb[name]
         elif ev is TapEvent.DOWNSTREAM_CLOSED:
             _give_up(ex, ds, tc)
         elif ev in _ENGINE_END_EVENTS and usk == ComponentKind.ENGINE:
@@ -206,6 +215,12 @@ def extract_tap(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
     prev = ex.tap_overhead.get(link)
     if prev is None or start >= prev[2]:
         ex.tap_overhead[link] = (req, ft, start)
+        if sb:  # the overheads are forwarded - received: the bounds of both ends
+            first_in = TapEvent.REQUEST_BODY_RECEIVED if TapEvent.REQUEST_BODY_RECEIVED in times else TapEvent.REQUEST_RECEIVED
+            ex.tap_overhead_bounds[link] = (delta_bound(sb.get(TapEvent.REQUEST_FORWARDED), sb.get(first_in)),
+                                            delta_bound(sb.get(TapEvent.FIRST_TOKEN_FORWARDED), sb.get(TapEvent.FIRST_TOKEN_RECEIVED)))
+        else:
+            ex.tap_overhead_bounds.pop(link, None)
         up = _gap(a, Attr.GAP_COUNT, Attr.GAP_MEAN_MS, Attr.GAP_P99_MS, Attr.GAP_MAX_MS)
         down = _gap(a, Attr.GAP_COUNT, Attr.GAP_FWD_MEAN_MS, Attr.GAP_FWD_P99_MS, Attr.GAP_FWD_MAX_MS)
         if up or down:
@@ -245,10 +260,15 @@ def extract_client(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
     source = "aiperf" if span.service == "aiperf" else "client"
     if source == "aiperf" and observer in ex.tokens:
         ex.tokenizer_counted.add(observer)  # AIPerf counts tokens with its tokenizer
+    a = span.attrs
+    sb = parse_stamp_bounds(a.get(Attr.STAMP_BOUNDS)) if Attr.STAMP_BOUNDS in a else None
     for name, t, _ in span.events:
         role = _CLIENT_ROLES.get(name)
         if role is not None:
-            ex.obs.append(Obs(point(client, role), t - offset, unc, observer, source, RANK_COMPONENT, span.start_unix_ns))
+            p = point(client, role)
+            ex.obs.append(Obs(p, t - offset, unc, observer, source, RANK_COMPONENT, span.start_unix_ns))
+            if sb and name in sb:
+                ex.bounds[(observer, p)] = sb[name]
         elif name in _CLIENT_GAVE_UP:
             _give_up(ex, client, t - offset)
 

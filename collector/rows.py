@@ -59,13 +59,18 @@ name                            formula (generic points)                       d
 The residual is network time plus interaction effects (profiles section 6 "validation"); it is
 present only when every term is. Error bounds: a delta between two points seen by one observer
 (one clock) has bound 0; otherwise the bound is the sum of both points' clock uncertainties.
-Where both exist, within-observer deltas are preferred (DESIGN section 4).
+Where both exist, within-observer deltas are preferred (DESIGN section 4). A point an observer could
+only bound (its span's ``deltatap.stamp.bounds``: a read whose bytes may have waited in the socket, a
+write whose bytes may have left later) adds its interval to every delta it takes part in
+(:func:`deltatap.core.vocab.delta_bound`); the row keeps those intervals (``point_bounds``) and that part of
+each delta's bound (``delta_bounds``).
 
 Flat records
 ------------
 :func:`to_record` / :func:`from_record` convert a row to a flat mapping of scalars with a stable
 column set for a topology (:func:`record_columns`), used for Parquet, CSV and JSON lines:
-identity and result columns, ``labels`` (JSON object text), then per point ``pt.<point>.unix_ns``,
+identity and result columns, ``labels`` (JSON object text), ``stamp_bounds`` (JSON object text
+``{"points": {point: [before_ns, after_ns]}, "deltas": {delta: ns}}``, empty when every point is exact), then per point ``pt.<point>.unix_ns``,
 ``pt.<point>.unc_ns``, ``pt.<point>.src`` (``observer/source``), per delta ``d.<delta>.ns``,
 ``d.<delta>.err_ns``, ``d.<delta>.within`` (bool), per link gap columns
 ``gap.<link>.{up,down}.{count,mean_ns,p99_ns,max_ns}``, and ``cascade.*``. Missing values are
@@ -177,6 +182,10 @@ class Row:
     gaps: dict[str, LinkGaps] = field(default_factory=dict)
     cascade: Cascade = field(default_factory=Cascade)
     trace_ids: tuple[str, ...] = ()  # every joined fragment's trace id
+    # points that are intervals, not exact: point -> (before_ns, after_ns), the truth in [t - before, t + after]
+    # (deltatap.core.vocab.format_stamp_bounds); and the part of each delta's error bound they make
+    point_bounds: dict[str, tuple[int, int]] = field(default_factory=dict)
+    delta_bounds: dict[str, int] = field(default_factory=dict)
 
     def t(self, alias: str) -> PointObs | None:
         """A point by its draft alias (default topology): ``row.t("t7")``."""
@@ -281,7 +290,7 @@ def point_names(topology: Topology | None = None) -> list[str]:
 
 _BASE_COLUMNS = (
     "schema_version", "trace_id", "request_id", "join_method", "join_note", "start_unix_ns", "outcome",
-    "http_status", "firewall_decision", "labels", "tokens_in", "tokens_out", "tokens_source", "trace_ids",
+    "http_status", "firewall_decision", "labels", "tokens_in", "tokens_out", "tokens_source", "trace_ids", "stamp_bounds",
 )
 _CASCADE_COLUMNS = (
     "cascade.gave_up", "cascade.engine_end_unix_ns", "cascade.engine_busy_after_gave_up_ns",
@@ -318,6 +327,8 @@ def to_record(row: Row, topology: Topology | None = None) -> dict[str, Any]:
         labels=json.dumps(row.labels, sort_keys=True), tokens_in=row.tokens_in, tokens_out=row.tokens_out,
         tokens_source=None if row.tokens_source is None else str(row.tokens_source),
         trace_ids=",".join(row.trace_ids),
+        stamp_bounds=json.dumps({"points": row.point_bounds, "deltas": row.delta_bounds}, sort_keys=True)
+        if row.point_bounds or row.delta_bounds else None,
     )
     for name, p in row.points.items():
         rec[f"pt.{name}.unix_ns"] = p.unix_ns
@@ -369,6 +380,11 @@ def from_record(rec: Mapping[str, Any]) -> Row:
         tokens_source=TokenSource(ts) if ts else None,
         trace_ids=tuple(x for x in str(rec.get("trace_ids") or "").split(",") if x),
     )
+    sb = rec.get("stamp_bounds")
+    if sb:
+        doc = json.loads(sb)
+        row.point_bounds = {k: (int(v[0]), int(v[1])) for k, v in doc.get("points", {}).items()}
+        row.delta_bounds = {k: int(v) for k, v in doc.get("deltas", {}).items()}
     gaps: dict[str, dict[str, dict[str, Any]]] = {}
     for key, v in rec.items():
         if v is None or v == "" or (isinstance(v, float) and v != v):

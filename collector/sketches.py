@@ -9,7 +9,9 @@ aggregate of several collectors (each seeing some traces, e.g. behind the OpenTe
 Collector's trace-id load-balancing exporter) equals the aggregate one collector would have built
 from all rows: :meth:`Aggregator.merge`, :meth:`Aggregator.to_dict` / :meth:`Aggregator.from_dict`
 (the ``sketches.json`` file ``deltatap report --from`` merges). ``error_bound_ms`` is the largest
-clock error bound of any row's value (quantiles carry the sketch's relative accuracy on top).
+error bound of any row's value (clock uncertainties and stamp intervals; quantiles carry the sketch's relative
+accuracy on top); ``bounded_share``, ``bound_mean_ms`` and ``bound_max_ms`` say how many values had a point that
+was an interval rather than an exact stamp (``Row.delta_bounds``), and how wide.
 """
 
 from __future__ import annotations
@@ -41,11 +43,15 @@ EXACT_CAP = 50_000
 
 
 class DeltaSketch:
-    __slots__ = ("sketch", "err_max_ns", "exact", "cap")
+    __slots__ = ("sketch", "err_max_ns", "exact", "cap", "bounded", "bound_sum_ns", "bound_max_ns")
 
     def __init__(self, alpha: float, cap: int = EXACT_CAP) -> None:
         self.sketch = DDSketch(relative_accuracy=alpha)
         self.err_max_ns = 0
+        # values whose points were intervals, not exact (Row.delta_bounds): how many, and their widths
+        self.bounded = 0
+        self.bound_sum_ns = 0
+        self.bound_max_ns = 0
         self.cap = cap
         self.exact: list[np.ndarray] | None = []
 
@@ -87,9 +93,18 @@ class DeltaSketch:
         if errors.size:
             self.err_max_ns = max(self.err_max_ns, int(errors.max()))
 
+    def add_bounds(self, bounds: list[int]) -> None:
+        """Values (already added) whose stamps were bounded, by the part of their error bound that makes."""
+        self.bounded += len(bounds)
+        self.bound_sum_ns += sum(bounds)
+        self.bound_max_ns = max(self.bound_max_ns, max(bounds))
+
     def merge(self, other: DeltaSketch) -> None:
         self.sketch.merge(other.sketch)
         self.err_max_ns = max(self.err_max_ns, other.err_max_ns)
+        self.bounded += other.bounded
+        self.bound_sum_ns += other.bound_sum_ns
+        self.bound_max_ns = max(self.bound_max_ns, other.bound_max_ns)
         if other.exact is None:
             self.exact = None
         else:
@@ -135,6 +150,9 @@ class DeltaSketch:
         out["max_ms"] = None if n == 0 else s._max / 1e6
         out["count"] = n
         out["error_bound_ms"] = self.err_max_ns / 1e6
+        out["bounded_share"] = None if n == 0 else self.bounded / n  # values with a stamp interval (not exact)
+        out["bound_mean_ms"] = self.bound_sum_ns / self.bounded / 1e6 if self.bounded else None
+        out["bound_max_ms"] = self.bound_max_ns / 1e6 if self.bounded else None
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -142,6 +160,7 @@ class DeltaSketch:
         return {
             "count": s._count, "sum": s._sum, "min": s._min if s._count else None, "max": s._max if s._count else None,
             "zero": s._zero_count, "pos": _store_to_dict(s._store), "neg": _store_to_dict(s._negative_store), "err_max_ns": self.err_max_ns,
+            "bounded": self.bounded, "bound_sum_ns": self.bound_sum_ns, "bound_max_ns": self.bound_max_ns,
             "values": None if self.values() is None else self.values().tolist(),
         }
 
@@ -157,6 +176,7 @@ class DeltaSketch:
         s._min = float(d["min"]) if d.get("min") is not None else math.inf
         s._max = float(d["max"]) if d.get("max") is not None else -math.inf
         out.err_max_ns = int(d.get("err_max_ns", 0))
+        out.bounded, out.bound_sum_ns, out.bound_max_ns = int(d.get("bounded", 0)), int(d.get("bound_sum_ns", 0)), int(d.get("bound_max_ns", 0))
         vals = d.get("values")
         out.exact = None if vals is None else [np.asarray(vals, dtype=np.int64)]
         return out
@@ -185,6 +205,15 @@ class Aggregator:
             if sk is None:
                 sk = self.deltas[name] = DeltaSketch(self.alpha)
             sk.add_many(np.asarray(v, dtype=np.int64), np.asarray(e, dtype=np.int64))
+        bounded: dict[str, list[int]] = {}
+        for r in rows:
+            if r.delta_bounds:
+                for name, b in r.delta_bounds.items():
+                    if name in r.deltas:
+                        bounded.setdefault(name, []).append(b)
+        for name, bs in bounded.items():
+            if name in self.deltas:
+                self.deltas[name].add_bounds(bs)
 
     def merge(self, other: Aggregator) -> None:
         if not math.isclose(other.alpha, self.alpha):

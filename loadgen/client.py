@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from deltatap.core.clock import mono_ns
-from deltatap.core.vocab import DEFAULT_CORRELATION_HEADER, Outcome
+from deltatap.core.vocab import DEFAULT_CORRELATION_HEADER, ClientEvent, Outcome
 from deltatap.net.wire import make_stamping_connector, upstream_stamps
 from deltatap.loadgen.records import ErrorKind, RequestRecord
 from deltatap.loadgen.stream import ClientStream
@@ -205,6 +205,10 @@ async def execute(session: aiohttp.ClientSession, target: Target, rec: RequestRe
             rec.headers_mono_ns = stamps.head_mono_ns if stamps else mono_ns()
             if stamps is not None:
                 rec.written_mono_ns = stamps.request_written_mono_ns
+                after = stamps.request_written_bound_ns
+                if after < 0:  # (queued behind earlier bytes: it had left when the response began to arrive)
+                    after = max(0, (rec.headers_mono_ns or 0) - (rec.written_mono_ns or 0))
+                rec.stamp_bounds[ClientEvent.SEND] = (0, after)
             rec.http_status = resp.status
             ctype = resp.headers.get("Content-Type", "")
             if resp.status >= 400:
@@ -229,10 +233,10 @@ async def execute(session: aiohttp.ClientSession, target: Target, rec: RequestRe
                 if stamps is None:
                     stream.feed(chunk, mono_ns())
                     continue
-                for s, e, t in stamps.slices(start, consumed):
-                    stream.feed(chunk[s - start : e - start], t)
+                for s, e, t, bound in stamps.slices(start, consumed, bounds=True):
+                    stream.feed(chunk[s - start : e - start], t, bound)
             t_end = stamps.arrival_mono_ns(consumed) if stamps is not None and consumed else mono_ns()
-            stream.finish(t_end)
+            stream.finish(t_end, stamps.bound_at(consumed) if stamps is not None and consumed else 0)
             rec.end_mono_ns = t_end
     except asyncio.CancelledError:
         rec.end_mono_ns = mono_ns()
@@ -287,6 +291,9 @@ def _take_stream(rec: RequestRecord, stream: ClientStream | None) -> None:
     rec.chunk_mono_ns = stream.event_times
     rec.first_token_mono_ns = stream.first_token_mono_ns
     rec.last_token_mono_ns = stream.event_times[-1] if stream.event_times else None
+    if stream.first_token_mono_ns is not None:
+        rec.stamp_bounds[ClientEvent.FIRST_TOKEN] = (stream.first_token_bound_ns, 0)
+        rec.stamp_bounds[ClientEvent.LAST_TOKEN] = (stream.last_bound_ns, 0)
     rec.usage_input_tokens = stream.facts.input_tokens
     rec.usage_output_tokens = stream.facts.output_tokens
     rec.finish_reason = ",".join(stream.facts.finish_reasons) or None

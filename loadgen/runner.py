@@ -23,7 +23,7 @@ from opentelemetry.trace import SpanKind
 from deltatap.core.clock import mono_ns, to_unix_ns
 from deltatap.core.clocksync import ClockEstimate
 from deltatap.core.config import ConfigError
-from deltatap.core.vocab import SPAN_CLIENT, Attr, ClientEvent, Observer, Outcome
+from deltatap.core.vocab import SPAN_CLIENT, Attr, ClientEvent, Observer, Outcome, format_stamp_bounds
 from deltatap.loadgen.client import Target, execute
 from deltatap.loadgen.records import RequestRecord
 from deltatap.net.aio import sleep_until
@@ -177,6 +177,9 @@ class Runner:
         for k, v in rec.labels.items():
             attrs[Attr.LABEL_PREFIX + k] = v
         attrs[Attr.LABEL_PREFIX + "phase"] = rec.phase
+        stamp_bounds = format_stamp_bounds(rec.stamp_bounds)
+        if stamp_bounds:
+            attrs[Attr.STAMP_BOUNDS] = stamp_bounds
         span.set_attributes(attrs)
         if rec.submit_mono_ns is not None:
             span.add_event(ClientEvent.SEND.value, timestamp=to_unix_ns(rec.submit_mono_ns))

@@ -17,7 +17,7 @@ from deltatap.core.sse import FORMATS, SseEvent, SseParser, StreamFacts, StreamF
 class ClientStream:
     __slots__ = (
         "parser", "facts", "format", "_fmt", "_hint", "event_times", "parts", "first_token_mono_ns",
-        "leading_whitespace", "events", "malformed", "done", "chunks",
+        "leading_whitespace", "events", "malformed", "done", "chunks", "first_token_bound_ns", "last_bound_ns", "_bound",
     )
 
     def __init__(self, path: str | None = None, format: str | None = None) -> None:
@@ -29,18 +29,23 @@ class ClientStream:
         self.event_times: list[int] = []  # one stamp per content event
         self.parts: list[str] = []
         self.first_token_mono_ns: int | None = None
+        self.first_token_bound_ns = 0  # its bytes arrived at most this much before first_token_mono_ns
+        self.last_bound_ns = 0  # the same for the last content event
+        self._bound = 0
         self.leading_whitespace = 0
         self.events = 0
         self.malformed = 0
         self.done = False
         self.chunks = 0
 
-    def feed(self, data: bytes, t_mono_ns: int) -> None:
+    def feed(self, data: bytes, t_mono_ns: int, bound_ns: int = 0) -> None:
         self.chunks += 1
+        self._bound = bound_ns
         for ev in self.parser.feed(data):
             self._event(ev, t_mono_ns)
 
-    def finish(self, t_mono_ns: int) -> None:
+    def finish(self, t_mono_ns: int, bound_ns: int = 0) -> None:
+        self._bound = bound_ns
         for ev in self.parser.finish():
             self._event(ev, t_mono_ns)
 
@@ -78,9 +83,11 @@ class ClientStream:
         if not text:
             return
         self.event_times.append(t)
+        self.last_bound_ns = self._bound
         self.parts.append(text)
         if self.first_token_mono_ns is None:
             if text.isspace():
                 self.leading_whitespace += 1
             else:
                 self.first_token_mono_ns = t
+                self.first_token_bound_ns = self._bound

@@ -13,7 +13,7 @@ from typing import Any
 
 from deltatap.core.clocksync import ClockEstimate
 from deltatap.core.sse import StreamFacts, StreamObserver
-from deltatap.core.vocab import Attr, Observer, Outcome, TapEvent
+from deltatap.core.vocab import Attr, Observer, Outcome, TapEvent, format_stamp_bounds
 from deltatap.proxy.errors import Failure
 
 # request path suffix -> gen_ai.operation.name
@@ -65,6 +65,9 @@ class TapRecord:
     failure: Failure | None = None
     outcome: Outcome | None = None
     facts: StreamFacts = field(default_factory=StreamFacts)
+    # event -> (before_ns, after_ns): the event happened in [t - before, t + after] (reads: bytes may have waited in
+    # the socket; writes: bytes may have left later). The stream's own are on ``stream``; see bounds().
+    bounds: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def final_outcome(self) -> Outcome:
         if self.outcome is not None:
@@ -90,6 +93,21 @@ class TapRecord:
         if s is None or s.first_token_mono_ns is None or s.first_token_forwarded_mono_ns is None:
             return None
         return max(0, s.first_token_forwarded_mono_ns - s.first_token_mono_ns)
+
+
+def bounds(rec: TapRecord) -> dict[str, tuple[int, int]]:
+    """Every event's interval ``(before_ns, after_ns)`` that is known, the stream's included."""
+    out = dict(rec.bounds)
+    s = rec.stream
+    if s is not None:
+        if s.first_token_mono_ns is not None:
+            out[TapEvent.FIRST_TOKEN_RECEIVED] = (s.first_token_bound_ns, 0)
+            out[TapEvent.LAST_TOKEN_RECEIVED] = (s.last_token_bound_ns, 0)
+        if s.first_token_forwarded_mono_ns is not None:
+            out[TapEvent.FIRST_TOKEN_FORWARDED] = (0, max(0, s.first_token_forwarded_bound_ns))
+        if s.last_token_forwarded_mono_ns is not None:
+            out[TapEvent.LAST_TOKEN_FORWARDED] = (0, max(0, s.last_token_forwarded_bound_ns))
+    return out
 
 
 def events(rec: TapRecord) -> list[tuple[str, int]]:
@@ -212,6 +230,9 @@ def attributes(rec: TapRecord, *, link: str, downstream: str, downstream_kind: s
     if clock is not None:
         a[Attr.CLOCK_OFFSET_NS] = clock.offset_ns
         a[Attr.CLOCK_UNCERTAINTY_NS] = clock.uncertainty_ns
+    stamp_bounds = format_stamp_bounds(bounds(rec))
+    if stamp_bounds:
+        a[Attr.STAMP_BOUNDS] = stamp_bounds
     s = rec.stream
     if s is not None:
         a[Attr.STREAM_FORMAT] = s.format or "none"

@@ -23,15 +23,18 @@ from deltatap.core.clocksync import ClockEstimate, estimate_offset
 from deltatap.core.fingerprint import Fingerprinter, fingerprint, resolve_key
 from deltatap.core.sse import StreamObserver
 from deltatap.telemetry.tracer import Telemetry
-from deltatap.core.vocab import Outcome, tap_span_name
+from deltatap.core.vocab import Outcome, TapEvent, tap_span_name
 from deltatap.net.wire import (
     connection_lost_mono_ns,
+    last_read_bound_ns,
     last_read_mono_ns,
+    last_write_bound_ns,
     last_write_mono_ns,
     make_stamping_connector,
     make_stamping_server_runner,
     make_stamping_site,
     request_head_mono_ns,
+    request_received_bound_ns,
     request_received_mono_ns,
     upstream_stamps,
 )
@@ -228,6 +231,7 @@ class Tap:
             query=request.query_string,
             client_address=request.remote,
         )
+        rec.bounds[TapEvent.REQUEST_RECEIVED] = (request_received_bound_ns(request), 0)
         self.in_flight += 1
         self._idle.clear()
         self.counters.in_flight += 1
@@ -267,6 +271,7 @@ class Tap:
         if length is not None and length <= _READ_WHOLE:
             body = await request.read()
             rec.body_received = last_read_mono_ns(request) or mono_ns()
+            rec.bounds[TapEvent.REQUEST_BODY_RECEIVED] = (last_read_bound_ns(request), 0)
             rec.request_bytes = len(body)
             rec.request_body = body  # hashed (and parsed) in _finish, off the request path
             return body
@@ -288,6 +293,7 @@ class Tap:
                         capture = None
                 yield chunk
             rec.body_received = last_read_mono_ns(request) or mono_ns()
+            rec.bounds[TapEvent.REQUEST_BODY_RECEIVED] = (last_read_bound_ns(request), 0)
             rec.fingerprint = fp.result()
             rec.request_capture = capture
 
@@ -322,6 +328,12 @@ class Tap:
         now = mono_ns()
         rec.forwarded = (up.request_written_mono_ns if up else None) or now
         rec.response_headers = (up.head_mono_ns if up else None) or now
+        if up is not None:
+            after = up.request_written_bound_ns
+            if after < 0:  # (queued behind earlier bytes: it had left when the response began to arrive)
+                after = max(0, rec.response_headers - rec.forwarded)
+            rec.bounds[TapEvent.REQUEST_FORWARDED] = (0, after)
+            rec.bounds[TapEvent.RESPONSE_HEADERS] = (up.head_bound_ns, 0)
         rec.status = resp.status
         out = RelayedResponse(status=resp.status, reason=resp.reason)
         out.headers.extend(downstream_response_headers(resp.headers))
@@ -370,9 +382,9 @@ class Tap:
                 if up is None:
                     obs.feed(view, t_out)
                 else:
-                    for a, b, t in up.slices(start, consumed):
-                        obs.feed(view[a - start : b - start], t)
-                obs.forwarded(t_out)
+                    for a, b, t, bound in up.slices(start, consumed, bounds=True):
+                        obs.feed(view[a - start : b - start], t, bound)
+                obs.forwarded(t_out, last_write_bound_ns(request))
             elif capture is not None:
                 capture += chunk
                 if len(capture) > self.o.max_capture_bytes:
@@ -382,8 +394,8 @@ class Tap:
         rec.response_bytes = consumed
         rec.response_end = (up.arrival_mono_ns(consumed) if up and consumed else None) or rec.response_headers
         if obs is not None:
-            if obs.finish(rec.response_end):
-                obs.forwarded(last_write_mono_ns(request) or mono_ns())
+            if obs.finish(rec.response_end, up.bound_at(consumed) if up and consumed else 0):
+                obs.forwarded(last_write_mono_ns(request) or mono_ns(), last_write_bound_ns(request))
         rec.response_capture = capture
         try:
             await out.write_eof()  # a no-op when the last chunk already ended the response

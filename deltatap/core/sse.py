@@ -251,6 +251,12 @@ class StreamObserver:
         self.last_token_mono_ns: int | None = None
         self.first_token_forwarded_mono_ns: int | None = None
         self.last_token_forwarded_mono_ns: int | None = None
+        # how much earlier the token's bytes may have arrived than its read stamp / later they left than its write
+        # stamp (0: exact; see deltatap.net.wire)
+        self.first_token_bound_ns = 0
+        self.last_token_bound_ns = 0
+        self.first_token_forwarded_bound_ns = 0
+        self.last_token_forwarded_bound_ns = 0
         self.gaps = GapStats()
         self.gaps_forwarded = GapStats()
         self._unforwarded = 0  # content events fed since the last forwarded() call
@@ -261,15 +267,16 @@ class StreamObserver:
     def comments(self) -> int:
         return self.parser.comments
 
-    def feed(self, data: bytes | bytearray | memoryview, t_mono_ns: int) -> int:
-        """Feed one chunk as read at ``t_mono_ns``; returns the number of content events it completed."""
+    def feed(self, data: bytes | bytearray | memoryview, t_mono_ns: int, bound_ns: int = 0) -> int:
+        """Feed one chunk as read at ``t_mono_ns`` (its bytes arrived at most ``bound_ns`` before); returns the
+        number of content events it completed."""
         self.chunks += 1
         self.bytes += len(data)
         if self.first_chunk_mono_ns is None:
             self.first_chunk_mono_ns = t_mono_ns
-        return self._events(self.parser.feed(data), t_mono_ns)
+        return self._events(self.parser.feed(data), t_mono_ns, bound_ns)
 
-    def _events(self, events: list[SseEvent], t_mono_ns: int) -> int:
+    def _events(self, events: list[SseEvent], t_mono_ns: int, bound_ns: int = 0) -> int:
         n_content = 0
         had_first = False
         for ev in events:
@@ -284,11 +291,13 @@ class StreamObserver:
             self.tokens += tokens
             self.gaps.observe(t_mono_ns)
             self.last_token_mono_ns = t_mono_ns
+            self.last_token_bound_ns = bound_ns
             if self.first_token_mono_ns is None:
                 if text.isspace():
                     self.leading_whitespace_events += 1
                 else:
                     self.first_token_mono_ns = t_mono_ns
+                    self.first_token_bound_ns = bound_ns
                     had_first = True
         self._unforwarded += n_content
         self._unforwarded_first = self._unforwarded_first or had_first
@@ -300,20 +309,23 @@ class StreamObserver:
         """Whether the chunk fed last completed the first content token."""
         return self._last_had_first
 
-    def forwarded(self, t_mono_ns: int) -> None:
-        """Everything fed since the previous call was written downstream at ``t_mono_ns``."""
+    def forwarded(self, t_mono_ns: int, bound_ns: int = 0) -> None:
+        """Everything fed since the previous call was written downstream at ``t_mono_ns`` (the bytes left at most
+        ``bound_ns`` later)."""
         for _ in range(self._unforwarded):
             self.gaps_forwarded.observe(t_mono_ns)
         if self._unforwarded:
             self.last_token_forwarded_mono_ns = t_mono_ns
+            self.last_token_forwarded_bound_ns = bound_ns
         if self._unforwarded_first:
             self.first_token_forwarded_mono_ns = t_mono_ns
+            self.first_token_forwarded_bound_ns = bound_ns
         self._unforwarded = 0
         self._unforwarded_first = False
 
-    def finish(self, t_mono_ns: int) -> int:
+    def finish(self, t_mono_ns: int, bound_ns: int = 0) -> int:
         """End of stream at ``t_mono_ns``: handles an unterminated last event; returns content events it held."""
-        return self._events(self.parser.finish(), t_mono_ns)
+        return self._events(self.parser.finish(), t_mono_ns, bound_ns)
 
     @property
     def truncated(self) -> bool:

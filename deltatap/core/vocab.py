@@ -218,6 +218,7 @@ class Attr:
     CLOCK_OFFSET_NS = "deltatap.clock.offset_ns"  # observer clock minus collector clock
     CLOCK_UNCERTAINTY_NS = "deltatap.clock.uncertainty_ns"
     STAMP_SOURCE = "deltatap.stamp.source"  # resource: where read stamps come from (deltatap.net.kstamp.stamp_source)
+    STAMP_BOUNDS = "deltatap.stamp.bounds"  # events whose time is an interval, not exact: format_stamp_bounds
     OUTCOME = "deltatap.outcome"  # see Outcome
     ERROR_CAUSE = "deltatap.error.cause"
     FIREWALL_DECISION = "deltatap.firewall.decision"  # allow | allow_after_analysis | block_pattern | block_analysis | modify
@@ -329,3 +330,43 @@ DRAFT_DELTAS: dict[str, tuple[str, str]] = {
     "system_ttft": ("t12", "t0"),
     "output_path_overhead": ("t12", "t7"),
 }
+
+
+# --------------------------------------------------------------------------------------------
+# Stamp bounds: an event whose time deltatap cannot know exactly carries an interval
+# --------------------------------------------------------------------------------------------
+
+# A stamp within this of the truth counts as exact (the packet stamps' own agreement with a capture is a few µs);
+# a wider interval is stated on the span (Attr.STAMP_BOUNDS) and carried into every delta's error bound.
+STAMP_EXACT_NS = 50_000
+
+
+def format_stamp_bounds(bounds: dict[str, tuple[int, int]]) -> str | None:
+    """``{event: (before_ns, after_ns)}`` -> the span attribute's value: ``"event=before/after,..."``, only the events
+    whose interval ``[t - before, t + after]`` is wider than :data:`STAMP_EXACT_NS`; None when every one is exact.
+    A read's bytes may have arrived *before* its stamp (they waited in the socket), a write's left *after* it."""
+    parts = [f"{ev}={b}/{a}" for ev, (b, a) in bounds.items() if b + a > STAMP_EXACT_NS]
+    return ",".join(parts) or None
+
+
+def parse_stamp_bounds(value: object) -> dict[str, tuple[int, int]]:
+    """Inverse of :func:`format_stamp_bounds` (anything malformed is left out)."""
+    out: dict[str, tuple[int, int]] = {}
+    if not isinstance(value, str):
+        return out
+    for part in value.split(","):
+        ev, _, ba = part.partition("=")
+        b, _, a = ba.partition("/")
+        try:
+            out[ev] = (max(0, int(b)), max(0, int(a)))
+        except ValueError:
+            continue
+    return out
+
+
+def delta_bound(end: tuple[int, int] | None, start: tuple[int, int] | None) -> int:
+    """The error bound a delta ``end - start`` takes from its two points' intervals ``(before_ns, after_ns)``
+    (None: exact): the true delta lies in ``[d - (end.before + start.after), d + (end.after + start.before)]``."""
+    eb, ea = end or (0, 0)
+    sb, sa = start or (0, 0)
+    return max(eb + sa, ea + sb)

@@ -181,8 +181,8 @@ class KernelStampTransport(asyncio.Transport):
     __slots__ = (
         "_loop", "_sock", "_fd", "_protocol", "_wbuf", "_wsize", "_closing", "_paused",
         "_lost", "_eof", "_high", "_low", "_protocol_paused", "_server",
-        "rx_mono_ns", "last_write_mono_ns", "last_write_bound_ns", "writes",
-        "_plog", "_pkey", "_segs_in", "_rx_off", "_irs1", "_tkey", "_tx_off", "_iss1",
+        "rx_mono_ns", "rx_bound_ns", "_empty_mono", "last_write_mono_ns", "last_write_bound_ns", "writes",
+        "_plog", "_pkey", "_segs_in", "_rx_off", "_irs1", "_unlogged_tail", "_tkey", "_tx_off", "_iss1",
     )
 
     def __init__(
@@ -215,6 +215,8 @@ class KernelStampTransport(asyncio.Transport):
         self._protocol_paused = False
         self._server = server
         self.rx_mono_ns: int | None = None  # kernel stamp of the read being delivered
+        self.rx_bound_ns = 0  # its bytes arrived at most this much before rx_mono_ns (0: exact, one segment's own stamp)
+        self._empty_mono = _mono()  # the last moment the receive queue was seen empty (nothing waiting arrived earlier)
         self.last_write_mono_ns: int | None = None  # when the latest write's bytes left (see write())
         self.last_write_bound_ns = 0  # they left at most this much after it (-1: unknown, they waited behind others)
         self.writes = 0
@@ -223,6 +225,7 @@ class KernelStampTransport(asyncio.Transport):
         self._segs_in = 0
         self._rx_off = 0  # stream offset (bytes the kernel received in order, counted from 0) of the next byte to read
         self._irs1: int | None = None  # TCP sequence number of stream offset 0 (found once, see _anchor)
+        self._unlogged_tail = False  # the last _packet_cuts ended with bytes the log had not seen
         self._tkey: tuple[bytes, int, bytes, int] | None = None  # (local ip, port, peer ip, port): our own segments
         self._tx_off = 0  # bytes handed to the kernel so far (the stream offset of the next byte we send)
         self._iss1: int | None = None  # TCP sequence number of our stream offset 0 (found once, see _tx_anchor)
@@ -294,11 +297,11 @@ class KernelStampTransport(asyncio.Transport):
         if first:
             READ_LAG.add(lag)
         plog = self._plog
+        counts = tcp_counters(self._sock)
+        segments = counts[0] - self._segs_in if counts else -1  # data segments since the last read (-1: unknown)
+        if counts:
+            self._segs_in = counts[0]
         if plog is not None:
-            counts = tcp_counters(self._sock)
-            segments = counts[0] - self._segs_in if counts else 0
-            if counts:
-                self._segs_in = counts[0]
             if segments > 1:
                 if self._read_by_packets(view, first):
                     MERGED_READS["packets"] += 1
@@ -307,27 +310,57 @@ class KernelStampTransport(asyncio.Transport):
             plog.maintain()
         if not first or lag < _PROMPT_NS:
             # read promptly (or unstamped): whatever else waits arrived within the same few µs
+            t_read = _mono()
             r = self._recv(view, 0)
             if r is not None:
-                self._deliver(bytes(view[: r[0]]), _kernel_ns(r[1]))
+                n, k = r[0], _kernel_ns(r[1])
+                if segments == 1 and k and tcp_counters(self._sock) != counts:
+                    segments = 2  # (another segment came while this was read: it may be in the read)
+                self._hand_over_read(view, n, [(n, k)], segments, t_read, taken=True)
             return
+        t_read = _mono()
         r = self._recv(view, _PEEK)
         if r is None:
             return
         n, last = r[0], _kernel_ns(r[1])
-        self._hand_over(view, n, self._arrivals(n, first, last) if n > 1 and last and first != last else [(n, last or first)])
+        cuts = self._arrivals(n, first, last) if n > 1 and last and first != last else [(n, last or first)]
+        if segments > 0 and segments <= len(cuts) and tcp_counters(self._sock) != counts:
+            segments = len(cuts) + 1
+        self._hand_over_read(view, n, cuts, segments, t_read)
 
-    def _hand_over(self, view: memoryview, n: int, cuts: list[tuple[int, int]]) -> None:
+    def _hand_over_read(self, view: memoryview, n: int, cuts: list[tuple[int, int]], segments: int, t_read: int, taken: bool = False) -> None:
+        """Hand over a read's ``n`` bytes in ``cuts`` (``[(end, kernel_ns), ...]``), each with how much earlier its
+        bytes may have arrived than its stamp (:attr:`rx_bound_ns`): 0 where each cut is one segment
+        (``segments``, counted by TCP, at most the cuts), else back to the previous cut's stamp, or for the first
+        cut to the last moment this socket's queue was seen empty. ``t_read``: just before the read that took or
+        peeked the bytes (when it took them all, the queue was empty then); ``taken``: the bytes are already
+        taken in (a plain read), not peeked."""
+        empty_since = self._empty_mono
+        if n < len(view):
+            self._empty_mono = t_read
+        exact = 0 < segments <= len(cuts)
+        prev = empty_since
+        out: list[tuple[int, int, int]] = []
+        for end, k in cuts:
+            t = _to_mono(k) if k else t_read
+            out.append((end, k, 0 if exact and k else max(0, t - prev)))
+            prev = t
+        if taken:
+            self._deliver(bytes(view[:n]), out[-1][1], out[-1][2])
+        else:
+            self._hand_over(view, n, out)
+
+    def _hand_over(self, view: memoryview, n: int, cuts: list[tuple[int, int, int]]) -> None:
         """Take in the ``n`` bytes peeked into ``view`` and hand them to the protocol one cut at a time:
-        ``cuts`` is ``[(end, kernel_ns), ...]``, each piece with its own stamp."""
+        ``cuts`` is ``[(end, kernel_ns, bound_ns), ...]``, each piece with its own stamp and bound."""
         data = bytes(view[:n])  # (the read buffer is shared: keep the peeked bytes while handing them over)
         start = 0
-        for end, k in cuts:
+        for end, k, bound in cuts:
             r = self._recv(view[start:end], _DISCARD)  # take in what was peeked
             if r is None:
                 return
             end = start + r[0]
-            if not self._deliver(data[start:end], k) or self._closing or self._paused:
+            if not self._deliver(data[start:end], k, bound) or self._closing or self._paused:
                 return  # (paused: the rest stays in the socket for later)
             start = end
 
@@ -335,6 +368,7 @@ class KernelStampTransport(asyncio.Transport):
         """More than one segment arrived since the last read: peek what waits and hand it over one segment
         at a time, each with its arrival from the packet log (what the kernel merged in the socket's queue
         is split there too). False (nothing taken in) when the log cannot place the bytes."""
+        t_read = _mono()
         r = self._recv(view, _PEEK)
         if r is None:
             return True  # (nothing there after all, or the socket failed: handled)
@@ -345,7 +379,13 @@ class KernelStampTransport(asyncio.Transport):
             cuts = self._packet_cuts(n, last or first)
         if cuts is None:
             return False
-        self._hand_over(view, n, cuts)
+        if n < len(view):
+            self._empty_mono = t_read
+        out = [(end, k, 0) for end, k in cuts]  # each a segment's own arrival
+        if self._unlogged_tail and len(out) > 1:  # bytes past the newest logged segment: the read's own (later) stamp
+            end, k, _ = out[-1]
+            out[-1] = (end, k, max(0, _to_mono(k) - _to_mono(out[-2][1])))
+        self._hand_over(view, n, out)
         return True
 
     def _packet_cuts(self, n: int, last_ns: int) -> list[tuple[int, int]] | None:
@@ -358,6 +398,7 @@ class KernelStampTransport(asyncio.Transport):
             if self._irs1 is None:
                 log.debug("packet path: no anchor for %s", self._extra.get("peername"))
                 return None
+        self._unlogged_tail = False
         base = (self._irs1 + self._rx_off) & 0xFFFFFFFF  # sequence number of the first waiting byte
         segs = plog.segments_since(key, base)
         cuts: list[tuple[int, int]] = []
@@ -379,6 +420,7 @@ class KernelStampTransport(asyncio.Transport):
             log.debug("packet path: %d waiting bytes, no segment of them in the log", n)
             return None
         cuts.append((n, last_ns))  # (bytes the log has not seen yet)
+        self._unlogged_tail = True
         return cuts
 
     def _anchor(self) -> int | None:
@@ -446,8 +488,9 @@ class KernelStampTransport(asyncio.Transport):
             return None
         return n, anc
 
-    def _deliver(self, data: bytes, kernel_ns: int) -> bool:
+    def _deliver(self, data: bytes, kernel_ns: int, bound_ns: int = 0) -> bool:
         self.rx_mono_ns = _to_mono(kernel_ns)
+        self.rx_bound_ns = bound_ns
         self._rx_off += len(data)
         try:
             self._protocol.data_received(data)

@@ -77,13 +77,16 @@ __all__ = [
     "StampingTransport",
     "UpstreamStamps",
     "connection_lost_mono_ns",
+    "last_read_bound_ns",
     "last_read_mono_ns",
+    "last_write_bound_ns",
     "last_write_mono_ns",
     "make_stamping_connector",
     "make_stamping_runner",
     "make_stamping_server_runner",
     "make_stamping_site",
     "request_head_mono_ns",
+    "request_received_bound_ns",
     "request_received_mono_ns",
     "upstream_stamps",
 ]
@@ -91,31 +94,52 @@ __all__ = [
 _KeyType = getattr(web, "RequestKey", None)
 _RECEIVED_KEY: Any = _KeyType("deltatap_received_mono_ns", int) if _KeyType else "deltatap_received_mono_ns"
 _HEAD_KEY: Any = _KeyType("deltatap_head_mono_ns", int) if _KeyType else "deltatap_head_mono_ns"
+_RECEIVED_BOUND_KEY: Any = _KeyType("deltatap_received_bound_ns", int) if _KeyType else "deltatap_received_bound_ns"
+
+
+def _read_stamp(protocol: Any, rx: KernelStampTransport | None) -> tuple[int, int]:
+    """``(stamp, bound)`` of the read being delivered to ``protocol``: the bytes arrived in ``[stamp - bound,
+    stamp]``. The kernel's stamp and bound (:attr:`KernelStampTransport.rx_bound_ns`) where the connection has
+    them; else the process's own moment, bounded by the previous read on the connection (anything it did not
+    take arrived after it)."""
+    if rx is not None:
+        return rx.rx_mono_ns, rx.rx_bound_ns  # type: ignore[return-value]
+    t = mono_ns()
+    bound = t - protocol._empty_mono
+    protocol._empty_mono = t
+    return t, bound
 
 
 class StampingTransport:
     """Wraps a transport; records when each ``write``/``writelines`` was issued."""
 
-    __slots__ = ("_transport", "last_write_mono_ns", "writes")
+    __slots__ = ("_transport", "last_write_mono_ns", "last_write_bound_ns", "writes")
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self._transport = transport
         self.last_write_mono_ns: int | None = None
+        self.last_write_bound_ns = 0  # the bytes left at most this much after last_write_mono_ns (the write's duration)
         self.writes = 0
 
     def write(self, data: Any) -> None:
-        if data:  # an empty write hands nothing to the kernel: not a write to stamp
-            self.last_write_mono_ns = mono_ns()
-            self.writes += 1
+        if not data:  # an empty write hands nothing to the kernel: not a write to stamp
+            self._transport.write(data)
+            return
+        t0 = self.last_write_mono_ns = mono_ns()
+        self.writes += 1
         self._transport.write(data)
+        self.last_write_bound_ns = mono_ns() - t0
 
     def writelines(self, lines: Any) -> None:
         if not isinstance(lines, (tuple, list)):
             lines = list(lines)
-        if any(lines):
-            self.last_write_mono_ns = mono_ns()
-            self.writes += 1
+        if not any(lines):
+            self._transport.writelines(lines)
+            return
+        t0 = self.last_write_mono_ns = mono_ns()
+        self.writes += 1
         self._transport.writelines(lines)
+        self.last_write_bound_ns = mono_ns() - t0
 
     # the calls aiohttp makes often, spelled out to skip __getattr__
     def is_closing(self) -> bool:
@@ -176,10 +200,12 @@ class StampingRequestHandler(RequestHandler):
         super().__init__(*args, **kwargs)
         self._rx: KernelStampTransport | None = None
         self.last_read_mono_ns: int | None = None
+        self.last_read_bound_ns = 0
+        self._empty_mono = mono_ns()  # (process stamps) the last read: anything read later arrived after it
         self.lost_mono_ns: int | None = None
-        self._stamp_pending: int | None = None
+        self._stamp_pending: tuple[int, int] | None = None
         self._stamp_body: Any = None  # payload of the last request whose body may still be arriving
-        self._stamps: collections.deque[tuple[int, int]] = collections.deque()
+        self._stamps: collections.deque[tuple[tuple[int, int], tuple[int, int]]] = collections.deque()
         inner = self._request_factory
         if inner is not None:
             self._request_factory = functools.partial(self._stamped_request, inner)
@@ -194,28 +220,32 @@ class StampingRequestHandler(RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         rx = self._rx
-        t = rx.rx_mono_ns if rx is not None and data else mono_ns()  # type: ignore[assignment]
         if data:  # aiohttp calls data_received(b"") itself to drain buffered bytes: not a read
-            self.last_read_mono_ns = t
+            t, bound = _read_stamp(self, rx)
+            self.last_read_mono_ns, self.last_read_bound_ns = t, bound
             body = self._stamp_body
             if self._stamp_pending is None and (body is None or body.is_eof()):
-                self._stamp_pending = t
+                self._stamp_pending = (t, bound)
+        else:
+            t, bound = mono_ns(), 0
         queued = self._messages
         before = len(queued)
         super().data_received(data)
         new = len(queued) - before
         if new > 0:
             for i in range(new):
-                self._stamps.append(((self._stamp_pending if i == 0 and self._stamp_pending is not None else t), t))
+                self._stamps.append(((self._stamp_pending if i == 0 and self._stamp_pending is not None else (t, bound)), (t, bound)))
             self._stamp_body = queued[-1][1]
             self._stamp_pending = None
 
     def _stamped_request(self, inner: Any, message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> Any:
         request = inner(message, payload, protocol, writer, task)
         if self._stamps:
-            first, head = self._stamps.popleft()
+            (first, first_bound), (head, head_bound) = self._stamps.popleft()
             request[_RECEIVED_KEY] = first
             request[_HEAD_KEY] = head
+            if first_bound:
+                request[_RECEIVED_BOUND_KEY] = first_bound
         return request
 
 
@@ -285,6 +315,23 @@ def request_head_mono_ns(request: web.BaseRequest) -> int | None:
     return request.get(_HEAD_KEY)
 
 
+def request_received_bound_ns(request: web.BaseRequest) -> int:
+    """How much earlier than :func:`request_received_mono_ns` the request's first byte may have arrived (0: exact)."""
+    return request.get(_RECEIVED_BOUND_KEY, 0)
+
+
+def last_read_bound_ns(request: web.BaseRequest) -> int:
+    """How much earlier than :func:`last_read_mono_ns` that read's bytes may have arrived (0: exact)."""
+    return getattr(request.protocol, "last_read_bound_ns", 0)
+
+
+def last_write_bound_ns(request: web.BaseRequest) -> int:
+    """How much later than :func:`last_write_mono_ns` that write's bytes may have left (0: exact; -1: unknown,
+    they waited behind earlier bytes for the socket)."""
+    tr = request.transport
+    return tr.last_write_bound_ns if isinstance(tr, _STAMPING) else 0
+
+
 def last_read_mono_ns(request: web.BaseRequest) -> int | None:
     """The latest read on this request's connection; read right after the body's EOF it is
     the arrival of the body's last byte."""
@@ -317,9 +364,13 @@ class StampingResponseHandler(ResponseHandler):
         super().__init__(*args, **kwargs)
         self._rx: KernelStampTransport | None = None
         self.last_read_mono_ns: int | None = None
+        self.last_read_bound_ns = 0
+        self._empty_mono = mono_ns()  # (process stamps) the last read: anything read later arrived after it
         self.head_mono_ns: int | None = None
+        self.head_bound_ns = 0
         self.read_totals: collections.deque[int] = collections.deque(maxlen=self.READ_LOG)
         self.read_stamps: collections.deque[int] = collections.deque(maxlen=self.READ_LOG)
+        self.read_bounds: collections.deque[int] = collections.deque(maxlen=self.READ_LOG)
         self.responses = 0
         self.lost_mono_ns: int | None = None
 
@@ -333,9 +384,11 @@ class StampingResponseHandler(ResponseHandler):
 
     def data_received(self, data: bytes) -> None:
         rx = self._rx
-        t = rx.rx_mono_ns if rx is not None and data else mono_ns()  # type: ignore[assignment]
         if data:
-            self.last_read_mono_ns = t
+            t, bound = _read_stamp(self, rx)
+            self.last_read_mono_ns, self.last_read_bound_ns = t, bound
+        else:
+            t, bound = mono_ns(), 0
         before = self._payload
         super().data_received(data)
         payload = self._payload
@@ -343,13 +396,15 @@ class StampingResponseHandler(ResponseHandler):
             return
         if payload is not before:
             self.responses += 1
-            self.head_mono_ns = t
+            self.head_mono_ns, self.head_bound_ns = t, bound
             self.read_totals.clear()
             self.read_stamps.clear()
+            self.read_bounds.clear()
         total = getattr(payload, "total_bytes", 0)
         if not self.read_totals or total > self.read_totals[-1]:
             self.read_totals.append(total)
             self.read_stamps.append(t)
+            self.read_bounds.append(bound)
 
 
 class _StampingConnector(aiohttp.TCPConnector):
@@ -397,14 +452,16 @@ def make_stamping_connector(**kwargs: Any) -> aiohttp.TCPConnector:
 class UpstreamStamps:
     """Socket stamps of one client response, taken from its connection's protocol."""
 
-    __slots__ = ("_proto", "_transport", "request_written_mono_ns", "head_mono_ns", "_response_no")
+    __slots__ = ("_proto", "_transport", "request_written_mono_ns", "request_written_bound_ns", "head_mono_ns", "head_bound_ns", "_response_no")
 
     def __init__(self, proto: StampingResponseHandler) -> None:
         self._proto = proto
         tr = proto.transport
         self._transport = tr if isinstance(tr, _STAMPING) else None
         self.request_written_mono_ns = self._transport.last_write_mono_ns if self._transport else None
+        self.request_written_bound_ns = self._transport.last_write_bound_ns if self._transport else 0
         self.head_mono_ns = proto.head_mono_ns
+        self.head_bound_ns = proto.head_bound_ns
         self._response_no = proto.responses
 
     @property
@@ -425,22 +482,32 @@ class UpstreamStamps:
         i = bisect.bisect_left(totals, body_end)
         return stamps[min(i, len(stamps) - 1)]
 
-    def slices(self, start: int, end: int) -> list[tuple[int, int, int]]:
-        """Split body bytes ``[start, end)`` at read boundaries: ``[(start, end, t_mono_ns), ...]``."""
-        totals, stamps = self._proto.read_totals, self._proto.read_stamps
-        if self._proto.responses != self._response_no or not stamps:
-            t = self._proto.last_read_mono_ns or mono_ns()
-            return [(start, end, t)]
-        out: list[tuple[int, int, int]] = []
+    def bound_at(self, body_end: int) -> int:
+        """How much earlier than :meth:`arrival_mono_ns` (``body_end``) those bytes may have arrived (0: exact)."""
+        totals, bounds = self._proto.read_totals, self._proto.read_bounds
+        if self._proto.responses != self._response_no or not bounds:
+            return self._proto.last_read_bound_ns
+        i = bisect.bisect_left(totals, body_end)
+        return bounds[min(i, len(bounds) - 1)]
+
+    def slices(self, start: int, end: int, bounds: bool = False) -> list[tuple[int, ...]]:
+        """Split body bytes ``[start, end)`` at read boundaries: ``[(start, end, t_mono_ns), ...]``; with ``bounds``,
+        ``[(start, end, t_mono_ns, bound_ns), ...]`` (the bytes arrived in ``[t - bound, t]``)."""
+        proto = self._proto
+        totals, stamps, rb = proto.read_totals, proto.read_stamps, proto.read_bounds
+        if proto.responses != self._response_no or not stamps:
+            t = proto.last_read_mono_ns or mono_ns()
+            return [(start, end, t, proto.last_read_bound_ns)] if bounds else [(start, end, t)]
+        out: list[tuple[int, ...]] = []
         i = bisect.bisect_right(totals, start)
         pos = start
         while pos < end:
             if i >= len(totals):
-                out.append((pos, end, stamps[-1]))
+                out.append((pos, end, stamps[-1], rb[-1]) if bounds else (pos, end, stamps[-1]))
                 break
             stop = min(end, totals[i])
             if stop > pos:
-                out.append((pos, stop, stamps[i]))
+                out.append((pos, stop, stamps[i], rb[i]) if bounds else (pos, stop, stamps[i]))
             pos = stop
             i += 1
         return out

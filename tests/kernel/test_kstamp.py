@@ -180,12 +180,14 @@ class Recorder(asyncio.Protocol):
 
     def __init__(self) -> None:
         self.got: list[tuple[bytes, int]] = []
+        self.bounds: list[int] = []
 
     def connection_made(self, transport) -> None:
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
         self.got.append((data, self.transport.rx_mono_ns))
+        self.bounds.append(self.transport.rx_bound_ns)
 
 
 async def _send_while_blocked(c: socket.socket, rec: Recorder, msgs: tuple[bytes, ...], gap_s: float) -> list[int]:
@@ -491,23 +493,28 @@ def test_writes_the_kernel_merged_keep_their_own_arrivals(run, packet_stamps):
         sent = await _send_while_blocked(c, protos[0], (b"one.", b"two.", b"three."), 0.004)
         c.close()
         server.close()
-        return sent, protos[0].got
+        return sent, protos[0].got, protos[0].bounds
 
     placed_before = kstamp.MERGED_READS["packets"]
-    sent, got = run(scenario())
+    sent, got, bounds = run(scenario())
     assert b"".join(d for d, _ in got) == b"one.two.three."
-    stamps = {}
+    stamps, earliest = {}, {}
     pos = 0
-    for data, t in got:  # the stamp of the delivery that holds each write's first byte
+    for (data, t), bound in zip(got, bounds, strict=True):  # the delivery that holds each write's first byte
         for msg, at in ((b"one.", 0), (b"two.", 4), (b"three.", 8)):
             if pos <= at < pos + len(data):
-                stamps[msg] = t
+                stamps[msg], earliest[msg] = t, t - bound
         pos += len(data)
+    # the interval [stamp - bound, stamp] holds each write's arrival (it came after the write was sent, before the
+    # next one 4 ms later): with the log because each stamp is exact, without it because the bound reaches back
+    for m, s in zip((b"one.", b"two.", b"three."), sent, strict=True):
+        assert earliest[m] <= s + 1 * MS <= stamps[m] + 1 * MS, (m, (earliest[m] - s) / MS, (stamps[m] - s) / MS)
     late = {m: (stamps[m] - s) / MS for m, s in zip((b"one.", b"two.", b"three."), sent)}
     assert all(-0.1 <= v for v in late.values()), late
     if packet_stamps == "packets":
         assert all(v <= 1.0 for v in late.values()), late  # each at its own arrival (the writes are 4 ms apart)
         assert kstamp.MERGED_READS["packets"] > placed_before  # and counted as placed from the log
+        assert all(b == 0 for b in bounds)  # exact: no interval
     else:
         assert late[b"one."] >= 3.0, late  # merged: the first write carries a later write's stamp
 

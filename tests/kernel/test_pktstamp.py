@@ -96,7 +96,10 @@ def test_the_ring_wraps_and_keeps_the_newest_segments():
         segs = log.segments_since(key, base)
         rel = [((seq - irs1) & 0xFFFFFFFF, (end - irs1) & 0xFFFFFFFF) for seq, end, _ in segs]
         assert rel[0][0] <= sent - 800 < rel[0][1] and rel[-1][1] == sent
-        assert all(a[1] == b[0] for a, b in zip(rel, rel[1:], strict=False))
+        covered = rel[0][1]  # no hole (on a loaded machine loopback may drop and TCP resend: a copy may overlap)
+        for seq, end in rel[1:]:
+            assert seq <= covered, (seq, covered)
+            covered = max(covered, end)
         assert all(0 < end - seq and (end - seq) % 8 == 0 for seq, end in rel)
         # and an offset long handed back to the kernel is not invented
         assert log.segments_since(key, irs1)[0][0] != irs1
