@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from deltatap.collector.ingest import load
-from deltatap.collector.outputs import write_outputs
+from deltatap.collector.outputs import note_senders, write_outputs, write_provenance
 from deltatap.collector.pipeline import Pipeline, PipelineOptions
 from deltatap.collector.service import ROWS_FORMATS, CollectorOptions, start_collector, tune_gc
 from deltatap.collector.sinks import write_rows
@@ -109,40 +109,9 @@ def run_collect(args: argparse.Namespace) -> int:
     return aio.run(_collect(opts, args.duration))
 
 
-def _span_versions(spans, seen: dict[str, dict]) -> None:
-    """Remember each sender's resource attributes (service.name/version, component) once, for the provenance."""
-    for s in spans:
-        name = s.attrs.get("service.name")
-        key = f"{name}/{s.attrs.get('deltatap.component') or ''}"
-        if key not in seen:
-            seen[key] = s.attrs
-
-
-def write_provenance(out: str | Path, tool: str, topo, attrs: list[dict], inputs: dict | None = None) -> Path:
-    """``provenance.json`` in the output directory (deltatap.core.provenance), with the versions the spans carried."""
-    import json
-
-    from deltatap.core.provenance import provenance, versions_from_span_attrs
-
-    rec = provenance(tool=tool, topology=topo, components=versions_from_span_attrs(attrs), extra={"inputs": inputs} if inputs else None)
-    p = Path(out) / "provenance.json"
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(rec, indent=2, default=str) + "\n", encoding="utf-8")
-    return p
-
-
 async def _collect(opts: CollectorOptions, duration: float | None) -> int:
     tune_gc()
     running = await start_collector(opts)
-    seen: dict[str, dict] = {}
-    ingest = running.pipeline.ingest
-
-    def ingest_and_note(spans, now):  # every batch passes here; its senders' versions are noted once each
-        spans = spans if isinstance(spans, list) else list(spans)
-        _span_versions(spans, seen)
-        ingest(spans, now)
-
-    running.pipeline.ingest = ingest_and_note
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -159,7 +128,6 @@ async def _collect(opts: CollectorOptions, duration: float | None) -> int:
     except asyncio.TimeoutError:
         pass
     written = await running.close()
-    written["provenance.json"] = write_provenance(opts.out_dir, "collect", running.topology, list(seen.values()))
     s = running.stats()
     out = Console()
     topo = running.topology
@@ -216,9 +184,10 @@ def run_report(args: argparse.Namespace) -> int:
             write_rows(all_rows, Path(args.out) / f"rows.{args.rows_format}", topo)
         stats = pipe.snapshot() if loaded.spans else {"rows": agg.rows}
         write_outputs(agg, topo, args.out, stats, stat)
-        seen: dict[str, dict] = {}
-        _span_versions(loaded.spans, seen)
-        write_provenance(args.out, "report", topo, list(seen.values()), {"paths": [str(p) for p in args.inputs]})
+        seen: dict[tuple, dict] = {}
+        models: set[str] = set()
+        note_senders(loaded.spans, seen, models)
+        write_provenance(args.out, "report", topo, seen, models, {"paths": [str(p) for p in args.inputs]})
     if loaded.spans:
         s = pipe.snapshot()
         err.print(f"{len(rows)} requests from {s['spans_received']} spans; joined {s['joined']}; ambiguous {s['ambiguous']}")

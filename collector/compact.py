@@ -47,6 +47,7 @@ ATTRS_READ: frozenset[str] = frozenset({
     Attr.ENGINE_PROMPT_MS, Attr.ENGINE_PROMPT_N, Attr.ENGINE_PREDICTED_N, Attr.COMPONENT, Attr.COMPONENT_KIND,
     Attr.ENGINE_TOKENS_AFTER_DISCONNECT, Attr.VLLM_TIME_IN_QUEUE, Attr.VLLM_TTFT, Attr.VLLM_PREFILL, Attr.VLLM_DECODE,
     Attr.VLLM_INFERENCE, Attr.STAMP_BOUNDS, "service.name", *LITELLM_ATTRS,
+    "service.version", Attr.GENAI_REQUEST_MODEL,  # read once per span layout for provenance.json (collector.outputs.note_senders)
 })
 # string attributes that differ per request: held per span; every other string is part of the Layout
 _PER_SPAN: frozenset[str] = frozenset({Attr.REQUEST_ID, Attr.BODY_FINGERPRINT, Attr.FIREWALL_DECISION, Attr.STAMP_BOUNDS})

@@ -28,7 +28,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from deltatap.collector.forward import Forwarder, parse_target
 from deltatap.collector.metrics import CollectorMetrics
-from deltatap.collector.outputs import write_outputs
+from deltatap.collector.outputs import note_senders, write_outputs, write_provenance
 from deltatap.collector.pipeline import Pipeline, PipelineOptions
 from deltatap.collector.receivers import http_app, metrics_app, start_grpc
 from deltatap.collector.reexport import decomposition_spans, encode_records
@@ -94,9 +94,12 @@ class RunningCollector:
         self._pending_rows: list[Row] = []
         self._last_write = time.monotonic()
         self._closed = False
+        self.senders: dict[tuple, dict] = {}  # each sender's attributes, once, and the models asked for: provenance.json
+        self.models: set[str] = set()
 
     # ---- callbacks from the receivers --------------------------------------------------------
     def _on_spans(self, spans: list[SpanRecord], raw: Any) -> None:
+        note_senders(spans, self.senders, self.models)
         self.pipeline.ingest(spans, time.monotonic())
         if self._forwarder is not None and spans:
             data = raw if raw is not None else encode_records(spans).SerializeToString()
@@ -244,6 +247,7 @@ class RunningCollector:
             written["rows"] = self._writer.path
         if self.options.out_dir is not None:
             written.update(write_outputs(self.aggregator, self.topology, self.options.out_dir, self.stats()))
+            written["provenance.json"] = write_provenance(self.options.out_dir, "collect", self.topology, self.senders, self.models)
         return written
 
 

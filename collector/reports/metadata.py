@@ -75,6 +75,8 @@ def c1_from_provenance(prov: dict[str, Any]) -> dict[str, Any]:
     sw = software_line(prov)
     if sw:
         out["software"] = sw
+    if prov.get("models"):
+        out["model"] = ", ".join(map(str, prov["models"]))
     for k in ("seed", "suite_version", "workload_sha256", "topology_sha256"):
         if prov.get(k) is not None:
             out[k] = prov[k]

@@ -241,3 +241,19 @@ def test_collect_with_grpc_port_in_use_is_one_clean_line(tmp_path):
                  "--out", str(tmp_path / "c"), "--duration", "1", timeout=60)
     assert p.returncode == 2
     assert p.stderr == f"deltatap collect: --otlp-grpc 127.0.0.1:{port}: cannot listen (Address already in use)\n", p.stderr
+
+
+def test_collect_records_provenance_and_c1_uses_it_without_records(run, tmp_path):
+    """The collector's provenance.json (deltatap.core.provenance): the senders' versions from their spans, the models
+    asked for, the topology hash; C.1 of a collector directory alone takes Model, Hardware and Software from it."""
+    base, topo = run
+    prov = json.loads((base / "collector" / "provenance.json").read_text())
+    assert prov["tool"] == "deltatap collect" and prov["models"] == ["deltatap-ref"] and len(prov["topology_sha256"]) == 64
+    assert {"deltatap-tap-edge", "engine"} <= set(prov["components"]) and prov["hardware"]["fingerprint_hash"]  # the senders here
+    out = tmp_path / "out"
+    p = _cli("summary", str(base / "collector"), "--topology", str(topo), "--out", str(out), "--quiet")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads((out / "report.json").read_text())
+    c1 = {r["field"]: r["value"] for r in doc["sections"]["minimum"]["tables"]["minimum"]["rows"]}
+    assert c1["Model"] == "deltatap-ref" and c1["Hardware"] == prov["hardware"]["accelerator_summary"]
+    assert "deltatap-tap-edge" in c1["Software"] and c1["Suite Version"] == prov["suite_version"]
