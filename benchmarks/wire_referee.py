@@ -83,11 +83,19 @@ def summarize(comp, wire, run) -> dict:
         s = stats(comp.point_err[name])
         s["t_name"] = ALIASES.get(name)
         s["kind"] = "read" if name in READ_POINTS else "write" if name != "client.send" else "write (T_submit)"
+        cov = comp.point_covered.get(name, [])
+        s["bounded"] = comp.point_bounded.get(name, 0)
+        s["covered_share"] = sum(cov) / len(cov) if cov else None
         if name in READ_POINTS:
             s["late_over_0_1ms"] = comp.late_over_01.get(name, 0)
             s["late_equal_to_a_later_packet"] = comp.later_packet.get(name, 0)
         points[name] = s
     deltas = {name: stats(comp.delta_err[name]) for name in _ordered(comp.delta_err, DELTA_ORDER)}
+    for name, d in deltas.items():
+        cov = comp.delta_covered.get(name, [])
+        d["bounded"] = comp.delta_bounded.get(name, 0)
+        d["covered_share"] = sum(cov) / len(cov) if cov else None
+    all_cov = [c for v in comp.point_covered.values() for c in v]
     matched = comp.rows_compared - len(comp.rows_unmatched)
     return {
         "rows": {"total": comp.rows_total, "not_ok": comp.rows_not_ok, "warmup_excluded": comp.rows_skipped_warmup, "compared": comp.rows_compared,
@@ -99,6 +107,8 @@ def summarize(comp, wire, run) -> dict:
         "reassembly": wire.stats, "wire_problems": dict(wire.problems),
         "capture": run.capture_counts,
         "points": points, "deltas": deltas,
+        "points_covered_by_their_bounds": sum(all_cov) / len(all_cov) if all_cov else None,
+        "points_bounded": sum(comp.point_bounded.values()), "points_compared": len(all_cov),
         "examples_over_0_3ms": comp.examples,
     }
 
@@ -107,26 +117,37 @@ def _f(x, nd=3) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
 
 
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
 def print_table(label: str, s: dict) -> None:
     r = s["rows"]
     print(f"\n{label}: rows {r['total']} ({r['not_ok']} not ok, {r['warmup_excluded']} warm-up excluded), compared {r['compared']}, "
           f"matched to packets {r['matched_to_packets']}, not matched {r['not_matched']}; capture {s['capture']}; "
           f"reassembly holes {s['reassembly']['holes']}, inconsistent {s['reassembly']['inconsistent_overlaps']}")
-    hdr = f"  {'':<34} {'n':>4} {'|err| p50':>9} {'p99':>8} {'max':>8} {'>0.3ms':>7} {'late':>5} {'early':>5} {'sgn p50':>8}"
-    print(hdr + "   (ms; late/early: counts > 0.3 ms; =later: late > 0.1 ms equal to a later packet)")
+    hdr = (f"  {'':<34} {'n':>4} {'|err| p50':>9} {'p99':>8} {'max':>8} {'>0.3ms':>7} {'late':>5} {'early':>5} {'sgn p50':>8}"
+           f" {'bnd':>4} {'cover':>6}")
+    print(hdr + "   (ms; late/early: counts > 0.3 ms; bnd: values stated as intervals; cover: wire time inside the value's"
+          " interval; =later: late > 0.1 ms equal to a later packet)")
     for name, d in s["points"].items():
         if not d["n"]:
             continue
         tag = f"{name} ({d['t_name']})" if d.get("t_name") else name
         extra = f"  =later {d['late_equal_to_a_later_packet']}/{d['late_over_0_1ms']}" if "late_over_0_1ms" in d else ""
         print(f"  {tag:<34} {d['n']:>4} {_f(d['abs_p50_ms']):>9} {_f(d['abs_p99_ms']):>8} {_f(d['abs_max_ms']):>8} "
-              f"{100 * d['share_over_0_3ms']:>6.1f}% {d['late_over_0_3ms']:>5} {d['early_over_0_3ms']:>5} {_f(d['signed_p50_ms']):>8}{extra}")
+              f"{100 * d['share_over_0_3ms']:>6.1f}% {d['late_over_0_3ms']:>5} {d['early_over_0_3ms']:>5} {_f(d['signed_p50_ms']):>8}"
+              f" {d['bounded']:>4} {_pct(d['covered_share']):>6}{extra}")
     print("  " + "-" * (len(hdr) - 2))
     for name, d in s["deltas"].items():
         if not d["n"]:
             continue
         print(f"  {name:<34} {d['n']:>4} {_f(d['abs_p50_ms']):>9} {_f(d['abs_p99_ms']):>8} {_f(d['abs_max_ms']):>8} "
-              f"{100 * d['share_over_0_3ms']:>6.1f}% {d['late_over_0_3ms']:>5} {d['early_over_0_3ms']:>5} {_f(d['signed_p50_ms']):>8}")
+              f"{100 * d['share_over_0_3ms']:>6.1f}% {d['late_over_0_3ms']:>5} {d['early_over_0_3ms']:>5} {_f(d['signed_p50_ms']):>8}"
+              f" {d['bounded']:>4} {_pct(d['covered_share']):>6}")
+    if s.get("points_compared"):
+        print(f"  points stated as intervals: {s['points_bounded']} of {s['points_compared']}; wire time inside the value's interval: "
+              f"{_pct(s['points_covered_by_their_bounds'])}")
 
 
 def out_name(engine: str, rate: float, gap: float, busy: bool, suffix: str) -> str:
@@ -167,6 +188,8 @@ def main() -> int:
     ap.add_argument("--burners", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=10, help="first rows (by start) not compared: fresh processes' first-call costs")
     ap.add_argument("--kernel-stamps", choices=["default", "off"], default="default", help="off: DELTATAP_KERNEL_STAMPS=0 in the taps and the load generator")
+    ap.add_argument("--packet-stamps", choices=["default", "off"], default="default",
+                    help="off: DELTATAP_PACKET_STAMPS=0 (no packet socket: what a tap without CAP_NET_RAW does; merged reads become intervals)")
     ap.add_argument("--deltatap", help="deltatap executable for the taps, the load generator and the collector (e.g. another build's "
                     "venv/bin/deltatap); default: the one beside this interpreter")
     ap.add_argument("--max-wall-s", type=float, default=300.0, help="hard wall-clock limit per run (every child killed at the end)")
@@ -192,7 +215,7 @@ def main() -> int:
                               firewall_delay_ms=args.firewall_delay_ms, gateway_delay_ms=args.gateway_delay_ms,
                               output_tokens=tuple(args.output_tokens), seed=args.seed, busy=args.burners if args.busy else 0,
                               max_wall_s=args.max_wall_s, kernel_stamps=False if args.kernel_stamps == "off" else None,
-                              deltatap=args.deltatap)
+                              packet_stamps=False if args.packet_stamps == "off" else None, deltatap=args.deltatap)
             label = f"{args.engine} engine, {rate:g} req/s" + (f", {gap:g} ms gaps" if args.engine == "plain" else "") + (", busy" if args.busy else "")
             print(f"\n== {label}")
             start = uptime()
@@ -216,7 +239,7 @@ def main() -> int:
                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
                 "setup": {"engine": args.engine, "rate_per_s": rate, "arrival": "poisson", "requests": args.requests, "gap_ms": gap if args.engine == "plain" else None,
                           "prefill_ms": args.prefill_ms, "output_tokens": args.output_tokens, "firewall_delay_ms": args.firewall_delay_ms,
-                          "gateway_delay_ms": args.gateway_delay_ms, "busy_burners": cfg.busy, "kernel_stamps": args.kernel_stamps,
+                          "gateway_delay_ms": args.gateway_delay_ms, "busy_burners": cfg.busy, "kernel_stamps": args.kernel_stamps, "packet_stamps": args.packet_stamps,
                           "deltatap": deltatap_build(args.deltatap), "warmup_excluded": args.warmup, "threshold_ms": 0.3,
                           "error_sign": "row - wire: positive = the row's stamp is later than the packet",
                           "mapping": "deltatap/app/referee/compare.py docstring"},

@@ -390,12 +390,15 @@ def _kind(span: SpanRecord) -> str | None:
     return None
 
 
+_BOUNDS = Attr.STAMP_BOUNDS  # a span stating intervals takes its plain extractor (the plans do not read them)
+
+
 def extract(spans: list[SpanRecord], topo: Topology) -> Extracted:
     """Observations and facts of every span of one request (spans no extractor knows are ignored)."""
     ex = Extracted()
     plans = _plans(topo) if EXTRACTORS == _DEFAULT_EXTRACTORS else None
     for span in spans:
-        if plans is not None and span.__class__ is CompactSpan:
+        if plans is not None and span.__class__ is CompactSpan and _BOUNDS not in span.layout.other_keys:
             (plans.get(span.layout) or _plan(span, topo, plans))[0](span, topo, ex)
         else:
             _unplanned(span, topo, ex)

@@ -49,7 +49,8 @@ def test_bounded_points_widen_exactly_their_deltas(path):
     plain, _ = default_stack()
     data = request(spans).SerializeToString()
     if path == "live":
-        decode_compact(data)  # (a layout's second sighting is the one a plan would take)
+        build_row(decode_compact(data), TOPO)  # (layouts seen before are planned: a plan must not lose the intervals)
+        build_row(decode_compact(data), TOPO)
         got = build_row(decode_compact(data), TOPO)
     else:
         got = build_row(decode_request(request(spans)), TOPO)

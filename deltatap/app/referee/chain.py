@@ -50,6 +50,7 @@ class ChainConfig:
     busy: int = 0  # CPU burner processes alongside
     max_wall_s: float = 240.0  # hard limit for the whole run
     kernel_stamps: bool | None = None  # None: the taps' default; False: DELTATAP_KERNEL_STAMPS=0
+    packet_stamps: bool | None = None  # None: the taps' default; False: DELTATAP_PACKET_STAMPS=0 (as without CAP_NET_RAW)
     deltatap: str | None = None  # the deltatap executable to run (another build's venv); default: this interpreter's
 
 
@@ -141,6 +142,8 @@ def run_chain(cfg: ChainConfig, workdir: Path, log=print) -> ChainRun:
     env = dict(os.environ)
     if cfg.kernel_stamps is False:
         env["DELTATAP_KERNEL_STAMPS"] = "0"
+    if cfg.packet_stamps is False:
+        env["DELTATAP_PACKET_STAMPS"] = "0"
     dt = [cfg.deltatap] if cfg.deltatap else deltatap_exe()
     py = [sys.executable]
 

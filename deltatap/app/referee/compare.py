@@ -34,7 +34,10 @@ where the collector preferred another observer's pair (``within`` true while the
 come from different observers) the common observer's wire points are used. The taps' overheads:
 ``tap_<link>_request`` = U req last - D req last, ``tap_<link>_first_token`` = D first - U first.
 
-Errors are ``row - wire`` (positive: the row's stamp is late).
+Errors are ``row - wire`` (positive: the row's stamp is late). Where the row states an interval for a point
+(``stamp_bounds``: the tap or client could not know the time exactly), a point is *covered* when the wire time lies
+in ``[t - before, t + after]`` widened by ``STAMP_EXACT_NS`` (an exact stamp is exact to that), a delta when its error
+is within its stamp bound plus ``STAMP_EXACT_NS`` per end.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from deltatap.core.vocab import STAMP_EXACT_NS
 
 from .pcap import read_tcp
 from .reassembly import Connection, Message, first_last_content, parse_requests, parse_responses, reassemble, sse_events
@@ -225,6 +230,12 @@ class Comparison:
     deltas_pair_changed: Counter
     wire_requests_without_row: int
     examples: list[dict]
+    # honest bounds: per point / delta, how many values were intervals (the row's stamp_bounds) and whether the
+    # wire time lay inside each value's interval (widened by STAMP_EXACT_NS per exact end: "exact" means that close)
+    point_bounded: Counter = field(default_factory=Counter)
+    point_covered: dict[str, list[bool]] = field(default_factory=dict)
+    delta_bounded: Counter = field(default_factory=Counter)
+    delta_covered: dict[str, list[bool]] = field(default_factory=dict)
 
 
 def compare(rows, wire: Wire, warmup: int = 10) -> Comparison:
@@ -244,6 +255,10 @@ def compare(rows, wire: Wire, warmup: int = 10) -> Comparison:
     unmapped: Counter = Counter()
     pair_changed: Counter = Counter()
     examples: list[dict] = []
+    point_bounded: Counter = Counter()
+    point_covered: dict[str, list[bool]] = {}
+    delta_bounded: Counter = Counter()
+    delta_covered: dict[str, list[bool]] = {}
     row_ids = {r.request_id for r in rows}
     for r in kept:
         w = wire.by_request.get(r.request_id or "")
@@ -268,6 +283,10 @@ def compare(rows, wire: Wire, warmup: int = 10) -> Comparison:
             e = obs.unix_ns - t
             wp[name] = t
             point_err.setdefault(name, []).append(e)
+            before, after = r.point_bounds.get(name, (0, 0))
+            if before or after:
+                point_bounded[name] += 1
+            point_covered.setdefault(name, []).append(-(after + STAMP_EXACT_NS) <= e <= before + STAMP_EXACT_NS)
             if e > 100_000:
                 late01[name] += 1
                 if any(abs(obs.unix_ns - x) <= LATER_PACKET_TOL_NS for x in later_ts):
@@ -297,9 +316,14 @@ def compare(rows, wire: Wire, warmup: int = 10) -> Comparison:
             if wv is None:
                 continue
             delta_err.setdefault(name, []).append(dv.ns - wv)
+            b = r.delta_bounds.get(name, 0)
+            if b:
+                delta_bounded[name] += 1
+            delta_covered.setdefault(name, []).append(abs(dv.ns - wv) <= b + 2 * STAMP_EXACT_NS)
     wire_without_row = sum(1 for rid in wire.by_request if rid not in row_ids)
     return Comparison(point_err, delta_err, dict(later), dict(late01), len(rows), len(kept), len(skipped), len(rows) - len(ok),
-                      unmatched, missing_hops, not_on_wire, unmapped, pair_changed, wire_without_row, examples)
+                      unmatched, missing_hops, not_on_wire, unmapped, pair_changed, wire_without_row, examples,
+                      point_bounded, point_covered, delta_bounded, delta_covered)
 
 
 def stats(errs: list[int]) -> dict:
