@@ -48,6 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", type=float, default=DEFAULT_RATE, help=f"requests per second, Poisson (default {DEFAULT_RATE:g})")
     p.add_argument("--referee", choices=("auto", "on", "off"), default="auto",
                    help="the wire referee: auto runs it where a capture is allowed, on requires it, off skips it (default auto)")
+    p.add_argument("--referee-requests", type=int, default=REFEREE_REQUESTS,
+                   help=f"requests through the wire referee's chain (default {REFEREE_REQUESTS}; the first {REFEREE_WARMUP} are a warm-up)")
     p.add_argument("--json", dest="json_out", metavar="FILE", help="also write every figure, with the run's provenance, as JSON")
     p.add_argument("--keep", metavar="DIR", help="keep the runs' work files (logs, rows, pcap) in DIR")
     p.set_defaults(func=run_selftest)
@@ -95,13 +97,13 @@ def truth_selftest(workdir: Path, requests: int, rate: float) -> dict[str, Any]:
     return s
 
 
-def referee_selftest(workdir: Path) -> dict[str, Any]:
+def referee_selftest(workdir: Path, requests: int = REFEREE_REQUESTS) -> dict[str, Any]:
     from deltatap.app.referee.chain import ChainConfig, run_chain
     from deltatap.app.referee.compare import compare, load_wire, stats, tap_delta_wire
     from deltatap.collector.sinks import read_rows
 
     t0 = time.monotonic()
-    run = run_chain(ChainConfig(requests=REFEREE_REQUESTS, rate=REFEREE_RATE, gateway_delay_ms=2.0, firewall_delay_ms=3.0, max_wall_s=90.0),
+    run = run_chain(ChainConfig(requests=requests, rate=REFEREE_RATE, gateway_delay_ms=2.0, firewall_delay_ms=3.0, max_wall_s=90.0),
                     workdir, log=lambda *_a, **_k: None)
     wire = load_wire(run.pcap, run.ports)
     rows = read_rows(run.rows_path)
@@ -172,6 +174,8 @@ def run_selftest(args: argparse.Namespace) -> int:
         raise ConfigError(f"--requests {args.requests}: must exceed the {WARMUP} warm-up requests")
     if not 0 < args.rate <= 500:
         raise ConfigError(f"--rate {args.rate:g}: must be in (0, 500] requests per second")
+    if args.referee_requests <= REFEREE_WARMUP:
+        raise ConfigError(f"--referee-requests {args.referee_requests}: must exceed the referee's {REFEREE_WARMUP} warm-up requests")
     allowed, why = capture_allowed()
     if args.referee == "on" and not allowed:
         raise ConfigError(f"--referee on: {why}")
@@ -193,7 +197,7 @@ def run_selftest(args: argparse.Namespace) -> int:
             from deltatap.app.referee.chain import ChainError
 
             try:
-                result["wire"] = referee_selftest(base / "wire")
+                result["wire"] = referee_selftest(base / "wire", args.referee_requests)
                 print_referee(result["wire"])
             except (ChainError, CaptureError, OSError) as exc:
                 print(f"\n2. Against the wire: not run: {exc}", file=sys.stderr)

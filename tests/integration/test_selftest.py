@@ -12,13 +12,13 @@ import pytest
 from deltatap.app.accuracy import COMPONENT_DELTAS, INJECTED_MS, TAP_TRANSIT
 from deltatap.app.selftest import capture_allowed
 
-REQUESTS = 60
+REQUESTS = 40
 
 
 @pytest.mark.timeout(180)
 def test_selftest_prints_and_writes_its_figures(tmp_path):
     out = tmp_path / "selftest.json"
-    p = subprocess.run([sys.executable, "-m", "deltatap.app.cli", "selftest", "--requests", str(REQUESTS), "--json", str(out)],
+    p = subprocess.run([sys.executable, "-m", "deltatap.app.cli", "selftest", "--requests", str(REQUESTS), "--referee-requests", "30", "--json", str(out)],
                        capture_output=True, text=True, timeout=170)
     assert p.returncode == 0, p.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -46,7 +46,11 @@ def test_selftest_prints_and_writes_its_figures(tmp_path):
         assert doc["wire"] == {"skipped": why} and why in p.stdout
 
 
-def test_selftest_bad_options_say_one_line():
-    for argv, msg in ((["--requests", "5"], "must exceed the 20 warm-up requests"), (["--rate", "0"], "--rate 0")):
-        p = subprocess.run([sys.executable, "-m", "deltatap.app.cli", "selftest", *argv], capture_output=True, text=True, timeout=60)
-        assert p.returncode == 2 and msg in p.stderr and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+def test_selftest_bad_options_say_one_line(capsys):
+    from deltatap.app.cli import main
+
+    for argv, msg in ((["--requests", "5"], "must exceed the 20 warm-up requests"), (["--rate", "0"], "--rate 0"),
+                      (["--referee-requests", "3"], "must exceed the referee's 10 warm-up requests")):
+        assert main(["selftest", *argv]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
