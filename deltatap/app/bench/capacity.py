@@ -12,7 +12,7 @@ from deltatap.collector.reports.model import Column, Report, Section, Table
 
 NAME = "capacity"
 SECTION = "5.5"
-HELP = "maximum concurrency meeting completion >= 99 %% and a TTFT P99 threshold: binary search (§5.5)"
+HELP = "maximum concurrency meeting completion >= 99 percent and a TTFT P99 threshold: binary search (§5.5)"
 OOM_WORDS = ("out of memory", "oom", "kv cache", "cuda error")
 
 
@@ -77,7 +77,7 @@ async def run(ctx: BenchContext) -> Report:
     if model is not None:
         notes.append(f"Configured truth: the reference engine runs at most max_batch = {model.max_batch} sequences at once; a request beyond that waits for a slot.")
     first_fail = next((i for i, m in enumerate(levels) if not m.extra["passed"]), None)
-    sentence = knee_attribution(levels, first_fail)
+    sentence = knee_attribution(levels, first_fail, what="First failing concurrency")
     res = Section("results", "Concurrent request capacity (methodology §5.5)", tables=[table7(levels)], notes=notes + [sentence] + summary_notes(levels, ctx.slos))
     res.figures.append(plots.curve(levels, "concurrency", first_fail, None))
     comp = Section("components", "Per-component decomposition at every concurrency tried", tables=[t for t in (decomposition_by_level(levels, "p50"), decomposition_by_level(levels, "p99")) if t], notes=[sentence])

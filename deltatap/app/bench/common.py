@@ -92,9 +92,10 @@ class BenchContext:
     def closed_loop(self, concurrency: int, requests: int, workload: Any = None, **extra: Any) -> dict[str, Any]:
         return {"concurrency": concurrency, "requests": max(requests, concurrency), "workload": workload or self.workload(), "seed": self.args.seed, **extra}
 
-    async def capacity_rps(self) -> float:
+    async def capacity_rps(self, mix: dict[str, tuple[float, Any]] | None = None) -> float:
         """§5.3.3 step 1: the capacity estimate (req/s) - ``--capacity-rps``, else a closed-loop pre-run at a
-        concurrency well past the engine's batch (what it completes per second when never idle)."""
+        concurrency well past the engine's batch (what it completes per second when never idle). ``mix``: name ->
+        (share, workload) streams run side by side instead of the test's workload (the fairness classes)."""
         if self.args.capacity_rps:
             self.notes.append(f"Capacity estimate: {self.args.capacity_rps:g} req/s (given with --capacity-rps).")
             return float(self.args.capacity_rps)
@@ -102,7 +103,11 @@ class BenchContext:
         conc = 2 * model.max_batch if model is not None else self.args.probe_concurrency
         requests = conc * (3 if self.quick else 6)
         self.say(f"capacity pre-run: closed loop at concurrency {conc}, {requests} requests")
-        m, _ = await self.level(f"capacity pre-run (concurrency {conc})", conc, {"probe": self.closed_loop(conc, requests)}, reps=1, tag="capacity-probe")
+        if mix:
+            streams = {n: self.closed_loop(max(1, round(conc * share)), max(1, round(requests * share)), workload=wl) for n, (share, wl) in mix.items()}
+        else:
+            streams = {"probe": self.closed_loop(conc, requests)}
+        m, _ = await self.level(f"capacity pre-run (concurrency {conc})", conc, streams, reps=1, tag="capacity-probe")
         if not (m.request_rps > 0):
             raise ConfigError(f"the capacity pre-run completed no request ({m.sent} sent, error rate {m.error_rate:.0%}); check the target")
         self.notes.append(f"Capacity estimate: {m.request_rps:.2f} req/s ({m.output_tok_s:.0f} tok/s), measured by a closed-loop pre-run at "
@@ -162,18 +167,18 @@ def decomposition_by_level(levels: list[LevelMetrics], stat: str = "p50") -> Tab
     return t
 
 
-def knee_attribution(levels: list[LevelMetrics], knee: int | None, stat: str = "p99") -> str:
+def knee_attribution(levels: list[LevelMetrics], knee: int | None, stat: str = "p99", what: str = "Knee") -> str:
     """Which component's delta grows first on the way to the knee, and by how much (one sentence).
 
     A component's growth counts when it is at least 1 ms, half its value at the lowest level and a fifth of the
     largest component's growth at the knee (a few ms of noise beside hundreds is not where the knee comes from);
     among those, the one that crossed first (ties: the largest growth) is named, with its growth at the knee."""
     if knee is None:
-        return "No knee in the measured range: no component's delta is attributed."
+        return f"No {what.lower()} in the measured range: no component's delta is attributed."
     if knee <= 0:
-        return "The knee is at the lowest level measured: no lower level to compare components against."
+        return f"{what} at the lowest level measured: no lower level to compare components against."
     if not levels[0].deltas:
-        return (f"Knee at {levels[knee].label}; no per-component deltas to attribute it (no taps reported to this bench's collector: "
+        return (f"{what} at {levels[knee].label}; no per-component deltas to attribute it (no taps reported to this bench's collector: "
                 "use the embedded stack, or --collect with taps on the links).")
     base = levels[0]
     growth: dict[str, float] = {}
@@ -202,9 +207,9 @@ def knee_attribution(levels: list[LevelMetrics], knee: int | None, stat: str = "
     others = sorted(((c, g) for c, g in growth.items() if c != comp), key=lambda cg: -cg[1])[:2]
     rest = "; ".join(f"{c} {g:+.1f} ms" for c, g in others)
     ratio = f", x{k / b:.1f}" if b and b > 0 else ""
-    return (f"Knee at {levels[knee].label}: the {comp} delta ({base.deltas[comp]['delta'] or comp}) grows first - "
-            f"{stat.upper()} from {b:.1f} ms at {base.label} to {k:.1f} ms at the knee ({k - b:+.1f} ms{ratio}), "
-            f"first grown at {levels[earliest].label}" + (f"; the others at the knee: {rest}." if rest else "."))
+    return (f"{what} at {levels[knee].label}: the {comp} delta ({base.deltas[comp]['delta'] or comp}) grows first - "
+            f"{stat.upper()} from {b:.1f} ms at {base.label} to {k:.1f} ms there ({k - b:+.1f} ms{ratio}), "
+            f"first grown at {levels[earliest].label}" + (f"; the others there: {rest}." if rest else "."))
 
 
 def compliance_section(ctx: BenchContext) -> Section:

@@ -60,9 +60,9 @@ async def run(ctx: BenchContext) -> Report:
             raise ConfigError(f"--priority {spec!r}: write short=N or long=N with an integer N (lower runs first on priority schedulers)")
         prio[k] = v
     duration = a.duration or (4.0 if ctx.quick else 20.0)
-    cap = await ctx.capacity_rps()
-    total = a.load * cap
     cls = classes(a.mix)
+    cap = await ctx.capacity_rps({n: (c["share"], c["workload"]) for n, c in cls.items()})  # of the class mix, not of one class
+    total = a.load * cap
 
     def stream(name: str) -> dict:
         c = cls[name]

@@ -12,7 +12,7 @@ from deltatap.collector.reports.model import Report, Section
 
 NAME = "guardrails"
 SECTION = "5.10"
-HELP = "guardrail overhead: baseline, input, output and full filtering at 25/50/75 %% of capacity (§5.10)"
+HELP = "guardrail overhead: baseline, input, output and full filtering at 25, 50 and 75 percent of capacity (§5.10)"
 CONFIGS = {  # label -> firewall overrides (the labels are deltatap guardrails' run labels)
     "baseline": {"inbound": {"enabled": False}, "outbound": {"enabled": False}},
     "input": {"inbound": {"enabled": True}, "outbound": {"enabled": False}},

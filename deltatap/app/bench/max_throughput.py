@@ -89,7 +89,7 @@ async def run(ctx: BenchContext) -> Report:
     for row, m in zip(search.rows, order, strict=True):
         row.append("sustainable" if m.extra["sustainable"] else f"saturated: {m.extra['why']}")
     sat = next((i for i, m in enumerate(order) if not m.extra["sustainable"]), None)
-    sentence = knee_attribution(order, sat)
+    sentence = knee_attribution(order, sat, what="First saturated level")
     res = Section("results", "Maximum throughput (methodology §5.2)", tables=[t3, t4, search], notes=notes + [sentence] + summary_notes(order, ctx.slos))
     res.figures.append(plots.curve(order, "offered load (req/s)", None, sat))
     comp = Section("components", "Per-component decomposition at every level searched", tables=[t for t in (decomposition_by_level(order, "p50"), decomposition_by_level(order, "p99")) if t], notes=[sentence])

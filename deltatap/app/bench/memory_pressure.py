@@ -85,7 +85,7 @@ async def run(ctx: BenchContext) -> Report:
     if model is not None and h.embedded:
         notes.append(f"Configured truth: KV capacity {model.kv_capacity_tokens} tokens = {model.kv_capacity_tokens / per_req:.1f} requests of {per_req} tokens at their full length.")
     first = next((i for i, m in enumerate(levels) if (m.extra["rate"] or 0) > 0 or m.success_rate < 0.99), None)
-    sentence = knee_attribution(levels, first)
+    sentence = knee_attribution(levels, first, what="First degraded level")
     res = Section("results", "Memory pressure (methodology §5.8)", tables=[t], notes=notes + [sentence] + summary_notes(levels, ctx.slos))
     res.figures.append(plots.curve(levels, "concurrency", first, None))
     comp = Section("components", "Per-component decomposition at every level", tables=[x for x in (decomposition_by_level(levels, "p50"), decomposition_by_level(levels, "p99")) if x], notes=[sentence])

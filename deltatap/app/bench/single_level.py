@@ -45,6 +45,8 @@ async def run(ctx: BenchContext) -> Report:
         res.figures.append(fig)
     comp = Section("components", "Per-component decomposition (queue wait and prefill inside the engine's delta)", tables=[t for t in (decomposition_by_level([m], "p50"), decomposition_by_level([m], "p99")) if t])
     eng = [r.engine for r in runs]
+    if not comp.tables:
+        comp.notes.append("No per-component deltas: no taps reported to this bench (use the embedded stack, or --collect with taps on the links).")
     if any(eng):
         comp.notes.append("The Model Engine line is the engine's own TTFT (t7 - t6): its queue wait (t6a - t6) and prefill (t7 - t6a) are in the engine's span "
                           "as gen_ai.latency.time_in_queue and time_in_model_prefill.")

@@ -54,7 +54,7 @@ async def run(ctx: BenchContext) -> Report:
     ok_slo = [i for i, m in enumerate(levels) if ctx.slos and meets_slos(m, ctx.slos)]
     optimal = max(ok_slo, key=lambda i: levels[i].output_tok_s) if ok_slo else None
     sentence = knee_attribution(levels, knee)
-    msentence = knee_attribution(levels, mknee, "p50").replace("Knee at", "Median knee at", 1)
+    msentence = knee_attribution(levels, mknee, "p50", what="Median knee")
     res = Section("results", "Throughput-latency (methodology §5.3)", tables=[levels_table(levels)])
     t = ci_table(levels)
     if t:
@@ -70,8 +70,7 @@ async def run(ctx: BenchContext) -> Report:
         (f"Optimal operating point: {levels[optimal].label} ({levels[optimal].output_tok_s:.0f} tok/s meeting the SLOs at P99)." if optimal is not None
          else "Optimal operating point: no level meets the SLOs at P99." if ctx.slos else "Optimal operating point: give --slo to find it."),
         sentence,
-        (f"Median knee (TTFT P50 > 2x its minimum, and above it at every higher level): {levels[mknee].label}. " + msentence) if mknee is not None
-        else "Median knee: TTFT P50 never doubles in the measured range.",
+        msentence + " (The median knee: TTFT P50 above 2x its minimum there and at every higher level; a busy machine's tail noise does not move it.)",
     ] + summary_notes(levels, ctx.slos)
     res.data = {"knee_index": knee, "saturation_index": sat, "first_saturated_index": first_sat, "capacity_rps": cap,
                 "knee_rps": levels[knee].x if knee is not None else None, "knee_attribution": sentence,
