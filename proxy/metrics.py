@@ -126,18 +126,16 @@ class _TapCollector(Collector):
         buckets.append(("+Inf", READ_LAG.count))
         lag.add_metric([link], buckets, READ_LAG.total_ns / 1e9)
         yield lag
-        merged = CounterMetricFamily("deltatap_process_merged_reads", "Reads that held several segments (per-packet stamps on): "
-                                     "placed segment by segment from the packet log, or not (fallback: merged packets keep the later stamp)",
-                                     labels=["link", "placed"])
-        for placed, n in MERGED_READS.items():
-            merged.add_metric([link, placed], n)
-        yield merged
-        slow = CounterMetricFamily("deltatap_process_slow_sends", "Sends that took over 30 us (the write's stamp is taken before the send): "
-                                   "departure placed from the packet log, or not (bounded: the stamp keeps the send's duration as its bound)",
-                                   labels=["link", "placed"])
-        for placed, n in SLOW_SENDS.items():
-            slow.add_metric([link, placed], n)
-        yield slow
+        for metric, text, counts in (
+            ("deltatap_process_merged_reads", "Reads that held several segments (per-packet stamps on): placed segment by segment from the "
+             "packet log, or not (fallback: merged packets keep the later stamp)", MERGED_READS),
+            ("deltatap_process_slow_sends", "Sends that took over 30 us (the write's stamp is taken before the send): departure placed from "
+             "the packet log, or not (bounded: the stamp keeps the send's duration as its bound)", SLOW_SENDS),
+        ):
+            fam = CounterMetricFamily(metric, text, labels=["link", "placed"])
+            for placed, n in counts.items():
+                fam.add_metric([link, placed], n)
+            yield fam
         est = self.clock()
         if est is not None:
             off = GaugeMetricFamily("deltatap_tap_clock_offset_seconds", "Tap clock minus collector clock", labels=["link"])

@@ -78,26 +78,27 @@ _JEQ, _JGE, _JGT, _JSET, _RET, _JA = 0x15, 0x35, 0x25, 0x45, 0x06, 0x05
 _ST, _LDX_MEM, _LDB_IND, _RSH_K, _AND_K, _ADD_X, _JGT_X = 0x02, 0x61, 0x50, 0x74, 0x54, 0x0C, 0x2D
 
 
-def tcp_counters(sock: socket.socket) -> tuple[int, int] | None:
-    """``(tcpi_data_segs_in, tcpi_bytes_received)`` of a TCP socket; None if the kernel does not say."""
+def _tcp_info(sock: socket.socket, need: int) -> bytes | None:
+    """``struct tcp_info`` of a TCP socket, if the kernel's holds at least ``need`` bytes."""
     try:
         b = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
     except OSError:
         return None
-    if len(b) < _DATA_SEGS_IN_AT + 4:
+    return b if len(b) >= need else None
+
+
+def tcp_counters(sock: socket.socket) -> tuple[int, int] | None:
+    """``(tcpi_data_segs_in, tcpi_bytes_received)`` of a TCP socket; None if the kernel does not say."""
+    b = _tcp_info(sock, _DATA_SEGS_IN_AT + 4)
+    if b is None:
         return None
     return struct.unpack_from("=I", b, _DATA_SEGS_IN_AT)[0], struct.unpack_from("=Q", b, _BYTES_RECEIVED_AT)[0]
 
 
 def tcp_notsent(sock: socket.socket) -> int | None:
     """``tcpi_notsent_bytes`` of a TCP socket: bytes written to it that TCP has not sent yet; None if unknown."""
-    try:
-        b = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
-    except OSError:
-        return None
-    if len(b) < _NOTSENT_AT + 4:
-        return None
-    return struct.unpack_from("=I", b, _NOTSENT_AT)[0]
+    b = _tcp_info(sock, _NOTSENT_AT + 4)
+    return None if b is None else struct.unpack_from("=I", b, _NOTSENT_AT)[0]
 
 
 def _port_tests(ports: list[int], keep: str, drop: str) -> list[tuple[int, str | None, str | None, int]]:

@@ -159,6 +159,7 @@ async def test_metrics_and_healthz(upstream, make_tap, span_exporter, telemetry)
         "deltatap_tap_spans_exported_total",
         "deltatap_process_read_lag_seconds_count",
         "deltatap_process_merged_reads_total",
+        "deltatap_process_slow_sends_total",
         "deltatap_process_gc_pause_seconds_total",
         'deltatap_tap_spans_dropped_total{link="fw-engine",reason="queue_full"} 0.0',
     ):
