@@ -22,8 +22,13 @@ each with its own stamp, as if it had read each packet the moment it came. What 
 in the socket's queue before the read (TCP coalesces a packet into the previous one once that one
 is acknowledged) keeps the later stamp: never earlier than the truth, at worst as late as Python's.
 
-Writes are stamped in Python when ``write`` is called (:attr:`~KernelStampTransport.last_write_mono_ns`),
-just before the ``send``. Measured against the kernel's transmit stamps in the accuracy harness
+Writes are stamped in Python just before the ``send`` (:attr:`~KernelStampTransport.last_write_mono_ns`); the
+bytes left between that and the moment ``send`` returned (:attr:`~KernelStampTransport.last_write_bound_ns`). A send
+that took over 30 µs (the process lost its CPU in it, or the peer's receive work ran in it, as on loopback) takes the
+departure of the segment that carried its last byte from the packet log (:meth:`_restamp_write`). Each read carries
+how much earlier its bytes may have arrived (:attr:`~KernelStampTransport.rx_bound_ns`): 0 where each piece handed
+over is one segment (``tcpi_data_segs_in``) or a packet-log placement, else back to the previous arrival it could
+tell apart, or to the last moment the socket's queue was seen empty. Measured against the kernel's transmit stamps in the accuracy harness
 (per-write ``SO_TIMESTAMPING`` requests, read back from the error queue): p99 15-40 µs early, more
 than 0.3 ms for at most 3 writes in 2,500 per process. Transmit stamps are not used because the
 kernel reports them through the socket's error queue, which makes the socket poll with ``EPOLLERR``,

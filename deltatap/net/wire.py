@@ -48,6 +48,10 @@ Semantics and limits:
   busy machine the peer often runs before the writer gets its CPU back (measured: ~0.3 ms p50 on
   a loaded 2-core machine) — time the peer already has the bytes, which a stamp after the call
   would count as the writer's. An empty write is not a write.
+* Bounds: every read stamp comes with how much earlier its bytes may have arrived (``last_read_bound_ns``,
+  ``request_received_bound_ns``, ``UpstreamStamps.bound_at`` / ``slices(..., bounds=True)``), every write stamp with
+  how much later they may have left (``last_write_bound_ns``): 0 where the stamp is exact (see
+  :mod:`deltatap.net.kstamp`); with process stamps a read's interval reaches back to the previous read.
 * The read log of a client response keeps the last 4096 reads; older entries answer with the
   oldest stamp kept.
 * These hook aiohttp's ``RequestHandler``, ``Server`` and ``ResponseHandler`` protocol classes
