@@ -6,20 +6,21 @@ Why: a TCP socket's receive stamp belongs to the *last* packet of what it holds.
 (``tcp_try_coalesce`` keeps the later ``tstamp``), and no peek can recover the earlier arrival: a first
 token read that way is stamped at the *next* token's arrival, late by a whole inter-token gap (issue 14).
 
-What: one ``AF_PACKET`` socket per process (needs ``CAP_NET_RAW``), ``SOCK_DGRAM`` for IPv4, with a classic
-BPF filter that accepts only TCP segments carrying data toward the local ports of this process's stamped
-connections (:meth:`PacketLog.watch`), 128 bytes of each (the headers). The kernel writes them with their
+What: one ``AF_PACKET`` socket per process (needs ``CAP_NET_RAW``), ``SOCK_DGRAM``, all protocols, with a classic
+BPF filter that accepts only IPv4 TCP segments carrying data toward the local ports of this process's stamped
+connections (:meth:`PacketLog.watch`; any packet type but outgoing: arrivals) or from them (outgoing: this process's
+own departures, which slow sends take their stamp from), 128 bytes of each (the headers). The kernel writes them with their
 stamps into a ``TPACKET_V2`` ring mapped into the process: nothing is copied, read or parsed per packet on
 the relay's path. Only when a read holds more segments than arrivals it could tell apart
 (``tcpi_data_segs_in``, one ``getsockopt`` per read) are the newest frames read, backwards, until the
 connection's segments before the waiting bytes; every 20 ms of reads the older half of the ring is handed
-back to the kernel (one status word per frame). The ring's stamp is the packet socket's own: on loopback
-5-20 µs after the TCP socket's stamp of the same packet (measured), the same kind of stamp a packet
-capture (tcpdump) takes.
+back to the kernel (one status word per frame). The ring's stamp is the packet's own (``skb->tstamp``), the
+stamp a packet capture (tcpdump) takes: for an arrival within 1-2 µs of the TCP socket's stamp of the same packet;
+for a departure, when the packet entered the device (on loopback a few µs before the peer's arrival stamp).
 
 A segment's TCP sequence number maps to the connection's stream offset through one anchor per connection,
 found once: ``tcpi_bytes_received`` read between two looks at the ring that saw no new segment of the
-connection (a packet socket of ``ETH_P_IP`` gets each packet before TCP counts it, in the same softirq).
+connection (a packet socket gets each arriving packet before TCP counts it, in the same softirq).
 
 Falls back (returns ``None`` from :func:`packet_log`) without ``CAP_NET_RAW``, off Linux, or with
 ``DELTATAP_PACKET_STAMPS=0``; IPv6 connections are not watched. Then a merged read keeps the later stamp.
