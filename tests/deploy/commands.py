@@ -118,6 +118,16 @@ def check_selftest(args: argparse.Namespace) -> None:
     assert args.requests > WARMUP and 0 < args.rate <= 500
 
 
+def check_bench(args: argparse.Namespace) -> None:
+    from deltatap.app.bench.cli import check_args
+
+    if args.stack:
+        args.stack = str(repo_path(args.stack))
+    if args.topology:
+        args.topology = str(repo_path(args.topology))
+    check_args(args)  # formats, SLOs, flags that go together, the stack config or topology
+
+
 COMMAND_CHECKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "tap": check_tap,
     "collect": check_collect,
@@ -125,6 +135,7 @@ COMMAND_CHECKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "load": check_load,
     "summary": check_summary,
     "demo": lambda args: None,  # its only input is the packaged config, validated by its own tests
+    "bench": check_bench,
     "compare": check_compare,
     "selftest": check_selftest,
     "sign": lambda args: None,  # its input is a result file the command itself reads and reports on

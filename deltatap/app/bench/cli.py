@@ -14,6 +14,8 @@ from rich.console import Console
 
 from deltatap.core.config import ConfigError
 
+WARMUP_OUTPUT_TOKENS = 32  # the warm-up's answer length, whatever the test's
+
 # subcommand modules, in the draft's order
 TEST_MODULES = (
     "single_level",  # 5.1
@@ -57,23 +59,40 @@ def add_common(p: argparse.ArgumentParser, name: str) -> None:
     o.add_argument("--strict", action="store_true", help="exit 3 when a methodology requirement is not met (the report lists them either way)")
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """What a bench checks before it starts anything: formats, SLOs, the flags that go together, the stack config
+    (strictly, each component against its model) or the topology. Raises ConfigError with one line."""
+    from deltatap.app.bench.measure import parse_slos
+    from deltatap.app.bench.target import DEFAULT_STACK, Harness
+    from deltatap.collector.reports.renderers import parse_formats
+
+    parse_formats(args.formats)
+    parse_slos(args.slo)
+    if args.repetitions is not None and args.repetitions < 1:
+        raise ConfigError("--repetitions: give at least 1")
+    if args.collect and not args.target:
+        raise ConfigError("--collect goes with --target (the embedded stack has its own collector)")
+    h = Harness(Path("."), args.stack, args.target, args.collect, args.topology, args.model, print)
+    if h.embedded:
+        h._configs()
+    elif args.stack and args.stack != DEFAULT_STACK:
+        raise ConfigError("--stack configures the embedded stack; with --target the stack is yours (give --topology for --collect)")
+
+
 async def run_bench(name: str, args: argparse.Namespace, console: Console | None = None):
     """Run test ``name`` with parsed ``args``; returns (report, files, context)."""
-    from deltatap.app.bench.common import BenchContext
+    from deltatap.app.bench.common import BenchContext, fixed_workload
     from deltatap.app.bench.measure import parse_slos
     from deltatap.app.bench.target import open_harness
     from deltatap.collector.reports.renderers import parse_formats
 
     mod = _module(name)
+    check_args(args)
     formats = parse_formats(args.formats)
     args.input_tokens = args.input_tokens or getattr(mod, "INPUT_TOKENS", 128)
     args.output_tokens = args.output_tokens or getattr(mod, "OUTPUT_TOKENS", 32)
     if args.input_tokens < 1 or args.output_tokens < 1:
         raise ConfigError("--input-tokens / --output-tokens: give at least 1")
-    if args.repetitions is not None and args.repetitions < 1:
-        raise ConfigError("--repetitions: give at least 1")
-    if args.collect and not args.target:
-        raise ConfigError("--collect goes with --target (the embedded stack has its own collector)")
     slos = parse_slos(args.slo)
     console = console or Console()
     out = Path(args.out or f"bench-{mod.NAME}")
@@ -88,8 +107,9 @@ async def run_bench(name: str, args: argparse.Namespace, console: Console | None
         args.warmup = warm
         if warm:
             console.print(f"warm-up: {warm} requests (not measured)", highlight=False)
-            await h.run_level({"warmup": ctx.closed_loop(8, warm)}, "00-warmup")
-        out_tokens = warm * args.output_tokens
+            # short fixed-length random-token requests: warm the stack, not the prefix cache (§5.7.3)
+            await h.run_level({"warmup": ctx.closed_loop(8, warm, workload=fixed_workload(128, WARMUP_OUTPUT_TOKENS))}, "00-warmup")
+        out_tokens = warm * WARMUP_OUTPUT_TOKENS
         ctx.require("4.5.1", "warm-up", ">= 100 requests or 10,000 output tokens", f"{warm} requests (~{out_tokens} tokens)", warm >= 100 or out_tokens >= 10_000)
         report = await mod.run(ctx)
     report.metadata.update({"test": mod.NAME, "section": mod.SECTION, "elapsed_s": round(time.monotonic() - t0, 1),

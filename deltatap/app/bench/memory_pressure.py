@@ -14,8 +14,8 @@ from deltatap.collector.reports.model import Column, Report, Section, Table
 NAME = "memory-pressure"
 SECTION = "5.8"
 HELP = "memory-pressure degradation: oversubscribed concurrency, preemption and failure rates (§5.8)"
-INPUT_TOKENS = 64  # short prompts, long answers: the KV cache fills while sequences decode, which is what preempts
-OUTPUT_TOKENS = 192
+INPUT_TOKENS = 32  # short prompts, long answers: the KV cache fills while sequences decode, which is what preempts
+OUTPUT_TOKENS = 96
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--levels", default="1.0,1.1,1.25,1.5,2.0", help="concurrency as multiples of the capacity (default 1.0,1.1,1.25,1.5,2.0)")
     p.add_argument("--kv-sequences", type=float, default=6.0, metavar="N",
                    help="embedded stack: KV cache sized for N requests of the workload and max_batch 4N, so memory, not the batch, limits (default 6; 0 keeps the stack's own)")
-    p.add_argument("--requests-per-slot", type=int, default=None, metavar="N", help="requests per concurrency slot at each level (default 4, --quick 2)")
+    p.add_argument("--requests-per-slot", type=int, default=None, metavar="N", help="requests per concurrency slot at each level (default 3, --quick 2)")
     p.add_argument("--ttft-p99", type=float, default=2000.0, metavar="MS", help="TTFT P99 criterion of the capacity search (default 2000 ms)")
 
 
@@ -37,7 +37,7 @@ def preemption(runs) -> dict[str, float | None]:
 
 
 async def _levels(ctx: BenchContext, a: argparse.Namespace) -> tuple[int, list]:
-    per_slot = a.requests_per_slot or (2 if ctx.quick else 4)
+    per_slot = a.requests_per_slot or (2 if ctx.quick else 3)
     cap = a.capacity
     if cap is None:
         model = ctx.harness.engine_model()
