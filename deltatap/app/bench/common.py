@@ -171,8 +171,9 @@ def knee_attribution(levels: list[LevelMetrics], knee: int | None, stat: str = "
     """Which component's delta grows first on the way to the knee, and by how much (one sentence).
 
     A component's growth counts when it is at least 1 ms, half its value at the lowest level and a fifth of the
-    largest component's growth at the knee (a few ms of noise beside hundreds is not where the knee comes from);
-    among those, the one that crossed first (ties: the largest growth) is named, with its growth at the knee."""
+    largest component's growth at the knee (a few ms of noise beside hundreds is not where the knee comes from), and
+    holds from some level up to the knee; among those, the one that grew first (ties: the largest growth) is named,
+    with its growth at the knee."""
     if knee is None:
         return f"No {what.lower()} in the measured range: no component's delta is attributed."
     if knee <= 0:
@@ -193,11 +194,11 @@ def knee_attribution(levels: list[LevelMetrics], knee: int | None, stat: str = "
     for comp in growth:
         b = base.deltas[comp][stat]
         need = max(1.0, 0.5 * abs(b), 0.2 * top)
-        for i in range(1, knee + 1):
-            v = (levels[i].deltas.get(comp) or {}).get(stat)
-            if v is not None and v - b >= need:
-                first[comp] = i
-                break
+        grown = [((levels[i].deltas.get(comp) or {}).get(stat) or b) - b >= need for i in range(knee + 1)]
+        # the first level from which it stays grown up to the knee: one noisy level is not growth
+        start = next((i for i in range(1, knee + 1) if all(grown[i:])), None)
+        if start is not None:
+            first[comp] = start
     if first:
         earliest = min(first.values())
         comp = max((c for c, i in first.items() if i == earliest), key=lambda c: growth[c])
