@@ -130,3 +130,23 @@ def test_the_otel_collector_routes_to_the_collector_statefulset() -> None:
     # the OTel Collector's config is mounted where its --config points
     mount = c["volumeMounts"][0]["mountPath"]
     assert c["args"] == ["--config", f"{mount}/scaleout.yaml"]
+
+
+def test_the_scaleout_docs_commands_pass_the_cli() -> None:
+    """Every `.venv/bin/deltatap ...` line of docs/scaleout.md is a valid command (placeholders are hosts)."""
+    from deploy.test_docs import _commands
+
+    doc = ROOT / "docs" / "scaleout.md"
+    text = doc.read_text()
+    for name in ("GATEWAY", "COORDINATOR", "COLLECTOR"):
+        text = text.replace(name, "127.0.0.1")
+
+    class Text:  # what _commands reads from a path
+        def read_text(self, encoding: str = "utf-8") -> str:
+            return text
+
+    cmds = [w for w in _commands(Text()) if w and w[0].endswith("deltatap")]  # type: ignore[arg-type]
+    assert len(cmds) >= 7, cmds
+    for words in cmds:
+        assert words[0] == ".venv/bin/deltatap", words
+        check_command(words[1:])
