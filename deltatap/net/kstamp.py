@@ -79,6 +79,7 @@ _PROMPT_NS = 30_000  # a read this soon after its first packet arrived is not sp
 _TIMESPEC = struct.Struct("@qq")
 _ANCBUF = socket.CMSG_SPACE(3 * _TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0  # scm_timestamping
 _READ_SIZE = 256 * 1024  # one read takes up to this much (what asyncio and uvloop read at once)
+_PLACEMENT_TOL_NS = 50_000  # a packet-log placement whose last segment is further from the read's stamp is wrong
 _SLOW_SEND_NS = 30_000  # a send that took longer: its departure is looked up in the packet log
 _RESTAMP_SLACK_NS = 50_000  # a logged departure this far outside the send's readings is not this write's
 _MAX_AGE_NS = 60 * 10**9  # a stamp older than this (or from the future) means the wall clock stepped
@@ -378,10 +379,10 @@ class KernelStampTransport(asyncio.Transport):
         if r is None:
             return True  # (nothing there after all, or the socket failed: handled)
         n, last = r[0], _kernel_ns(r[1])
-        cuts = self._packet_cuts(n, last or first)
+        cuts = self._checked_cuts(n, last, first)
         if cuts is None and self._irs1 is not None:
             self._irs1 = None  # the anchor may be stale (found once, when a copy of a segment was the newest): once more
-            cuts = self._packet_cuts(n, last or first)
+            cuts = self._checked_cuts(n, last, first)
         if cuts is None:
             return False
         if n < len(view):
@@ -392,6 +393,16 @@ class KernelStampTransport(asyncio.Transport):
             out[-1] = (end, k, max(0, _to_mono(k) - _to_mono(out[-2][1])))
         self._hand_over(view, n, out)
         return True
+
+    def _checked_cuts(self, n: int, last: int, first: int) -> list[tuple[int, int]] | None:
+        """:meth:`_packet_cuts`, checked against the kernel: the segment the log places the last waiting byte in must
+        carry the stamp TCP gave that byte's buffer (a merged buffer keeps its last packet's), else the placement is
+        off (a stale anchor) and is not used."""
+        cuts = self._packet_cuts(n, last or first)
+        if cuts is not None and last and not self._unlogged_tail and abs(cuts[-1][1] - last) > _PLACEMENT_TOL_NS:
+            log.debug("packet path: the log's last segment is %d ns from the read's own stamp: not placed", cuts[-1][1] - last)
+            return None
+        return cuts
 
     def _packet_cuts(self, n: int, last_ns: int) -> list[tuple[int, int]] | None:
         """``[(end, wall_ns), ...]`` splitting the ``n`` waiting bytes at the segments the packet log saw
