@@ -159,7 +159,9 @@ async def run_once(propagate: bool, workdir: Path, requests: int = REQUESTS, rat
     workdir.mkdir(parents=True, exist_ok=True)
     cfg = workdir / "stack.yaml"
     cfg.write_text(stack_yaml(propagate, injected, jitter))
-    collector = await start_collector(CollectorOptions(otlp_grpc="127.0.0.1:0", otlp_http=None, pipeline=PipelineOptions(grace_s=0.5, join_hold_s=0.5)))
+    # traces stay open 5 s after their last span (every span is in before the drain below closes them all): a busy
+    # machine can hold a tap's export past a short grace, and a span that came late would be counted, not joined
+    collector = await start_collector(CollectorOptions(otlp_grpc="127.0.0.1:0", otlp_http=None, pipeline=PipelineOptions(grace_s=5.0, join_hold_s=5.0)))
     sink = TruthSink()
     await sink.start()
     ports = {k: free_port() for k in ("engine", "fw-engine", "firewall", "gw-fw", "gateway", "edge")}
