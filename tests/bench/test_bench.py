@@ -10,6 +10,7 @@ engine's, not the loop's. Tolerances are wide enough for a busy machine and narr
 from __future__ import annotations
 
 import copy
+import json
 import os
 from pathlib import Path
 
@@ -42,6 +43,8 @@ async def bench(tmp_path: Path, module: str, *argv: str):
     report, files, ctx = await run_bench(module, args, Console(file=open(os.devnull, "w"), width=200))
     assert files["json"].is_file() and (tmp_path / "out" / "bench.json").is_file()
     assert report.has("compliance") and ctx.requirements
+    prov = json.loads((tmp_path / "out" / "bench.json").read_text())["provenance"]  # every run says what it was
+    assert prov["tool"] == "deltatap bench" and prov["seed"] == args.seed and prov["suite_version"] and prov["hardware"]
     return report, ctx
 
 

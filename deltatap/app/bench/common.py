@@ -21,6 +21,7 @@ from deltatap.app.bench.measure import LevelMetrics, fmt_ci, level_metrics
 from deltatap.app.bench.target import Harness, LevelData
 from deltatap.collector.reports.model import Column, Report, Section, Table
 from deltatap.core.config import ConfigError
+from deltatap.core.provenance import provenance
 
 DEFAULT_INPUT_TOKENS = 128
 DEFAULT_OUTPUT_TOKENS = 32
@@ -263,7 +264,11 @@ def write_results(ctx: BenchContext, report: Report, formats: list[str] | None) 
     from deltatap.collector.reports.renderers import write_report
 
     files = write_report(report, ctx.out, formats)
-    data = {"report": report.title, "results": ctx.data, "requirements": [r.__dict__ for r in ctx.requirements]}
+    h = ctx.harness
+    prov = provenance(tool="bench", seed=ctx.args.seed, topology=getattr(h, "topology", None),
+                      extra={"test": report.title, "target": h.target if not h.embedded else "embedded reference stack",
+                             "stack_config": getattr(h, "stack_src", "") or None})
+    data = {"report": report.title, "results": ctx.data, "requirements": [r.__dict__ for r in ctx.requirements], "provenance": prov}
     (ctx.out / "bench.json").write_text(json.dumps(data, indent=2, default=_json_default) + "\n", encoding="utf-8")
     files["bench.json"] = ctx.out / "bench.json"
     print_report(report, ctx.console)
