@@ -214,11 +214,19 @@ class PercentilesSection:
         order = [d.name for d in defs]
         pt = Table(
             "deltas",
-            "Every delta: percentiles (methodology §5.1.4) and clock error bound",
-            [Column("delta", "Delta"), Column("count", "Count", "", 0), *[Column(s, s.removesuffix("_ms").upper().replace("P999", "P99.9"), "ms", 2) for s in _STATS], Column("error_bound_ms", "Error bound", "ms", 3)],
+            "Every delta: percentiles (methodology §5.1.4), error bound and the values stated as intervals",
+            [Column("delta", "Delta"), Column("count", "Count", "", 0), *[Column(s, s.removesuffix("_ms").upper().replace("P999", "P99.9"), "ms", 2) for s in _STATS],
+             Column("error_bound_ms", "Error bound", "ms", 3), Column("bounded_pct", "Bounded", "%", 1), Column("bound_max_ms", "Widest", "ms", 3)],
         )
+        any_bounded = False
         for name, s in agg.summaries(order).items():
-            pt.add(name, s.get("count"), *[s.get(k) for k in _STATS], s.get("error_bound_ms"))
+            share = s.get("bounded_share")
+            any_bounded = any_bounded or bool(share)
+            pt.add(name, s.get("count"), *[s.get(k) for k in _STATS], s.get("error_bound_ms"), None if share is None else 100 * share, s.get("bound_max_ms"))
+        pt.footnotes.append("Error bound: the largest of any value (clock uncertainty across hosts, plus stamp intervals). Bounded: the share of "
+                            "values with a point deltatap could only place in an interval (a read that may have waited in the socket without "
+                            "a packet socket, a write that may have left later; docs/tap.md), Widest: that interval's largest part of the bound."
+                            + ("" if any_bounded else " Every point of this run was exact."))
         left: dict[str, int] = {}
         for r in inputs.rows:
             for d in defs:
