@@ -428,6 +428,10 @@ class KernelStampTransport(asyncio.Transport):
                 log.debug("packet path: %d waiting bytes, the log's segments start %d bytes in (%d found)", n, rel_start - pos, len(segs))
                 return None  # a segment the log missed: cannot place the bytes
             if rel_end >= n:
+                if rel_end > n and n < _READ_SIZE:
+                    # the waiting bytes end inside a segment: TCP queues whole segments, so the anchor is off
+                    log.debug("packet path: the log's segment ends %d bytes past the waiting bytes", rel_end - n)
+                    return None
                 cuts.append((n, wall))
                 return cuts
             cuts.append((rel_end, wall))
