@@ -342,8 +342,6 @@ class KernelStampTransport(asyncio.Transport):
         peeked the bytes (when it took them all, the queue was empty then); ``taken``: the bytes are already
         taken in (a plain read), not peeked."""
         empty_since = self._empty_mono
-        if n < len(view):
-            self._empty_mono = t_read
         exact = 0 < segments <= len(cuts)
         prev = empty_since
         out: list[tuple[int, int, int]] = []
@@ -352,23 +350,27 @@ class KernelStampTransport(asyncio.Transport):
             out.append((end, k, 0 if exact and k else max(0, t - prev)))
             prev = t
         if taken:
+            if n < len(view):
+                self._empty_mono = t_read
             self._deliver(bytes(view[:n]), out[-1][1], out[-1][2])
-        else:
-            self._hand_over(view, n, out)
+        elif self._hand_over(view, n, out) and n < len(view):
+            self._empty_mono = t_read
 
-    def _hand_over(self, view: memoryview, n: int, cuts: list[tuple[int, int, int]]) -> None:
+    def _hand_over(self, view: memoryview, n: int, cuts: list[tuple[int, int, int]]) -> bool:
         """Take in the ``n`` bytes peeked into ``view`` and hand them to the protocol one cut at a time:
-        ``cuts`` is ``[(end, kernel_ns, bound_ns), ...]``, each piece with its own stamp and bound."""
+        ``cuts`` is ``[(end, kernel_ns, bound_ns), ...]``, each piece with its own stamp and bound. True when all
+        were taken in (the queue held nothing else when they were peeked)."""
         data = bytes(view[:n])  # (the read buffer is shared: keep the peeked bytes while handing them over)
         start = 0
         for end, k, bound in cuts:
             r = self._recv(view[start:end], _DISCARD)  # take in what was peeked
             if r is None:
-                return
+                return False
             end = start + r[0]
             if not self._deliver(data[start:end], k, bound) or self._closing or self._paused:
-                return  # (paused: the rest stays in the socket for later)
+                return end >= n  # (paused: the rest stays in the socket for later, and the queue was not emptied)
             start = end
+        return True
 
     def _read_by_packets(self, view: memoryview, first: int) -> bool:
         """More than one segment arrived since the last read: peek what waits and hand it over one segment
@@ -385,13 +387,12 @@ class KernelStampTransport(asyncio.Transport):
             cuts = self._checked_cuts(n, last, first)
         if cuts is None:
             return False
-        if n < len(view):
-            self._empty_mono = t_read
         out = [(end, k, 0) for end, k in cuts]  # each a segment's own arrival
         if self._unlogged_tail and len(out) > 1:  # bytes past the newest logged segment: the read's own (later) stamp
             end, k, _ = out[-1]
             out[-1] = (end, k, max(0, _to_mono(k) - _to_mono(out[-2][1])))
-        self._hand_over(view, n, out)
+        if self._hand_over(view, n, out) and n < len(view):
+            self._empty_mono = t_read
         return True
 
     def _checked_cuts(self, n: int, last: int, first: int) -> list[tuple[int, int]] | None:
