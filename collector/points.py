@@ -182,7 +182,7 @@ def extract_tap(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
     obs_append = ex.obs.append
     intermediary = dsk != ComponentKind.CLIENT
     skip_received = intermediary and any(e[0] == TapEvent.REQUEST_BODY_RECEIVED for e in events)
-    sb = parse_stamp_bounds(a.get(Attr.STAMP_BOUNDS)) if Attr.STAMP_BOUNDS in a else None
+    sb = parse_stamp_bounds(a.get(Attr.STAMP_BOUNDS))  # {} when the span states none
     for name, t, _ in events:
         ev = _TAP_EVENTS.get(name)
         if ev is None:
@@ -195,12 +195,12 @@ def extract_tap(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
             if ev is TapEvent.REQUEST_RECEIVED and skip_received:
                 continue  # an intermediary has let the request go when its last byte arrived (below)
             obs_append(Obs(p, tc, unc, observer, "tap", RANK_TAP, start))
-            if sb and name in sb:
+            if name in sb:
                 ex.bounds[(observer, p)] = sb[name]
         elif ev is TapEvent.REQUEST_BODY_RECEIVED and intermediary:
             p = point(ds, Role.IN_EXIT)
             obs_append(Obs(p, tc, unc, observer, "tap", RANK_TAP, start))
-            if sb and name in sb:
+            if name in sb:
                 ex.bounds[(observer, p)] = sb[name]
         elif ev is TapEvent.DOWNSTREAM_CLOSED:
             _give_up(ex, ds, tc)
@@ -261,13 +261,13 @@ def extract_client(span: SpanRecord, topo: Topology, ex: Extracted) -> None:
     if source == "aiperf" and observer in ex.tokens:
         ex.tokenizer_counted.add(observer)  # AIPerf counts tokens with its tokenizer
     a = span.attrs
-    sb = parse_stamp_bounds(a.get(Attr.STAMP_BOUNDS)) if Attr.STAMP_BOUNDS in a else None
+    sb = parse_stamp_bounds(a.get(Attr.STAMP_BOUNDS))  # {} when the span states none
     for name, t, _ in span.events:
         role = _CLIENT_ROLES.get(name)
         if role is not None:
             p = point(client, role)
             ex.obs.append(Obs(p, t - offset, unc, observer, source, RANK_COMPONENT, span.start_unix_ns))
-            if sb and name in sb:
+            if name in sb:
                 ex.bounds[(observer, p)] = sb[name]
         elif name in _CLIENT_GAVE_UP:
             _give_up(ex, client, t - offset)

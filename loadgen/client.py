@@ -205,10 +205,7 @@ async def execute(session: aiohttp.ClientSession, target: Target, rec: RequestRe
             rec.headers_mono_ns = stamps.head_mono_ns if stamps else mono_ns()
             if stamps is not None:
                 rec.written_mono_ns = stamps.request_written_mono_ns
-                after = stamps.request_written_bound_ns
-                if after < 0:  # (queued behind earlier bytes: it had left when the response began to arrive)
-                    after = max(0, (rec.headers_mono_ns or 0) - (rec.written_mono_ns or 0))
-                rec.stamp_bounds[ClientEvent.SEND] = (0, after)
+                rec.stamp_bounds[ClientEvent.SEND] = (0, stamps.request_written_bound_ns)
             rec.http_status = resp.status
             ctype = resp.headers.get("Content-Type", "")
             if resp.status >= 400:

@@ -329,10 +329,7 @@ class Tap:
         rec.forwarded = (up.request_written_mono_ns if up else None) or now
         rec.response_headers = (up.head_mono_ns if up else None) or now
         if up is not None:
-            after = up.request_written_bound_ns
-            if after < 0:  # (queued behind earlier bytes: it had left when the response began to arrive)
-                after = max(0, rec.response_headers - rec.forwarded)
-            rec.bounds[TapEvent.REQUEST_FORWARDED] = (0, after)
+            rec.bounds[TapEvent.REQUEST_FORWARDED] = (0, up.request_written_bound_ns)
             rec.bounds[TapEvent.RESPONSE_HEADERS] = (up.head_bound_ns, 0)
         rec.status = resp.status
         out = RelayedResponse(status=resp.status, reason=resp.reason)

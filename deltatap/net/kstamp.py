@@ -465,7 +465,7 @@ class KernelStampTransport(asyncio.Transport):
         carried the write's last byte from the packet log; keep ``t0`` (and the bound) when it has none."""
         plog, key = self._plog, self._tkey
         assert plog is not None and key is not None
-        for attempt in range(2):
+        for _ in range(2):
             if self._iss1 is None:
                 self._iss1 = self._tx_anchor()
                 if self._iss1 is None:
@@ -597,15 +597,16 @@ class KernelStampTransport(asyncio.Transport):
                 self._fatal(exc)
                 return
             t1 = _mono()
-            self.last_write_bound_ns = t1 - t0  # the bytes left between the two readings
             self._tx_off += n
-            if t1 - t0 > _SLOW_SEND_NS and n:
-                if self._plog is not None:
-                    self._restamp_write(t0, t1)
-                else:
-                    SLOW_SENDS["bounded"] += 1
             if n == len(data):
+                self.last_write_bound_ns = t1 - t0  # the bytes left between the two readings
+                if t1 - t0 > _SLOW_SEND_NS:
+                    if self._plog is not None:
+                        self._restamp_write(t0, t1)
+                    else:
+                        SLOW_SENDS["bounded"] += 1
                 return
+            self.last_write_bound_ns = -1  # (the rest waits for the socket: the write's last byte leaves later)
             data = memoryview(data)[n:]
             self._loop.add_writer(self._fd, self._on_writable)
         else:  # (behind bytes still waiting for the socket: they leave later, when it drains)

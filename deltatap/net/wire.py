@@ -126,24 +126,26 @@ class StampingTransport:
         self.writes = 0
 
     def write(self, data: Any) -> None:
-        if not data:  # an empty write hands nothing to the kernel: not a write to stamp
+        if data:  # an empty write hands nothing to the kernel: not a write to stamp
+            self._stamped(self._transport.write, data)
+        else:
             self._transport.write(data)
-            return
-        t0 = self.last_write_mono_ns = mono_ns()
-        self.writes += 1
-        self._transport.write(data)
-        self.last_write_bound_ns = mono_ns() - t0
 
     def writelines(self, lines: Any) -> None:
         if not isinstance(lines, (tuple, list)):
             lines = list(lines)
-        if not any(lines):
+        if any(lines):
+            self._stamped(self._transport.writelines, lines)
+        else:
             self._transport.writelines(lines)
-            return
+
+    def _stamped(self, call: Any, arg: Any) -> None:
+        """Issue one write: stamped when issued; it left within the call unless the transport kept some of it
+        (then -1: unknown, it leaves when the socket drains)."""
         t0 = self.last_write_mono_ns = mono_ns()
         self.writes += 1
-        self._transport.writelines(lines)
-        self.last_write_bound_ns = mono_ns() - t0
+        call(arg)
+        self.last_write_bound_ns = -1 if self._transport.get_write_buffer_size() else mono_ns() - t0
 
     # the calls aiohttp makes often, spelled out to skip __getattr__
     def is_closing(self) -> bool:
@@ -463,10 +465,14 @@ class UpstreamStamps:
         tr = proto.transport
         self._transport = tr if isinstance(tr, _STAMPING) else None
         self.request_written_mono_ns = self._transport.last_write_mono_ns if self._transport else None
-        self.request_written_bound_ns = self._transport.last_write_bound_ns if self._transport else 0
         self.head_mono_ns = proto.head_mono_ns
         self.head_bound_ns = proto.head_bound_ns
         self._response_no = proto.responses
+        after = self._transport.last_write_bound_ns if self._transport else 0
+        if after < 0:  # (it waited behind earlier bytes: it had left when the response began to arrive)
+            written = self.request_written_mono_ns
+            after = max(0, self.head_mono_ns - written) if self.head_mono_ns is not None and written is not None else 0
+        self.request_written_bound_ns = after  # the request's last byte left at most this much after it was written
 
     @property
     def kernel_stamps(self) -> bool:
@@ -478,21 +484,22 @@ class UpstreamStamps:
         """When the upstream connection was lost, if it was."""
         return self._proto.lost_mono_ns
 
+    def _read_index(self, body_end: int) -> int | None:
+        """Index in the read log of the read that delivered body byte ``body_end - 1`` (None: not in the log)."""
+        totals = self._proto.read_totals
+        if self._proto.responses != self._response_no or not totals:
+            return None
+        return min(bisect.bisect_left(totals, body_end), len(totals) - 1)
+
     def arrival_mono_ns(self, body_end: int) -> int | None:
         """When the read that delivered body byte ``body_end - 1`` happened."""
-        totals, stamps = self._proto.read_totals, self._proto.read_stamps
-        if self._proto.responses != self._response_no or not stamps:
-            return self._proto.last_read_mono_ns
-        i = bisect.bisect_left(totals, body_end)
-        return stamps[min(i, len(stamps) - 1)]
+        i = self._read_index(body_end)
+        return self._proto.last_read_mono_ns if i is None else self._proto.read_stamps[i]
 
     def bound_at(self, body_end: int) -> int:
         """How much earlier than :meth:`arrival_mono_ns` (``body_end``) those bytes may have arrived (0: exact)."""
-        totals, bounds = self._proto.read_totals, self._proto.read_bounds
-        if self._proto.responses != self._response_no or not bounds:
-            return self._proto.last_read_bound_ns
-        i = bisect.bisect_left(totals, body_end)
-        return bounds[min(i, len(bounds) - 1)]
+        i = self._read_index(body_end)
+        return self._proto.last_read_bound_ns if i is None else self._proto.read_bounds[i]
 
     def slices(self, start: int, end: int, bounds: bool = False) -> list[tuple[int, ...]]:
         """Split body bytes ``[start, end)`` at read boundaries: ``[(start, end, t_mono_ns), ...]``; with ``bounds``,
