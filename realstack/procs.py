@@ -6,6 +6,7 @@ Stdlib only, so it runs under deltatap's venv (``realstack/launch.py``) and insi
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -105,7 +106,36 @@ def tcp_open(host: str, port: int) -> Callable[[], bool]:
     return check
 
 
+_PICKED: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
+    """A port free now and outside the kernel's ephemeral range. A port the kernel hands out for ``bind(0)`` is
+    also the kind it hands to outgoing connections: between picking it and the server binding it, any process's
+    ``connect`` may take it (seen: a tap's admin port taken by a client socket of the same run). Ports below the
+    range are never given to outgoing connections, and this process does not hand the same one out twice."""
+    lo, _hi = _ephemeral_range()
+    start, end = (10000, lo) if lo > 12000 else (lo // 2, lo)
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(200):
+        port = rng.randrange(start, end)
+        if port in _PICKED:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _PICKED.add(port)
+        return port
+    with socket.socket() as s:  # a crowded range: fall back to the kernel's pick
         s.bind((host, 0))
         return s.getsockname()[1]

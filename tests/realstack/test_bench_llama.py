@@ -9,7 +9,6 @@ the decomposition per level and the compliance table. Figures of the run go to d
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 import pytest
@@ -21,21 +20,16 @@ pytestmark = [pytest.mark.realstack, pytest.mark.timeout(600)]
 CONFIG = "configs/bench/realstack-llama.yaml"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def test_bench_sweep_through_a_tap_in_front_of_llamacpp(tmp_path):
     from launch import RealStack, load_topology, with_free_ports
+    from procs import free_port
 
     from deltatap.app.bench.cli import run_bench
     from deltatap.app.cli import build_parser
 
     require(CONFIG)
     topo = with_free_ports(load_topology(ROOT / CONFIG))
-    grpc = f"127.0.0.1:{_free_port()}"
+    grpc = f"127.0.0.1:{free_port()}"
     run_dir = RUNS / f"bench-llama-{time.strftime('%Y%m%d-%H%M%S')}"
     stack = RealStack(topo, ROOT / CONFIG, run_dir, taps=True, otlp_grpc=grpc).start()
     try:
