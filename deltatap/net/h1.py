@@ -337,6 +337,11 @@ class Reader:
             return
         status = head.status
         method = self._methods[0] if self._methods else b"GET"
+        te = head.tokens(b"transfer-encoding")
+        bodyless = status < 200 or method == b"HEAD" or status in (204, 304) or (method == b"CONNECT" and status < 300)
+        # a Content-Length that frames the body is checked before the head is announced (as for a request):
+        # a head the reader cannot frame yields ERROR only
+        length = None if bodyless or te else _content_length(head)
         out.append((HEAD, start, end, head))
         if status < 200:
             if status == 101:
@@ -357,14 +362,12 @@ class Reader:
         if method == b"HEAD" or status in (204, 304):
             self._end(out, end)
             return
-        te = head.tokens(b"transfer-encoding")
         if te:
             if te[-1] == b"chunked":
                 self._after_head("chunked", 0, out, end)
             else:
                 self._state = _S_CLOSE
             return
-        length = _content_length(head)
         if length is None:
             self._state = _S_CLOSE
         elif length:
