@@ -1,10 +1,18 @@
-"""Header handling for a transparent proxy (RFC 9110 section 7.6.1), without I/O.
+"""The one change a tap makes to what passes through it: the request head's trace context, without I/O.
 
-Forwarded unchanged: every end-to-end header, in order, duplicates kept, names as sent.
-Dropped: the hop-by-hop headers below and every header the ``Connection`` header names; the
-tap's own HTTP stacks set framing (``Transfer-Encoding``) and connection management per hop.
-``Expect`` is also dropped towards the upstream: the tap's server side has already answered
-``100-continue`` when the body is read.
+A tap forwards every byte as it came, in both directions, except each request head, which gets:
+
+* the tap's own ``traceparent`` (and the incoming ``tracestate``), replacing the incoming ones — the tap's
+  span becomes the parent of the upstream's;
+* the correlation header (``x-request-id`` by default) when the request has none;
+* ``Host`` set to ``--host-header`` when that option is given (off by default: the client's ``Host`` passes on),
+  and the target prefixed with the upstream URL's path when it has one (``--upstream http://h:p/prefix``).
+
+Everything else stays as sent: header order, names' case, duplicates, obs-text bytes, the line endings, framing
+(``Content-Length`` / ``Transfer-Encoding``), ``Connection`` and the other hop-by-hop headers. A tap pairs
+each downstream connection with one upstream connection for as long as both are open (see
+:mod:`deltatap.proxy.relay`), so the two act as one hop: connection management, ``Expect``, ``Upgrade`` and
+trailers are decided by the endpoints, exactly as over a direct connection.
 """
 
 from __future__ import annotations
@@ -12,63 +20,65 @@ from __future__ import annotations
 import os
 import random
 
-from multidict import CIMultiDict, CIMultiDictProxy
+from deltatap.net.h1 import Head
 
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
-_UPSTREAM_DROP = HOP_BY_HOP | TRACE_HEADERS | {"expect"}
+TRACE_HEADERS = frozenset({b"traceparent", b"tracestate"})
 _rand = random.Random(os.urandom(32))  # request ids: private generator, no syscall per id (see proxy.spans)
 os.register_at_fork(after_in_child=lambda: _rand.seed(os.urandom(32)))
 
 
-def _connection_tokens(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> set[str]:
-    out: set[str] = set()
-    for value in headers.getall("Connection", ()):
-        out.update(t.strip().lower() for t in value.split(",") if t.strip())
+def new_request_id() -> str:
+    return f"{_rand.getrandbits(128):032x}"
+
+
+def trace_context(head: Head) -> dict[str, str]:
+    """The incoming W3C trace context (``traceparent``, ``tracestate``) as text, for :func:`deltatap.proxy.spans.begin`."""
+    out: dict[str, str] = {}
+    for name in (b"traceparent", b"tracestate"):
+        values = head.values(name)
+        if values:
+            out[name.decode()] = ",".join(v.decode("latin-1") for v in values) if name == b"tracestate" else values[0].decode("latin-1")
     return out
 
 
-def end_to_end(headers: CIMultiDictProxy[str] | CIMultiDict[str], also_drop: frozenset[str] = frozenset()) -> CIMultiDict[str]:
-    drop = also_drop | HOP_BY_HOP
-    if "Connection" in headers:
-        drop = drop | _connection_tokens(headers)
-    return CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in drop])
+def rewrite_request_head(
+    head: Head, *, correlation_header: bytes, trace_headers: dict[str, str], host_header: bytes | None = None, target_prefix: bytes = b""
+) -> tuple[bytes, str, bool]:
+    """The head to send upstream, the request id (the correlation header's value, created if absent) and whether it
+    was created. ``correlation_header``: lower-case name."""
+    raw = head.raw
+    crlf = b"\r\n" if raw.endswith(b"\r\n") else b"\n"
+    existing = head.get(correlation_header)
+    created = not existing
+    request_id = new_request_id() if created else existing.decode("latin-1")  # type: ignore[union-attr]
+    drop = TRACE_HEADERS | ({b"host"} if host_header is not None else frozenset())
+    if target_prefix or any(name.lower() in drop for name, _v in head.headers):
+        lines = raw.split(b"\n")
+        out_lines = [lines[0] if not target_prefix else _prefixed(lines[0], target_prefix)]
+        skip = False
+        for line in lines[1:-2]:  # (the last two: the empty line's terminator and what follows it)
+            if line[:1] in (b" ", b"\t"):  # an obs-fold continuation belongs to the header before it
+                if not skip:
+                    out_lines.append(line)
+                continue
+            skip = line[: line.find(b":")].lower() in drop
+            if not skip:
+                out_lines.append(line)
+        body = b"\n".join(out_lines) + b"\n"
+    else:
+        body = raw[: len(raw) - len(crlf)]  # the head without its final empty line
+    added = []
+    if host_header is not None:
+        added.append(b"Host: " + host_header)
+    for name, value in trace_headers.items():
+        added.append(name.encode() + b": " + value.encode("latin-1"))
+    if created:
+        added.append(correlation_header + b": " + request_id.encode())
+    return body + crlf.join(added) + crlf + crlf, request_id, created
 
 
-def upstream_request_headers(
-    headers: CIMultiDictProxy[str] | CIMultiDict[str],
-    *,
-    correlation_header: str,
-    host_header: str | None,
-    trace_headers: dict[str, str],
-) -> tuple[CIMultiDict[str], str]:
-    """Headers to send upstream and the request id (the correlation header's value, created if absent).
-
-    ``trace_headers`` (``traceparent`` and maybe ``tracestate`` of the tap's span) replace the
-    incoming ones.
-    """
-    out = end_to_end(headers, _UPSTREAM_DROP)
-    if host_header:
-        out["Host"] = host_header
-    request_id = headers.get(correlation_header)
-    if not request_id:
-        request_id = f"{_rand.getrandbits(128):032x}"
-        out[correlation_header] = request_id
-    out.update(trace_headers)
-    return out, request_id
-
-
-def downstream_response_headers(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> CIMultiDict[str]:
-    return end_to_end(headers)
+def _prefixed(start_line: bytes, prefix: bytes) -> bytes:
+    method, sep, rest = start_line.partition(b" ")
+    if rest.startswith(b"/"):
+        return method + sep + prefix + rest
+    return start_line  # absolute-form, authority-form and "*" targets go as sent

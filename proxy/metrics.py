@@ -60,7 +60,7 @@ class TapCounters:
     """What the request path updates: plain attributes and dicts."""
 
     __slots__ = ("requests", "upstream_errors", "in_flight", "request_bytes", "response_bytes",
-                 "overhead_request", "overhead_first_token", "upstream_ttft")
+                 "overhead_request", "overhead_first_token", "upstream_ttft", "unparsed", "connections", "upstream_connections")
 
     def __init__(self) -> None:
         self.requests: dict[str, int] = {}  # outcome -> count
@@ -71,6 +71,9 @@ class TapCounters:
         self.overhead_request = NsHistogram(_OVERHEAD_BUCKETS)
         self.overhead_first_token = NsHistogram(_OVERHEAD_BUCKETS)
         self.upstream_ttft = NsHistogram(_LATENCY_BUCKETS)
+        self.unparsed = 0  # messages the framing reader could not frame: the connection was passed on unparsed
+        self.connections = 0  # downstream connections accepted
+        self.upstream_connections = 0  # upstream connections opened (the rest reused a pooled one)
 
 
 class _TapCollector(Collector):
@@ -89,7 +92,15 @@ class _TapCollector(Collector):
         errs = CounterMetricFamily("deltatap_tap_upstream_errors", "Upstream failures, by cause", labels=["link", "cause"])
         for cause, n in sorted(c.upstream_errors.items()):
             errs.add_metric([link, cause], n)
-        yield from (req, inflight, errs)
+        unparsed = CounterMetricFamily("deltatap_tap_unparsed", "Messages the tap could not frame as HTTP/1.1; the rest of their "
+                                       "connection was passed on as bytes, unwatched", labels=["link"])
+        unparsed.add_metric([link], c.unparsed)
+        conns = CounterMetricFamily("deltatap_tap_connections", "Downstream connections accepted", labels=["link"])
+        conns.add_metric([link], c.connections)
+        upconns = CounterMetricFamily("deltatap_tap_upstream_connections", "Upstream connections opened (each downstream connection "
+                                      "is paired with one; idle ones are pooled and reused)", labels=["link"])
+        upconns.add_metric([link], c.upstream_connections)
+        yield from (req, inflight, errs, unparsed, conns, upconns)
         yield c.overhead_request.family(
             "deltatap_tap_overhead_request_seconds", "Tap overhead on the request: last byte read -> last byte written upstream", link)
         yield c.overhead_first_token.family(

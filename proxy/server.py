@@ -1,8 +1,9 @@
-"""The one module of the tap that owns sockets: aiohttp server downstream, aiohttp client upstream.
+"""The tap's process side: listening, the upstream pool, lifecycle, health, clock sync and span hand-off.
 
-It forwards bytes and takes stamps (:mod:`deltatap.net.wire`, one ``mono_ns`` per event, at the
-socket); framing, first-token decisions, statistics and span building live in sans-I/O modules
-(:mod:`deltatap.core.sse`, :mod:`deltatap.proxy.headers`, :mod:`deltatap.proxy.errors`, :mod:`deltatap.proxy.record`).
+Bytes pass through :mod:`deltatap.proxy.relay` (asyncio protocols on stamped transports, :mod:`deltatap.net.conn`,
+framing by the sans-I/O :mod:`deltatap.net.h1`); first-token decisions, statistics and span building live in
+sans-I/O modules (:mod:`deltatap.core.sse`, :mod:`deltatap.proxy.headers`, :mod:`deltatap.proxy.errors`,
+:mod:`deltatap.proxy.record`). aiohttp serves only the admin port (/metrics, /healthz).
 """
 
 from __future__ import annotations
@@ -10,48 +11,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import ssl
 from dataclasses import dataclass
 
-import aiohttp
 from aiohttp import web
-from yarl import URL
 
-from deltatap.net import kstamp
-from deltatap.core.clock import mono_ns
 from deltatap.core.clocksync import ClockEstimate, estimate_offset
-from deltatap.core.fingerprint import Fingerprinter, fingerprint, resolve_key
-from deltatap.core.sse import StreamObserver
-from deltatap.telemetry.tracer import Telemetry
-from deltatap.core.vocab import Outcome, TapEvent, tap_span_name
-from deltatap.net.wire import (
-    connection_lost_mono_ns,
-    last_read_bound_ns,
-    last_read_mono_ns,
-    last_write_bound_ns,
-    last_write_mono_ns,
-    make_stamping_connector,
-    make_stamping_server_runner,
-    make_stamping_site,
-    request_head_mono_ns,
-    request_received_bound_ns,
-    request_received_mono_ns,
-    upstream_stamps,
-)
-from deltatap.proxy.errors import Failure, classify
-from deltatap.proxy.headers import downstream_response_headers, upstream_request_headers
+from deltatap.core.fingerprint import resolve_key
+from deltatap.core.vocab import tap_span_name
+from deltatap.net import conn, kstamp
 from deltatap.proxy.metrics import TapMetrics, admin_app
 from deltatap.proxy.options import TapOptions
 from deltatap.proxy.record import TapRecord, attributes
-from deltatap.proxy.response import RelayedResponse
-from deltatap.proxy.spans import SpanStart, begin, emit
+from deltatap.proxy.relay import POOL_MAX, Downstream, Upstream, ssl_context
+from deltatap.proxy.spans import SpanStart, emit
+from deltatap.telemetry.tracer import Telemetry
 
 log = logging.getLogger("deltatap.tap")
 CLOCK_RETRY_FIRST_S = 0.5  # first retry of a failed clock exchange; doubles up to clock_resync_s
-
-_SKIP_AUTO = frozenset({"Accept", "Accept-Encoding", "User-Agent", "Content-Type"})
-_READ_WHOLE = 64 * 1024  # request bodies up to this size with a Content-Length are read at once
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 @dataclass
@@ -69,26 +45,31 @@ class RunningTap:
 
 
 class Tap:
-    def __init__(self, options: TapOptions, telemetry: Telemetry) -> None:
+    def __init__(self, options: TapOptions, telemetry: Telemetry, *, reuse_port: bool = False) -> None:
         self.o = options
         self.telemetry = telemetry
         self.clock: ClockEstimate | None = None
         self.metrics = TapMetrics(options.link, telemetry.stats, lambda: self.clock)
         self.counters = self.metrics.counters
-        self._fp_key = resolve_key(options.fingerprint_key)  # resolved once, not per request
+        self.fp_key = resolve_key(options.fingerprint_key)  # resolved once, not per request
         up = options.upstream_url
         self.upstream_str = str(up)
-        self.upstream_base = str(up.with_path(up.path.rstrip("/")))  # prefix joined with each raw path
         self.upstream_host = up.host or ""
         self.upstream_port = up.port or (443 if up.scheme == "https" else 80)
+        self.ssl_context = ssl_context(options.verify_tls) if up.scheme == "https" else None
+        prefix = up.raw_path.rstrip("/")
+        self.target_prefix = prefix.encode("latin-1") if prefix else b""  # joined with each origin-form target
+        self.correlation_header = options.correlation_header.lower().encode("latin-1")
+        self.host_header = options.host_header.encode("latin-1") if options.host_header else None
         self.span_name = tap_span_name(options.link)
+        self.reuse_port = reuse_port
         self.in_flight = 0
         self.draining = False
+        self.connections: set[Downstream] = set()
+        self._pool: list[Upstream] = []
         self._idle = asyncio.Event()
         self._idle.set()
-        self._session: aiohttp.ClientSession | None = None
-        self._runner: web.ServerRunner | None = None
-        self._site: web.TCPSite | None = None
+        self._server: asyncio.AbstractServer | None = None
         self._admin: web.AppRunner | None = None
         self._clock_task: asyncio.Task | None = None
         self._closed = False
@@ -96,34 +77,23 @@ class Tap:
     # ---- lifecycle -----------------------------------------------------------------------
     async def start(self) -> RunningTap:
         o = self.o
-        ssl_arg: ssl.SSLContext | bool = True if o.verify_tls else False
-        connector = make_stamping_connector(limit=0, ssl=ssl_arg, enable_cleanup_closed=False)
-        timeout = aiohttp.ClientTimeout(total=o.timeout_s, sock_connect=None, sock_read=None, connect=None)
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=_SKIP_AUTO, trust_env=False,
-        )
         if o.clock_sync:
             await self._sync_clock()
             self._clock_task = asyncio.create_task(self._clock_loop())
-        # close() waits out the grace period itself; what is left after it is cancelled at once
-        self._runner = make_stamping_server_runner(self._handle, handler_cancellation=True, shutdown_timeout=0.05, access_log=None)
-        await self._runner.setup()
-        self._site = make_stamping_site(self._runner, o.listen_host, o.listen_port, backlog=1024, reuse_address=True)
         try:
-            await self._site.start()
+            self._server = await conn.start_server(self._accept, o.listen_host, o.listen_port, backlog=1024, reuse_port=self.reuse_port)
         except OSError as exc:
-            await self._session.close()
-            await self._runner.cleanup()
             from deltatap.core.config import ConfigError
 
+            if self._clock_task is not None:
+                self._clock_task.cancel()
             raise ConfigError(f"--listen {o.listen_host}:{o.listen_port}: cannot listen ({exc.strerror or exc})") from None
-        port = self._site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = self._server.sockets[0].getsockname()[1]
         admin_url = admin_port = None
         if o.admin_port is not None:
             self._admin = web.AppRunner(admin_app(self.metrics, self._health), access_log=None)
             await self._admin.setup()
-            asite = web.TCPSite(self._admin, o.admin_host, o.admin_port, reuse_address=True)
+            asite = web.TCPSite(self._admin, o.admin_host, o.admin_port, reuse_address=True, reuse_port=self.reuse_port or None)
             try:
                 await asite.start()
             except OSError as exc:
@@ -146,6 +116,10 @@ class Tap:
                         o.link, self.upstream_str, problem)
         return RunningTap(self, url, port, admin_url, admin_port)
 
+    def _accept(self) -> Downstream:
+        self.counters.connections += 1
+        return Downstream(self)
+
     async def close(self, grace_s: float | None = None) -> None:
         """Stop accepting, let requests in flight finish for up to ``grace_s``, then stop and flush spans."""
         if self._closed:
@@ -153,25 +127,54 @@ class Tap:
         self._closed = True
         self.draining = True
         grace = self.o.grace_s if grace_s is None else grace_s
-        if self._site is not None:
-            await self._site.stop()
+        if self._server is not None:
+            self._server.close()
+        for d in list(self.connections):  # idle keep-alive connections end now; busy ones after their exchange
+            if not d.exchanges and d.current is None:
+                d.transport.close()
         if self.in_flight:
             log.info("tap %s: waiting up to %.1fs for %d requests in flight", self.o.link, grace, self.in_flight)
             try:
                 await asyncio.wait_for(self._idle.wait(), grace)
             except asyncio.TimeoutError:
                 log.warning("tap %s: %d requests still in flight after the grace period; closing them", self.o.link, self.in_flight)
-        if self._runner is not None:
-            await self._runner.cleanup()
+        for d in list(self.connections):
+            if d.up is not None:
+                d.up.transport.abort()
+            d.transport.abort()
+        for up in self._pool:
+            up.transport.close()
+        self._pool.clear()
+        await asyncio.sleep(0)  # (let the transports report their loss: the last spans are finished)
         if self._clock_task is not None:
             self._clock_task.cancel()
-        if self._session is not None:
-            await self._session.close()
         if self._admin is not None:
             await self._admin.cleanup()
         await asyncio.get_running_loop().run_in_executor(None, self.telemetry.processor.force_flush, 5_000)
         s = self.telemetry.stats
         log.info("tap %s closed: spans exported %d, dropped %d", self.o.link, s.spans_exported, s.spans_dropped)
+
+    # ---- upstream pool -------------------------------------------------------------------
+    def pool_take(self) -> Upstream | None:
+        pool = self._pool
+        while pool:
+            up = pool.pop()
+            if up.reusable():
+                return up
+            up.transport.close()
+        return None
+
+    def pool_put(self, up: Upstream) -> None:
+        if self._closed or len(self._pool) >= POOL_MAX or not up.reusable():
+            up.transport.close()
+            return
+        self._pool.append(up)
+
+    def pool_discard(self, up: Upstream) -> None:
+        try:
+            self._pool.remove(up)
+        except ValueError:
+            pass
 
     async def probe_upstream(self, timeout_s: float = 1.0) -> str | None:
         """None if a TCP connection to the upstream opens within ``timeout_s``, else why not (one phrase)."""
@@ -219,220 +222,28 @@ class Tap:
                 await asyncio.sleep(self.o.clock_resync_s)
             await self._sync_clock()
 
-    # ---- one request ---------------------------------------------------------------------
-    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        now = mono_ns()
-        received = request_received_mono_ns(request) or now
-        rec = TapRecord(
-            received=received,
-            head=request_head_mono_ns(request) or now,
-            method=request.method,
-            path=request.path,
-            query=request.query_string,
-            client_address=request.remote,
-        )
-        rec.bounds[TapEvent.REQUEST_RECEIVED] = (request_received_bound_ns(request), 0)
+    # ---- exchanges ------------------------------------------------------------------------
+    def exchange_started(self) -> None:
         self.in_flight += 1
-        self._idle.clear()
         self.counters.in_flight += 1
-        span = begin(request.headers)
-        resp: aiohttp.ClientResponse | None = None
-        try:
-            headers, rec.request_id = upstream_request_headers(
-                request.headers, correlation_header=self.o.correlation_header, host_header=self.o.host_header, trace_headers=span.trace_headers
-            )
-            if request.headers.get("Expect", "").lower() == "100-continue":
-                await request.writer.write(_CONTINUE)
-            data = await self._request_body(request, rec)
-            url = URL(self.upstream_base + request.raw_path, encoded=True)
-            try:
-                resp = await self._session.request(  # type: ignore[union-attr]
-                    request.method, url, headers=headers, data=data, allow_redirects=False, compress=None
-                )
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                return await self._fail_before_head(request, rec, exc)
-            return await self._relay(request, rec, resp)
-        except asyncio.CancelledError:
-            rec.downstream_closed = connection_lost_mono_ns(request) or mono_ns()
-            raise
-        finally:
-            if resp is not None and rec.response_end is None:
-                resp.close()  # the downstream went away or the stream broke: close the upstream at once
-            self._finish(span, rec)
+        self._idle.clear()
 
-    async def _request_body(self, request: web.BaseRequest, rec: TapRecord):
-        """Bytes (small bodies, already read) or an async generator streaming the body upstream."""
-        length = request.content_length
-        if not request.body_exists:
-            rec.body_received = rec.head
-            return None
-        if length is not None and length <= _READ_WHOLE:
-            body = await request.read()
-            rec.body_received = last_read_mono_ns(request) or mono_ns()
-            rec.bounds[TapEvent.REQUEST_BODY_RECEIVED] = (last_read_bound_ns(request), 0)
-            rec.request_bytes = len(body)
-            rec.request_body = body  # hashed (and parsed) in _finish, off the request path
-            return body
-        capture_limit = self.o.max_capture_bytes
-        fp = Fingerprinter(self._fp_key)
+    def count_upstream_error(self, error_type: str) -> None:
+        _bump(self.counters.upstream_errors, error_type)
 
-        async def stream():
-            content = request.content
-            capture = bytearray()
-            while True:
-                chunk = await content.readany()
-                if not chunk:
-                    break
-                fp.update(chunk)
-                rec.request_bytes += len(chunk)
-                if capture is not None:
-                    capture += chunk
-                    if len(capture) > capture_limit:
-                        capture = None
-                yield chunk
-            rec.body_received = last_read_mono_ns(request) or mono_ns()
-            rec.bounds[TapEvent.REQUEST_BODY_RECEIVED] = (last_read_bound_ns(request), 0)
-            rec.fingerprint = fp.result()
-            rec.request_capture = capture
-
-        return stream()
-
-    async def _fail_before_head(self, request: web.BaseRequest, rec: TapRecord, exc: BaseException) -> web.StreamResponse:
-        t = mono_ns()  # reported by aiohttp only when our task resumes: as close as a connect failure gets
-        failure = classify(exc)
-        rec.failure = failure
-        if failure.outcome == Outcome.TIMEOUT:
-            rec.timeout = t
-        else:
-            rec.upstream_error = t
-        _bump(self.counters.upstream_errors, failure.error_type)
-        rec.status = failure.status
-        out = web.StreamResponse(status=failure.status)
-        out.content_type = "application/json"
-        out.headers[self.o.correlation_header] = rec.request_id
-        body = failure.body(self.o.link, self.upstream_str)
-        out.content_length = len(body)
-        try:
-            await out.prepare(request)
-            await out.write(body)
-            rec.end = last_write_mono_ns(request) or mono_ns()
-            await out.write_eof()
-        except ConnectionError:
-            rec.downstream_closed = connection_lost_mono_ns(request) or mono_ns()
-        return out
-
-    async def _relay(self, request: web.BaseRequest, rec: TapRecord, resp: aiohttp.ClientResponse) -> web.StreamResponse:
-        up = upstream_stamps(resp)
-        now = mono_ns()
-        rec.forwarded = (up.request_written_mono_ns if up else None) or now
-        rec.response_headers = (up.head_mono_ns if up else None) or now
-        if up is not None:
-            rec.bounds[TapEvent.REQUEST_FORWARDED] = (0, up.request_written_bound_ns)
-            rec.bounds[TapEvent.RESPONSE_HEADERS] = (up.head_bound_ns, 0)
-        rec.status = resp.status
-        out = RelayedResponse(status=resp.status, reason=resp.reason)
-        out.headers.extend(downstream_response_headers(resp.headers))
-        content = resp.content
-        if content.total_bytes or content.is_eof():
-            # body bytes already arrived with the head: send the head with them, in one write
-            # (the client sees the same bytes at the same moment, with one syscall fewer)
-            out._send_headers_immediately = False
-        try:
-            await out.prepare(request)
-        except ConnectionError:
-            rec.downstream_closed = connection_lost_mono_ns(request) or mono_ns()
-            return out
-        rec.response_headers_forwarded = last_write_mono_ns(request) or mono_ns()
-        rec.end = rec.response_headers_forwarded
-        ctype = resp.headers.get("Content-Type", "")
-        obs = StreamObserver(path=request.path) if ctype.startswith("text/event-stream") else None
-        rec.stream = obs
-        capture = bytearray() if obs is None and "json" in ctype and (resp.content_length or 0) <= self.o.max_capture_bytes else None
-        consumed = 0
-        while True:
-            try:
-                chunk = await content.readany()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self._broken_upstream(request, rec, up, exc)
-                return out
-            if not chunk:
-                break
-            last = content.at_eof()  # the upstream body is complete: end ours in the same write
-            try:
-                if last:
-                    await out.write_eof(chunk)
-                else:
-                    await out.write(chunk)
-            except ConnectionError:  # the downstream went away; the caller closes the upstream
-                rec.downstream_closed = connection_lost_mono_ns(request) or mono_ns()
-                return out
-            t_out = last_write_mono_ns(request) or mono_ns()
-            start = consumed
-            consumed += len(chunk)
-            rec.chunks += 1
-            if obs is not None:
-                view = memoryview(chunk)
-                if up is None:
-                    obs.feed(view, t_out)
-                else:
-                    for a, b, t, bound in up.slices(start, consumed, bounds=True):
-                        obs.feed(view[a - start : b - start], t, bound)
-                obs.forwarded(t_out, last_write_bound_ns(request))
-            elif capture is not None:
-                capture += chunk
-                if len(capture) > self.o.max_capture_bytes:
-                    capture = None
-            if last:
-                break
-        rec.response_bytes = consumed
-        rec.response_end = (up.arrival_mono_ns(consumed) if up and consumed else None) or rec.response_headers
-        if obs is not None:
-            if obs.finish(rec.response_end, up.bound_at(consumed) if up and consumed else 0):
-                obs.forwarded(last_write_mono_ns(request) or mono_ns(), last_write_bound_ns(request))
-        rec.response_capture = capture
-        try:
-            await out.write_eof()  # a no-op when the last chunk already ended the response
-        except ConnectionError:
-            rec.downstream_closed = connection_lost_mono_ns(request) or mono_ns()
-            return out
-        rec.end = last_write_mono_ns(request) or mono_ns()
-        return out
-
-    def _broken_upstream(self, request: web.BaseRequest, rec: TapRecord, up, exc: BaseException) -> None:
-        """The upstream failed after the head was forwarded: pass the break on by closing downstream."""
-        failure = classify(exc)
-        rec.failure = failure
-        lost = up.connection_lost_mono_ns if up is not None else None
-        t = lost or mono_ns()
-        if failure.outcome == Outcome.TIMEOUT:
-            rec.timeout = t
-        elif failure.error_type in ("upstream_closed", "upstream_broken_stream"):
-            rec.upstream_closed = t
-        else:
-            rec.upstream_error = t
-        _bump(self.counters.upstream_errors, failure.error_type)
-        rec.end = last_write_mono_ns(request) or t
-        if request.transport is not None:
-            request.transport.close()
-
-    def _finish(self, span: SpanStart, rec: TapRecord) -> None:
-        """Bookkeeping and span export; synchronous, never raises into the request path."""
+    def finish(self, span: SpanStart, rec: TapRecord) -> None:
+        """Bookkeeping and span export; synchronous, never raises into the relay."""
         self.in_flight -= 1
         c = self.counters
         c.in_flight -= 1
         if self.in_flight == 0:
             self._idle.set()
+            if self.draining:  # connections left idle by the last exchange end now
+                for d in list(self.connections):
+                    if not d.exchanges and d.current is None:
+                        d.transport.close()
         try:
             o = self.o
-            body = rec.request_body
-            if body is not None:
-                rec.fingerprint = fingerprint(body, self._fp_key)
-                if len(body) <= o.max_capture_bytes:
-                    rec.request_capture = body
             _bump(c.requests, rec.final_outcome().value)
             over = rec.overhead_request_ns
             if over is not None:
@@ -467,6 +278,7 @@ def _host_for_url(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-async def start_tap(options: TapOptions, telemetry: Telemetry) -> RunningTap:
-    """Start a tap in the running event loop (see :mod:`proxy`)."""
-    return await Tap(options, telemetry).start()
+async def start_tap(options: TapOptions, telemetry: Telemetry, *, reuse_port: bool = False) -> RunningTap:
+    """Start a tap in the running event loop (see :mod:`proxy`). ``reuse_port``: share the listening port with
+    other processes (``deltatap tap --workers N``)."""
+    return await Tap(options, telemetry, reuse_port=reuse_port).start()

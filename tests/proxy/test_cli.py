@@ -18,7 +18,8 @@ from deltatap.core.config import ConfigError
 from deltatap.core.topology import load_topology
 from deltatap.proxy.cli import build_options
 from deltatap.proxy.errors import classify
-from deltatap.proxy.headers import upstream_request_headers
+from deltatap.net.h1 import Reader
+from deltatap.proxy.headers import rewrite_request_head
 from deltatap.proxy.options import TapOptions, options_from_topology
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,13 +67,18 @@ def test_bad_input_errors_name_the_flag(argv, message):
 
 
 def test_sans_io_pieces():
-    from multidict import CIMultiDict
-
-    h, rid = upstream_request_headers(
-        CIMultiDict([("Connection", "close, X-A"), ("X-A", "1"), ("TE", "trailers"), ("Expect", "100-continue"), ("X-B", "2")]),
-        correlation_header="x-request-id", host_header="h", trace_headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"},
-    )
-    assert list(h.keys()) == ["X-B", "Host", "x-request-id", "traceparent"] and h["x-request-id"] == rid
+    raw = (b"POST /v1/x?q HTTP/1.1\r\nhost: a\r\nConnection: close, X-A\r\nX-A: 1\r\nTraceParent: 00-" + b"9" * 32 + b"-" + b"8" * 16
+           + b"-01\r\nTE: trailers\r\nExpect: 100-continue\r\nX-B: \xe9\r\n\r\n")
+    ((_k, _s, _e, head),) = Reader(True).feed(raw)[:1]
+    tp = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
+    out, rid, created = rewrite_request_head(head, correlation_header=b"x-request-id", trace_headers={"traceparent": tp}, host_header=b"h",
+                                             target_prefix=b"/p")
+    assert created and len(rid) == 32
+    assert out == (b"POST /p/v1/x?q HTTP/1.1\r\nConnection: close, X-A\r\nX-A: 1\r\nTE: trailers\r\nExpect: 100-continue\r\nX-B: \xe9\r\n"
+                   b"Host: h\r\ntraceparent: " + tp.encode() + b"\r\nx-request-id: " + rid.encode() + b"\r\n\r\n")
+    same, rid2, created2 = rewrite_request_head(Reader(True).feed(b"GET / HTTP/1.1\nX-Request-Id: r1\n\n")[0][3], correlation_header=b"x-request-id",
+                                                trace_headers={"traceparent": tp})
+    assert (rid2, created2) == ("r1", False) and same == b"GET / HTTP/1.1\nX-Request-Id: r1\ntraceparent: " + tp.encode() + b"\n\n"
     f = classify(ConnectionResetError())
     assert (f.status, f.outcome.value, f.error_type) == (502, "upstream_error", "upstream_reset")
     assert classify(asyncio.TimeoutError()).status == 504

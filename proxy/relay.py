@@ -1,0 +1,614 @@
+"""The tap's relay: bytes forwarded as they are read, watched on the way, on asyncio protocols.
+
+Each accepted downstream connection (:class:`Downstream`) is paired with one upstream connection
+(:class:`Upstream`) for as long as both are open: opened at its first request (or taken from the tap's pool of
+idle connections), given back to the pool when the downstream closes between exchanges and both sides meant to
+keep it alive. So the pair acts as one hop: pipelining, ``Connection``, ``Expect: 100-continue``, ``Upgrade``
+(101 → opaque bytes both ways), ``CONNECT``, trailers, close-delimited bodies, half-close (``SHUT_WR``) and resets
+(RST → RST) are the endpoints' business, exactly as over a direct connection.
+
+What the relay changes: each request head gets the tap's trace context and the correlation header when absent
+(:func:`deltatap.proxy.headers.rewrite_request_head`). What it adds: a response of its own only when the
+upstream cannot be reached, or the tap's own ``--timeout-s`` expires, before any byte of the response came
+(502/504, naming deltatap, the link and the cause). Bytes the framing reader (:mod:`deltatap.net.h1`) cannot
+frame are passed on unparsed for the rest of the connection (the upstream answers them as it would directly).
+
+Stamps: every read comes with its arrival and bound, every write with its departure and bound
+(:mod:`deltatap.net.conn`); the record (:class:`deltatap.proxy.record.TapRecord`) takes them as the bytes pass,
+the response payload is fed to the stream observer (:class:`deltatap.core.sse.StreamObserver`) read by read, and
+the span is built when the exchange is over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl as _ssl
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from deltatap.core.clock import mono_ns as mono
+from deltatap.core.fingerprint import Fingerprinter
+from deltatap.core.sse import StreamObserver
+from deltatap.core.vocab import Outcome, TapEvent
+from deltatap.net import h1
+from deltatap.net.conn import StampedProtocol, open_connection, reset
+from deltatap.proxy.errors import Failure, classify, connect_failure
+from deltatap.proxy.headers import rewrite_request_head, trace_context
+from deltatap.proxy.record import TapRecord
+from deltatap.proxy.spans import SpanStart, begin
+
+if TYPE_CHECKING:
+    from deltatap.proxy.server import Tap
+
+log = logging.getLogger("deltatap.tap")
+
+HEAD, BODY, END, ERROR = h1.HEAD, h1.BODY, h1.END, h1.ERROR
+POOL_MAX = 256  # idle upstream connections kept for reuse
+UPSTREAM_CONNECT_TIMEOUT_S = 10.0
+
+
+class Exchange:
+    """One request/response pair in flight on a connection pair."""
+
+    __slots__ = ("rec", "span", "fp", "capture", "request_done", "head_forwarded", "final", "response_started", "capture_out",
+                 "timer", "done", "forward_pending", "method", "down_eof")
+
+    def __init__(self, rec: TapRecord, span: SpanStart, fp: Fingerprinter, method: bytes) -> None:
+        self.rec = rec
+        self.span = span
+        self.fp = fp
+        self.capture: bytearray | None = bytearray()
+        self.request_done = False
+        self.head_forwarded = False
+        self.final = False  # the final (non-1xx) response head came
+        self.response_started = False  # any response byte was forwarded downstream
+        self.capture_out: bytearray | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.done = False
+        self.forward_pending = False  # the request's last byte waits for the upstream connection
+        self.method = method
+        self.down_eof: int | None = None  # the client half-closed (FIN) while this exchange was in flight
+
+
+class Downstream(StampedProtocol):
+    """One client connection."""
+
+    def __init__(self, tap: Tap) -> None:
+        self.tap = tap
+        self.reader = h1.Reader(True)
+        self.up: Upstream | None = None
+        self.connecting: asyncio.Task | None = None
+        self.to_up: list[bytes] = []  # bytes waiting for the upstream connection
+        self.exchanges: deque[Exchange] = deque()  # requests whose responses are not complete, in order
+        self.current: Exchange | None = None  # the request being read
+        self.withheld: list[bytes] = []  # an unfinished request head (rewritten when complete)
+        self.head_first: tuple[int, int] | None = None  # read stamp of an unfinished head's first byte
+        self.expect_methods: list[bytes] = []  # request methods sent before the upstream connection was there
+        self.opaque = False
+        self.eof = False
+        self.closed = False
+        self.peer: str | None = None
+        self.last_write_mono: int | None = None
+        self.last_write_bound = 0
+
+    def send(self, data: bytes | bytearray | memoryview) -> tuple[int, int]:  # type: ignore[override]
+        t, bound = super().send(data)
+        self.last_write_mono, self.last_write_bound = t, bound
+        return t, bound
+
+    # ---- connection ----------------------------------------------------------------------
+    def on_made(self) -> None:
+        peer = self.transport.get_extra_info("peername")
+        self.peer = peer[0] if isinstance(peer, tuple) else None
+        self.tap.connections.add(self)
+
+    def on_lost(self, exc: BaseException | None) -> None:
+        self.closed = True
+        self.tap.connections.discard(self)
+        t = self.lost_mono_ns
+        up = self.up
+        if self.connecting is not None:
+            self.connecting.cancel()
+        live = [ex for ex in self.exchanges if not ex.done]
+        for ex in live:
+            ex.rec.downstream_closed = t
+            self._complete(ex)
+        self.exchanges.clear()
+        if self.current is not None and not self.current.done:
+            self.current.rec.downstream_closed = t
+            self._complete(self.current)
+            self.current = None
+        if up is None:
+            return
+        self.up = None
+        up.down = None
+        if live or self.opaque or not up.reusable() or not self.reader.idle:
+            if self.reset_by_peer:
+                reset(up.transport)
+            else:
+                up.transport.close()
+        else:
+            self.tap.pool_put(up)
+
+    def on_eof(self) -> bool:
+        """The client half-closed: pass it on after what it sent, keep relaying the response."""
+        self.eof = True
+        if not self.exchanges and self.current is None and self.reader.idle and not self.opaque:
+            return False  # a client closing an idle connection: close it; the upstream one goes back to the pool
+        t = mono()
+        for ex in self.exchanges:
+            if ex.down_eof is None:
+                ex.down_eof = t
+        ex = self.current
+        if ex is not None and not ex.done and not ex.request_done:  # the request broke off
+            ex.rec.downstream_closed = t
+        up = self.up
+        if up is not None:
+            if up.transport.can_write_eof():
+                up.eof_sent = True
+                up.transport.write_eof()
+        elif not self.exchanges and self.connecting is None:
+            return False  # nothing in flight: close
+        return True
+
+    def on_pause_writing(self) -> None:
+        if self.up is not None:
+            self.up.transport.pause_reading()
+
+    def on_resume_writing(self) -> None:
+        if self.up is not None and not self.up.transport.is_closing():
+            self.up.transport.resume_reading()
+
+    # ---- request bytes ---------------------------------------------------------------------
+    def on_data(self, data: bytes, t: int, bound: int) -> None:
+        if self.opaque:
+            self._to_upstream(data)
+            return
+        self._process(data, self.reader.feed(data), t, bound)
+
+    def _process(self, data: bytes, events: list[tuple], t: int, bound: int) -> None:
+        out: list[bytes] = []
+        pos = 0
+        ended: list[Exchange] = []
+        tap = self.tap
+        for ev in events:
+            kind = ev[0]
+            if kind == BODY:
+                ex = self.current
+                if ex is not None:
+                    chunk = memoryview(data)[ev[1] : ev[2]]
+                    ex.fp.update(chunk)
+                    ex.rec.request_bytes += len(chunk)
+                    cap = ex.capture
+                    if cap is not None:
+                        cap += chunk
+                        if len(cap) > tap.o.max_capture_bytes:
+                            ex.capture = None
+            elif kind == HEAD:
+                start, end, head = ev[1], ev[2], ev[3]
+                if start > pos:
+                    out.append(data[pos:start])
+                first = self.head_first if start < 0 and self.head_first is not None else (t, bound)
+                self.head_first = None
+                self.withheld.clear()
+                out.append(self._begin(head, first, (t, bound)))
+                pos = end
+            elif kind == END:
+                ex = self.current
+                self.current = None
+                if ex is not None:
+                    ex.request_done = True
+                    ex.rec.body_received = t
+                    ex.rec.bounds[TapEvent.REQUEST_BODY_RECEIVED] = (bound, 0)
+                    ended.append(ex)
+            else:  # ERROR: not HTTP the reader can frame: pass the rest of the connection on unparsed
+                tap.metrics.counters.unparsed += 1
+                log.info("tap %s: a request from %s is not HTTP/1.1 the tap can frame (%s); passing the connection on unparsed",
+                         tap.o.link, self.peer, ev[2])
+                if self.withheld:  # (the unframeable head began in an earlier read: those bytes first)
+                    out[:0] = self.withheld
+                    self.withheld.clear()
+                out.append(data[pos:])
+                pos = len(data)
+                self.opaque = True
+                break
+        reader = self.reader
+        if not self.opaque:
+            stop = reader.pending_from
+            if stop is None:
+                stop = len(data)
+            elif not reader.held:
+                if self.head_first is None:
+                    self.head_first = (t, bound)
+                self.withheld.append(data[stop:])
+            if stop > pos:
+                out.append(data[pos:stop])
+        if out:
+            payload = out[0] if len(out) == 1 else b"".join(out)
+            if payload:
+                self._to_upstream(payload, ended)
+                return
+        for ex in ended:  # (nothing to write: the request's end came in bytes already sent)
+            self._forwarded(ex, None)
+
+    def _begin(self, head: h1.Head, first: tuple[int, int], at: tuple[int, int]) -> bytes:
+        tap = self.tap
+        o = tap.o
+        target = head.target.decode("latin-1")
+        path, _, query = target.partition("?")
+        path = path.partition("#")[0]
+        if "://" in path:  # absolute-form: the path part
+            path = "/" + path.split("://", 1)[1].partition("/")[2]
+        rec = TapRecord(received=first[0], head=at[0], method=head.method.decode("latin-1"), path=path, query=query.partition("#")[0],
+                        client_address=self.peer)
+        rec.bounds[TapEvent.REQUEST_RECEIVED] = (first[1], 0)
+        span = begin(trace_context(head))
+        new_head, rec.request_id, rec.request_id_created = rewrite_request_head(
+            head, correlation_header=tap.correlation_header, trace_headers=span.trace_headers, host_header=tap.host_header,
+            target_prefix=tap.target_prefix)
+        ex = Exchange(rec, span, Fingerprinter(tap.fp_key), head.method)
+        self.current = ex
+        self.exchanges.append(ex)
+        tap.exchange_started()
+        if o.timeout_s is not None:
+            ex.timer = asyncio.get_running_loop().call_later(o.timeout_s, self._timed_out, ex)
+        if self.up is None and self.connecting is None:
+            self.connecting = asyncio.ensure_future(self._connect())
+        if self.up is not None:
+            self.up.reader.expect(head.method)
+        else:
+            self.expect_methods.append(head.method)
+        return new_head
+
+    # ---- upstream connection ---------------------------------------------------------------
+    async def _connect(self) -> None:
+        tap = self.tap
+        up = tap.pool_take()
+        if up is None:
+            tap.counters.upstream_connections += 1
+            try:
+                _tr, up = await open_connection(lambda: Upstream(tap), tap.upstream_host, tap.upstream_port, ssl=tap.ssl_context,
+                                                server_hostname=tap.upstream_host if tap.ssl_context else None,
+                                                connect_timeout=UPSTREAM_CONNECT_TIMEOUT_S)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - every failure becomes the exchanges' answer
+                self.connecting = None
+                self._connect_failed(exc)
+                return
+        self.connecting = None
+        if self.closed:
+            tap.pool_put(up) if up.reusable() else up.transport.close()
+            return
+        self.up = up
+        up.down = self
+        for method in self.expect_methods:
+            up.reader.expect(method)
+        self.expect_methods.clear()
+        pending, self.to_up = self.to_up, []
+        waiting = [ex for ex in self.exchanges if ex.forward_pending]
+        if pending:
+            self._send_up(b"".join(pending), waiting)
+        if self.eof and up.transport.can_write_eof():
+            up.eof_sent = True
+            up.transport.write_eof()
+        if self.transport.is_closing():
+            return
+        if not self.transport.is_reading():
+            self.transport.resume_reading()
+
+    def _connect_failed(self, exc: BaseException) -> None:
+        failure = connect_failure(exc)
+        if failure.error_type == "upstream_unreachable":
+            log.debug("tap %s: %s", self.tap.o.link, failure.cause)
+        for ex in list(self.exchanges):
+            self._answer(ex, failure)
+        self.to_up.clear()
+
+    def _to_upstream(self, payload: bytes, ended: list[Exchange] | None = None) -> None:
+        if self.up is not None:
+            self._send_up(payload, ended or ())
+            return
+        self.to_up.append(payload)
+        for ex in ended or ():
+            ex.forward_pending = True
+        if self.connecting is None and self.opaque:
+            self.connecting = asyncio.ensure_future(self._connect())
+        if sum(map(len, self.to_up)) > 1 << 20:
+            self.transport.pause_reading()  # (resumed once connected)
+
+    def _send_up(self, payload: bytes, ended: Any) -> None:
+        up = self.up
+        assert up is not None
+        t, bound = up.send(payload)
+        for ex in ended:
+            ex.forward_pending = False
+            self._forwarded(ex, (t, bound))
+
+    def _forwarded(self, ex: Exchange, stamp: tuple[int, int] | None) -> None:
+        if stamp is None:
+            up = self.up
+            if up is None:
+                return
+            stamp = (up.last_write_mono or mono(), up.last_write_bound)
+        ex.rec.forwarded = stamp[0]
+        ex.rec.bounds[TapEvent.REQUEST_FORWARDED] = (0, stamp[1])
+
+    # ---- tap-made answers ------------------------------------------------------------------
+    def _answer(self, ex: Exchange, failure: Failure) -> None:
+        """Answer ``ex`` with the tap's own error response (nothing of the upstream's came), then close."""
+        rec = ex.rec
+        t = mono()
+        rec.failure = failure
+        if failure.outcome == Outcome.TIMEOUT:
+            rec.timeout = t
+        else:
+            rec.upstream_error = t
+        self.tap.count_upstream_error(failure.error_type)
+        rec.status = failure.status
+        if not self.closed and not self.transport.is_closing():
+            body = failure.body(self.tap.o.link, self.tap.upstream_str)
+            head = (f"HTTP/1.1 {failure.status} {'Gateway Timeout' if failure.status == 504 else 'Bad Gateway'}\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                    f"{self.tap.o.correlation_header}: {rec.request_id}\r\nConnection: close\r\n\r\n").encode("latin-1")
+            rec.end, _b = self.send(head + body)
+            self.transport.close()  # (after what is written; the client learns the connection ends with this answer)
+        self._complete(ex)
+
+    def _timed_out(self, ex: Exchange) -> None:
+        ex.timer = None
+        if ex.done:
+            return
+        up = self.up
+        if not ex.response_started:
+            if up is not None:
+                up.down = None
+                self.up = None
+                up.transport.abort()
+            self._answer(ex, Failure(Outcome.TIMEOUT, 504, "upstream_timeout", "the tap's upstream timeout expired"))
+            return
+        ex.rec.failure = Failure(Outcome.TIMEOUT, 504, "upstream_timeout", "the tap's upstream timeout expired")
+        ex.rec.timeout = mono()
+        self.tap.count_upstream_error("upstream_timeout")
+        if up is not None:
+            up.transport.abort()
+        self.transport.close()
+
+    # ---- completion ------------------------------------------------------------------------
+    def _complete(self, ex: Exchange) -> None:
+        if ex.done:
+            return
+        ex.done = True
+        if ex.timer is not None:
+            ex.timer.cancel()
+            ex.timer = None
+        rec = ex.rec
+        rec.fingerprint = ex.fp.result()
+        rec.request_capture = ex.capture
+        rec.response_capture = ex.capture_out
+        self.tap.finish(ex.span, rec)
+
+
+class Upstream(StampedProtocol):
+    """The tap's connection to its upstream; paired with one :class:`Downstream` at a time."""
+
+    def __init__(self, tap: Tap) -> None:
+        self.tap = tap
+        self.reader = h1.Reader(False)
+        self.down: Downstream | None = None
+        self.eof_sent = False
+        self.eof = False
+        self.keep_alive = True
+        self.last_write_mono: int | None = None
+        self.last_write_bound = 0
+        self.last_read: tuple[int, int] = (0, 0)
+
+    def send(self, data: bytes | bytearray | memoryview) -> tuple[int, int]:  # type: ignore[override]
+        t, bound = super().send(data)
+        self.last_write_mono, self.last_write_bound = t, bound
+        return t, bound
+
+    def reusable(self) -> bool:
+        return (self.keep_alive and not self.eof and not self.eof_sent and self.reader.idle and not self.reader.opaque
+                and self.lost_mono_ns is None and not self.transport.is_closing())
+
+    def on_pause_writing(self) -> None:
+        d = self.down
+        if d is not None:
+            d.transport.pause_reading()
+
+    def on_resume_writing(self) -> None:
+        d = self.down
+        if d is not None and not d.transport.is_closing():
+            d.transport.resume_reading()
+
+    # ---- response bytes --------------------------------------------------------------------
+    def on_data(self, data: bytes, t: int, bound: int) -> None:
+        d = self.down
+        if d is None:  # idle in the pool: an upstream that talks unasked is not reusable
+            self.transport.close()
+            return
+        tw, bw = d.send(data)  # forwarded first: watching comes after
+        self.last_read = (t, bound)
+        if self.reader.opaque:
+            if d.exchanges:
+                self._opaque_bytes(d, data, t, bound, tw, bw)
+            return
+        events = self.reader.feed(data)
+        self._watch(d, data, events, t, bound, tw, bw)
+
+    def _watch(self, d: Downstream, data: bytes, events: list[tuple], t: int, bound: int, tw: int, bw: int) -> None:
+        exs = d.exchanges
+        ex = exs[0] if exs else None
+        obs = ex.rec.stream if ex is not None else None
+        fed = False  # payload of this read went to the observer (it is told where it was forwarded)
+        seen = False  # payload of this read belongs to ex
+        for ev in events:
+            kind = ev[0]
+            if kind == BODY:
+                if ex is None:
+                    continue
+                rec = ex.rec
+                n = ev[2] - ev[1]
+                rec.response_bytes += n
+                seen = True
+                if obs is not None:
+                    obs.feed(memoryview(data)[ev[1] : ev[2]], t, bound)
+                    fed = True
+                elif ex.capture_out is not None:
+                    ex.capture_out += memoryview(data)[ev[1] : ev[2]]
+                    if len(ex.capture_out) > self.tap.o.max_capture_bytes:
+                        ex.capture_out = None
+            elif kind == HEAD:
+                head = ev[3]
+                if ex is None:
+                    continue
+                ex.response_started = True
+                if head.status < 200 and head.status != 101:
+                    continue  # interim (100, 103): relayed, the final head follows
+                ex.final = True
+                rec = ex.rec
+                rec.status = head.status
+                rec.response_headers = t
+                rec.bounds[TapEvent.RESPONSE_HEADERS] = (bound, 0)
+                rec.response_headers_forwarded = tw
+                rec.end = tw
+                if rec.forwarded is not None and rec.bounds.get(TapEvent.REQUEST_FORWARDED, (0, 0))[1] < 0:
+                    # (the request waited behind earlier bytes: it had left when the response began to arrive)
+                    rec.bounds[TapEvent.REQUEST_FORWARDED] = (0, max(0, t - rec.forwarded))
+                self.keep_alive = head.keep_alive and d.reader.head is not None and d.reader.head.keep_alive
+                ctype = (head.get(b"content-type") or b"").lower()
+                if ctype.startswith(b"text/event-stream"):
+                    obs = rec.stream = StreamObserver(path=rec.path)
+                elif b"json" in ctype:
+                    ex.capture_out = bytearray()
+                if head.status == 101 or (ex.method == b"CONNECT" and 200 <= head.status < 300):
+                    self._switch(d, True)
+                elif d.reader.held:
+                    self._switch(d, False)
+            elif kind == END:
+                if ex is None:
+                    continue
+                rec = ex.rec
+                if not ex.final:
+                    continue
+                rec.response_end = t
+                rec.bounds[TapEvent.RESPONSE_END] = (bound, 0)
+                if obs is not None:
+                    if fed:
+                        obs.forwarded(tw, bw)
+                        fed = False
+                    if obs.finish(t, bound):
+                        obs.forwarded(tw, bw)
+                rec.end = tw
+                if seen:
+                    rec.chunks += 1
+                    seen = False
+                exs.popleft()
+                d._complete(ex)
+                if self.reader.opaque:  # 101 / CONNECT: what follows is the tunnel, not an exchange
+                    return
+                ex = exs[0] if exs else None
+                obs = ex.rec.stream if ex is not None else None
+            else:  # ERROR: an upstream response the reader cannot frame: passed on as it is
+                self.tap.metrics.counters.unparsed += 1
+                if ex is not None:
+                    ex.rec.failure = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_bad_response", f"the upstream sent a response the tap cannot frame ({ev[2]})")
+                    self.tap.count_upstream_error("upstream_bad_response")
+                self.keep_alive = False
+                return
+        if ex is not None and seen:
+            ex.rec.chunks += 1
+            ex.rec.end = tw
+            if fed and obs is not None:
+                obs.forwarded(tw, bw)
+
+    def _opaque_bytes(self, d: Downstream, data: bytes, t: int, bound: int, tw: int, bw: int) -> None:
+        ex = d.exchanges[0]
+        if not ex.response_started:  # an unframeable response: count its bytes on the exchange that waits
+            ex.response_started = True
+            ex.rec.response_headers = t
+            ex.rec.response_headers_forwarded = tw
+        ex.rec.response_bytes += len(data)
+        ex.rec.end = tw
+
+    def _switch(self, d: Downstream, switched: bool) -> None:
+        held, events = d.reader.switch(switched)
+        if switched:
+            d.opaque = True
+            self.keep_alive = False
+            if held:
+                d._to_upstream(held)
+        elif held:
+            d._process(held, events, mono(), 0)
+
+    # ---- end of the connection -------------------------------------------------------------
+    def on_eof(self) -> bool:
+        self.eof = True
+        d = self.down
+        events = self.reader.feed_eof()
+        if d is not None:
+            if events and events[0][0] == END and d.exchanges:  # a close-delimited body ended with its last read
+                t, bound = self.last_read
+                self._watch(d, b"", events, t, bound, d.last_write_mono or mono(), d.last_write_bound)
+            self._upstream_ended(d, closed=True)
+            if d.transport.can_write_eof() and not d.transport.is_closing():
+                d.transport.write_eof()
+            if d.eof:
+                d.transport.close()
+        return not (d is None or d.eof)
+
+    def on_lost(self, exc: BaseException | None) -> None:
+        self.tap.pool_discard(self)
+        d = self.down
+        if d is None:
+            return
+        self.down = None
+        d.up = None
+        self._upstream_ended(d, closed=exc is None)
+        if self.reset_by_peer:
+            reset(d.transport)
+        elif not d.transport.is_closing():
+            if not d.exchanges or any(ex.response_started for ex in d.exchanges) or d.opaque:
+                d.transport.close()
+
+    def _upstream_ended(self, d: Downstream, closed: bool) -> None:
+        """The upstream closed (or reset) with exchanges unanswered or unfinished."""
+        for ex in list(d.exchanges):
+            if ex.done:
+                continue
+            if ex.down_eof is not None:  # the client closed first: the upstream's close answers that, it is no failure
+                ex.rec.downstream_closed = ex.down_eof
+                d.exchanges.remove(ex)
+                d._complete(ex)
+                continue
+            if not ex.response_started and not d.opaque:
+                exc: BaseException = ConnectionResetError() if self.reset_by_peer else _UpstreamClosed()
+                d.exchanges.remove(ex)
+                d._answer(ex, classify(exc) if not isinstance(exc, _UpstreamClosed) else _CLOSED)
+                continue
+            rec = ex.rec
+            if rec.failure is None and not d.opaque:
+                rec.failure = _RESET if self.reset_by_peer else _BROKE
+                self.tap.count_upstream_error(rec.failure.error_type)
+            rec.upstream_closed = self.lost_mono_ns or mono()
+            d.exchanges.remove(ex)
+            d._complete(ex)
+
+
+class _UpstreamClosed(Exception):
+    pass
+
+
+_CLOSED = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_closed", "the upstream closed the connection before the response began")
+_BROKE = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_closed", "the upstream closed the connection before the response ended")
+_RESET = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_reset", "the upstream reset the connection")
+
+
+def ssl_context(verify: bool) -> _ssl.SSLContext:
+    ctx = _ssl.create_default_context()
+    if not verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = _ssl.CERT_NONE
+    return ctx
