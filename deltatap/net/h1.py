@@ -421,6 +421,8 @@ class Reader:
                 return len(data)
             line = self._buf + data[pos:nl]
             self._buf = b""
+            if len(line) > MAX_CHUNK_LINE:  # (whether or not it came in one read)
+                return self._fail(out, pos, "chunk-size line too long")
             if line.endswith(b"\r"):
                 line = line[:-1]
             size_text = line.split(b";", 1)[0].strip(b" \t")
@@ -431,18 +433,21 @@ class Reader:
             if size:
                 self._state, self._remaining = _S_CHUNK_DATA, size
             else:
-                self._state, self._buf = _S_TRAILER, b""
+                self._state, self._buf, self._remaining = _S_TRAILER, b"", 0  # _remaining: trailer bytes so far
             return pos
         # _S_TRAILER: trailer lines up to an empty line
         while True:
             nl = data.find(b"\n", pos)
             if nl < 0:
                 self._buf += data[pos:]
-                if len(self._buf) > MAX_CHUNK_LINE:
+                if self._remaining + len(self._buf) > MAX_CHUNK_LINE:
                     return self._fail(out, pos, "trailer section too long")
                 return len(data)
             line = self._buf + data[pos:nl]
             self._buf = b""
+            self._remaining += len(line) + 1
+            if self._remaining > MAX_CHUNK_LINE:
+                return self._fail(out, pos, "trailer section too long")
             pos = nl + 1
             if line in (b"", b"\r"):
                 self._end(out, pos)
