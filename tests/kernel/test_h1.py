@@ -1,0 +1,600 @@
+"""deltatap.net.h1: the sans-I/O HTTP/1.1 framing reader.
+
+Two kinds of test, both network-free:
+
+* playbooks (as mitmproxy tests its layers): a script of feeds and the exact events each one must give, one
+  per framing rule of the module doc, most of them replayed split at every byte;
+* a differential property test: generated request and response streams (pipelined, random methods, targets,
+  header casing, duplicates and obs-text, Content-Length or chunked bodies with extensions and trailers, 1xx,
+  HEAD/204/304, a close-delimited last response) fed to :class:`h1.Reader` split at random points and to
+  h11 and httptools (llhttp); the messages, heads, bodies and byte offsets must agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import h11
+import httptools
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from deltatap.net import h1
+from deltatap.net.h1 import BODY, END, ERROR, HEAD
+
+# ---------------------------------------------------------------------------------------------------------------
+# playbook helpers
+
+
+def show(events: list[tuple]) -> list[tuple]:
+    """Events as comparable tuples: a HEAD's Head object becomes its raw bytes."""
+    return [(e[0], e[1], e[2], e[3].raw) if e[0] == HEAD else e for e in events]
+
+
+def play(reader: h1.Reader, *feeds: bytes, eof: bool = False) -> list[list[tuple]]:
+    """Feed each chunk in turn; the events of each feed (and of ``feed_eof`` when ``eof``)."""
+    out = [show(reader.feed(data)) for data in feeds]
+    if eof:
+        out.append(show(reader.feed_eof()))
+    return out
+
+
+def absolute(reader: h1.Reader, pieces: list[bytes], eof: bool = False) -> list[tuple]:
+    """Feed ``pieces``; every event with offsets into their concatenation, adjacent BODY ranges merged, so
+    that any split of the same bytes must give the same list."""
+    out: list[tuple] = []
+    base = 0
+    for data in pieces:
+        for e in reader.feed(data):
+            if e[0] == HEAD:
+                end = base + e[2]
+                start = base + e[1] if e[1] >= 0 else end - len(e[3].raw)
+                out.append((HEAD, start, end, e[3].raw))
+            elif e[0] == BODY:
+                assert 0 <= e[1] < e[2] <= len(data), e
+                if out and out[-1][0] == BODY and out[-1][2] == base + e[1]:
+                    out[-1] = (BODY, out[-1][1], base + e[2])
+                else:
+                    out.append((BODY, base + e[1], base + e[2]))
+            elif e[0] == END:
+                out.append((END, base + e[1]))
+            else:
+                out.append(e)
+        base += len(data)
+    if eof:
+        out.extend((e[0], base + e[1], *e[2:]) for e in reader.feed_eof())
+    return out
+
+
+def splits(data: bytes):
+    """The ways a test replays ``data``: whole, cut once at every offset, and one byte per feed."""
+    yield [data]
+    for i in range(1, len(data)):
+        yield [data[:i], data[i:]]
+    yield [data[i : i + 1] for i in range(len(data))]
+
+
+def assert_split_invariant(data: bytes, expected: list[tuple], request: bool = True, methods: tuple[bytes, ...] = (), eof: bool = False) -> None:
+    for pieces in splits(data):
+        reader = h1.Reader(request)
+        for m in methods:
+            reader.expect(m)
+        got = absolute(reader, pieces, eof=eof)
+        assert got == expected, f"split {[len(p) for p in pieces][:8]}...: {got} != {expected}"
+
+
+def req(*lines: str, body: bytes = b"", eol: str = "\r\n") -> bytes:
+    return (eol.join(lines) + eol + eol).encode("latin-1") + body
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# playbooks: Content-Length
+
+
+def test_content_length_body_then_the_next_request():
+    first = req("POST /v1/chat/completions HTTP/1.1", "Host: engine", "Content-Length: 5", body=b"hello")
+    second = req("GET /health HTTP/1.1", "Host: engine")
+    h = len(first) - 5
+    reader = h1.Reader(request=True)
+    assert play(reader, first + second) == [
+        [(HEAD, 0, h, first[:h]), (BODY, h, h + 5), (END, h + 5), (HEAD, h + 5, len(first + second), second), (END, len(first + second))]
+    ]
+    assert reader.messages == 2 and reader.idle and reader.head.target == b"/health"
+    assert_split_invariant(first + second, absolute(h1.Reader(True), [first + second]))
+
+
+@pytest.mark.parametrize("lengths", [["5, 5"], ["5", "5"], ["5 ,5", "5"]])
+def test_equal_duplicate_content_lengths_frame_the_body(lengths):
+    data = req("POST / HTTP/1.1", "Host: a", *(f"Content-Length: {v}" for v in lengths), body=b"hello") + req("GET / HTTP/1.1", "Host: a")
+    h = data.index(b"hello")
+    events = absolute(h1.Reader(True), [data])
+    assert events[:3] == [(HEAD, 0, h, data[:h]), (BODY, h, h + 5), (END, h + 5)]
+    assert [e[0] for e in events[3:]] == [HEAD, END]
+
+
+@pytest.mark.parametrize("request_side", [True, False])
+@pytest.mark.parametrize("lengths", [["5, 6"], ["5", "6"], ["abc"], ["-1"], ["+5"], [""], ["1" * 19]])
+def test_conflicting_or_invalid_content_length_is_an_error_and_nothing_more(request_side, lengths):
+    """The reader cannot find the message's end: one ERROR where the head began (no HEAD event first, on
+    either side), then it is opaque and says nothing about the rest of the connection."""
+    ok = req("GET /a HTTP/1.1", "Host: a") if request_side else req("HTTP/1.1 204 No Content")
+    start = "POST / HTTP/1.1" if request_side else "HTTP/1.1 200 OK"
+    bad = req(start, "Host: a", *(f"Content-Length: {v}" for v in lengths), body=b"hello")
+    reader = h1.Reader(request_side)
+    events = reader.feed(ok + bad)
+    assert [e[0] for e in events] == [HEAD, END, ERROR]
+    assert events[2][1] == len(ok)
+    assert "Content-Length" in events[2][2] and reader.error == events[2][2]
+    assert reader.opaque and reader.messages == 1
+    assert reader.feed(b"GET / HTTP/1.1\r\n\r\n") == [] and reader.feed_eof() == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# playbooks: chunked
+
+
+CHUNKED = (
+    b"POST /v1/completions HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"5;name=value;flag\r\nhello\r\n"
+    b'A;q="a b; c"\r\n0123456789\r\n'
+    b"0;last=1\r\nX-Checksum: abc\r\nX-Other:  u \r\n\r\n"
+)
+
+
+def test_chunked_with_extensions_and_trailers_split_at_every_byte():
+    nxt = req("GET /next HTTP/1.1", "Host: a")
+    data = CHUNKED + nxt
+    h = CHUNKED.index(b"\r\n\r\n") + 4
+    a = CHUNKED.index(b"hello")
+    b = CHUNKED.index(b"0123456789")
+    expected = [
+        (HEAD, 0, h, CHUNKED[:h]),
+        (BODY, a, a + 5),
+        (BODY, b, b + 10),
+        (END, len(CHUNKED)),  # the trailer section belongs to the message
+        (HEAD, len(CHUNKED), len(data), nxt),
+        (END, len(data)),
+    ]
+    assert absolute(h1.Reader(True), [data]) == expected
+    assert_split_invariant(data, expected)
+
+
+def test_chunked_response_sizes_in_either_case_and_transfer_coding_list():
+    body = b"1a\r\n" + b"x" * 26 + b"\r\n" + b"1A\r\n" + b"y" * 26 + b"\r\n" + b"000\r\n\r\n"
+    head = req("HTTP/1.1 200 OK", "transfer-encoding: gzip, Chunked")
+    data = head + body
+    events = absolute(h1.Reader(False), [data])
+    payload = b"".join(data[e[1] : e[2]] for e in events if e[0] == BODY)
+    assert payload == b"x" * 26 + b"y" * 26
+    assert events[-1] == (END, len(data))
+    assert_split_invariant(data, events, request=False)
+
+
+@pytest.mark.parametrize(
+    "framing, reason",
+    [
+        (b"5\r\nhelloXX", "chunk data not followed by CRLF"),
+        (b"zz\r\nhello\r\n", "invalid chunk size"),
+        (b"\r\nhello\r\n", "invalid chunk size"),
+        (b"1234567890123456\r\n", "invalid chunk size"),
+    ],
+)
+def test_bad_chunk_framing_is_an_error(framing, reason):
+    head = req("POST / HTTP/1.1", "Host: a", "Transfer-Encoding: chunked")
+    reader = h1.Reader(True)
+    events = reader.feed(head + framing)
+    assert events[-1][0] == ERROR and events[-1][2] == reason
+    assert reader.opaque and reader.messages == 0
+
+
+def some_splits(data: bytes) -> list[list[bytes]]:
+    """Whole, cut once at a few offsets, and in 1000-byte pieces (for data too long to cut everywhere)."""
+    out = [[data]] + [[data[:i], data[i:]] for i in (1, 7, len(data) // 2, len(data) - 3, len(data) - 1)]
+    return out + [[data[i : i + 1000] for i in range(0, len(data), 1000)]]
+
+
+@pytest.mark.parametrize("over", [0, 1])
+def test_the_chunk_line_and_trailer_limits_do_not_depend_on_how_the_bytes_were_read(over):
+    head = req("POST / HTTP/1.1", "Host: a", "Transfer-Encoding: chunked")
+    ext = b"5;x=" + b"e" * (h1.MAX_CHUNK_LINE - 5 + over) + b"\r"  # the line without its LF: MAX_CHUNK_LINE + over
+    long_line = head + ext + b"\nhello\r\n0\r\n\r\n"
+    lines = [b"X-T%05d: %s\r\n" % (i, b"v" * 80) for i in range(h1.MAX_CHUNK_LINE // 100)]
+    section = b"".join(lines)
+    pad = h1.MAX_CHUNK_LINE - len(section) - 2 + over  # the whole section, final empty line included
+    section += b"X-Pad: " + b"p" * (pad - 9) + b"\r\n" + b"\r\n"
+    assert len(section) == h1.MAX_CHUNK_LINE + over
+    long_trailers = head + b"5\r\nhello\r\n0\r\n" + section
+    for data, reason in ((long_line, "chunk-size line too long"), (long_trailers, "trailer section too long")):
+        for pieces in some_splits(data):
+            reader = h1.Reader(True)
+            kinds = [e[0] for p in pieces for e in reader.feed(p)]
+            if over:
+                assert kinds[-1] == ERROR and reader.error == reason, [len(p) for p in pieces]
+            else:
+                assert kinds == [HEAD, BODY, END], [len(p) for p in pieces]
+
+
+def test_a_request_whose_transfer_coding_does_not_end_in_chunked_is_an_error():
+    reader = h1.Reader(True)
+    events = reader.feed(req("POST / HTTP/1.1", "Host: a", "Transfer-Encoding: chunked, gzip", body=b"abc"))
+    assert events == [(ERROR, 0, "request Transfer-Encoding does not end in chunked")]
+
+
+def test_a_response_whose_transfer_coding_does_not_end_in_chunked_is_read_until_the_close():
+    reader = h1.Reader(False)
+    head = req("HTTP/1.1 200 OK", "Transfer-Encoding: gzip", "Content-Length: 3")
+    assert play(reader, head + b"\x1f\x8b\x08", b"more", eof=True) == [
+        [(HEAD, 0, len(head), head), (BODY, len(head), len(head) + 3)],
+        [(BODY, 0, 4)],
+        [(END, 0)],
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# playbooks: line ends, leading empty lines, obs-fold, obs-text, names as sent
+
+
+def test_bare_lf_line_ends_in_heads_and_chunk_framing():
+    first = req("GET / HTTP/1.1", "Host: a", "Content-Length: 2", body=b"hi", eol="\n")
+    second = b"POST / HTTP/1.1\nHost: a\nTransfer-Encoding: chunked\n\n2\nok\n3;x\r\nyes\n0\nT: 1\n\n"
+    data = first + second
+    events = absolute(h1.Reader(True), [data])
+    h2 = len(first) + second.index(b"\n\n") + 2
+    assert events == [
+        (HEAD, 0, len(first) - 2, first[:-2]),
+        (BODY, len(first) - 2, len(first)),
+        (END, len(first)),
+        (HEAD, len(first), h2, second[: h2 - len(first)]),
+        (BODY, data.index(b"ok"), data.index(b"ok") + 2),
+        (BODY, data.index(b"yes"), data.index(b"yes") + 3),
+        (END, len(data)),
+    ]
+    assert_split_invariant(data, events)
+    head = h1.parse_head(first[:-2], request=True)
+    assert head.headers == [(b"Host", b"a"), (b"Content-Length", b"2")]
+
+
+def test_leading_empty_lines_before_a_request_are_skipped():
+    one = req("POST / HTTP/1.1", "Host: a", "Content-Length: 1", body=b"x")
+    two = req("GET / HTTP/1.1", "Host: a")
+    data = b"\r\n\n" + one + b"\r\n" + two  # an old client's CRLF after a POST body
+    events = absolute(h1.Reader(True), [data])
+    s2 = 3 + len(one) + 2
+    assert events == [
+        (HEAD, 3, 3 + len(one) - 1, one[:-1]),
+        (BODY, 3 + len(one) - 1, 3 + len(one)),
+        (END, 3 + len(one)),
+        (HEAD, s2, s2 + len(two), two),
+        (END, len(data)),
+    ]
+    assert_split_invariant(data, events)
+    reader = h1.Reader(True)
+    assert reader.feed(b"\r\n\r\n") == [] and reader.idle and reader.pending_from is None
+
+
+def test_obs_fold_continuation_lines_join_the_value():
+    raw = req("GET / HTTP/1.1", "Host: a", "X-Long: first", "   second  ", "\tthird", "X-Empty:", " late", "Accept: */*")
+    (e_head, e_end) = h1.Reader(True).feed(raw)
+    assert e_end == (END, len(raw))
+    assert e_head[3].headers == [(b"Host", b"a"), (b"X-Long", b"first second third"), (b"X-Empty", b"late"), (b"Accept", b"*/*")]
+    reader = h1.Reader(True)
+    assert reader.feed(req("GET / HTTP/1.1", " folded: before any header")) == [(ERROR, 0, "continuation line before any header")]
+
+
+def test_obs_text_in_values_is_kept_as_sent_both_ways():
+    value = b'attachment; filename="r\xe9sum\xe9.pdf"; x=\xff\x80'
+    request = b"POST /upload HTTP/1.1\r\nHost: a\r\nContent-Disposition: " + value + b"\r\nContent-Length: 0\r\n\r\n"
+    response = b"HTTP/1.1 200 \xc3\xa9t\xc3\xa9\r\nX-Name:  \xe9t\xe9\t\r\nContent-Length: 0\r\n\r\n"
+    (hq, _end) = h1.Reader(True).feed(request)
+    assert hq[3].get(b"content-disposition") == value and hq[3].raw == request
+    (hr, _end) = h1.Reader(False).feed(response)
+    assert hr[3].reason == b"\xc3\xa9t\xc3\xa9" and hr[3].headers[0] == (b"X-Name", b"\xe9t\xe9")
+
+
+def test_names_keep_their_case_order_and_duplicates():
+    raw = req("GET / HTTP/1.1", "X-Tenant: a", "HOST: h", "x-tenant: b", "content-TYPE: text/plain", "X-TENANT:c", "Set-Cookie: 1", "Set-Cookie: 2")
+    (e_head, _end) = h1.Reader(True).feed(raw)
+    head = e_head[3]
+    assert head.headers == [
+        (b"X-Tenant", b"a"),
+        (b"HOST", b"h"),
+        (b"x-tenant", b"b"),
+        (b"content-TYPE", b"text/plain"),
+        (b"X-TENANT", b"c"),
+        (b"Set-Cookie", b"1"),
+        (b"Set-Cookie", b"2"),
+    ]
+    assert head.values(b"x-tenant") == [b"a", b"b", b"c"] and head.get(b"host") == b"h" and head.get(b"absent") is None
+
+
+@pytest.mark.parametrize("method", [b"get", b"FOO", b"X_CUSTOM", b"M-SEARCH", b"PROPFIND"])
+def test_any_token_is_a_method_and_targets_stay_as_sent(method):
+    target = b"http://example.com:8080/a/b?x=1&empty=&#frag"
+    raw = method + b" " + target + b" HTTP/1.1\r\nHost: example.com\r\n\r\n"
+    (e_head, e_end) = h1.Reader(True).feed(raw)
+    assert e_head[3].method == method and e_head[3].target == target and e_end == (END, len(raw))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# playbooks: pipelining, bodiless responses, interim responses
+
+
+def test_pipelined_requests_in_one_feed():
+    a = req("GET /a HTTP/1.1", "Host: h")
+    b = req("POST /b HTTP/1.1", "Host: h", "Content-Length: 3", body=b"abc")
+    c = req("POST /c HTTP/1.1", "Host: h", "Transfer-Encoding: chunked", body=b"1\r\nz\r\n0\r\n\r\n")
+    d = req("DELETE /d HTTP/1.1", "Host: h", "Connection: close")
+    data = a + b + c + d
+    reader = h1.Reader(True)
+    events = show(reader.feed(data))
+    o_b, o_c, o_d = len(a), len(a + b), len(a + b + c)
+    zc = o_c + c.index(b"z\r\n")
+    assert events == [
+        (HEAD, 0, len(a), a),
+        (END, len(a)),
+        (HEAD, o_b, o_c - 3, b[:-3]),
+        (BODY, o_c - 3, o_c),
+        (END, o_c),
+        (HEAD, o_c, o_c + c.index(b"\r\n\r\n") + 4, c[: c.index(b"\r\n\r\n") + 4]),
+        (BODY, zc, zc + 1),
+        (END, o_d),
+        (HEAD, o_d, len(data), d),
+        (END, len(data)),
+    ]
+    assert reader.messages == 4 and reader.idle and not reader.head.keep_alive
+
+
+@pytest.mark.parametrize(
+    "method, status_line, framing",
+    [
+        (b"HEAD", "HTTP/1.1 200 OK", "Content-Length: 1234"),
+        (b"HEAD", "HTTP/1.1 200 OK", "Transfer-Encoding: chunked"),
+        (b"GET", "HTTP/1.1 204 No Content", "Content-Length: 10"),
+        (b"GET", "HTTP/1.1 204 No Content", "Transfer-Encoding: chunked"),
+        (b"GET", "HTTP/1.1 304 Not Modified", "Content-Length: 5120"),
+        (b"POST", "HTTP/1.1 304 Not Modified", "Transfer-Encoding: chunked"),
+    ],
+)
+def test_head_204_304_responses_have_no_body_whatever_they_say(method, status_line, framing):
+    first = req(status_line, framing, "ETag: x")
+    second = req("HTTP/1.1 200 OK", "Content-Length: 2", body=b"ok")
+    data = first + second
+    expected = [
+        (HEAD, 0, len(first), first),
+        (END, len(first)),
+        (HEAD, len(first), len(data) - 2, second[:-2]),
+        (BODY, len(data) - 2, len(data)),
+        (END, len(data)),
+    ]
+    assert_split_invariant(data, expected, request=False, methods=(method, b"GET"))
+
+
+def test_interim_100_and_103_then_the_final_head():
+    c100 = req("HTTP/1.1 100 Continue")
+    e103 = req("HTTP/1.1 103 Early Hints", "Link: </style.css>; rel=preload; as=style", "Link: </app.js>; rel=preload")
+    final = req("HTTP/1.1 200 OK", "Content-Length: 2", body=b"ok")
+    data = c100 + e103 + final
+    o = len(c100 + e103)
+    expected = [
+        (HEAD, 0, len(c100), c100),
+        (HEAD, len(c100), o, e103),
+        (HEAD, o, len(data) - 2, final[:-2]),
+        (BODY, len(data) - 2, len(data)),
+        (END, len(data)),
+    ]
+    assert_split_invariant(data, expected, request=False, methods=(b"POST",))
+    reader = h1.Reader(False)
+    reader.expect(b"HEAD")
+    events = reader.feed(data[:o])
+    assert [e[3].status for e in events] == [100, 103] and reader.messages == 0 and reader.in_message is False
+    assert events[1][3].values(b"link")[1] == b"</app.js>; rel=preload"
+    # the method still applies to the final head after the interim ones: a HEAD response has no body
+    assert show(reader.feed(final[:-2])) == [(HEAD, 0, len(final) - 2, final[:-2]), (END, len(final) - 2)]
+    assert reader.head.status == 200 and reader.messages == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# playbooks: protocol switches
+
+
+UPGRADE = req("GET /ws HTTP/1.1", "Host: a", "Upgrade: websocket", "Connection: keep-alive, Upgrade", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==")
+SWITCHED = req("HTTP/1.1 101 Switching Protocols", "Upgrade: websocket", "Connection: Upgrade")
+
+
+def test_101_makes_both_ways_opaque_and_the_request_reader_returns_what_it_held():
+    frame = b"\x81\x85\x37\xfa\x21\x3d\x7f\x9f\x4d\x51\x58"  # a masked client frame sent before the answer
+    client = h1.Reader(True)
+    assert play(client, UPGRADE + frame, b"GET / HTTP/1.1\r\n") == [
+        [(HEAD, 0, len(UPGRADE), UPGRADE), (END, len(UPGRADE))],
+        [],
+    ]
+    assert client.held and not client.opaque and client.pending_from == 0
+    server = h1.Reader(False)
+    server.expect(b"GET")
+    assert play(server, SWITCHED + b"\x81\x02hi", b"\x88\x00") == [
+        [(HEAD, 0, len(SWITCHED), SWITCHED), (END, len(SWITCHED)), (BODY, len(SWITCHED), len(SWITCHED) + 4)],
+        [(BODY, 0, 2)],
+    ]
+    assert server.opaque and server.head.status == 101 and server.messages == 1
+    held, events = client.switch(True)
+    assert held == frame + b"GET / HTTP/1.1\r\n" and events == [(BODY, 0, len(held))]
+    assert client.opaque and not client.held
+    assert client.feed(b"\x88\x80") == [(BODY, 0, 2)] and client.feed_eof() == []
+
+
+def test_held_bytes_offset_when_they_follow_the_request_in_the_same_feed():
+    client = h1.Reader(True)
+    events = client.feed(UPGRADE + b"abc")
+    assert [e[0] for e in events] == [HEAD, END] and client.held and client.pending_from == len(UPGRADE)
+    assert client.switch(True) == (b"abc", [(BODY, 0, 3)])
+
+
+def test_a_refused_upgrade_reparses_the_held_bytes_as_the_next_request():
+    nxt = req("POST /next HTTP/1.1", "Host: a", "Content-Length: 2", body=b"ok")
+    client = h1.Reader(True)
+    assert [e[0] for e in client.feed(UPGRADE + nxt[:10])] == [HEAD, END]
+    assert client.feed(nxt[10:]) == [] and client.held
+    server = h1.Reader(False)
+    server.expect(b"GET")
+    refused = req("HTTP/1.1 426 Upgrade Required", "Content-Length: 0")
+    assert show(server.feed(refused)) == [(HEAD, 0, len(refused), refused), (END, len(refused))]
+    held, events = client.switch(False)
+    assert held == nxt
+    assert show(events) == [(HEAD, 0, len(nxt) - 2, nxt[:-2]), (BODY, len(nxt) - 2, len(nxt)), (END, len(nxt))]
+    assert not client.held and not client.opaque and client.idle and client.messages == 2
+    assert [e[0] for e in client.feed(req("GET / HTTP/1.1", "Host: a"))] == [HEAD, END]
+
+
+def test_connect_then_200_is_a_tunnel_and_407_is_not():
+    connect = req("CONNECT api.example.com:443 HTTP/1.1", "Host: api.example.com:443")
+    hello = b"\x16\x03\x01\x00\x05hello"
+    client = h1.Reader(True)
+    assert play(client, connect + hello) == [[(HEAD, 0, len(connect), connect), (END, len(connect))]]
+    assert client.held and client.head.method == b"CONNECT"
+    server = h1.Reader(False)
+    server.expect(b"CONNECT")
+    ok = req("HTTP/1.1 200 Connection Established")
+    assert play(server, ok + b"\x16\x03\x03") == [[(HEAD, 0, len(ok), ok), (END, len(ok)), (BODY, len(ok), len(ok) + 3)]]
+    assert server.opaque and not server.close_delimited
+    assert client.switch(True) == (hello, [(BODY, 0, len(hello))]) and client.opaque
+
+    client, server = h1.Reader(True), h1.Reader(False)
+    client.feed(connect + b"GET")
+    server.expect(b"CONNECT")
+    denied = req("HTTP/1.1 407 Proxy Authentication Required", "Content-Length: 4", body=b"auth")
+    assert [e[0] for e in server.feed(denied)] == [HEAD, BODY, END] and not server.opaque and server.idle
+    assert client.switch(False) == (b"GET", []) and client.pending_from == 0 and client.in_message
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# playbooks: the end of the connection
+
+
+@pytest.mark.parametrize("status_line, extra", [("HTTP/1.1 200 OK", "Content-Type: text/event-stream"), ("HTTP/1.0 200 OK", "Server: old")])
+def test_a_close_delimited_response_ends_at_feed_eof(status_line, extra):
+    head = req(status_line, extra)
+    reader = h1.Reader(False)
+    assert play(reader, head + b"data: a\n\n", b"data: b\n\n", eof=True) == [
+        [(HEAD, 0, len(head), head), (BODY, len(head), len(head) + 9)],
+        [(BODY, 0, 9)],
+        [(END, 0)],
+    ]
+    assert reader.messages == 1 and not reader.close_delimited
+
+
+@pytest.mark.parametrize(
+    "request_side, data",
+    [
+        (True, req("POST / HTTP/1.1", "Host: a", "Content-Length: 10", body=b"abc")),
+        (True, req("POST / HTTP/1.1", "Host: a", "Transfer-Encoding: chunked", body=b"5\r\nab")),
+        (True, req("POST / HTTP/1.1", "Host: a", "Transfer-Encoding: chunked", body=b"0\r\nX-T: 1\r\n")),
+        (True, b"GET / HTTP/1.1\r\nHost: a\r\n"),
+        (False, req("HTTP/1.1 200 OK", "Content-Length: 10", body=b"abc")),
+        (False, req("HTTP/1.1 200 OK", "Transfer-Encoding: chunked", body=b"5\r\nhello\r")),
+    ],
+)
+def test_eof_inside_a_message_is_an_error(request_side, data):
+    reader = h1.Reader(request_side)
+    reader.feed(data)
+    assert reader.in_message
+    assert reader.feed_eof() == [(ERROR, 0, "the connection closed before the message ended")]
+
+
+def test_eof_between_messages_is_quiet():
+    reader = h1.Reader(True)
+    reader.feed(req("GET / HTTP/1.1", "Host: a") + b"\r\n")
+    assert reader.feed_eof() == [] and reader.messages == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# playbooks: limits, pending heads, errors at the right offset
+
+
+def test_a_head_over_max_head_is_an_error():
+    big = req("GET / HTTP/1.1", "Host: a", "X-Big: " + "v" * 100)
+    prior = req("GET /ok HTTP/1.1", "Host: a")
+    reader = h1.Reader(True, max_head=64)
+    assert play(reader, prior + big) == [[(HEAD, 0, len(prior), prior), (END, len(prior)), (ERROR, len(prior), "the head is larger than the reader's limit")]]
+    # growing over the limit across feeds, without its end yet
+    reader = h1.Reader(True, max_head=64)
+    assert play(reader, big[:40], big[40:80]) == [[], [(ERROR, 0, "the head is larger than the reader's limit")]]
+    # a head of exactly max_head bytes is fine
+    exact = req("GET / HTTP/1.1", "X: " + "v" * (64 - len(req("GET / HTTP/1.1", "X: "))))
+    assert len(exact) == 64
+    assert [e[0] for e in h1.Reader(True, max_head=64).feed(exact)] == [HEAD, END]
+    assert [e[0] for e in h1.Reader(True, max_head=63).feed(exact)] == [ERROR]
+
+
+def test_pending_from_marks_a_head_split_across_feeds():
+    a = req("GET /a HTTP/1.1", "Host: a")
+    b = req("POST /b HTTP/1.1", "Host: a", "Content-Length: 1", body=b"x")
+    reader = h1.Reader(True)
+    assert play(reader, a + b[:9]) == [[(HEAD, 0, len(a), a), (END, len(a))]]
+    assert reader.pending_from == len(a) and reader.in_message
+    assert reader.feed(b[9:20]) == [] and reader.pending_from == 0
+    hb = len(b) - 1
+    assert play(reader, b[20:]) == [[(HEAD, -1, hb - 20, b[:-1]), (BODY, hb - 20, hb - 19), (END, hb - 19)]]
+    assert reader.pending_from is None
+    # leading empty lines are not part of the pending head
+    reader = h1.Reader(True)
+    assert reader.feed(b"\r\nGET /c HT") == [] and reader.pending_from == 2
+
+
+@pytest.mark.parametrize(
+    "bad, reason",
+    [
+        (b"GE T / HTTP/1.1\r\nHost: a\r\n\r\n", "request line is not METHOD SP TARGET SP VERSION"),
+        (b"GET /  HTTP/1.1\r\nHost: a\r\n\r\n", "request line is not METHOD SP TARGET SP VERSION"),
+        (b"GET / HTTP/1.1 x\r\nHost: a\r\n\r\n", "request line is not METHOD SP TARGET SP VERSION"),
+        (b"GE(T / HTTP/1.1\r\nHost: a\r\n\r\n", "invalid method"),
+        (b"G\xc9T / HTTP/1.1\r\nHost: a\r\n\r\n", "invalid method"),
+        (b"GET /a\x7fb HTTP/1.1\r\nHost: a\r\n\r\n", "invalid request target"),
+        (b"GET / HTTP/1.10\r\nHost: a\r\n\r\n", "invalid HTTP version"),
+        (b"GET / HTTX/1.1\r\nHost: a\r\n\r\n", "invalid HTTP version"),
+        (b"GET / HTTP/1.1\r\nHost : a\r\n\r\n", "invalid header name"),
+        (b"GET / HTTP/1.1\r\nX(y): a\r\n\r\n", "invalid header name"),
+        (b"GET / HTTP/1.1\r\nno colon here\r\n\r\n", "header line without a name and colon"),
+        (b"GET / HTTP/1.1\r\n: empty name\r\n\r\n", "header line without a name and colon"),
+        (b"GET / HTTP/1.1\r\nX: a\rb\r\n\r\n", "invalid byte in a header value"),
+        (b"GET / HTTP/1.1\r\nX: a\0b\r\n\r\n", "invalid byte in a header value"),
+    ],
+)
+def test_an_invalid_request_head_is_an_error_where_it_began(bad, reason):
+    ok = req("POST /ok HTTP/1.1", "Host: a", "Content-Length: 2", body=b"ok")
+    reader = h1.Reader(True)
+    events = reader.feed(ok + bad)
+    assert events[-1] == (ERROR, len(ok), reason) and [e[0] for e in events[:-1]] == [HEAD, BODY, END]
+    assert reader.opaque and reader.error == reason and reader.pending_from is None
+    assert reader.feed(ok) == []
+    # begun in an earlier feed: the error is at 0 of the feed that completes the head
+    reader = h1.Reader(True)
+    reader.feed(ok + bad[:5])
+    assert reader.feed(bad[5:]) == [(ERROR, 0, reason)]
+
+
+@pytest.mark.parametrize(
+    "bad, reason",
+    [
+        (b"HTTP/1.1 20 OK\r\n\r\n", "invalid status line"),
+        (b"HTTP/1.1 2000 OK\r\n\r\n", "invalid status line"),
+        (b"HTTP/1.1 abc OK\r\n\r\n", "invalid status line"),
+        (b"HTTQ/1.1 200 OK\r\n\r\n", "invalid status line"),
+        (b"HTTP/1.1 099 Low\r\n\r\n", "invalid status code"),
+        (b"HTTP/1.1 200 OK\r\nbad header\r\n\r\n", "header line without a name and colon"),
+    ],
+)
+def test_an_invalid_response_head_is_an_error(bad, reason):
+    ok = req("HTTP/1.1 200 OK", "Content-Length: 0")
+    reader = h1.Reader(False)
+    assert reader.feed(ok + bad)[-1] == (ERROR, len(ok), reason) and reader.opaque
+
+
+def test_keep_alive_follows_the_version_and_connection_tokens():
+    def head(*lines):
+        return h1.parse_head(req(*lines), request=True)
+
+    assert head("GET / HTTP/1.1", "Host: a").keep_alive
+    assert not head("GET / HTTP/1.1", "Connection: Keep-Alive, CLOSE").keep_alive
+    assert not head("GET / HTTP/1.0", "Host: a").keep_alive
+    assert head("GET / HTTP/1.0", "Connection: keep-alive").keep_alive
