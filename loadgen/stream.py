@@ -1,93 +1,47 @@
-"""The client's view of one SSE response, on top of :mod:`deltatap.core.sse` (its parser and format registry).
+"""The client's view of one SSE response: a :class:`~deltatap.core.sse.ContentStream` plus what the load generator
+records and the tap does not.
 
-Fed ``(bytes, t_mono_ns)`` slices stamped at the socket, it keeps what the load generator records and
-the tap's :class:`~deltatap.sse.StreamObserver` does not: the stamp of *every* content event, the
-content text (for reference-token counting and chat history; never written out), and a count of
-malformed events. The first content token follows the same rule as the taps (methodology 5.1.3.1):
-the first content event whose text is not whitespace-only.
+Framing, format detection, the first-content-token rule (methodology 5.1.3.1), token, malformed-event and
+usage/timings accounting are the core's (:meth:`ContentStream.take`), the same code the tap and the reference
+firewall run. On top, fed ``(bytes, t_mono_ns, bound_ns)`` slices stamped at the socket, it keeps the stamp of
+*every* content event (``event_times``), the count of transport chunks, and the content text (``parts`` /
+``text``, for reference-token counting and chat history; never written out).
 """
 
 from __future__ import annotations
 
-import json
-
-from deltatap.core.sse import FORMATS, SseEvent, SseParser, StreamFacts, StreamFormat, detect_format, format_for_path
+from deltatap.core.sse import ContentStream
 
 
-class ClientStream:
-    __slots__ = (
-        "parser", "facts", "format", "_fmt", "_hint", "event_times", "parts", "first_token_mono_ns",
-        "leading_whitespace", "events", "malformed", "done", "chunks", "first_token_bound_ns", "last_bound_ns", "_bound",
-    )
+class ClientStream(ContentStream):
+    __slots__ = ("event_times", "chunks")
 
     def __init__(self, path: str | None = None, format: str | None = None) -> None:
-        self.parser = SseParser()
-        self.facts = StreamFacts()
-        self._fmt: StreamFormat | None = FORMATS[format] if format else None
-        self.format = format
-        self._hint = format_for_path(path)
+        super().__init__(format, path, keep_text=True)
         self.event_times: list[int] = []  # one stamp per content event
-        self.parts: list[str] = []
-        self.first_token_mono_ns: int | None = None
-        self.first_token_bound_ns = 0  # its bytes arrived at most this much before first_token_mono_ns
-        self.last_bound_ns = 0  # the same for the last content event
-        self._bound = 0
-        self.leading_whitespace = 0
-        self.events = 0
-        self.malformed = 0
-        self.done = False
         self.chunks = 0
 
-    def feed(self, data: bytes, t_mono_ns: int, bound_ns: int = 0) -> None:
+    def feed(self, data: bytes | bytearray | memoryview, t_mono_ns: int, bound_ns: int = 0) -> int:
         self.chunks += 1
-        self._bound = bound_ns
-        for ev in self.parser.feed(data):
-            self._event(ev, t_mono_ns)
+        n = ContentStream.feed(self, data, t_mono_ns, bound_ns)
+        if n == 1:  # the usual read: one token
+            self.event_times.append(t_mono_ns)
+        elif n:
+            self.event_times.extend([t_mono_ns] * n)
+        return n
 
-    def finish(self, t_mono_ns: int, bound_ns: int = 0) -> None:
-        self._bound = bound_ns
-        for ev in self.parser.finish():
-            self._event(ev, t_mono_ns)
+    def finish(self, t_mono_ns: int, bound_ns: int = 0) -> int:
+        n = ContentStream.finish(self, t_mono_ns, bound_ns)
+        if n:
+            self.event_times.extend([t_mono_ns] * n)
+        return n
 
     @property
-    def truncated(self) -> bool:
-        return self.parser.truncated
+    def leading_whitespace(self) -> int:
+        """Whitespace-only content events before the first token (the record's ``leading_whitespace_events``)."""
+        return self.leading_whitespace_events
 
     @property
-    def text(self) -> str:
-        return "".join(self.parts)
-
-    def _event(self, ev: SseEvent, t: int) -> None:
-        self.events += 1
-        data = ev.data
-        if data == "[DONE]":
-            self.done = True
-            return
-        if not data:
-            return
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            self.malformed += 1
-            return
-        if self._fmt is None:
-            name = detect_format(obj, ev.event, self._hint)
-            if name is None:
-                self.malformed += 1
-                return
-            self._fmt = FORMATS[name]
-            self.format = name
-        text, _tokens, done = self._fmt.extract(obj, ev.event, self.facts)
-        if done:
-            self.done = True
-        if not text:
-            return
-        self.event_times.append(t)
-        self.last_bound_ns = self._bound
-        self.parts.append(text)
-        if self.first_token_mono_ns is None:
-            if text.isspace():
-                self.leading_whitespace += 1
-            else:
-                self.first_token_mono_ns = t
-                self.first_token_bound_ns = self._bound
+    def last_bound_ns(self) -> int:
+        """How much earlier the last content event's bytes may have arrived than its stamp."""
+        return self.last_token_bound_ns

@@ -1,4 +1,4 @@
-"""Sans-I/O Server-Sent-Events parsing and LLM stream observation, shared by the tap and the load generator.
+"""Sans-I/O Server-Sent-Events parsing and LLM stream observation: one definition for the tap, load generator, firewall.
 
 Nothing here touches a socket or a clock: callers feed ``(bytes, t_mono_ns)`` pairs they stamped
 themselves (before any await) and read the results. The bytes are only *read*: a tap forwards the
@@ -30,15 +30,23 @@ Public API
     carries (``""`` when it carries none), how many tokens it stands for, and whether it ends
     the stream; it records usage, engine timings, model, ids and finish reasons into ``facts``.
 
+``ContentStream(format=None, path=None, keep_text=False)``
+    What one response carries, and the one place that classifies its events: ``feed(chunk, t_mono_ns,
+    bound_ns=0) -> int`` (content events completed by this chunk), ``finish(t_mono_ns, bound_ns=0)``, and
+    ``take(event, t_mono_ns, bound_ns=0) -> (text, tokens, done)`` for each event (a subclass that keeps events
+    extends it). It detects the format from the first JSON event when not given (``path`` is a hint tried first),
+    counts events, content events, tokens and ``malformed`` events (data that is not JSON, or JSON no format
+    recognises), applies the first-content-token rule below (``first_token_mono_ns``, ``last_token_mono_ns`` and
+    their bounds, ``leading_whitespace_events``), sees the end (``done``) and fills the :class:`StreamFacts`
+    (usage, llama.cpp ``timings``, model, response id, finish reasons, in-stream errors). The tap, the load
+    generator (``deltatap.loadgen.stream.ClientStream``: every content event's stamp, the text) and the reference
+    firewall (``OutboundStream``: events held per inspection window) are this class plus what they keep on top.
+
 ``StreamObserver(format=None, path=None)``
-    The per-response state machine: ``feed(chunk, t_mono_ns) -> int`` (content events completed
-    by this chunk; a chunk may be fed in several slices, each with the stamp of the read that
-    delivered it), then optionally ``forwarded(t_mono_ns)`` once the bytes fed since the previous
-    ``forwarded`` call were written on (a tap's downstream side). It counts chunks, bytes, events, content events and tokens, keeps
-    the first *content* token's and the last token's stamps on both sides, the inter-token gap
-    statistics on both sides (:class:`GapStats`) and the :class:`StreamFacts` (usage, llama.cpp
-    ``timings``, model, response id, finish reasons, in-stream errors). ``format`` is detected
-    from the first JSON event when not given (``path`` is a hint tried first).
+    The tap's :class:`ContentStream`: ``feed`` also counts chunks and bytes and keeps the inter-token gap
+    statistics (:class:`GapStats`); ``forwarded(t_mono_ns)`` is called once the bytes fed since the previous
+    ``forwarded`` call were written on (a tap's downstream side), which gives the first and last token's
+    forwarded stamps and the forwarded gaps.
 
 ``GapStats`` (defined in :mod:`deltatap.core.gap_stats`, re-exported here)
     Streaming gap statistics: ``count``, ``mean_ns``, ``max_ns`` and ``p99_ns()`` from a bounded
@@ -54,10 +62,11 @@ deltas, ``content: null``, usage-only and finish-only events, comments, ``[DONE]
 other framing carry none. The *first content token* is the first content event whose text is not
 whitespace-only (the draft excludes "empty tokens or whitespace-only tokens"); whitespace-only
 content events still count as content events and tokens and still produce gaps.
-``StreamObserver.leading_whitespace_events`` counts those that came before the first token, so a
-report can note them as the draft asks.
+``ContentStream.leading_whitespace_events`` counts those that came before the first token, so a
+report can note them as the draft asks. ``ContentStream.take`` is the only implementation of this rule.
 
-Privacy: text is only inspected for its length and whether it is blank; nothing stores it.
+Privacy: text is only inspected for its length and whether it is blank; nothing stores it, except a
+``ContentStream(keep_text=True)`` (the load generator's, in memory, never written out).
 """
 
 from __future__ import annotations
@@ -83,6 +92,8 @@ from deltatap.core.stream_formats import (
 __all__ = [
     "FORMATS",
     "TIMING_KEYS",
+    "ContentStream",
+    "Extracted",
     "GapStats",
     "SseEvent",
     "SseParser",
@@ -223,38 +234,145 @@ class SseParser:
 
 
 # --------------------------------------------------------------------------------------------
-# The per-response observer
+# One response's content: the single place of format detection and the first-content-token rule
 # --------------------------------------------------------------------------------------------
 
+_DONE: Extracted = ("", 0, True)
 
-class StreamObserver:
-    """Everything deltatap records about one SSE response, fed ``(chunk, t_mono_ns)``."""
 
-    def __init__(self, format: str | None = None, path: str | None = None) -> None:
+class ContentStream:
+    """What one SSE response carries, fed ``(chunk, t_mono_ns[, bound_ns])``: its events, their content, the first
+    content token, usage and timings. The tap (:class:`StreamObserver`), the load generator
+    (``deltatap.loadgen.stream.ClientStream``) and the reference firewall (``OutboundStream``) are this class plus
+    what each records on top; none of them classifies an event itself.
+
+    Every event goes through :meth:`take`: ``[DONE]`` ends the stream; an empty ``data`` is framing; anything else is
+    decoded as JSON, the format is detected from the first event that decodes (``format`` given, or ``path`` as a
+    hint tried first), and the format's ``extract`` gives its content text and token count. An event that does not
+    decode, or that no format recognises before one was detected, counts in ``malformed``. ``keep_text`` keeps the
+    content text of each content event in ``parts`` (the load generator's, for token counting and chat history);
+    otherwise no text is kept."""
+
+    __slots__ = (
+        "parser", "facts", "format", "_fmt", "_hint", "events", "content_events", "tokens", "malformed",
+        "leading_whitespace_events", "done", "first_token_mono_ns", "first_token_bound_ns", "last_token_mono_ns",
+        "last_token_bound_ns", "parts",
+    )
+
+    def __init__(self, format: str | None = None, path: str | None = None, *, keep_text: bool = False) -> None:
         self.parser = SseParser()
+        self.facts = StreamFacts()
         self.format: str | None = None
         self._fmt: StreamFormat | None = None
         if format is not None:
             self._fmt = get_format(format)
             self.format = format
         self._hint = format_for_path(path)
-        self.facts = StreamFacts()
-        self.chunks = 0
-        self.bytes = 0
         self.events = 0
         self.content_events = 0
         self.tokens = 0
+        self.malformed = 0
         self.leading_whitespace_events = 0
         self.done = False
-        self.first_chunk_mono_ns: int | None = None
         self.first_token_mono_ns: int | None = None
         self.last_token_mono_ns: int | None = None
-        self.first_token_forwarded_mono_ns: int | None = None
-        self.last_token_forwarded_mono_ns: int | None = None
-        # how much earlier the token's bytes may have arrived than its read stamp / later they left than its write
-        # stamp (0: exact; see deltatap.net.wire)
+        # how much earlier the token's bytes may have arrived than its read stamp (0: exact; see deltatap.net.wire)
         self.first_token_bound_ns = 0
         self.last_token_bound_ns = 0
+        self.parts: list[str] | None = [] if keep_text else None
+
+    def feed(self, data: bytes | bytearray | memoryview, t_mono_ns: int, bound_ns: int = 0) -> int:
+        """Feed one chunk as read at ``t_mono_ns`` (its bytes arrived at most ``bound_ns`` before); returns the
+        number of content events it completed."""
+        n = 0
+        take = self.take
+        for ev in self.parser.feed(data):
+            if take(ev, t_mono_ns, bound_ns)[0]:
+                n += 1
+        return n
+
+    def finish(self, t_mono_ns: int, bound_ns: int = 0) -> int:
+        """End of stream at ``t_mono_ns``: handles an unterminated last event; returns content events it held."""
+        n = 0
+        for ev in self.parser.finish():
+            if self.take(ev, t_mono_ns, bound_ns)[0]:
+                n += 1
+        return n
+
+    def take(self, ev: SseEvent, t_mono_ns: int, bound_ns: int = 0) -> Extracted:
+        """Classify one event read at ``t_mono_ns`` and account for it: ``(content text, tokens, ends the
+        stream)``. Subclasses that keep events (the firewall holds them for inspection) extend this."""
+        self.events += 1
+        data = ev.data
+        if data == "[DONE]":
+            self.done = True
+            return _DONE
+        if not data:
+            return _NONE
+        try:
+            obj = _decode_json(data)
+        except ValueError:
+            self.malformed += 1
+            return _NONE
+        fmt = self._fmt
+        if fmt is None:
+            name = detect_format(obj, ev.event, self._hint)
+            if name is None:
+                self.malformed += 1
+                return _NONE
+            fmt = self._fmt = FORMATS[name]
+            self.format = name
+        got = fmt.extract(obj, ev.event, self.facts)
+        text, tokens, done = got
+        if done:
+            self.done = True
+        if not text:
+            return got
+        self.content_events += 1
+        self.tokens += tokens
+        self.last_token_mono_ns = t_mono_ns
+        self.last_token_bound_ns = bound_ns
+        if self.parts is not None:
+            self.parts.append(text)
+        if self.first_token_mono_ns is None:
+            if text.isspace():  # methodology 5.1.3.1: whitespace-only tokens are not the first token
+                self.leading_whitespace_events += 1
+            else:
+                self.first_token_mono_ns = t_mono_ns
+                self.first_token_bound_ns = bound_ns
+        return got
+
+    @property
+    def text(self) -> str:
+        """The content text so far (``keep_text`` only; ``""`` otherwise)."""
+        return "".join(self.parts) if self.parts else ""
+
+    @property
+    def comments(self) -> int:
+        return self.parser.comments
+
+    @property
+    def truncated(self) -> bool:
+        return self.parser.truncated
+
+
+# --------------------------------------------------------------------------------------------
+# The per-response observer (the tap's)
+# --------------------------------------------------------------------------------------------
+
+
+class StreamObserver(ContentStream):
+    """Everything deltatap records about one SSE response, fed ``(chunk, t_mono_ns)``: the
+    :class:`ContentStream` plus chunk and byte counts, the inter-token gaps and the forwarded side."""
+
+    def __init__(self, format: str | None = None, path: str | None = None) -> None:
+        super().__init__(format, path)
+        self.chunks = 0
+        self.bytes = 0
+        self.first_chunk_mono_ns: int | None = None
+        self.first_token_forwarded_mono_ns: int | None = None
+        self.last_token_forwarded_mono_ns: int | None = None
+        # how much later the token's bytes may have left than its write stamp (0: exact; see deltatap.net.wire)
         self.first_token_forwarded_bound_ns = 0
         self.last_token_forwarded_bound_ns = 0
         self.gaps = GapStats()
@@ -262,10 +380,6 @@ class StreamObserver:
         self._unforwarded = 0  # content events fed since the last forwarded() call
         self._unforwarded_first = False
         self._last_had_first = False
-
-    @property
-    def comments(self) -> int:
-        return self.parser.comments
 
     def feed(self, data: bytes | bytearray | memoryview, t_mono_ns: int, bound_ns: int = 0) -> int:
         """Feed one chunk as read at ``t_mono_ns`` (its bytes arrived at most ``bound_ns`` before); returns the
@@ -276,29 +390,19 @@ class StreamObserver:
             self.first_chunk_mono_ns = t_mono_ns
         return self._events(self.parser.feed(data), t_mono_ns, bound_ns)
 
-    def _events(self, events: list[SseEvent], t_mono_ns: int, bound_ns: int = 0) -> int:
+    def finish(self, t_mono_ns: int, bound_ns: int = 0) -> int:
+        """End of stream at ``t_mono_ns``: handles an unterminated last event; returns content events it held."""
+        return self._events(self.parser.finish(), t_mono_ns, bound_ns)
+
+    def _events(self, events: list[SseEvent], t_mono_ns: int, bound_ns: int) -> int:
+        waiting = self.first_token_mono_ns is None
         n_content = 0
-        had_first = False
+        take = self.take
         for ev in events:
-            self.events += 1
-            text, tokens, done = self._classify(ev)
-            if done:
-                self.done = True
-            if not text:
-                continue
-            n_content += 1
-            self.content_events += 1
-            self.tokens += tokens
-            self.gaps.observe(t_mono_ns)
-            self.last_token_mono_ns = t_mono_ns
-            self.last_token_bound_ns = bound_ns
-            if self.first_token_mono_ns is None:
-                if text.isspace():
-                    self.leading_whitespace_events += 1
-                else:
-                    self.first_token_mono_ns = t_mono_ns
-                    self.first_token_bound_ns = bound_ns
-                    had_first = True
+            if take(ev, t_mono_ns, bound_ns)[0]:
+                n_content += 1
+                self.gaps.observe(t_mono_ns)
+        had_first = waiting and self.first_token_mono_ns is not None
         self._unforwarded += n_content
         self._unforwarded_first = self._unforwarded_first or had_first
         self._last_had_first = had_first
@@ -322,33 +426,6 @@ class StreamObserver:
             self.first_token_forwarded_bound_ns = bound_ns
         self._unforwarded = 0
         self._unforwarded_first = False
-
-    def finish(self, t_mono_ns: int, bound_ns: int = 0) -> int:
-        """End of stream at ``t_mono_ns``: handles an unterminated last event; returns content events it held."""
-        return self._events(self.parser.finish(), t_mono_ns, bound_ns)
-
-    @property
-    def truncated(self) -> bool:
-        return self.parser.truncated
-
-    def _classify(self, ev: SseEvent) -> Extracted:
-        data = ev.data
-        if data == "[DONE]":
-            return "", 0, True
-        if not data or data[0] not in "{[":
-            return _NONE
-        try:
-            obj = _decode_json(data)
-        except ValueError:
-            return _NONE
-        if self._fmt is None:
-            name = detect_format(obj, ev.event, self._hint)
-            if name is None:
-                return _NONE
-            self._fmt = FORMATS[name]
-            self.format = name
-        return self._fmt.extract(obj, ev.event, self.facts)
-
 
 
 def itl_per_request_ns(first_token_ns: int | None, last_token_ns: int | None, output_tokens: int | None) -> float | None:

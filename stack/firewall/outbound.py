@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from deltatap.core.sse import SseEvent, SseParser, StreamFacts, StreamFormat, detect_format, format_for_path, get_format
+from deltatap.core.sse import ContentStream, Extracted, SseEvent
 
 from deltatap.stack.config import OutboundInspection
 from deltatap.stack.delays import DelaySampler
@@ -60,63 +60,39 @@ def _rewrite(ev: SseEvent, kind: str, rules: RuleSet) -> SseEvent:
     return SseEvent(json.dumps(obj, separators=(",", ":")), ev.event, ev.id, ev.retry)
 
 
-class OutboundStream:
-    """Per-response state: feed reads, ask what may be released."""
+class OutboundStream(ContentStream):
+    """Per-response state: feed reads, ask what may be released. Classifying the events (format, content text,
+    tokens, the first content token, usage) is the :class:`ContentStream`'s; this class holds each event with its
+    text until its window is inspected."""
 
     def __init__(self, cfg: OutboundInspection, rules: RuleSet, sampler: DelaySampler, path: str) -> None:
+        super().__init__(path=path)
         self.cfg, self.rules, self.sampler = cfg, rules, sampler
-        self.parser = SseParser()
-        self.facts = StreamFacts()
-        self._fmt: StreamFormat | None = None
-        self._hint = format_for_path(path)
         self.held: list[Held] = []
         self.held_tokens = 0
         self.windows = 0
         self.checks = 0
         self.inspect_ms = 0.0
-        self.content_events = 0
-        self.first_in: int | None = None  # read stamp of the first non-blank content event
-        self.last_in: int | None = None
         self.verdict = Verdict(Decision.ALLOW)
         self.blocked = False
 
     @property
-    def format(self) -> str | None:
-        return self._fmt.name if self._fmt else None
+    def first_in(self) -> int | None:
+        """Read stamp of the first non-blank content event (t9)."""
+        return self.first_token_mono_ns
 
-    def feed(self, data: bytes, t_read: int) -> None:
-        for ev in self.parser.feed(data):
-            self._hold(ev, t_read)
+    @property
+    def last_in(self) -> int | None:
+        """Read stamp of the last content event."""
+        return self.last_token_mono_ns
 
-    def finish(self, t_read: int) -> None:
-        for ev in self.parser.finish():
-            self._hold(ev, t_read)
-
-    def _hold(self, ev: SseEvent, t: int) -> None:
-        text, tokens = self._content(ev)
+    def take(self, ev: SseEvent, t_mono_ns: int, bound_ns: int = 0) -> Extracted:
+        got = ContentStream.take(self, ev, t_mono_ns, bound_ns)
+        text, tokens = got[0], got[1]
         if text:
-            self.content_events += 1
             self.held_tokens += max(1, tokens)
-            self.last_in = t
-            if self.first_in is None and not text.isspace():
-                self.first_in = t
         self.held.append(Held(ev, text, tokens))
-
-    def _content(self, ev: SseEvent) -> tuple[str, int]:
-        data = ev.data
-        if not data or data[0] not in "{[":
-            return "", 0
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            return "", 0
-        if self._fmt is None:
-            name = detect_format(obj, ev.event, self._hint)
-            if name is None:
-                return "", 0
-            self._fmt = get_format(name)
-        text, tokens, _ = self._fmt.extract(obj, ev.event, self.facts)
-        return text, tokens
+        return got
 
     def _window(self) -> int | None:
         mode = self.cfg.mode

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deltatap.core.sse import FORMATS, GapStats, SseParser, StreamObserver, detect_format, format_for_path
+from deltatap.core.sse import FORMATS, ContentStream, GapStats, SseParser, StreamObserver, detect_format, format_for_path
 
 # the real llama.cpp capture from shared/fixtures, vendored next to the tests
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sse" / "llamacpp-chat-completions.sse"
@@ -213,6 +213,53 @@ def test_non_json_and_unknown_events_are_framing():
     obs = StreamObserver()
     obs.feed(b": comment\n\ndata: not json\n\nevent: x\ndata: {\"foo\": 1}\n\n", 1)
     assert obs.events == 2 and obs.content_events == 0 and obs.format is None
+    assert obs.malformed == 2  # not JSON; JSON that no format recognises
+
+
+# ---- ContentStream: the one classifier the tap, the load generator and the firewall share ----
+
+
+def test_content_stream_malformed_text_and_first_token():
+    cs = ContentStream(keep_text=True)
+    raw = (
+        b"data: not json\n\n"  # malformed
+        b"data: [1, 2]\n\n"  # JSON, but no format recognises it: malformed
+        b"data:\n\n"  # empty data: framing
+        + sse({"object": "chat.completion.chunk", "choices": [{"delta": {"role": "assistant"}}]})
+        + sse({"choices": [{"delta": {"content": " \n"}}]})
+    )
+    assert cs.feed(raw, 10, 3) == 1
+    assert (cs.format, cs.malformed, cs.events, cs.content_events, cs.leading_whitespace_events) == ("openai-chat", 2, 5, 1, 1)
+    assert cs.first_token_mono_ns is None and (cs.last_token_mono_ns, cs.last_token_bound_ns) == (10, 3)
+    # a data value with one more space than the field's own still decodes as JSON
+    assert cs.feed(b'data:  {"choices": [{"delta": {"content": "Hi"}}]}\n\n', 20, 7) == 1
+    assert (cs.first_token_mono_ns, cs.first_token_bound_ns) == (20, 7)
+    cs.feed(b'data: {"foo": 1}\n\n', 30)  # once the format is known, an event it does not read is framing
+    assert cs.malformed == 2 and not cs.done
+    cs.feed(b"data: [DONE]\n", 40)  # the blank line never comes: finish() dispatches it
+    assert cs.finish(41) == 0 and cs.done and not cs.truncated
+    assert cs.parts == [" \n", "Hi"] and cs.text == " \nHi" and cs.tokens == 2
+
+    quiet = ContentStream("openai-chat")  # the tap's default: no text kept
+    quiet.feed(sse({"choices": [{"delta": {"content": "Hi"}}]}), 1)
+    assert quiet.parts is None and quiet.text == "" and quiet.content_events == 1
+
+
+def test_content_stream_take_per_event_matches_feed():
+    raw = FIXTURE.read_bytes()
+    whole = ContentStream(path="/v1/chat/completions")
+    whole.feed(raw, 5)
+    whole.finish(6)
+    by_event = ContentStream(path="/v1/chat/completions")
+    texts = []
+    for ev in [*by_event.parser.feed(raw), *by_event.parser.finish()]:
+        text, tokens, _done = by_event.take(ev, 5)
+        texts.append(text)
+        assert tokens == (1 if text else 0)
+    assert sum(1 for t in texts if t) == whole.content_events == by_event.content_events == 64
+    assert (by_event.first_token_mono_ns, by_event.done, by_event.facts) == (whole.first_token_mono_ns, whole.done, whole.facts)
+    with pytest.raises(ValueError, match="unknown stream format 'nope'"):
+        ContentStream("nope")
 
 
 def test_detectors_and_path_hints_cover_all_formats():
