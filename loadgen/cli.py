@@ -73,6 +73,8 @@ def register(subparsers: Any) -> None:
                    "(run with the same workload, seed and load shape as it)")
     p.add_argument("--start-in", type=float, default=2.0, dest="start_in_s",
                    help="with --coordinate: seconds from the last host joining to the shared start (default 2)")
+    p.add_argument("--processes", type=int, default=1, help="send from N processes (one per core): request i goes to process "
+                   "i mod N, all from one shared start, records merged into one output (--rate or --concurrency)")
     p.add_argument("--run-id", help="run id used in request ids and spans (default: 8 random hex digits)")
     p.add_argument("--plan-only", action="store_true", help="write the request sequence to --out/requests.jsonl and exit")
     p.add_argument("--json", action="store_true", help="print summary.json to stdout")
@@ -91,7 +93,7 @@ def main(args: argparse.Namespace) -> int:
         "target", "endpoint", "model", "workload", "rate", "concurrency", "batch", "arrival", "requests", "duration_s",
         "seed", "warmup_requests", "warmup_probes", "warmup_rounds", "warmup_concurrency", "out", "request_timeout_s",
         "drain_s", "workers", "clock_sync", "ignore_eos", "progress", "gpu", "run_id", "preconnect", "spin_us",
-        "coordinate", "hosts", "coordinator", "start_in_s",
+        "coordinate", "hosts", "coordinator", "start_in_s", "processes",
     )}
     fields["headers"] = dict(args.header)
     fields["labels"] = dict(args.label)
@@ -111,7 +113,7 @@ def main(args: argparse.Namespace) -> int:
     from deltatap.loadgen.run import LoadAborted, run_load
 
     try:
-        result = aio.run(run_load(options, telemetry, say=_say))
+        result = aio.run(run_load(options, telemetry, say=_say, otlp=args.otlp))
     except LoadAborted as exc:
         print(f"deltatap load: {exc}", file=sys.stderr)
         return 1

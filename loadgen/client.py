@@ -1,32 +1,33 @@
 """One request over HTTP: build the body, send, read the SSE stream with socket-level stamps.
 
-Every stamp comes from :mod:`deltatap.net.wire`'s stamping connector (taken in the connection's
-``data_received`` / ``write``), so a busy event loop delays our *processing* of a chunk, never its
-timestamp. The only stamp taken in this module is ``send_mono_ns``, immediately before the request
-call (no await in between). Failures never raise out of :func:`execute`: they become the record's
-``status`` / ``error_kind``.
+Requests go through :mod:`deltatap.loadgen.h1client` (a keep-alive pool on deltatap.net.conn's stamped
+protocols and deltatap.net.h1's framing): every read and write stamp is taken at the socket (the kernel's
+where it gives them), so a busy event loop delays our *processing* of a chunk, never its timestamp; the
+stream's payload slices reach :class:`~deltatap.loadgen.stream.ClientStream` in the read callback itself.
+The only stamp taken in this module is ``send_mono_ns``, immediately before the request is written (no
+await in between). Failures never raise out of :func:`execute`: they become the record's ``status`` /
+``error_kind``. ``GET /v1/models`` (:func:`list_models`, not on the request path) uses aiohttp.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno as _errno
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 
 from deltatap.core.clock import mono_ns
 from deltatap.core.vocab import DEFAULT_CORRELATION_HEADER, ClientEvent, Outcome
-from deltatap.net.wire import make_stamping_connector, upstream_stamps
+from deltatap.loadgen.h1client import BODY_LIMIT, ConnectFailed, Exchange, H1Pool, cannot_connect, connect_reason
 from deltatap.loadgen.records import ErrorKind, RequestRecord
 from deltatap.loadgen.stream import ClientStream
+from deltatap.net.h1 import Head
+from deltatap.net.wire import request_written_bound
 
-ERROR_BODY_LIMIT = 64 * 1024
+ERROR_BODY_LIMIT = BODY_LIMIT
 SERVER_MESSAGE_LIMIT = 200  # characters of a non-2xx body kept as the record's server_message
 REFUSAL_FINISH_REASONS = frozenset({"content_filter"})
 
@@ -74,6 +75,18 @@ class Target:
         if self.ignore_eos:
             obj["ignore_eos"] = True
         return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+    def header_names(self) -> tuple[str, ...]:
+        return ("Content-Type", "Accept", self.correlation_header, "traceparent", *self.headers)
+
+    def new_stream(self, head: Head) -> ClientStream | None:
+        """The parser for a response with this head: an event stream's (a 2xx with ``text/event-stream``), else None."""
+        if head.status >= 400:
+            return None
+        ctype = head.get(b"content-type")
+        if ctype is None or b"text/event-stream" not in ctype:
+            return None
+        return ClientStream(path=None, format=self.endpoint.stream_format)
 
     def request_headers(self, rec: RequestRecord, traceparent: str) -> dict[str, str]:
         h = {
@@ -167,26 +180,18 @@ def server_message(raw: bytes, limit: int = SERVER_MESSAGE_LIMIT) -> str | None:
 
 def connect_error(exc: aiohttp.ClientConnectorError) -> str:
     """``cannot connect to HOST:PORT (why)``, the why in a few plain words (connection refused, ...)."""
-    os_err = getattr(exc, "os_error", None)
-    code = getattr(os_err, "errno", None)
-    if isinstance(exc, getattr(aiohttp, "ClientConnectorDNSError", ())) or code in (-2, -3, -5, -8):
+    if isinstance(exc, getattr(aiohttp, "ClientConnectorDNSError", ())):
         why = "host name not found"
-    elif code == _errno.ECONNREFUSED:
-        why = "connection refused"
-    elif isinstance(code, int) and code > 0:
-        why = os.strerror(code).lower()
     else:
-        why = str(os_err or exc) or type(exc).__name__
-    host = exc.host if ":" not in (exc.host or "") else f"[{exc.host}]"
-    return f"cannot connect to {host}:{exc.port} ({why})"
+        why = connect_reason(getattr(exc, "os_error", None) or exc)
+    return cannot_connect(exc.host or "", exc.port or 0, why)
 
 
-def make_session(target: Target) -> aiohttp.ClientSession:
-    """One session per worker: its own connection pool (unlimited), stamping every read and write; no
-    cookie jar, so no request is shaped by an earlier response (methodology 4.2.5, request isolation)."""
-    connector = make_stamping_connector(limit=0, force_close=False, enable_cleanup_closed=False)
-    timeout = aiohttp.ClientTimeout(total=target.timeout_s, sock_connect=min(target.timeout_s, 10.0))
-    return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar())
+def make_session(target: Target) -> H1Pool:
+    """One connection pool per worker (unlimited keep-alive connections on deltatap.net.conn's stamped
+    protocols, loadgen/h1client.py); no cookies, so no request is shaped by an earlier response
+    (methodology 4.2.5, request isolation)."""
+    return H1Pool(target.url, connect_timeout=min(target.timeout_s, 10.0), header_names=target.header_names())
 
 
 def _fail(rec: RequestRecord, status: Outcome, kind: str, message: str) -> None:
@@ -195,85 +200,71 @@ def _fail(rec: RequestRecord, status: Outcome, kind: str, message: str) -> None:
     rec.error = message[:300]
 
 
-async def execute(session: aiohttp.ClientSession, target: Target, rec: RequestRecord, body: bytes, headers: dict[str, str]) -> ClientStream | None:
+async def execute(session: H1Pool, target: Target, rec: RequestRecord, body: bytes, headers: dict[str, str]) -> ClientStream | None:
     """Send one request and fill ``rec``; returns the parsed stream (None if there was none)."""
-    stream: ClientStream | None = None
+    data = session.serialise(headers, body)
+    ex = Exchange(target.new_stream)
     rec.send_mono_ns = mono_ns()
     try:
-        async with session.post(target.url, data=body, headers=headers) as resp:
-            stamps = upstream_stamps(resp)
-            rec.headers_mono_ns = stamps.head_mono_ns if stamps else mono_ns()
-            if stamps is not None:
-                rec.written_mono_ns = stamps.request_written_mono_ns
-                rec.stamp_bounds[ClientEvent.SEND] = (0, stamps.request_written_bound_ns)
-            rec.http_status = resp.status
-            ctype = resp.headers.get("Content-Type", "")
-            if resp.status >= 400:
-                raw = await _drain(resp, keep=True)
-                rec.end_mono_ns = mono_ns()
-                rec.server_message = server_message(raw)
-                if resp.status in target.refusal_statuses:
-                    _fail(rec, Outcome.REFUSED, ErrorKind.REFUSED, f"HTTP {resp.status} (refusal status)")
-                else:
-                    _fail(rec, Outcome.HTTP_ERROR, ErrorKind.HTTP_STATUS, f"HTTP {resp.status} {resp.reason or ''}".strip())
-                return None
-            if "text/event-stream" not in ctype:
-                await _drain(resp)
-                rec.end_mono_ns = mono_ns()
-                _fail(rec, Outcome.UPSTREAM_ERROR, ErrorKind.NON_SSE, f"HTTP {resp.status} with Content-Type {ctype or 'none'!r}, not an event stream")
-                return None
-            stream = ClientStream(path=None, format=target.endpoint.stream_format)
-            consumed = 0
-            async for chunk in resp.content.iter_any():
-                start = consumed
-                consumed += len(chunk)
-                if stamps is None:
-                    stream.feed(chunk, mono_ns())
-                    continue
-                for s, e, t, bound in stamps.slices(start, consumed, bounds=True):
-                    stream.feed(chunk[s - start : e - start], t, bound)
-            t_end = stamps.arrival_mono_ns(consumed) if stamps is not None and consumed else mono_ns()
-            stream.finish(t_end, stamps.bound_at(consumed) if stamps is not None and consumed else 0)
-            rec.end_mono_ns = t_end
+        async with asyncio.timeout(target.timeout_s):
+            await session.exchange(ex, data)
     except asyncio.CancelledError:
         rec.end_mono_ns = mono_ns()
+        _head(rec, ex)
         _fail(rec, Outcome.CLIENT_CANCEL, ErrorKind.CANCELLED, "the run ended before the response did")
-        _take_stream(rec, stream)
+        _take_stream(rec, ex.sink)  # type: ignore[arg-type]
         raise
-    except aiohttp.ConnectionTimeoutError:
+    except ConnectFailed as exc:
         rec.end_mono_ns = mono_ns()
-        parts = urlsplit(target.url)
-        _fail(rec, Outcome.UPSTREAM_ERROR, ErrorKind.UNREACHABLE,
-              f"cannot connect to {parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)} (connect timed out)")
-    except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
+        _fail(rec, Outcome.UPSTREAM_ERROR, ErrorKind.UNREACHABLE, str(exc))
+        return None
+    except TimeoutError:
         rec.end_mono_ns = mono_ns()
+        _head(rec, ex)
         _fail(rec, Outcome.TIMEOUT, ErrorKind.TIMEOUT, f"no complete answer within {target.timeout_s:g} s")
-    except aiohttp.ClientConnectorError as exc:
+        _take_stream(rec, ex.sink)  # type: ignore[arg-type]
+        return ex.sink  # type: ignore[return-value]
+    stream: ClientStream | None = ex.sink  # type: ignore[assignment]
+    _head(rec, ex)
+    if ex.error is not None:
         rec.end_mono_ns = mono_ns()
-        _fail(rec, Outcome.UPSTREAM_ERROR, ErrorKind.UNREACHABLE, connect_error(exc))
-    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionError) as exc:
+        _fail(rec, Outcome.UPSTREAM_ERROR, ErrorKind.DISCONNECTED, ex.error)
+        _take_stream(rec, stream)
+        return stream
+    status = ex.status or 0
+    if status >= 400:
         rec.end_mono_ns = mono_ns()
-        _fail(rec, Outcome.UPSTREAM_ERROR, ErrorKind.DISCONNECTED, f"{type(exc).__name__}: {exc}")
-    except aiohttp.ClientError as exc:
+        rec.server_message = server_message(ex.body)
+        if status in target.refusal_statuses:
+            _fail(rec, Outcome.REFUSED, ErrorKind.REFUSED, f"HTTP {status} (refusal status)")
+        else:
+            _fail(rec, Outcome.HTTP_ERROR, ErrorKind.HTTP_STATUS, f"HTTP {status} {ex.head.reason.decode('latin-1') if ex.head else ''}".strip())
+        return None
+    if stream is None:
         rec.end_mono_ns = mono_ns()
-        _fail(rec, Outcome.UPSTREAM_ERROR, ErrorKind.DISCONNECTED, f"{type(exc).__name__}: {exc}")
+        ctype = ex.header(b"content-type")
+        _fail(rec, Outcome.UPSTREAM_ERROR, ErrorKind.NON_SSE, f"HTTP {status} with Content-Type {ctype or 'none'!r}, not an event stream")
+        return None
+    if ex.last_mono_ns is not None:
+        t_end, bound = ex.last_mono_ns, ex.last_bound_ns
+    else:
+        t_end, bound = mono_ns(), 0
+    stream.finish(t_end, bound)
+    rec.end_mono_ns = t_end
     _take_stream(rec, stream)
-    if stream is not None and rec.status == Outcome.OK:
+    if rec.status == Outcome.OK:
         _judge_stream(rec, stream)
     return stream
 
 
-async def _drain(resp: aiohttp.ClientResponse, keep: bool = False) -> bytes:
-    """Read (at most ``ERROR_BODY_LIMIT`` of) the body; with ``keep``, return what was read."""
-    read = 0
-    kept: list[bytes] = []
-    async for chunk in resp.content.iter_any():
-        read += len(chunk)
-        if keep:
-            kept.append(chunk)
-        if read > ERROR_BODY_LIMIT:
-            break
-    return b"".join(kept)[:ERROR_BODY_LIMIT]
+def _head(rec: RequestRecord, ex: Exchange) -> None:
+    """The response head's stamps, and the request's written point with its bound, once the head came."""
+    if ex.head is None:
+        return
+    rec.headers_mono_ns = ex.head_mono_ns
+    rec.written_mono_ns = ex.written_mono_ns
+    rec.stamp_bounds[ClientEvent.SEND] = (0, request_written_bound(ex.written_mono_ns, ex.written_bound_ns, ex.head_mono_ns))
+    rec.http_status = ex.head.status
 
 
 def _take_stream(rec: RequestRecord, stream: ClientStream | None) -> None:

@@ -8,6 +8,10 @@ One ``deltatap load`` is the coordinator (``--coordinate HOST:PORT --hosts N``):
   included) have joined, each is answered with its index and the start instant, ``--start-in`` seconds
   (default 2) after the last join, on the coordinator's clock.
 
+On one host, ``--processes N`` splits the run the same way over N processes (:class:`ProcessGroup`, at the
+end of this module): request ``i`` goes to process ``i mod N``, all start at one instant, and the records
+are merged into the one output the run writes.
+
 The others run the same command with ``--coordinator http://HOST:PORT`` instead. Every host builds the
 same plan (same workload, seed, request count, rate, arrival process: the join refuses a host whose plan
 differs) and sends its share of it: host ``i`` of ``N`` takes units ``i, i+N, i+2N, ...`` with their
@@ -159,3 +163,163 @@ async def join(url: str, key: str, timeout_s: float = 120.0) -> Assignment:
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
         raise ConfigError(f"--coordinator {url}: no start instant within {timeout_s:.0f} s ({exc or type(exc).__name__})") from None
     return Assignment(int(body["index"]), int(body["hosts"]), int(body["start_unix_ns"]), clock.offset_ns, clock.uncertainty_ns)
+
+
+# --------------------------------------------------------------------------------------------
+# Several processes on this host (``deltatap load --processes N``)
+# --------------------------------------------------------------------------------------------
+# Process 0 is the command itself; processes 1..N-1 are spawned (a fresh interpreter each: the parent has an
+# event loop and an export thread, which a fork would copy half-way). Each takes the same share as a host would
+# (units p, p+N, ... with their planned offsets: Assignment.share), numbers its requests with a stride of N so
+# the ids are those one process would give, and starts at one shared instant on CLOCK_MONOTONIC (the clock of
+# deltatap.core.clock.mono_ns, common to every process of the host). Their records come back whole (mono_ns
+# stamps, output text for the reference token count) and are merged by the parent; each exports its own spans.
+
+PROGRESS_SLOTS = 4  # per process, in a shared array: sent, done, in flight, errors (the live progress line)
+
+
+def split_concurrency(concurrency: int, processes: int, index: int) -> int:
+    """Process ``index``'s part of ``concurrency`` requests in flight (the first ones take the remainder)."""
+    return concurrency // processes + (1 if index < concurrency % processes else 0)
+
+
+class ProcessGroup:
+    """The spawned processes 1..N-1 of a ``--processes N`` run, driven over pipes from the parent's loop."""
+
+    def __init__(self, processes: int, otlp: str | None) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.n = processes
+        self.progress = ctx.Array("q", PROGRESS_SLOTS * processes, lock=False)
+        self._pipes: list[Any] = []
+        self._procs: list[Any] = []
+        for p in range(1, processes):
+            ours, theirs = ctx.Pipe()
+            proc = ctx.Process(target=child_main, args=(theirs, p, otlp, self.progress), name=f"deltatap-load-{p}", daemon=True)
+            proc.start()
+            theirs.close()
+            self._pipes.append(ours)
+            self._procs.append(proc)
+
+    async def _recv(self, i: int, timeout_s: float | None) -> Any:
+        loop = asyncio.get_running_loop()
+        pipe = self._pipes[i]
+
+        def recv() -> Any:
+            if timeout_s is not None and not pipe.poll(timeout_s):
+                raise TimeoutError
+            return pipe.recv()
+
+        try:
+            msg = await loop.run_in_executor(None, recv)
+        except (EOFError, OSError):
+            raise ConfigError(f"--processes: process {i + 2} of {self.n} ended unexpectedly (exit code {self._procs[i].exitcode})") from None
+        except TimeoutError:
+            raise ConfigError(f"--processes: process {i + 2} of {self.n} did not answer within {timeout_s:.0f} s") from None
+        if isinstance(msg, tuple) and msg and msg[0] == "error":
+            raise ConfigError(f"--processes: process {i + 2} of {self.n}: {msg[1]}")
+        return msg
+
+    async def _send_all(self, messages: list[Any]) -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(None, pipe.send, m) for pipe, m in zip(self._pipes, messages, strict=True)))
+
+    async def prepare(self, plans: list[dict[str, Any]], timeout_s: float = 120.0) -> None:
+        """Hand each process its share (``plans[i]`` for process i + 1) and wait until all are ready to send."""
+        await self._send_all(plans)
+        await asyncio.gather(*(self._recv(i, timeout_s) for i in range(len(self._pipes))))
+
+    async def start(self, start_mono_ns: int) -> None:
+        await self._send_all([("start", start_mono_ns)] * len(self._pipes))
+
+    async def results(self) -> list[dict[str, Any]]:
+        """Each process's ``{"records": [...], "max_in_flight": n, "spans": {...}}``, once it has finished."""
+        return list(await asyncio.gather(*(self._recv(i, None) for i in range(len(self._pipes)))))
+
+    def progress_of(self, index: int) -> tuple[int, ...]:
+        base = index * PROGRESS_SLOTS
+        return tuple(self.progress[base : base + PROGRESS_SLOTS])
+
+    async def close(self) -> None:
+        for pipe in self._pipes:
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        loop = asyncio.get_running_loop()
+        for proc in self._procs:
+            await loop.run_in_executor(None, proc.join, 15)
+            if proc.is_alive():
+                proc.terminate()
+                await loop.run_in_executor(None, proc.join, 5)
+
+
+def child_main(pipe: Any, index: int, otlp: str | None, progress: Any) -> None:
+    """Entry point of spawned process ``index`` (runs its share, sends its records back)."""
+    import signal
+
+    from deltatap.net import aio
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the parent, which ends the run for everyone
+    try:
+        aio.run(_child(pipe, index, otlp, progress))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent as one line
+        try:
+            pipe.send(("error", f"{type(exc).__name__}: {exc}"))
+        except OSError:
+            pass
+
+
+async def _child(pipe: Any, index: int, otlp: str | None, progress: Any) -> None:
+    import gc
+
+    from deltatap.loadgen.modes import MODES, ModeConfig, open_sessions, preconnect
+    from deltatap.loadgen.runner import Runner
+    from deltatap.telemetry.tracer import setup_telemetry
+
+    loop = asyncio.get_running_loop()
+    telemetry = setup_telemetry("deltatap-loadgen", otlp=otlp)
+    try:
+        plan = await loop.run_in_executor(None, pipe.recv)
+        runner = Runner(plan["target"], None, telemetry, plan["run_id"], plan["clock"], spin_ns=plan["spin_ns"])  # type: ignore[arg-type]
+        runner.phase = "measure"
+        runner._seq, runner.seq_step = plan["seq_start"], plan["seq_step"]
+        cfg: ModeConfig = plan["cfg"]
+        runner.prebuild([r for u in cfg.units for r in u])
+        sessions = open_sessions(runner, plan["sessions"])
+        try:
+            if plan["preconnect"]:
+                await preconnect(sessions, plan["preconnect"])
+            pipe.send(("ready", index))
+            _tag, cfg.start_mono_ns = await loop.run_in_executor(None, pipe.recv)
+            ticker = asyncio.create_task(_publish_progress(runner, progress, index))
+            gc.collect()
+            gc.freeze()
+            try:
+                await MODES[plan["mode"]](runner, cfg, sessions)
+            finally:
+                ticker.cancel()
+                gc.unfreeze()
+        finally:
+            for s in sessions:
+                await s.close()
+        c = runner.counters
+        base = index * PROGRESS_SLOTS
+        progress[base : base + PROGRESS_SLOTS] = [c.sent, c.done, c.in_flight, c.errors]
+        telemetry.processor.force_flush(10_000)
+        st = telemetry.stats
+        await loop.run_in_executor(None, pipe.send, {
+            "records": runner.records, "max_in_flight": c.max_in_flight,
+            "spans": {"ended": st.spans_ended, "exported": st.spans_exported, "dropped": st.spans_dropped},
+        })
+    finally:
+        telemetry.shutdown()
+
+
+async def _publish_progress(runner: Any, progress: Any, index: int) -> None:
+    base = index * PROGRESS_SLOTS
+    while True:
+        c = runner.counters
+        progress[base : base + PROGRESS_SLOTS] = [c.sent, c.done, c.in_flight, c.errors]
+        await asyncio.sleep(0.25)

@@ -19,10 +19,9 @@ import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import aiohttp
-
 from deltatap.core.clock import mono_ns
-from deltatap.loadgen.client import make_session, models_url
+from deltatap.loadgen.client import make_session
+from deltatap.loadgen.h1client import H1Pool
 from deltatap.loadgen.runner import Barrier, Runner
 from deltatap.net.aio import sleep_coarse_until
 from deltatap.loadgen.workloads.base import PlannedRequest
@@ -45,7 +44,7 @@ class ModeConfig:
     start_mono_ns: int | None = None  # several hosts (loadgen/coordinate.py): the shared start, on this host's clock
 
 
-ModeFn = Callable[[Runner, ModeConfig, list[aiohttp.ClientSession]], Awaitable[None]]
+ModeFn = Callable[[Runner, ModeConfig, list[H1Pool]], Awaitable[None]]
 MODES: dict[str, ModeFn] = {}
 
 
@@ -78,7 +77,7 @@ async def _shared_start(cfg: ModeConfig) -> None:
 
 
 @register("open")
-async def open_loop(runner: Runner, cfg: ModeConfig, sessions: list[aiohttp.ClientSession]) -> None:
+async def open_loop(runner: Runner, cfg: ModeConfig, sessions: list[H1Pool]) -> None:
     assert cfg.offsets_ns is not None
     t_start = cfg.start_mono_ns if cfg.start_mono_ns is not None else mono_ns() + cfg.start_delay_ns
     stop = t_start + int(cfg.duration_s * 1e9) if cfg.duration_s else None
@@ -95,7 +94,7 @@ async def open_loop(runner: Runner, cfg: ModeConfig, sessions: list[aiohttp.Clie
 
 
 @register("closed")
-async def closed_loop(runner: Runner, cfg: ModeConfig, sessions: list[aiohttp.ClientSession]) -> None:
+async def closed_loop(runner: Runner, cfg: ModeConfig, sessions: list[H1Pool]) -> None:
     it = itertools.cycle(cfg.units) if cfg.cycle else iter(cfg.units)
     await _shared_start(cfg)
     stop = mono_ns() + int(cfg.duration_s * 1e9) if cfg.duration_s else None
@@ -116,7 +115,7 @@ async def closed_loop(runner: Runner, cfg: ModeConfig, sessions: list[aiohttp.Cl
 
 
 @register("batch")
-async def batch_mode(runner: Runner, cfg: ModeConfig, sessions: list[aiohttp.ClientSession]) -> None:
+async def batch_mode(runner: Runner, cfg: ModeConfig, sessions: list[H1Pool]) -> None:
     n = cfg.batch
     await _shared_start(cfg)
     stop = mono_ns() + int(cfg.duration_s * 1e9) if cfg.duration_s else None
@@ -129,21 +128,12 @@ async def batch_mode(runner: Runner, cfg: ModeConfig, sessions: list[aiohttp.Cli
         await asyncio.gather(*(runner.unit(sessions[i], unit, now, i, barrier=barrier) for i, unit in enumerate(group)))
 
 
-async def preconnect(sessions: list[aiohttp.ClientSession], url: str, headers: dict[str, str], per_session: int = 1) -> None:
-    """Open ``per_session`` connections in each session before the first timed send (GETs of the
-    target's ``/v1/models``, sent together; the status is ignored), so neither a barrier batch nor the
-    first open-loop arrivals spend their instant in TCP handshakes."""
-    murl = models_url(url)
-
-    async def one(s: aiohttp.ClientSession) -> None:
-        try:
-            async with s.get(murl, headers=headers) as r:
-                await r.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            pass
-
-    await asyncio.gather(*(one(s) for s in sessions for _ in range(max(1, per_session))))
+async def preconnect(sessions: list[H1Pool], per_session: int = 1) -> None:
+    """Open ``per_session`` connections in each session before the first timed send (TCP and TLS handshakes
+    only, no request: a tap in front sees no extra request), so neither a barrier batch nor the first open-loop
+    arrivals spend their instant in handshakes. A connection that fails here is opened again when needed."""
+    await asyncio.gather(*(s.preconnect(per_session) for s in sessions))
 
 
-def open_sessions(runner: Runner, count: int) -> list[aiohttp.ClientSession]:
+def open_sessions(runner: Runner, count: int) -> list[H1Pool]:
     return [make_session(runner.target) for _ in range(max(1, count))]

@@ -49,8 +49,7 @@ class LoadOptions(StrictModel):
     spin_us: int = Field(default=1500, ge=0, description="final part of each send wait spent yielding instead of on a timer")
     preconnect: bool | None = Field(
         default=None,
-        description="open connections (GET /v1/models) before timed sends; default: only for --batch "
-        "(through taps they show up as extra requests)",
+        description="open connections (handshakes only, no request) before timed sends; default: only for --batch",
     )
     progress: bool = Field(default=True, description="show live progress on stderr")
     gpu: bool = Field(default=True, description="sample NVIDIA GPU metrics (NVML) when a GPU is present")
@@ -60,6 +59,8 @@ class LoadOptions(StrictModel):
     coordinator: str | None = Field(default=None, description="several hosts: the coordinator's URL (http://HOST:PORT) to join")
     start_in_s: float = Field(default=2.0, gt=0, description="with coordinate: the shared start, this long after the last host joined")
     run_id: str | None = Field(default=None, description="run id in request ids and spans (default: 8 random hex digits)")
+    processes: int = Field(default=1, ge=1, le=256, description="send from N processes: request i goes to process i mod N, "
+                           "all from one shared start; the records are merged (open and closed loop, single-turn workloads)")
 
     @model_validator(mode="after")
     def _check(self) -> LoadOptions:
@@ -76,6 +77,13 @@ class LoadOptions(StrictModel):
             raise ValueError("--coordinate needs --hosts N (how many hosts send load, this one included)")
         if self.hosts is not None and not self.coordinate:
             raise ValueError("--hosts is the coordinator's: give it with --coordinate HOST:PORT")
+        if self.processes > 1 and self.batch is not None:
+            raise ValueError("--processes works with --rate or --concurrency: a --batch barrier cannot span processes")
+        if self.processes > 1 and self.concurrency is not None and self.concurrency < self.processes:
+            raise ValueError(f"--processes {self.processes} needs --concurrency >= {self.processes} (each process keeps its part in flight)")
+        for name, value in self.headers.items():
+            if not name or any(c in name for c in " :\t\r\n\0") or any(c in value for c in "\r\n\0"):
+                raise ValueError(f"header {name!r}: a name without spaces or colons and a value without line breaks")
         return self
 
     @property

@@ -8,7 +8,7 @@ import logging
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from deltatap.core.vocab import Outcome
 from deltatap.loadgen.arrivals import schedule_offsets_ns
 from deltatap.loadgen.client import ModelListError, Target, list_models, resolve_url
 from deltatap.loadgen.gpu import GpuSampler
-from deltatap.loadgen.coordinate import Assignment, Coordinator, join, plan_key
+from deltatap.loadgen.coordinate import Assignment, Coordinator, ProcessGroup, join, plan_key, split_concurrency
 from deltatap.loadgen.modes import MODES, ModeConfig, open_sessions, preconnect, sessions_needed
 from deltatap.loadgen.options import DEFAULT_MODEL, LoadOptions
 from deltatap.loadgen.records import RecordWriter, RequestRecord
@@ -81,8 +81,13 @@ async def pick_model(url: str, headers: dict[str, str], timeout_s: float) -> tup
     return ids[0], "listed", f"no --model given: using model {ids[0]!r}, the first the target lists at /v1/models{more}"
 
 
-async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[str], None] | None = None) -> LoadResult:
+async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[str], None] | None = None,
+                   otlp: str | None = None) -> LoadResult:
     """Run the load described by ``options``, exporting one client span per request via ``telemetry``.
+
+    With ``options.processes`` > 1 the requests of processes 2..N are sent (and their spans exported, through
+    ``setup_telemetry(otlp=otlp)``: ``--otlp``, else the ``OTEL_*`` variables) by spawned processes; their
+    records are merged into this one's.
 
     Raises :class:`~deltatap.config.ConfigError` for bad options (unknown workload, bad URL, an
     unreachable ``--clock-sync`` collector), and its subclass :class:`LoadAborted` when every request
@@ -104,6 +109,8 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
     units = group_units(plan)
     if options.mode == "batch" and any(len(u) > 1 for u in units):
         raise ConfigError(f"--batch needs single-turn requests; workload {spec.name!r} plans multi-turn sessions")
+    if options.processes > 1 and any(len(u) > 1 for u in units):
+        raise ConfigError(f"--processes needs single-turn requests; workload {spec.name!r} plans multi-turn sessions")
     try:
         url, endpoint = resolve_url(options.target, options.endpoint)
     except ValueError as exc:
@@ -123,12 +130,16 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
         except ConnectionError as exc:
             raise ConfigError(f"--clock-sync: {exc}") from None
     run_id = options.run_id or new_run_id()
-    runner = Runner(target, tok, telemetry.tracer, run_id, clock, spin_ns=options.spin_us * 1000)
+    runner = Runner(target, tok, telemetry, run_id, clock, spin_ns=options.spin_us * 1000)
+    procs = options.processes
+    group: ProcessGroup | None = None
     cfg = ModeConfig(
         units=units, concurrency=options.concurrency or 1, batch=options.batch or 1, workers=options.workers,
         duration_s=options.duration_s, drain_s=options.drain_s,
         cycle=options.duration_s is not None and options.requests is None,
     )
+    if procs > 1 and options.mode == "closed":
+        cfg.concurrency = split_concurrency(cfg.concurrency, procs, 0)
     if options.mode == "open":
         assert options.rate is not None
         cfg.offsets_ns = schedule_offsets_ns(options.arrival, options.rate, len(units), options.seed).tolist()
@@ -140,7 +151,10 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
     progress = None
     coordinator: Coordinator | None = None
     assignment: Assignment | None = None
+    child_spans: list[dict[str, int]] = []
     try:
+        if procs > 1:
+            group = ProcessGroup(procs, otlp)  # (they start their interpreters during the warm-up)
         if gpu is not None:
             gpu.start()
         if options.warmup_requests > 0:
@@ -158,26 +172,47 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
             warm_records = runner.records
             runner.records = []
             runner.counters = Counters()
-        runner.prebuild(plan)
+        per = 0
         if options.preconnect or (options.preconnect is None and options.mode == "batch"):
-            per = 1 if options.rate is None else 1 + int(options.rate * 0.01 / len(sessions))
-            await preconnect(sessions, target.url, target.headers, per)
-        if options.progress:
-            from deltatap.loadgen.progress import LiveProgress
-
-            total = len(plan) if options.duration_s is None else None
-            progress = LiveProgress(runner.counters, total)
-            progress.start()
+            per = 1 if options.rate is None else 1 + int(options.rate / procs * 0.01 / len(sessions))
         if options.coordinate or options.coordinator:  # several hosts: this one's share, from one shared start
             coordinator, assignment = await _coordinate(options, spec, say)
             cfg.units = assignment.share(cfg.units)
             if cfg.offsets_ns is not None:
                 cfg.offsets_ns = assignment.share(cfg.offsets_ns)
             cfg.start_mono_ns = assignment.start_mono_ns()
+        if group is not None:  # several processes: each its share (request i to process i mod N), one start
+            await group.prepare([_process_plan(options, cfg, runner, target, run_id, clock, p, procs, per)
+                                 for p in range(1, procs)])
+            runner.seq_step = procs
+            runner._seq -= procs - 1  # (this process's first request is the run's first)
+            cfg.units = Assignment(0, procs, 0).share(cfg.units)
+            if cfg.offsets_ns is not None:
+                cfg.offsets_ns = Assignment(0, procs, 0).share(cfg.offsets_ns)
+        runner.prebuild([r for u in cfg.units for r in u])
+        if per:
+            await preconnect(sessions, per)
+        if group is not None:
+            if cfg.start_mono_ns is None:
+                cfg.start_mono_ns = mono_ns() + 100_000_000  # every process ready: start together, 0.1 s from now
+            await group.start(cfg.start_mono_ns)
+        if options.progress:
+            from deltatap.loadgen.progress import LiveProgress
+
+            total = len(plan) if options.duration_s is None else None
+            counters: Any = runner.counters if group is None else _SummedCounters(runner.counters, group)
+            progress = LiveProgress(counters, total)
+            progress.start()
         gc.collect()
         gc.freeze()  # the plan, bodies and libraries move out of the collector's scans: shorter pauses mid-run
         await MODES[options.mode](runner, cfg, sessions)
+        if group is not None:
+            for res in await group.results():
+                runner.records.extend(res["records"])
+                child_spans.append(res["spans"])
     finally:
+        if group is not None:
+            await group.close()
         if coordinator is not None:
             await coordinator.close()
         gc.unfreeze()
@@ -204,7 +239,7 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
     measured.sort(key=lambda r: (r.planned_mono_ns or 0, r.index))
     records = [r.to_dict() for r in measured]
     summary = summarize(records)
-    summary["max_in_flight_observed"] = runner.counters.max_in_flight
+    summary["max_in_flight_observed"] = runner.counters.max_in_flight if group is None else _max_in_flight(measured)
     ok_out = sum(r.output_tokens or 0 for r in measured if r.status == Outcome.OK)
     summary["gpu"] = gpu.report(windows, ok_out, len(windows)) if gpu is not None else {"available": False, "reason": "disabled (--no-gpu)"}
     summary["warmup"] = warm_report or {"requests_per_round": 0, "verdict": "none: cold start (methodology 4.5.3)"}
@@ -212,12 +247,55 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
     summary["run"]["model"] = model  # what every request asked for
     summary["run"]["model_source"] = model_source  # given (--model), listed (GET /v1/models) or default
     summary["run"]["provenance"] = await _provenance(options, plan, url)
+    for spans in child_spans:  # several processes: every process's spans
+        for k in ("ended", "exported", "dropped"):
+            summary["run"]["spans"][k] += spans[k]
     if assignment is not None:
         summary["run"]["hosts"] = assignment.to_dict()  # several hosts: this one's share and the shared start
     result = LoadResult(summary, records, [r.to_dict() for r in warm_records], plan, None)
     if options.out:
         result.out_dir = write_outputs(Path(options.out), result, measured, warm_records, options.write_requests)
     return result
+
+
+def _process_plan(options: LoadOptions, cfg: ModeConfig, runner: Runner, target: Target, run_id: str,
+                  clock: ClockEstimate | None, p: int, procs: int, preconnect_per: int) -> dict[str, Any]:
+    """What spawned process ``p`` of ``procs`` needs to send its share (loadgen/coordinate.py ProcessGroup)."""
+    share = Assignment(p, procs, 0)
+    sub = replace(cfg, units=share.share(cfg.units), offsets_ns=share.share(cfg.offsets_ns) if cfg.offsets_ns is not None else None)
+    if options.mode == "closed":
+        sub.concurrency = split_concurrency(options.concurrency or 1, procs, p)
+    return {"target": target, "run_id": run_id, "clock": clock, "spin_ns": options.spin_us * 1000, "mode": options.mode,
+            "cfg": sub, "seq_start": runner._seq + p + 1 - procs, "seq_step": procs, "preconnect": preconnect_per,
+            "sessions": sessions_needed(options.mode, sub)}
+
+
+class _SummedCounters:
+    """The live progress line's counters, adding the other processes' (each publishes its own 4 times a second)."""
+
+    def __init__(self, own: Counters, group: ProcessGroup) -> None:
+        self.own, self.group = own, group
+
+    def _sum(self, name: str, slot: int) -> int:
+        return getattr(self.own, name) + sum(self.group.progress_of(p)[slot] for p in range(1, self.group.n))
+
+    sent = property(lambda self: self._sum("sent", 0))
+    done = property(lambda self: self._sum("done", 1))
+    in_flight = property(lambda self: self._sum("in_flight", 2))
+    errors = property(lambda self: self._sum("errors", 3))
+    recent_ttft_ns = property(lambda self: self.own.recent_ttft_ns)  # (this process's: a sample of the run's)
+
+
+def _max_in_flight(records: list[RequestRecord]) -> int:
+    """Most requests in flight at once, from the records' send and end stamps (several processes)."""
+    edges = sorted([(r.send_mono_ns, 1) for r in records if r.send_mono_ns is not None]
+                   + [(r.end_mono_ns, -1) for r in records if r.send_mono_ns is not None and r.end_mono_ns is not None],
+                   key=lambda e: (e[0], e[1]))
+    cur = best = 0
+    for _t, d in edges:
+        cur += d
+        best = max(best, cur)
+    return best
 
 
 async def _provenance(options: LoadOptions, plan: list[PlannedRequest], url: str) -> dict[str, Any]:

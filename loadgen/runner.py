@@ -1,11 +1,16 @@
 """Runs planned requests: ids and client spans, chat history, the precise send, the record.
 
-A :class:`Runner` is shared by every load mode. Per request it: creates the client span (before the
-send wait, start time = the planned send), injects ``traceparent`` and the correlation header, sleeps
-until the planned instant, stamps and sends (:func:`deltatap.loadgen.client.execute`), then adds the span's
-timeline events (t0 = request written, t12 = first content token, ...) with their exact times and ends
-it. Sessions (chatbot) run their turns in order, think time after each answer, history in a sliding
-window of reference tokens.
+A :class:`Runner` is shared by every load mode. Per request it: draws the client span's ids (before the
+send wait), injects ``traceparent`` and the correlation header, sleeps until the planned instant, stamps and
+sends (:func:`deltatap.loadgen.client.execute`), then builds the finished span once — start = the planned
+send, timeline events (t0 = request written, t12 = first content token, ...) with their exact times — and
+hands it to the telemetry's processor (:func:`deltatap.telemetry.spans.emit_span`: no SDK span lives on the
+loop during the request). Sessions (chatbot) run their turns in order, think time after each answer, history
+in a sliding window of reference tokens.
+
+Request ids are ``RUN-<phase letter><n>``, ``n`` counting requests in the order they are sent; a runner that
+sends one share of a plan split over processes counts with a stride (:attr:`Runner.seq_step`), so the ids
+match those of one process sending the whole plan.
 """
 
 from __future__ import annotations
@@ -17,15 +22,17 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanContext, SpanKind
 
 from deltatap.core.clock import mono_ns, to_unix_ns
 from deltatap.core.clocksync import ClockEstimate
 from deltatap.core.config import ConfigError
 from deltatap.core.vocab import SPAN_CLIENT, Attr, ClientEvent, Observer, Outcome, format_stamp_bounds
 from deltatap.loadgen.client import Target, execute
+from deltatap.loadgen.h1client import H1Pool
 from deltatap.loadgen.records import RequestRecord
+from deltatap.telemetry.spans import SAMPLED, emit_span, new_span_id, new_trace_id, traceparent
+from deltatap.telemetry.tracer import Telemetry
 from deltatap.net.aio import sleep_until
 from deltatap.loadgen.tokens import Tokenizer
 from deltatap.loadgen.workloads.base import PlannedRequest
@@ -71,14 +78,14 @@ class Runner:
         self,
         target: Target,
         tokenizer: Tokenizer,
-        tracer: Any,
+        telemetry: Telemetry,
         run_id: str,
         clock: ClockEstimate | None = None,
         spin_ns: int = 1_500_000,
     ) -> None:
         self.target = target
         self.tok = tokenizer
-        self.tracer = tracer
+        self.telemetry = telemetry
         self.run_id = run_id
         self.clock = clock
         self.spin_ns = spin_ns
@@ -101,14 +108,15 @@ class Runner:
         if clock is not None:
             self._static_attrs[Attr.CLOCK_OFFSET_NS] = clock.offset_ns
             self._static_attrs[Attr.CLOCK_UNCERTAINTY_NS] = clock.uncertainty_ns
-        self._seq = 0
+        self._seq = 0  # the latest request's number; the next is _seq + seq_step
+        self.seq_step = 1
         self.bodies: dict[int, bytes] = {}  # prebuilt request bodies of single-turn requests, by plan index
 
     # ------------------------------------------------------------------ one request
 
     async def request(
         self,
-        session: aiohttp.ClientSession,
+        session: H1Pool,
         req: PlannedRequest,
         planned_mono_ns: int,
         worker: int,
@@ -117,10 +125,9 @@ class Runner:
         body: bytes | None = None,
         barrier: Barrier | None = None,
     ) -> RequestRecord:
-        self._seq += 1
-        span = self.tracer.start_span(SPAN_CLIENT, kind=SpanKind.CLIENT, start_time=to_unix_ns(planned_mono_ns))
-        ctx = span.get_span_context()
-        trace_id, span_id = f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
+        self._seq += self.seq_step
+        tid, sid = new_trace_id(), new_span_id()
+        trace_id, span_id = f"{tid:032x}", f"{sid:016x}"
         rec = RequestRecord(
             index=req.index, request_id=f"{self.run_id}-{self.phase[0]}{self._seq}", trace_id=trace_id, span_id=span_id,
             phase=self.phase, worker=worker, session=req.session, turn=req.turn, labels=req.labels,
@@ -128,7 +135,7 @@ class Runner:
         )
         if body is None:
             body = self.target.body(req.system, history or [], req.prompt, req.max_tokens)
-        headers = self.target.request_headers(rec, f"00-{trace_id}-{span_id}-{int(ctx.trace_flags):02x}")
+        headers = self.target.request_headers(rec, traceparent(tid, sid))
         if barrier is not None:
             await barrier.wait()
             rec.planned_mono_ns = barrier.start_mono_ns
@@ -149,10 +156,10 @@ class Runner:
             elif rec.first_token_mono_ns is not None and rec.submit_mono_ns is not None:
                 c.recent_ttft_ns.append(rec.first_token_mono_ns - rec.submit_mono_ns)
             self.records.append(rec)
-            self._end_span(span, rec)
+            self._emit_span(tid, sid, rec)
         return rec
 
-    def _end_span(self, span: Any, rec: RequestRecord) -> None:
+    def _emit_span(self, trace_id: int, span_id: int, rec: RequestRecord) -> None:
         attrs = dict(self._static_attrs)
         attrs[Attr.REQUEST_ID] = rec.request_id
         attrs[Attr.OUTCOME] = str(rec.status)
@@ -169,7 +176,7 @@ class Runner:
         if rec.usage_output_tokens is not None:
             attrs[Attr.GENAI_OUTPUT_TOKENS] = rec.usage_output_tokens
         if rec.finish_reason:
-            attrs[Attr.GENAI_FINISH_REASONS] = rec.finish_reason.split(",")
+            attrs[Attr.GENAI_FINISH_REASONS] = tuple(rec.finish_reason.split(","))
         if rec.error_kind:
             attrs[Attr.ERROR_CAUSE] = rec.error_kind
         if rec.status != Outcome.OK:
@@ -180,24 +187,26 @@ class Runner:
         stamp_bounds = format_stamp_bounds(rec.stamp_bounds)
         if stamp_bounds:
             attrs[Attr.STAMP_BOUNDS] = stamp_bounds
-        span.set_attributes(attrs)
+        events: list[tuple[str, int, dict[str, Any] | None]] = []
         if rec.submit_mono_ns is not None:
-            span.add_event(ClientEvent.SEND.value, timestamp=to_unix_ns(rec.submit_mono_ns))
+            events.append((ClientEvent.SEND.value, to_unix_ns(rec.submit_mono_ns), None))
         if rec.first_token_mono_ns is not None:
-            span.add_event(ClientEvent.FIRST_TOKEN.value, timestamp=to_unix_ns(rec.first_token_mono_ns))
+            events.append((ClientEvent.FIRST_TOKEN.value, to_unix_ns(rec.first_token_mono_ns), None))
         if rec.last_token_mono_ns is not None:
-            span.add_event(ClientEvent.LAST_TOKEN.value, timestamp=to_unix_ns(rec.last_token_mono_ns))
-        end = rec.end_mono_ns if rec.end_mono_ns is not None else mono_ns()
+            events.append((ClientEvent.LAST_TOKEN.value, to_unix_ns(rec.last_token_mono_ns), None))
+        end = to_unix_ns(rec.end_mono_ns if rec.end_mono_ns is not None else mono_ns())
         if rec.status == Outcome.CLIENT_CANCEL:
-            span.add_event(ClientEvent.CANCEL.value, timestamp=to_unix_ns(end))
+            events.append((ClientEvent.CANCEL.value, end, None))
         elif rec.status != Outcome.OK:
-            span.add_event(ClientEvent.ERROR.value, timestamp=to_unix_ns(end), attributes={Attr.ERROR_CAUSE: rec.error_kind or ""})
-        span.add_event(ClientEvent.END.value, timestamp=to_unix_ns(end))
-        span.end(end_time=to_unix_ns(end))
+            events.append((ClientEvent.ERROR.value, end, {Attr.ERROR_CAUSE: rec.error_kind or ""}))
+        events.append((ClientEvent.END.value, end, None))
+        ctx = SpanContext(trace_id, span_id, is_remote=False, trace_flags=SAMPLED)
+        emit_span(self.telemetry, SPAN_CLIENT, SpanKind.CLIENT, ctx, attrs, events,
+                  to_unix_ns(rec.planned_mono_ns) if rec.planned_mono_ns is not None else end, end)
 
     # ------------------------------------------------------------------ a unit: one request or one session
 
-    async def unit(self, session: aiohttp.ClientSession, unit: list[PlannedRequest], planned_mono_ns: int, worker: int,
+    async def unit(self, session: H1Pool, unit: list[PlannedRequest], planned_mono_ns: int, worker: int,
                    stop_mono_ns: int | None = None, barrier: Barrier | None = None) -> None:
         """Run a session's turns in order (a single request is a one-turn unit)."""
         history: list[tuple[dict[str, str], int]] = []

@@ -90,6 +90,7 @@ __all__ = [
     "make_stamping_server_runner",
     "make_stamping_site",
     "request_head_mono_ns",
+    "request_written_bound",
     "request_received_bound_ns",
     "request_received_mono_ns",
     "upstream_stamps",
@@ -455,6 +456,17 @@ def make_stamping_connector(**kwargs: Any) -> aiohttp.TCPConnector:
     return _StampingConnector(**kwargs)
 
 
+def request_written_bound(written_mono_ns: int | None, write_bound_ns: int, head_mono_ns: int | None) -> int:
+    """How much after ``written_mono_ns`` a request's last byte may have left, given its write's bound (-1: it
+    waited behind earlier bytes for the socket): then it had left by the time the response head arrived
+    (``head_mono_ns``). Shared by :class:`UpstreamStamps` and the load generator's own client."""
+    if write_bound_ns >= 0:
+        return write_bound_ns
+    if head_mono_ns is None or written_mono_ns is None:
+        return 0
+    return max(0, head_mono_ns - written_mono_ns)
+
+
 class UpstreamStamps:
     """Socket stamps of one client response, taken from its connection's protocol."""
 
@@ -469,10 +481,8 @@ class UpstreamStamps:
         self.head_bound_ns = proto.head_bound_ns
         self._response_no = proto.responses
         after = self._transport.last_write_bound_ns if self._transport else 0
-        if after < 0:  # (it waited behind earlier bytes: it had left when the response began to arrive)
-            written = self.request_written_mono_ns
-            after = max(0, self.head_mono_ns - written) if self.head_mono_ns is not None and written is not None else 0
-        self.request_written_bound_ns = after  # the request's last byte left at most this much after it was written
+        # the request's last byte left at most this much after it was written
+        self.request_written_bound_ns = request_written_bound(self.request_written_mono_ns, after, self.head_mono_ns)
 
     @property
     def kernel_stamps(self) -> bool:
