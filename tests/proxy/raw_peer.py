@@ -1,0 +1,282 @@
+"""Raw TCP peers for the transparency tests: no HTTP library on either side, only bytes on 127.0.0.1.
+
+:class:`RawUpstream` records every byte each connection brings and answers with a :class:`Script` the test
+gives it (wait for the request head, for N body bytes, send bytes, pause, then keep the connection, close it,
+half-close it or reset it). The only thing it knows about HTTP is where a head ends (the first CRLF CRLF):
+that is when a script starts. :func:`raw_exchange` is the client: it sends scripted bytes (in pieces, with
+pauses, optionally ``SHUT_WR`` after) and records every byte it gets back and how the connection ended.
+
+Both run on whatever asyncio loop calls them; nothing is left behind after :meth:`RawUpstream.close` and the
+end of :func:`raw_exchange` (every socket is closed or aborted there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+HEAD_END = b"\r\n\r\n"
+
+
+# ---- the upstream's script ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Head:
+    """Wait until the request head (through the first CRLF CRLF) is in."""
+
+
+@dataclass(frozen=True)
+class Body:
+    """Wait until ``n`` bytes after the head are in; after ``wait_s`` go on anyway (``Served.short`` says so)."""
+
+    n: int
+    wait_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class Send:
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Pause:
+    s: float
+
+
+@dataclass(frozen=True)
+class End:
+    """``keep``: wait for the next request on this connection; ``close``: FIN both ways; ``shut_wr``: FIN
+    from our side, keep reading until the peer closes; ``rst``: SO_LINGER 0 and close, i.e. an RST."""
+
+    how: str = "keep"
+
+
+Step = Head | Body | Send | Pause | End
+Script = Sequence[Step]
+
+
+def reply(*writes: bytes, body: int = 0, end: str = "keep", pause_s: float = 0.0, wait_s: float = 2.0) -> list[Step]:
+    """The common script: take the head and ``body`` bytes, send ``writes`` (``pause_s`` apart), then ``end``."""
+    steps: list[Step] = [Head()]
+    if body:
+        steps.append(Body(body, wait_s))
+    for i, w in enumerate(writes):
+        if i and pause_s:
+            steps.append(Pause(pause_s))
+        steps.append(Send(w))
+    steps.append(End(end))
+    return steps
+
+
+@dataclass
+class Served:
+    """One request the upstream answered: the bytes it had consumed when it answered (head + body it waited
+    for, or what came before ``Body.wait_s`` ran out: ``short``)."""
+
+    conn: int
+    consumed: bytes = b""
+    short: bool = False
+
+
+@dataclass
+class Conn:
+    received: bytearray = field(default_factory=bytearray)
+    eof: bool = False  # the peer half- or fully closed its side
+    reset: bool = False  # the peer reset the connection
+
+
+class RawUpstream:
+    """A raw HTTP/1.1 "server" on 127.0.0.1 that answers from the script set with :meth:`expect`."""
+
+    def __init__(self) -> None:
+        self.conns: list[Conn] = []
+        self.log = bytearray()  # every byte from every connection, in arrival order
+        self.served: list[Served] = []
+        self.unexpected = 0  # heads that came with no script armed
+        self._script: Script | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.port = 0
+
+    async def start(self) -> RawUpstream:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, limit=1 << 22)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def expect(self, script: Script) -> int:
+        """Arm ``script`` for the next request head (replacing any armed one); returns a mark for :meth:`since`."""
+        self._script = list(script)
+        return len(self.log)
+
+    def since(self, mark: int) -> bytes:
+        return bytes(self.log[mark:])
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for w in list(self._writers):
+            w.transport.abort()
+        for t in list(self._tasks):
+            t.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    # ---- one connection ----------------------------------------------------------------------------
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self._writers.add(writer)
+        conn = Conn()
+        self.conns.append(conn)
+        index = len(self.conns) - 1
+        pending = bytearray()
+
+        async def more(timeout: float | None = None) -> bool:
+            if conn.eof:
+                return False
+            try:
+                data = await asyncio.wait_for(reader.read(1 << 16), timeout)
+            except asyncio.TimeoutError:
+                return True
+            except ConnectionError:
+                conn.reset = conn.eof = True
+                return False
+            if not data:
+                conn.eof = True
+                return False
+            conn.received += data
+            self.log += data
+            pending.extend(data)
+            return True
+
+        try:
+            while True:
+                while HEAD_END not in pending:
+                    if not await more():
+                        return
+                script, self._script = self._script, None
+                if script is None:
+                    self.unexpected += 1
+                    return
+                head_len = pending.index(HEAD_END) + len(HEAD_END)
+                served = Served(index)
+                self.served.append(served)
+                taken = head_len
+                end = "keep"
+                for step in script:
+                    if isinstance(step, Head):
+                        continue
+                    if isinstance(step, Body):
+                        deadline = asyncio.get_running_loop().time() + step.wait_s
+                        while len(pending) < head_len + step.n:
+                            left = deadline - asyncio.get_running_loop().time()
+                            if left <= 0 or not await more(left):
+                                served.short = len(pending) < head_len + step.n
+                                break
+                        taken = min(len(pending), head_len + step.n)
+                    elif isinstance(step, Send):
+                        writer.write(step.data)
+                        await writer.drain()
+                    elif isinstance(step, Pause):
+                        await asyncio.sleep(step.s)
+                    elif isinstance(step, End):
+                        end = step.how
+                served.consumed = bytes(pending[:taken])
+                del pending[:taken]
+                if end == "keep":
+                    continue
+                if end == "rst":
+                    _linger0(writer)
+                    writer.transport.abort()
+                    return
+                if end == "shut_wr":
+                    if writer.can_write_eof():
+                        writer.write_eof()
+                    while await more():
+                        pass
+                return
+        except ConnectionError:
+            conn.reset = True
+        finally:
+            self._writers.discard(writer)
+            if not writer.transport.is_closing():
+                writer.close()
+            self._tasks.discard(task)
+
+
+def _linger0(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is not None and sock.fileno() >= 0:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+# ---- the client --------------------------------------------------------------------------------------
+@dataclass
+class ClientResult:
+    received: bytes
+    end: str  # "fin" | "rst" | "open" (neither seen when the client stopped waiting)
+
+
+async def raw_exchange(
+    port: int,
+    pieces: Sequence[bytes],
+    *,
+    pause_s: float = 0.0,
+    shut_wr: bool = False,
+    expect: int | None = None,
+    settle_s: float = 0.02,
+    timeout_s: float = 3.0,
+) -> ClientResult:
+    """Connect to 127.0.0.1:``port``, send ``pieces`` (``pause_s`` apart), optionally ``SHUT_WR``, and read.
+
+    Reading stops at FIN or RST, at ``timeout_s`` after the last piece went out, or — when ``expect`` is given —
+    once ``expect`` bytes are in and nothing more came for ``settle_s`` (the connection is then ``open``)."""
+    loop = asyncio.get_running_loop()
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port, limit=1 << 22), timeout_s)
+    got = bytearray()
+    end = "open"
+    try:
+        try:
+            for i, piece in enumerate(pieces):
+                if i and pause_s:
+                    await asyncio.sleep(pause_s)
+                writer.write(piece)
+                await writer.drain()
+            if shut_wr:
+                writer.write_eof()
+        except ConnectionError:
+            end = "rst"
+            return ClientResult(bytes(got), end)
+        deadline = loop.time() + timeout_s
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            wait = min(left, settle_s) if expect is not None and len(got) >= expect else left
+            try:
+                data = await asyncio.wait_for(reader.read(1 << 16), wait)
+            except asyncio.TimeoutError:
+                if expect is not None and len(got) >= expect:
+                    break
+                continue
+            except ConnectionError:
+                end = "rst"
+                break
+            if not data:
+                end = "fin"
+                break
+            got += data
+        return ClientResult(bytes(got), end)
+    finally:
+        _linger0(writer)  # whatever the ending, leave no TIME_WAIT or half-open socket behind
+        writer.transport.abort()
