@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
+import os
 import signal
 
 from deltatap.net import aio
@@ -54,6 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="record no span for a request whose incoming traceparent is not sampled (default: record every request)",
     )
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="extra span attribute deltatap.label.KEY")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="run N tap processes on the listen port (SO_REUSEPORT); the admin port sums their metrics (default 1)")
     p.set_defaults(func=run)
 
 
@@ -106,7 +110,7 @@ def build_options(args: argparse.Namespace) -> TapOptions:
     return opts
 
 
-async def _serve(opts: TapOptions, args: argparse.Namespace) -> int:
+async def _serve(opts: TapOptions, args: argparse.Namespace, report_fd: int | None = None) -> int:
     from deltatap.proxy.server import start_tap
 
     try:
@@ -115,13 +119,17 @@ async def _serve(opts: TapOptions, args: argparse.Namespace) -> int:
     except TelemetryConfigError as exc:
         raise ConfigError(str(exc)) from None
     try:
-        running = await start_tap(opts, telemetry)
+        running = await start_tap(opts, telemetry, reuse_port=report_fd is not None)
     except BaseException:
         telemetry.shutdown()
         raise
     settle()  # start-up's objects out of every garbage collection: no 40 ms pauses mid-stream (deltatap.core.gc_pauses)
-    print(f"deltatap tap {opts.link}: {running.url} -> {opts.upstream} (admin {running.admin_url or 'off'}; "
-          f"read stamps: {stamp_source()}, see docs/tap.md)", flush=True)
+    if report_fd is not None:  # a worker of --workers N: tell the parent where its admin server is
+        os.write(report_fd, (json.dumps({"admin_url": running.admin_url}) + "\n").encode())
+        os.close(report_fd)
+    else:
+        print(f"deltatap tap {opts.link}: {running.url} -> {opts.upstream} (admin {running.admin_url or 'off'}; "
+              f"read stamps: {stamp_source()}, see docs/tap.md)", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -139,4 +147,10 @@ def run(args: argparse.Namespace) -> int:
     opts = build_options(args)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO)
+    if args.workers < 1:
+        raise ConfigError(f"--workers: must be >= 1 (got {args.workers})")
+    if args.workers > 1:
+        from deltatap.proxy.workers import run_workers
+
+        return run_workers(opts, args.workers, lambda wopts, fd: aio.run(_serve(wopts, args, fd)))
     return aio.run(_serve(opts, args))
