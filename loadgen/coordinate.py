@@ -275,6 +275,7 @@ async def _child(pipe: Any, index: int, otlp: str | None, progress: Any) -> None
     import gc
 
     from deltatap.loadgen.modes import MODES, ModeConfig, open_sessions, preconnect
+    from deltatap.loadgen.run import process_cpu_s
     from deltatap.loadgen.runner import Runner
     from deltatap.telemetry.tracer import setup_telemetry
 
@@ -296,8 +297,10 @@ async def _child(pipe: Any, index: int, otlp: str | None, progress: Any) -> None
             ticker = asyncio.create_task(_publish_progress(runner, progress, index))
             gc.collect()
             gc.freeze()
+            cpu0 = process_cpu_s()
             try:
                 await MODES[plan["mode"]](runner, cfg, sessions)
+                cpu_s = process_cpu_s() - cpu0
             finally:
                 ticker.cancel()
                 gc.unfreeze()
@@ -310,7 +313,7 @@ async def _child(pipe: Any, index: int, otlp: str | None, progress: Any) -> None
         telemetry.processor.force_flush(10_000)
         st = telemetry.stats
         await loop.run_in_executor(None, pipe.send, {
-            "records": runner.records, "max_in_flight": c.max_in_flight,
+            "records": runner.records, "max_in_flight": c.max_in_flight, "cpu_s": cpu_s,
             "spans": {"ended": st.spans_ended, "exported": st.spans_exported, "dropped": st.spans_dropped},
         })
     finally:

@@ -6,6 +6,7 @@ import gc
 import json
 import logging
 import platform
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -152,6 +153,7 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
     coordinator: Coordinator | None = None
     assignment: Assignment | None = None
     child_spans: list[dict[str, int]] = []
+    send_cpu_s = 0.0
     try:
         if procs > 1:
             group = ProcessGroup(procs, otlp)  # (they start their interpreters during the warm-up)
@@ -205,11 +207,14 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
             progress.start()
         gc.collect()
         gc.freeze()  # the plan, bodies and libraries move out of the collector's scans: shorter pauses mid-run
+        cpu0 = process_cpu_s()
         await MODES[options.mode](runner, cfg, sessions)
+        send_cpu_s = process_cpu_s() - cpu0
         if group is not None:
             for res in await group.results():
                 runner.records.extend(res["records"])
                 child_spans.append(res["spans"])
+                send_cpu_s += res["cpu_s"]
     finally:
         if group is not None:
             await group.close()
@@ -247,6 +252,10 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
     summary["run"]["model"] = model  # what every request asked for
     summary["run"]["model_source"] = model_source  # given (--model), listed (GET /v1/models) or default
     summary["run"]["provenance"] = await _provenance(options, plan, url)
+    summary["run"]["processes"] = procs
+    # CPU (user + system, every thread: spans are exported from their own) of the process(es) while sending
+    summary["run"]["send_phase_cpu_s"] = send_cpu_s
+    summary["run"]["send_phase_cpu_us_per_request"] = send_cpu_s * 1e6 / len(measured) if measured else None
     for spans in child_spans:  # several processes: every process's spans
         for k in ("ended", "exported", "dropped"):
             summary["run"]["spans"][k] += spans[k]
@@ -256,6 +265,12 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
     if options.out:
         result.out_dir = write_outputs(Path(options.out), result, measured, warm_records, options.write_requests)
     return result
+
+
+def process_cpu_s() -> float:
+    """This process's CPU time so far (user + system, all threads), seconds."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def _process_plan(options: LoadOptions, cfg: ModeConfig, runner: Runner, target: Target, run_id: str,
