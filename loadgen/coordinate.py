@@ -307,6 +307,7 @@ async def _child(pipe: Any, index: int, otlp: str | None, progress: Any) -> None
         finally:
             for s in sessions:
                 await s.close()
+            runner.clock_wait.close()
         c = runner.counters
         base = index * PROGRESS_SLOTS
         progress[base : base + PROGRESS_SLOTS] = [c.sent, c.done, c.in_flight, c.errors]

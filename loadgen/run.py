@@ -227,6 +227,7 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
             gpu.stop()
         for s in sessions + extra_sessions:
             await s.close()
+        runner.clock_wait.close()
     measured = runner.records
     _count_output_tokens(measured, tok)
     _count_output_tokens(warm_records, tok)

@@ -16,7 +16,11 @@ match those of one process sending the whole plan.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import heapq
+import os
 import secrets
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +40,83 @@ from deltatap.telemetry.tracer import Telemetry
 from deltatap.net.aio import sleep_until
 from deltatap.loadgen.tokens import Tokenizer
 from deltatap.loadgen.workloads.base import PlannedRequest
+
+
+class SendClock:
+    """Wakes the tasks waiting for their planned send at the nanosecond, with one ``timerfd`` on the loop (Linux).
+
+    The loop's own timers have millisecond granularity; without this, each send would spend its last
+    ``--spin-us`` yielding in a loop (:func:`deltatap.net.aio.sleep_until`), a cost every request pays in CPU.
+    Here one timer descriptor, armed for the earliest waiting instant on ``CLOCK_MONOTONIC`` (the clock of
+    :func:`deltatap.core.clock.mono_ns`), makes the loop's poll return then; every send due is released in
+    that callback. Where there is no ``timerfd`` (other systems), :meth:`wait` falls back to ``sleep_until``.
+    """
+
+    _libc: Any = None
+
+    def __init__(self, spin_ns: int) -> None:
+        self.spin_ns = spin_ns
+        self.fd = -1
+        self._heap: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._n = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _open(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        if not sys.platform.startswith("linux"):
+            return
+        try:
+            libc = SendClock._libc or ctypes.CDLL(None, use_errno=True)
+            SendClock._libc = libc
+            fd = libc.timerfd_create(1, 0o4000 | 0o2000000)  # CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC
+        except (OSError, AttributeError):
+            return
+        if fd < 0:
+            return
+        self.fd = fd
+        loop.add_reader(fd, self._fire)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+        self._loop = None
+
+    def _arm(self, t_ns: int) -> None:
+        spec = (ctypes.c_long * 4)(0, 0, t_ns // 1_000_000_000, t_ns % 1_000_000_000)  # itimerspec: interval, value
+        self._libc.timerfd_settime(self.fd, 1, spec, None)  # TFD_TIMER_ABSTIME
+
+    async def wait(self, t_ns: int) -> None:
+        """Return at the ``mono_ns`` instant ``t_ns`` (at once, without yielding, if it has passed)."""
+        if self._loop is None:
+            self._open(asyncio.get_running_loop())
+        if self.fd < 0:
+            await sleep_until(t_ns, self.spin_ns)
+            return
+        if t_ns <= mono_ns():
+            return
+        fut = self._loop.create_future()  # type: ignore[union-attr]
+        self._n += 1
+        heapq.heappush(self._heap, (t_ns, self._n, fut))
+        if self._heap[0][2] is fut:
+            self._arm(t_ns)
+        await fut
+
+    def _fire(self) -> None:
+        try:
+            os.read(self.fd, 8)
+        except (BlockingIOError, InterruptedError):
+            pass
+        heap = self._heap
+        now = mono_ns()
+        while heap and heap[0][0] <= now:
+            fut = heapq.heappop(heap)[2]
+            if not fut.done():
+                fut.set_result(None)
+        if heap:
+            self._arm(heap[0][0])
 
 
 class LoadAborted(ConfigError):
@@ -89,6 +170,7 @@ class Runner:
         self.run_id = run_id
         self.clock = clock
         self.spin_ns = spin_ns
+        self.clock_wait = SendClock(spin_ns)  # the precise wait for each planned send
         self.records: list[RequestRecord] = []
         self.counters = Counters()
         self.phase = "measure"
@@ -140,7 +222,7 @@ class Runner:
             await barrier.wait()
             rec.planned_mono_ns = barrier.start_mono_ns
         else:
-            await sleep_until(planned_mono_ns, self.spin_ns)
+            await self.clock_wait.wait(planned_mono_ns)
         c = self.counters
         c.sent += 1
         c.in_flight += 1
