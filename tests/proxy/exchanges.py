@@ -6,9 +6,9 @@ One definition, two drivers: ``tests/proxy/test_transparency_fuzz.py`` draws thr
 
 An :class:`Exchange` is the client's request bytes (sent in pieces), the raw upstream's script (answer after
 the head and the body, possibly a 100 or a 103 first, in several writes, then keep the connection or close it)
-and what the client should wait for. Everything generated is valid HTTP/1.1 a server must accept (RFC 9112),
-only unusual: custom and lowercase methods, odd target bytes and percent-escapes, empty ``?``, ``#fragment``,
-absolute-form, header names in any casing, duplicates differing in case, obs-text (0x80–0xFF) in values,
+and what the client should wait for. The messages are HTTP/1.1 (RFC 9112) that lenient servers (h11, llhttp)
+accept, often unusual: custom and lowercase methods, targets with bytes RFC 3986 would percent-encode
+(0x80–0xFF, ``|{}^``, a bare ``%``) and odd percent-escapes, empty ``?``, ``#fragment``, absolute-form, header names in any casing, duplicates differing in case, obs-text (0x80–0xFF) in values,
 optional whitespace around values, header lines over 8190 bytes, more than 128 headers, Content-Length /
 chunked (extensions, trailers, hex in either case) / no framing, ``Content-Encoding: gzip`` with valid and
 invalid gzip, ``Expect: 100-continue``; responses with 100 and 103 before the final one, 204, 304 with a
@@ -117,6 +117,10 @@ STATUSES = [200, 200, 200, 201, 202, 204, 206, 299, 301, 304, 400, 401, 404, 418
 REASONS = {200: b"OK", 201: b"Created", 202: b"Accepted", 204: b"No Content", 206: b"Partial Content", 301: b"Moved",
            304: b"Not Modified", 400: b"Bad Request", 401: b"Unauthorized", 404: b"Not Found", 418: b"I'm a teapot",
            429: b"Too Many Requests", 500: b"Internal Server Error", 503: b"Service Unavailable"}
+TRAILER_NAMES = ["X-Checksum", "Server-Timing", "X-Trailer", "Grpc-Status"]
+KNOWN_NAMES = {n.lower() for n in [*REQUEST_NAMES, *RESPONSE_NAMES, *TRAILER_NAMES, "Host", "Content-Length", "Transfer-Encoding",
+                                   "Content-Encoding", "Expect", "Link", "X-Long", "X-Request-Id", "Connection", "Keep-Alive",
+                                   "Traceparent", "Tracestate", "Server", "Date"]}
 RESERVED = {"connection", "keep-alive", "te", "upgrade", "proxy-connection", "proxy-authorization", "trailer",
             "content-length", "transfer-encoding", "host", "expect", "content-encoding", *TAP_ADDED, "x-request-id"}
 
@@ -272,7 +276,7 @@ def generate(d: Draw) -> Exchange:
             body_wire = body
         else:
             lines.insert(d.int(0, len(lines)), _case(d, "Transfer-Encoding") + b": chunked\r\n")
-            body_wire = _chunked(d, body, features, ["X-Checksum", "Server-Timing", "X-Trailer"])
+            body_wire = _chunked(d, body, features, TRAILER_NAMES[:3])
         if chance(d, 10):
             features.append("expect-100")
             expect_100 = True
@@ -311,7 +315,7 @@ def generate(d: Draw) -> Exchange:
             rbody_wire = rbody
         elif rframing == "chunked":
             rlines.insert(d.int(0, len(rlines)), _case(d, "Transfer-Encoding") + b": chunked\r\n")
-            rbody_wire = _chunked(d, rbody, features, ["X-Checksum", "Server-Timing", "Grpc-Status"])
+            rbody_wire = _chunked(d, rbody, features, TRAILER_NAMES[:2] + TRAILER_NAMES[3:])
         else:
             features.append("close-delimited")
             rbody_wire, closes = rbody, True
@@ -390,13 +394,17 @@ def head_kinds(side: str, want: bytes, got: bytes) -> list[str]:
     def name(line: bytes) -> bytes:
         return line.split(b":", 1)[0]
 
+    def label(line: bytes) -> str:  # a generated name (X-F17, X-<random>) counts under one label
+        n = name(line).lower().decode("latin-1")
+        return n if n in KNOWN_NAMES else "x-f<n>" if re.fullmatch(r"x-f\d+", n) else "x-<random>"
+
     added_by_name: dict[bytes, list[bytes]] = {}
     for line in added.elements():
         added_by_name.setdefault(name(line).lower(), []).append(line)
     for line in missing.elements():
         twins = added_by_name.get(name(line).lower())
         if not twins:
-            kinds.append(f"{side}.header-dropped:{name(line).lower().decode('latin-1')[:40]}")
+            kinds.append(f"{side}.header-dropped:{label(line)}")
             continue
         twin = twins.pop(0)
         if name(twin) != name(line):
@@ -404,7 +412,7 @@ def head_kinds(side: str, want: bytes, got: bytes) -> list[str]:
         if twin.split(b":", 1)[1:] != line.split(b":", 1)[1:]:
             kinds.append(f"{side}.value-altered")
     for rest in added_by_name.values():
-        kinds += [f"{side}.header-added:{name(line).lower().decode('latin-1')[:40]}" for line in rest]
+        kinds += [f"{side}.header-added:{label(line)}" for line in rest]
     if not missing and not added:
         kinds.append(f"{side}.reordered")
     return sorted(set(kinds))
@@ -412,30 +420,38 @@ def head_kinds(side: str, want: bytes, got: bytes) -> list[str]:
 
 def compare(direct: Run, tapped: Run) -> list[str]:
     """Kinds of difference between the direct run and the run through the tap (empty: transparent)."""
+    if direct.upstream and not tapped.upstream:  # what the client got then is the tap's own answer, or nothing
+        answer = _STATUS.match(tapped.client)
+        return [f"request.not-forwarded:tap-answered-{answer.group(1).decode() if answer else 'nothing'}"]
     kinds: list[str] = []
     if direct.upstream != tapped.upstream:
-        if not tapped.upstream:
-            kinds.append("request.not-forwarded")
-        else:
-            dh, db = _split_head(direct.upstream)
-            th, tb = _split_head(tapped.upstream)
-            kinds += head_kinds("request", dh, th) if th else ["request.head-incomplete"]
-            if db != tb:
-                kinds.append("request.body")
+        dh, db = _split_head(direct.upstream)
+        th, tb = _split_head(tapped.upstream)
+        kinds += head_kinds("request", dh, th) if th else ["request.head-incomplete"]
+        if db != tb:
+            kinds.append("request.body")
     if direct.client != tapped.client:
+        response: list[str] = []
         dh, db = _heads(direct.client)
         th, tb = _heads(tapped.client)
         if len(dh) != len(th):
-            kinds.append(f"response.heads:{len(dh)}->{len(th)}")
+            response.append(f"response.heads:{len(dh)}->{len(th)}")
         for a, b in zip(dh, th):
-            kinds += head_kinds("response", a, b)
-        if db != tb:
-            kinds.append("response.body")
-        if not kinds:
-            kinds.append("response.other")
+            da, tb_ = _STATUS.match(a), _STATUS.match(b)
+            if da and tb_ and da.group(1) != tb_.group(1):  # another answer altogether: its fields say nothing more
+                response.append(f"response.replaced-by-{tb_.group(1).decode()}")
+                break
+            response += head_kinds("response", a, b)
+        else:
+            if db != tb:
+                response.append("response.body")
+        kinds += response or ["response.other"]
     if direct.end != tapped.end:
         kinds.append(f"end:{direct.end}->{tapped.end}")
     return kinds
+
+
+_STATUS = re.compile(rb"HTTP/1\.\d (\d{3})")
 
 
 def first_difference(want: bytes, got: bytes, context: int = 60) -> str:

@@ -122,11 +122,12 @@ class RawUpstream:
         if self._server is not None:
             self._server.close()
         for w in list(self._writers):
-            w.transport.abort()
-        for t in list(self._tasks):
-            t.cancel()
+            w.transport.abort()  # every read in a connection's task ends: the task returns on its own
         if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            _, late = await asyncio.wait(list(self._tasks), timeout=2)
+            for t in late:  # one still sleeping in a script's Pause
+                t.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -250,13 +251,14 @@ async def raw_exchange(
             for i, piece in enumerate(pieces):
                 if i and pause_s:
                     await asyncio.sleep(pause_s)
+                if writer.transport.is_closing():
+                    break
                 writer.write(piece)
                 await writer.drain()
-            if shut_wr:
+            if shut_wr and not writer.transport.is_closing():
                 writer.write_eof()
-        except ConnectionError:
-            end = "rst"
-            return ClientResult(bytes(got), end)
+        except (ConnectionError, RuntimeError):  # the peer closed or reset while we sent: read what it said
+            pass
         deadline = loop.time() + timeout_s
         while True:
             left = deadline - loop.time()
