@@ -53,7 +53,7 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14, 15 of stat(5))
 
 
-async def drive(url: str, concurrency: int, n: int) -> int:
+async def drive(url: str, concurrency: int, n: int, body: bytes = BODY) -> int:
     """``n`` streamed requests at ``concurrency`` (closed loop); returns how many completed with [DONE]."""
     ok = 0
     counter = iter(range(n))
@@ -62,9 +62,9 @@ async def drive(url: str, concurrency: int, n: int) -> int:
         async def worker() -> None:
             nonlocal ok
             for _ in counter:
-                async with s.post(url, data=BODY, headers={"Content-Type": "application/json"}) as r:
-                    body = await r.read()
-                    ok += r.status == 200 and body.endswith(b"data: [DONE]\n\n")
+                async with s.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+                    got = await r.read()
+                    ok += r.status == 200 and got.endswith(b"data: [DONE]\n\n")
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return ok
@@ -74,10 +74,12 @@ async def measure(urls: dict[str, str], pids: dict[str, int], args: argparse.Nam
     """Per concurrency and path: CPU us per request of the path's proxy and of the upstream, median of
     ``--rounds`` rounds (paths interleaved in a shuffled order each round)."""
     out: dict = {}
-    q = f"?first_ms=0&gap_ms={args.gap_ms}&tokens={args.tokens}"
+    q = f"?first_ms=0&gap_ms={args.gap_ms}"  # (the engine honours the body's max_tokens)
+    body = json.dumps({"model": "mock", "messages": [{"role": "user", "content": "hello"}], "max_tokens": args.tokens, "stream": True,
+                       "stream_options": {"include_usage": True}}).encode()
     for conc in args.concurrency:
         for url in urls.values():
-            await drive(url + q, conc, min(200, args.requests))  # warm-up: connections, caches
+            await drive(url + q, conc, min(200, args.requests), body)  # warm-up: connections, caches
         runs: dict[str, list[dict]] = {p: [] for p in urls}
         for rnd in range(args.rounds):
             order = list(urls)
@@ -86,7 +88,7 @@ async def measure(urls: dict[str, str], pids: dict[str, int], args: argparse.Nam
                 watched = {"upstream": pids["upstream"]} | ({path: pids[path]} if path in pids else {})
                 before = {k: cpu_s(p) for k, p in watched.items()}
                 t = time.monotonic()
-                ok = await drive(urls[path] + q, conc, args.requests)
+                ok = await drive(urls[path] + q, conc, args.requests, body)
                 wall = time.monotonic() - t
                 used = {k: (cpu_s(p) - before[k]) / args.requests * 1e6 for k, p in watched.items()}
                 runs[path].append({"ok": ok, "wall_s": wall, "upstream": used["upstream"], "proxy": used.get(path)})

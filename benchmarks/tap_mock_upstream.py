@@ -1,8 +1,9 @@
 """Streaming mock upstream for benchmarks/tap_overhead.py (run in its own process).
 
-POST /v1/chat/completions answers an OpenAI-style SSE stream: a role-only event at once, the first
-content token ``--first-ms`` later, ``--tokens - 1`` more every ``--gap-ms``, a usage event, [DONE].
-Query parameters ``first_ms``, ``gap_ms`` and ``tokens`` override the defaults per request.
+POST /v1/chat/completions answers an OpenAI-style SSE stream as ordinary servers write it: a role-only event at
+once, the first content token ``--first-ms`` later, the rest every ``--gap-ms``, a usage event, [DONE]. It
+honours the request's ``max_tokens`` (``--tokens`` when the body has none). Query parameters ``first_ms``,
+``gap_ms`` and ``tokens`` override per request.
 """
 
 from __future__ import annotations
@@ -25,11 +26,15 @@ def token(i: int) -> bytes:
 
 async def main(args: argparse.Namespace) -> None:
     async def chat(request: web.Request) -> web.StreamResponse:
-        await request.read()
+        raw = await request.read()
         q = request.query
         first_ms = float(q.get("first_ms", args.first_ms))
         gap_ms = float(q.get("gap_ms", args.gap_ms))
-        n = int(q.get("tokens", args.tokens))
+        try:
+            asked = json.loads(raw).get("max_tokens")
+        except (ValueError, AttributeError):
+            asked = None
+        n = int(q["tokens"]) if "tokens" in q else asked if isinstance(asked, int) and asked > 0 else args.tokens
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         await resp.write(ROLE)
