@@ -52,7 +52,7 @@ class Exchange:
     """One request/response pair in flight on a connection pair."""
 
     __slots__ = ("rec", "span", "fp", "capture", "request_done", "head_forwarded", "final", "response_started", "capture_out",
-                 "timer", "done", "forward_pending", "method", "down_eof")
+                 "timer", "done", "forward_pending", "method", "down_eof", "last_unplaced")
 
     def __init__(self, rec: TapRecord, span: SpanStart, fp: Fingerprinter, method: bytes) -> None:
         self.rec = rec
@@ -69,6 +69,7 @@ class Exchange:
         self.forward_pending = False  # the request's last byte waits for the upstream connection
         self.method = method
         self.down_eof: int | None = None  # the client half-closed (FIN) while this exchange was in flight
+        self.last_unplaced: tuple[int, int, int] | None = None  # the latest token's write, if its departure is not placed yet
 
 
 class Downstream(StampedProtocol):
@@ -91,14 +92,25 @@ class Downstream(StampedProtocol):
         self.peer: str | None = None
         self.last_write_mono: int | None = None
         self.last_write_bound = 0
+        self.unplaced: tuple[int, int, int] | None = None  # the last write, if slow and its departure not looked up yet
 
     def send(self, data: bytes | bytearray | memoryview) -> tuple[int, int]:  # type: ignore[override]
         t, bound = super().send(data)
         self.last_write_mono, self.last_write_bound = t, bound
+        k = self.kernel
+        self.unplaced = k.unplaced_write if k is not None else None
         return t, bound
+
+    def place(self, unplaced: tuple[int, int, int] | None, t: int, bound: int) -> tuple[int, int]:
+        """The exact departure of a slow write whose stamp matters (see :attr:`KernelStampTransport.lazy_placement`)."""
+        if unplaced is None or self.kernel is None:
+            return t, bound
+        return self.kernel.place_write(unplaced) or (t, bound)
 
     # ---- connection ----------------------------------------------------------------------
     def on_made(self) -> None:
+        if self.kernel is not None:
+            self.kernel.lazy_placement = True
         peer = self.transport.get_extra_info("peername")
         self.peer = peer[0] if isinstance(peer, tuple) else None
         self.tap.connections.add(self)
@@ -322,6 +334,8 @@ class Downstream(StampedProtocol):
         up = self.up
         assert up is not None
         t, bound = up.send(payload)
+        if ended and up.unplaced is not None:
+            t, bound = up.place(up.unplaced, t, bound)
         for ex in ended:
             ex.forward_pending = False
             self._forwarded(ex, (t, bound))
@@ -403,11 +417,23 @@ class Upstream(StampedProtocol):
         self.last_write_mono: int | None = None
         self.last_write_bound = 0
         self.last_read: tuple[int, int] = (0, 0)
+        self.unplaced: tuple[int, int, int] | None = None
+
+    def on_made(self) -> None:
+        if self.kernel is not None:
+            self.kernel.lazy_placement = True
 
     def send(self, data: bytes | bytearray | memoryview) -> tuple[int, int]:  # type: ignore[override]
         t, bound = super().send(data)
         self.last_write_mono, self.last_write_bound = t, bound
+        k = self.kernel
+        self.unplaced = k.unplaced_write if k is not None else None
         return t, bound
+
+    def place(self, unplaced: tuple[int, int, int] | None, t: int, bound: int) -> tuple[int, int]:
+        if unplaced is None or self.kernel is None:
+            return t, bound
+        return self.kernel.place_write(unplaced) or (t, bound)
 
     def reusable(self) -> bool:
         return (self.keep_alive and not self.eof and not self.eof_sent and self.reader.idle and not self.reader.opaque
@@ -472,7 +498,11 @@ class Upstream(StampedProtocol):
                 rec.status = head.status
                 rec.response_headers = t
                 rec.bounds[TapEvent.RESPONSE_HEADERS] = (bound, 0)
+                if d.unplaced is not None:
+                    tw, bw = d.place(d.unplaced, tw, bw)
+                    d.unplaced = None
                 rec.response_headers_forwarded = tw
+                rec.bounds[TapEvent.RESPONSE_HEADERS_FORWARDED] = (0, max(0, bw))
                 rec.end = tw
                 if rec.forwarded is not None and rec.bounds.get(TapEvent.REQUEST_FORWARDED, (0, 0))[1] < 0:
                     # (the request waited behind earlier bytes: it had left when the response began to arrive)
@@ -497,10 +527,14 @@ class Upstream(StampedProtocol):
                 rec.bounds[TapEvent.RESPONSE_END] = (bound, 0)
                 if obs is not None:
                     if fed:
-                        obs.forwarded(tw, bw)
+                        tw, bw = self._forward_tokens(d, ex, obs, tw, bw)
                         fed = False
                     if obs.finish(t, bound):
-                        obs.forwarded(tw, bw)
+                        tw, bw = self._forward_tokens(d, ex, obs, tw, bw)
+                    if ex.last_unplaced is not None:  # the last token's write: its departure, now that it is the last
+                        lt, lb = d.place(ex.last_unplaced, obs.last_token_forwarded_mono_ns or tw, obs.last_token_forwarded_bound_ns)
+                        obs.last_token_forwarded_mono_ns, obs.last_token_forwarded_bound_ns = lt, lb
+                        ex.last_unplaced = None
                 rec.end = tw
                 if seen:
                     rec.chunks += 1
@@ -522,7 +556,25 @@ class Upstream(StampedProtocol):
             ex.rec.chunks += 1
             ex.rec.end = tw
             if fed and obs is not None:
-                obs.forwarded(tw, bw)
+                self._forward_tokens(d, ex, obs, tw, bw)
+
+    @staticmethod
+    def _forward_tokens(d: Downstream, ex: Exchange, obs: StreamObserver, tw: int, bw: int) -> tuple[int, int]:
+        """Tell the observer where the bytes it was fed went; a slow write that carried the first token is placed
+        at its departure now, one that carried a later token is kept to be placed if it turns out the last."""
+        u = d.unplaced
+        if u is not None:
+            n, first = obs.unforwarded
+            if first:
+                tw, bw = d.place(u, tw, bw)
+                d.unplaced = None
+                ex.last_unplaced = None
+            elif n:
+                ex.last_unplaced = u
+        elif obs.unforwarded[0]:
+            ex.last_unplaced = None
+        obs.forwarded(tw, bw)
+        return tw, bw
 
     def _opaque_bytes(self, d: Downstream, data: bytes, t: int, bound: int, tw: int, bw: int) -> None:
         ex = d.exchanges[0]

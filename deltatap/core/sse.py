@@ -413,6 +413,12 @@ class StreamObserver(ContentStream):
         """Whether the chunk fed last completed the first content token."""
         return self._last_had_first
 
+    @property
+    def unforwarded(self) -> tuple[int, bool]:
+        """Content events fed since the previous :meth:`forwarded` call, and whether the first token is among them
+        (a relay makes that write's stamp exact before it tells :meth:`forwarded`)."""
+        return self._unforwarded, self._unforwarded_first
+
     def forwarded(self, t_mono_ns: int, bound_ns: int = 0) -> None:
         """Everything fed since the previous call was written downstream at ``t_mono_ns`` (the bytes left at most
         ``bound_ns`` later)."""

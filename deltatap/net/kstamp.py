@@ -189,6 +189,7 @@ class KernelStampTransport(asyncio.Transport):
         "_lost", "_eof", "_high", "_low", "_protocol_paused", "_server",
         "rx_mono_ns", "rx_bound_ns", "_empty_mono", "last_write_mono_ns", "last_write_bound_ns", "writes",
         "_plog", "_pkey", "_segs_in", "_rx_off", "_irs1", "_unlogged_tail", "_tkey", "_tx_off", "_iss1",
+        "lazy_placement", "unplaced_write",
     )
 
     def __init__(
@@ -235,6 +236,10 @@ class KernelStampTransport(asyncio.Transport):
         self._tkey: tuple[bytes, int, bytes, int] | None = None  # (local ip, port, peer ip, port): our own segments
         self._tx_off = 0  # bytes handed to the kernel so far (the stream offset of the next byte we send)
         self._iss1: int | None = None  # TCP sequence number of our stream offset 0 (found once, see _tx_anchor)
+        # True: a slow send is not placed from the packet log at once; the latest one is kept in unplaced_write for
+        # place_write() (a relay places only the writes whose stamps it keeps exact: a head, a first or last token)
+        self.lazy_placement = False
+        self.unplaced_write: tuple[int, int, int] | None = None  # (t0, t1, stream offset after the write)
         if sock.family == socket.AF_INET:
             self._watch_packets(sock, extra)
         if server is not None:
@@ -463,26 +468,41 @@ class KernelStampTransport(asyncio.Transport):
         """A ``send`` that took long (the process lost its CPU in it, or the kernel's work for the peer ran in it):
         its bytes left somewhere between the readings ``t0`` and ``t1``. Take the departure of the segment that
         carried the write's last byte from the packet log; keep ``t0`` (and the bound) when it has none."""
+        t = self._departure(t0, t1, self._tx_off)
+        if t is not None:
+            self.last_write_mono_ns, self.last_write_bound_ns = t, 0
+
+    def place_write(self, unplaced: tuple[int, int, int] | None) -> tuple[int, int] | None:
+        """``(t, bound)`` of a slow send kept by :attr:`unplaced_write` (with :attr:`lazy_placement`): its departure
+        from the packet log (bound 0), else ``(t0, t1 - t0)``; None for None. Call it soon (within the packet log's
+        reach: thousands of packets)."""
+        if unplaced is None:
+            return None
+        t0, t1, end = unplaced
+        t = self._departure(t0, t1, end)
+        return (t, 0) if t is not None else (t0, t1 - t0)
+
+    def _departure(self, t0: int, t1: int, end: int) -> int | None:
         plog, key = self._plog, self._tkey
         assert plog is not None and key is not None
         for _ in range(2):
             if self._iss1 is None:
                 self._iss1 = self._tx_anchor()
                 if self._iss1 is None:
-                    return
-            last = (self._iss1 + self._tx_off - 1) & 0xFFFFFFFF  # sequence number of the write's last byte
+                    SLOW_SENDS["bounded"] += 1
+                    return None
+            last = (self._iss1 + end - 1) & 0xFFFFFFFF  # sequence number of the write's last byte
             segs = plog.segments_since(key, last, limit=256)
             if segs:
-                seq, end, wall = segs[0]
-                if ((last - seq) & 0xFFFFFFFF) < ((end - seq) & 0xFFFFFFFF):
+                seq, send, wall = segs[0]
+                if ((last - seq) & 0xFFFFFFFF) < ((send - seq) & 0xFFFFFFFF):
                     t = _to_mono(wall)
                     if t0 - _RESTAMP_SLACK_NS <= t <= t1 + _RESTAMP_SLACK_NS:
-                        self.last_write_mono_ns = min(max(t, t0), t1)
-                        self.last_write_bound_ns = 0
                         SLOW_SENDS["packets"] += 1
-                        return
+                        return min(max(t, t0), t1)
             self._iss1 = None  # (a stale anchor, or the segment is not out yet: once more, then keep t0)
         SLOW_SENDS["bounded"] += 1
+        return None
 
     def _tx_anchor(self) -> int | None:
         """The sequence number of our stream offset 0: the log's newest segment of ours ends where TCP's sent
@@ -582,6 +602,7 @@ class KernelStampTransport(asyncio.Transport):
         if not data:  # hands nothing to the kernel: not a write to stamp
             return
         self.writes += 1
+        self.unplaced_write = None
         if self._eof:
             raise RuntimeError("write() after write_eof()")
         if self._lost:
@@ -601,10 +622,12 @@ class KernelStampTransport(asyncio.Transport):
             if n == len(data):
                 self.last_write_bound_ns = t1 - t0  # the bytes left between the two readings
                 if t1 - t0 > _SLOW_SEND_NS:
-                    if self._plog is not None:
-                        self._restamp_write(t0, t1)
-                    else:
+                    if self._plog is None:
                         SLOW_SENDS["bounded"] += 1
+                    elif self.lazy_placement:
+                        self.unplaced_write = (t0, t1, self._tx_off)
+                    else:
+                        self._restamp_write(t0, t1)
                 return
             self.last_write_bound_ns = -1  # (the rest waits for the socket: the write's last byte leaves later)
             data = memoryview(data)[n:]
