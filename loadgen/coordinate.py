@@ -8,10 +8,6 @@ One ``deltatap load`` is the coordinator (``--coordinate HOST:PORT --hosts N``):
   included) have joined, each is answered with its index and the start instant, ``--start-in`` seconds
   (default 2) after the last join, on the coordinator's clock.
 
-On one host, ``--processes N`` splits the run the same way over N processes (:class:`ProcessGroup`, at the
-end of this module): request ``i`` goes to process ``i mod N``, all start at one instant, and the records
-are merged into the one output the run writes.
-
 The others run the same command with ``--coordinator http://HOST:PORT`` instead. Every host builds the
 same plan (same workload, seed, request count, rate, arrival process: the join refuses a host whose plan
 differs) and sends its share of it: host ``i`` of ``N`` takes units ``i, i+N, i+2N, ...`` with their
@@ -20,6 +16,10 @@ and batch mode each host keeps its own ``--concurrency`` / ``--batch`` going on 
 the start instant into its own clock with its offset estimate, and its records carry its planned and
 actual send times (``planned_send_unix_ns``, ``schedule_lag_ns``) as usual; ``deltatap report --from``
 takes all the hosts' output directories together.
+
+On one host, ``--processes N`` splits the run the same way over N processes (:class:`ProcessGroup`, at the
+end of this module): request ``i`` goes to process ``i mod N``, all start at one instant, and the records
+are merged into the one output the run writes.
 """
 
 from __future__ import annotations
@@ -194,6 +194,7 @@ class ProcessGroup:
         self.progress = ctx.Array("q", PROGRESS_SLOTS * processes, lock=False)
         self._pipes: list[Any] = []
         self._procs: list[Any] = []
+        self.finished = False  # every process sent its records (else closing stops them at once)
         for p in range(1, processes):
             ours, theirs = ctx.Pipe()
             proc = ctx.Process(target=child_main, args=(theirs, p, otlp, self.progress), name=f"deltatap-load-{p}", daemon=True)
@@ -235,7 +236,9 @@ class ProcessGroup:
 
     async def results(self) -> list[dict[str, Any]]:
         """Each process's ``{"records": [...], "max_in_flight": n, "spans": {...}}``, once it has finished."""
-        return list(await asyncio.gather(*(self._recv(i, None) for i in range(len(self._pipes)))))
+        out = list(await asyncio.gather(*(self._recv(i, None) for i in range(len(self._pipes)))))
+        self.finished = True
+        return out
 
     def progress_of(self, index: int) -> tuple[int, ...]:
         base = index * PROGRESS_SLOTS
@@ -249,6 +252,8 @@ class ProcessGroup:
                 pass
         loop = asyncio.get_running_loop()
         for proc in self._procs:
+            if not self.finished and proc.is_alive():  # the run ended early (an error, Ctrl-C): no more load
+                proc.terminate()
             await loop.run_in_executor(None, proc.join, 15)
             if proc.is_alive():
                 proc.terminate()
