@@ -34,6 +34,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from deltatap.core import clock
 from deltatap.core.clock import mono_ns, now_unix_ns
 from deltatap.core.clocksync import CLOCK_PATH, clock_answer, estimate_offset
 from deltatap.core.config import ConfigError
@@ -197,7 +198,7 @@ class ProcessGroup:
         self.finished = False  # every process sent its records (else closing stops them at once)
         for p in range(1, processes):
             ours, theirs = ctx.Pipe()
-            proc = ctx.Process(target=child_main, args=(theirs, p, otlp, self.progress), name=f"deltatap-load-{p}", daemon=True)
+            proc = ctx.Process(target=child_main, args=(theirs, p, otlp, self.progress, clock.ANCHOR), name=f"deltatap-load-{p}", daemon=True)
             proc.start()
             theirs.close()
             self._pipes.append(ours)
@@ -260,9 +261,13 @@ class ProcessGroup:
                 await loop.run_in_executor(None, proc.join, 5)
 
 
-def child_main(pipe: Any, index: int, otlp: str | None, progress: Any) -> None:
-    """Entry point of spawned process ``index`` (runs its share, sends its records back)."""
+def child_main(pipe: Any, index: int, otlp: str | None, progress: Any, anchor: clock.Anchor) -> None:
+    """Entry point of spawned process ``index`` (runs its share, sends its records back). It takes the parent's
+    clock anchor: the monotonic clock is the host's, so with one anchor every process's Unix stamps (records and
+    spans alike) are the parent's to the nanosecond."""
     import signal
+
+    clock.ANCHOR = anchor
 
     from deltatap.net import aio
 

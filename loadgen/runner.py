@@ -42,6 +42,11 @@ from deltatap.loadgen.tokens import Tokenizer
 from deltatap.loadgen.workloads.base import PlannedRequest
 
 
+# the span's event names, read once (an enum member's .value is a descriptor call per use)
+_EV_SEND, _EV_FIRST, _EV_LAST = ClientEvent.SEND.value, ClientEvent.FIRST_TOKEN.value, ClientEvent.LAST_TOKEN.value
+_EV_CANCEL, _EV_ERROR, _EV_END = ClientEvent.CANCEL.value, ClientEvent.ERROR.value, ClientEvent.END.value
+
+
 class SendClock:
     """Wakes the tasks waiting for their planned send at the nanosecond, with one ``timerfd`` on the loop (Linux).
 
@@ -271,17 +276,17 @@ class Runner:
             attrs[Attr.STAMP_BOUNDS] = stamp_bounds
         events: list[tuple[str, int, dict[str, Any] | None]] = []
         if rec.submit_mono_ns is not None:
-            events.append((ClientEvent.SEND.value, to_unix_ns(rec.submit_mono_ns), None))
+            events.append((_EV_SEND, to_unix_ns(rec.submit_mono_ns), None))
         if rec.first_token_mono_ns is not None:
-            events.append((ClientEvent.FIRST_TOKEN.value, to_unix_ns(rec.first_token_mono_ns), None))
+            events.append((_EV_FIRST, to_unix_ns(rec.first_token_mono_ns), None))
         if rec.last_token_mono_ns is not None:
-            events.append((ClientEvent.LAST_TOKEN.value, to_unix_ns(rec.last_token_mono_ns), None))
+            events.append((_EV_LAST, to_unix_ns(rec.last_token_mono_ns), None))
         end = to_unix_ns(rec.end_mono_ns if rec.end_mono_ns is not None else mono_ns())
         if rec.status == Outcome.CLIENT_CANCEL:
-            events.append((ClientEvent.CANCEL.value, end, None))
+            events.append((_EV_CANCEL, end, None))
         elif rec.status != Outcome.OK:
-            events.append((ClientEvent.ERROR.value, end, {Attr.ERROR_CAUSE: rec.error_kind or ""}))
-        events.append((ClientEvent.END.value, end, None))
+            events.append((_EV_ERROR, end, {Attr.ERROR_CAUSE: rec.error_kind or ""}))
+        events.append((_EV_END, end, None))
         ctx = SpanContext(trace_id, span_id, is_remote=False, trace_flags=SAMPLED)
         emit_span(self.telemetry, SPAN_CLIENT, SpanKind.CLIENT, ctx, attrs, events,
                   to_unix_ns(rec.planned_mono_ns) if rec.planned_mono_ns is not None else end, end)

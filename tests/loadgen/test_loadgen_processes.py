@@ -52,3 +52,31 @@ def test_processes_refuse_batches_and_too_little_concurrency():
         opts("http://127.0.0.1:1", batch=4, processes=2)
     with pytest.raises(ValidationError, match="needs --concurrency >= 3"):
         opts("http://127.0.0.1:1", concurrency=2, processes=3)
+
+
+async def test_every_process_exports_its_client_spans(sse_server, tmp_path):
+    import base64
+    import json
+
+    from deltatap.core.vocab import SPAN_CLIENT, Attr, ClientEvent
+    from deltatap.telemetry.tracer import setup_telemetry
+
+    state, url = sse_server
+    state.first_ms, state.interval_ms, state.tokens = 2.0, 1.0, 2
+    path = tmp_path / "spans.jsonl"
+    tel = setup_telemetry("deltatap-loadgen", otlp=f"file:{path}")
+    try:
+        res = await run_load(opts(url, rate=100, requests=20, processes=2), tel, otlp=f"file:{path}")
+    finally:
+        tel.shutdown()
+    assert res.summary["run"]["spans"]["ended"] == 20
+    spans = [sp for line in path.read_text().splitlines() for rs in json.loads(line)["resourceSpans"]
+             for ss in rs["scopeSpans"] for sp in ss["spans"] if sp["name"] == SPAN_CLIENT]
+    ids = sorted(a["value"]["stringValue"] for sp in spans for a in sp["attributes"] if a["key"] == Attr.REQUEST_ID)
+    assert ids == sorted(r["request_id"] for r in res.records)
+    by_id = {r["trace_id"]: r for r in res.records}
+    for sp in spans:  # the span names the record's trace and carries its t0 and t12 at the record's instants
+        rec = by_id[base64.b64decode(sp["traceId"]).hex()]
+        events = {e["name"]: int(e["timeUnixNano"]) for e in sp["events"]}
+        assert events[ClientEvent.SEND.value] == rec["request_written_unix_ns"]
+        assert events[ClientEvent.FIRST_TOKEN.value] == rec["first_token_unix_ns"]
