@@ -277,7 +277,7 @@ class Reader:
                     if size:
                         self._state, self._remaining = _S_CHUNK_DATA, size
                     else:
-                        self._state = _S_TRAILER
+                        self._state, self._remaining = _S_TRAILER, 0  # _remaining: trailer bytes so far
                 else:
                     pos = self._feed_chunk_framing(data, pos, out)
             elif st == _S_HEAD:
