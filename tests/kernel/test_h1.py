@@ -215,6 +215,19 @@ def test_the_chunk_line_and_trailer_limits_do_not_depend_on_how_the_bytes_were_r
                 assert kinds == [HEAD, BODY, END], [len(p) for p in pieces]
 
 
+def test_the_trailer_limit_counts_one_message_at_a_time():
+    """Two chunked messages on one connection, each with a 37 kB trailer section (the second with no data
+    chunk before its last-chunk): neither is over the 64 kB limit, whatever came before."""
+    head = req("POST / HTTP/1.1", "Host: a", "Transfer-Encoding: chunked")
+    trailers = b"".join(b"X-T%05d: %s\r\n" % (i, b"v" * 80) for i in range(400)) + b"\r\n"
+    assert len(trailers) * 2 > h1.MAX_CHUNK_LINE > len(trailers)
+    data = head + b"5\r\nhello\r\n0\r\n" + trailers + head + b"0\r\n" + trailers
+    for pieces in some_splits(data):
+        reader = h1.Reader(True)
+        kinds = [e[0] for p in pieces for e in reader.feed(p)]
+        assert kinds == [HEAD, BODY, END, HEAD, END] and reader.messages == 2, (reader.error, [len(p) for p in pieces])
+
+
 def test_a_request_whose_transfer_coding_does_not_end_in_chunked_is_an_error():
     reader = h1.Reader(True)
     events = reader.feed(req("POST / HTTP/1.1", "Host: a", "Transfer-Encoding: chunked, gzip", body=b"abc"))
