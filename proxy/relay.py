@@ -464,7 +464,28 @@ class Upstream(StampedProtocol):
         events = self.reader.feed(data)
         self._watch(d, data, events, t, bound, tw, bw)
 
-    def _watch(self, d: Downstream, data: bytes, events: list[tuple], t: int, bound: int, tw: int, bw: int) -> None:
+    def cuts_received(self, data: bytes, pieces: list[tuple[int, int, int, int]]) -> None:
+        """A late read that held several packets: forwarded in one write, watched packet by packet with each one's
+        arrival (see :mod:`deltatap.net.kstamp`)."""
+        d = self.down
+        if d is None:
+            self.transport.close()
+            return
+        tw, bw = d.send(data)
+        for start, end, t, bound in pieces:
+            self.last_read = (t, bound)
+            piece = data[start:end]
+            if self.reader.opaque:
+                if d.exchanges:
+                    self._opaque_bytes(d, piece, t, bound, tw, bw)
+                continue
+            tw, bw = self._watch(d, piece, self.reader.feed(piece), t, bound, tw, bw)
+            if self.down is None:
+                return
+
+    def _watch(self, d: Downstream, data: bytes, events: list[tuple], t: int, bound: int, tw: int, bw: int) -> tuple[int, int]:
+        """Watch one read's events (its bytes already forwarded by the write ``(tw, bw)``); returns that write's stamp,
+        placed at its departure if a stamp that matters needed it."""
         exs = d.exchanges
         ex = exs[0] if exs else None
         obs = ex.rec.stream if ex is not None else None
@@ -542,7 +563,7 @@ class Upstream(StampedProtocol):
                 exs.popleft()
                 d._complete(ex)
                 if self.reader.opaque:  # 101 / CONNECT: what follows is the tunnel, not an exchange
-                    return
+                    return tw, bw
                 ex = exs[0] if exs else None
                 obs = ex.rec.stream if ex is not None else None
             else:  # ERROR: an upstream response the reader cannot frame: passed on as it is
@@ -551,12 +572,13 @@ class Upstream(StampedProtocol):
                     ex.rec.failure = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_bad_response", f"the upstream sent a response the tap cannot frame ({ev[2]})")
                     self.tap.count_upstream_error("upstream_bad_response")
                 self.keep_alive = False
-                return
+                return tw, bw
         if ex is not None and seen:
             ex.rec.chunks += 1
             ex.rec.end = tw
             if fed and obs is not None:
-                self._forward_tokens(d, ex, obs, tw, bw)
+                tw, bw = self._forward_tokens(d, ex, obs, tw, bw)
+        return tw, bw
 
     @staticmethod
     def _forward_tokens(d: Downstream, ex: Exchange, obs: StreamObserver, tw: int, bw: int) -> tuple[int, int]:

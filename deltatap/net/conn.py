@@ -61,6 +61,9 @@ class StampedProtocol(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         return self.on_eof()
 
+    # A subclass may also define ``cuts_received(data, pieces)``: a read the kernel-stamped transport split at packet
+    # arrivals, taken at once, ``pieces`` = ``[(start, end, t, bound), ...]`` (without it, each piece is one on_data).
+
     def connection_lost(self, exc: BaseException | None) -> None:
         self.lost_mono_ns = mono_ns()
         self.lost_exc = exc

@@ -290,18 +290,13 @@ class KernelStampTransport(asyncio.Transport):
         if self._lost:
             return
         view = _read_view()
+        if self._plog is not None and self._one_segment(view):
+            return
         r = self._recv(view[:1], _PEEK_NOCOPY)
         if r is None:
             return
         if not r[0]:  # end of stream from the peer
-            self._loop.remove_reader(self._fd)
-            try:
-                keep_open = self._protocol.eof_received()
-            except BaseException as exc:
-                self._fatal(exc, "protocol.eof_received() failed")
-                return
-            if not keep_open:
-                self.close()
+            self._peer_eof()
             return
         first = _kernel_ns(r[1])
         lag = _wall() - first if first else 0
@@ -339,6 +334,46 @@ class KernelStampTransport(asyncio.Transport):
             segments = len(cuts) + 1
         self._hand_over_read(view, n, cuts, segments, t_read)
 
+    def _one_segment(self, view: memoryview) -> bool:
+        """The packet log's fast path: when TCP counts at most one data segment since the last read, take what waits
+        in one ``recvmsg`` (no peek: one segment's buffer carries its own stamp) and hand it over. Whether another
+        segment came between the count and the read shows in the byte count: the bytes TCP had received and this
+        side had not read, against what the read took. True when handled; False: several segments wait (the
+        caller splits them)."""
+        counts = tcp_counters(self._sock)
+        if counts is None:
+            return False
+        segments = counts[0] - self._segs_in
+        if segments > 1:
+            return False
+        self._segs_in = counts[0]
+        self._plog.maintain()  # type: ignore[union-attr]
+        t_read = _mono()
+        r = self._recv(view, 0)
+        if r is None:
+            return True
+        n = r[0]
+        if not n:
+            self._peer_eof()
+            return True
+        k = _kernel_ns(r[1])
+        if k:
+            READ_LAG.add(_wall() - k)
+        if n != counts[1] - self._rx_off:  # (bytes came after the count: the read may hold another segment)
+            segments = 2
+        self._hand_over_read(view, n, [(n, k)], segments, t_read, taken=True)
+        return True
+
+    def _peer_eof(self) -> None:
+        self._loop.remove_reader(self._fd)
+        try:
+            keep_open = self._protocol.eof_received()
+        except BaseException as exc:
+            self._fatal(exc, "protocol.eof_received() failed")
+            return
+        if not keep_open:
+            self.close()
+
     def _hand_over_read(self, view: memoryview, n: int, cuts: list[tuple[int, int]], segments: int, t_read: int, taken: bool = False) -> None:
         """Hand over a read's ``n`` bytes in ``cuts`` (``[(end, kernel_ns), ...]``), each with how much earlier its
         bytes may have arrived than its stamp (:attr:`rx_bound_ns`): 0 where each cut is one segment
@@ -366,6 +401,26 @@ class KernelStampTransport(asyncio.Transport):
         ``cuts`` is ``[(end, kernel_ns, bound_ns), ...]``, each piece with its own stamp and bound. True when all
         were taken in (the queue held nothing else when they were peeked)."""
         data = bytes(view[:n])  # (the read buffer is shared: keep the peeked bytes while handing them over)
+        bulk = getattr(self._protocol, "cuts_received", None) if len(cuts) > 1 else None
+        if bulk is not None:  # the protocol takes the whole read at once, with each piece's stamp
+            r = self._recv(view[:n], _DISCARD)
+            if r is None:
+                return False
+            got = r[0]
+            pieces, start = [], 0
+            for end, k, bound in cuts:
+                end = min(end, got)
+                if end > start:
+                    pieces.append((start, end, _to_mono(k), bound))
+                start = end
+            self.rx_mono_ns, self.rx_bound_ns = pieces[-1][2], pieces[-1][3]
+            self._rx_off += got
+            try:
+                bulk(data[:got] if got < n else data, pieces)
+            except BaseException as exc:
+                self._fatal(exc, "protocol.cuts_received() failed")
+                return False
+            return got >= n
         start = 0
         for end, k, bound in cuts:
             r = self._recv(view[start:end], _DISCARD)  # take in what was peeked
