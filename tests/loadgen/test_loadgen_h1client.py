@@ -4,7 +4,6 @@ Content-Length error bodies, keep-alive reuse and a server closing it, refused c
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
 import socket
 import ssl
@@ -235,32 +234,6 @@ async def test_no_answer_within_the_request_timeout():
             await pool.close()
     assert (rec.status, rec.error_kind, rec.error) == (Outcome.TIMEOUT, ErrorKind.TIMEOUT, "no complete answer within 0.3 s")
     assert 0.25e9 <= rec.end_mono_ns - rec.send_mono_ns < 5e9
-
-
-@pytest.fixture(scope="module")
-def self_signed(tmp_path_factory):
-    """A self-signed certificate for 127.0.0.1 / localhost, made with ``cryptography``: (cert path, key path)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-    import ipaddress
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    d = tmp_path_factory.mktemp("tls")
-    (d / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (d / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    return d / "cert.pem", d / "key.pem"
 
 
 async def test_https_verifies_the_certificate(self_signed, monkeypatch):

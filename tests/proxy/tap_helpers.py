@@ -129,14 +129,15 @@ class Upstream:
     runner: web.AppRunner
 
 
-async def start_upstream() -> Upstream:
+async def start_upstream(ssl_context=None, host: str = "127.0.0.1") -> Upstream:
+    """The upstream on a free port; with ``ssl_context``, over TLS (URL ``https://HOST:PORT``)."""
     log = UpstreamLog()
     runner = make_stamping_runner(build_upstream(log), handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
-    return Upstream(f"http://127.0.0.1:{port}", port, log, runner)
+    return Upstream(f"{'https' if ssl_context else 'http'}://{host}:{port}", port, log, runner)
 
 
 def tap_spans(span_exporter, telemetry):
