@@ -17,18 +17,14 @@ trailers are decided by the endpoints, exactly as over a direct connection.
 
 from __future__ import annotations
 
-import os
-import random
-
 from deltatap.net.h1 import Head
+from deltatap.telemetry.spans import new_trace_id
 
 TRACE_HEADERS = frozenset({b"traceparent", b"tracestate"})
-_rand = random.Random(os.urandom(32))  # request ids: private generator, no syscall per id (see proxy.spans)
-os.register_at_fork(after_in_child=lambda: _rand.seed(os.urandom(32)))
 
 
 def new_request_id() -> str:
-    return f"{_rand.getrandbits(128):032x}"
+    return f"{new_trace_id():032x}"  # (128 random bits from the span ids' private generator: no syscall per id)
 
 
 def trace_context(head: Head) -> dict[str, str]:

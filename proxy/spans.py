@@ -3,8 +3,8 @@
 Going through ``tracer.start_span`` / ``add_event`` / ``set_attributes`` costs about half a
 millisecond of CPU per request in the SDK (locks, attribute cleaning per call), on the same thread
 that forwards other streams. A tap knows every event and attribute only when the request is over,
-so it builds one :class:`opentelemetry.sdk.trace.ReadableSpan` then and hands it to the telemetry's
-span processor directly — the same object the SDK would have produced, exported the same way.
+so it builds one finished span then (:func:`deltatap.telemetry.spans.emit_span`) — the same object the SDK
+would have produced, exported the same way.
 
 Context: W3C ``traceparent``/``tracestate`` are extracted from the request, and the ``traceparent``
 sent upstream names the tap's span as the parent, with the incoming sampled flag unchanged. The tap
@@ -14,30 +14,20 @@ traces unsampled); with ``respect_sampling`` it follows parent-based sampling an
 
 from __future__ import annotations
 
-import os
-import random
 from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from deltatap import __version__
 from deltatap.core.clock import to_unix_ns
-from deltatap.telemetry.tracer import Telemetry
-from deltatap.core.vocab import INSTRUMENTATION_SCOPE, Outcome
+from deltatap.core.vocab import Outcome
 from deltatap.proxy.record import TapRecord, events
+from deltatap.telemetry.spans import emit_span, new_span_id, new_trace_id, traceparent
+from deltatap.telemetry.tracer import Telemetry
 
 _W3C = TraceContextTextMapPropagator()
-# Ids as the SDK's RandomIdGenerator makes them (a Mersenne Twister, not a syscall per id:
-# SystemRandom's os.urandom cost ~100 us a call on this machine), but from a private generator
-# seeded from the OS, so nobody's random.seed() can repeat them; reseeded in forked children.
-_rand = random.Random(os.urandom(32))
-os.register_at_fork(after_in_child=lambda: _rand.seed(os.urandom(32)))
-_SCOPE = InstrumentationScope(INSTRUMENTATION_SCOPE, __version__)
 
 
 @dataclass(slots=True)
@@ -54,10 +44,10 @@ def begin(headers: Any) -> SpanStart:
         trace_id, flags, state = parent.trace_id, parent.trace_flags, parent.trace_state
     else:
         parent = None
-        trace_id, flags, state = _rand.getrandbits(128) or 1, TraceFlags(TraceFlags.SAMPLED), TraceState()
-    span_id = _rand.getrandbits(64) or 1
+        trace_id, flags, state = new_trace_id(), TraceFlags(TraceFlags.SAMPLED), TraceState()
+    span_id = new_span_id()
     ctx = SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags, trace_state=state)
-    out = {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-{int(flags):02x}"}
+    out = {"traceparent": traceparent(trace_id, span_id, flags)}
     if state:
         out["tracestate"] = state.to_header()
     return SpanStart(ctx, parent, out)
@@ -76,17 +66,5 @@ def emit(
         status = Status(StatusCode.ERROR, rec.failure.cause if rec.failure else f"HTTP {rec.status}")
     last = evs[-1][1] if evs else rec.received
     end = max(rec.end if rec.end is not None else last, last)
-    span = ReadableSpan(
-        name=name,
-        context=start.context,
-        parent=start.parent,
-        resource=telemetry.provider.resource,
-        attributes=attrs,
-        events=tuple(Event(n, None, to_unix_ns(t)) for n, t in evs),
-        kind=SpanKind.SERVER,
-        status=status,
-        start_time=to_unix_ns(rec.received),
-        end_time=to_unix_ns(end),
-        instrumentation_scope=_SCOPE,
-    )
-    telemetry.processor.on_end(span)
+    emit_span(telemetry, name, SpanKind.SERVER, start.context, attrs, ((n, to_unix_ns(t), None) for n, t in evs),
+              to_unix_ns(rec.received), to_unix_ns(end), parent=start.parent, status=status)
