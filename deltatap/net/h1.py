@@ -6,8 +6,9 @@ a message ends (to close its record and find the next one on a keep-alive or pip
 a connection stops being HTTP (after ``101 Switching Protocols`` or a ``CONNECT`` tunnel). :class:`Reader`
 answers exactly that for one direction of one connection, from the bytes alone (RFC 9112 section 6):
 
-* requests: ``Transfer-Encoding`` ending in ``chunked`` → chunked; another final coding → an error (a
-  server cannot find the end either); else ``Content-Length`` (equal duplicates allowed); else no body.
+* requests: ``Transfer-Encoding`` ending in ``chunked`` → chunked; another final coding, or ``Content-Length``
+  as well (ambiguous framing: request smuggling) → an error; else ``Content-Length`` (equal duplicates
+  allowed); else no body. Only HTTP/1.x heads are framed (an HTTP/2 preface is an error).
 * responses: to ``HEAD``, ``1xx``, ``204`` and ``304`` → no body; a ``2xx`` to ``CONNECT`` and any ``101``
   → the connection becomes opaque (every later byte is body, both ways: :meth:`Reader.switch`); ``chunked``
   as above; another final coding → until the connection closes; ``Content-Length``; else until the close.
@@ -150,7 +151,8 @@ def parse_head(raw: bytes, request: bool) -> Head:
 
 
 def _version_ok(v: bytes) -> bool:
-    return len(v) == 8 and v.startswith(b"HTTP/") and v[5:6].isdigit() and v[6:7] == b"." and v[7:8].isdigit()
+    """HTTP/1.x only: anything else (an HTTP/2 connection preface ``PRI * HTTP/2.0``) is not framed here."""
+    return len(v) == 8 and v.startswith(b"HTTP/1.") and v[7:8].isdigit()
 
 
 def _content_length(head: Head) -> int | None:
@@ -344,6 +346,10 @@ class Reader:
             if te:
                 if te[-1] != b"chunked":
                     raise ValueError("request Transfer-Encoding does not end in chunked")
+                if head.values(b"content-length"):
+                    # RFC 9112 6.3: chunked wins, but a server that reads the length instead would see another
+                    # message boundary (request smuggling): not framed here, so never pooled or watched
+                    raise ValueError("request has both Transfer-Encoding and Content-Length")
                 framing = "chunked"
             else:
                 length = _content_length(head)

@@ -1046,3 +1046,22 @@ def test_requests_agree_with_h11_and_httptools_however_split(data, generated):
 def test_responses_agree_with_h11_and_httptools_however_split(data, generated):
     methods, msgs, accepts = generated
     check_all(data, wire(msgs, request=False), False, methods, msgs, accepts)
+
+
+def test_an_http2_preface_is_not_framed_as_http1():
+    """h2c prior knowledge: ``PRI * HTTP/2.0`` is not an HTTP/1.x head (a relay that added headers to it would break
+    the preface); the reader says so at its first byte and the relay passes the connection on unparsed."""
+    r = h1.Reader(True)
+    ev = r.feed(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x12\x04\x00")
+    assert [e[:2] for e in ev] == [(ERROR, 0)] and r.opaque
+    w = h1.Reader(False)
+    assert w.feed(b"HTTP/2 200 OK\r\n\r\n")[0][0] == ERROR
+
+
+def test_a_request_with_both_content_length_and_chunked_is_not_framed():
+    """RFC 9112 6.3 lets chunked win, but a server that reads the length would find another boundary (request
+    smuggling): such a connection is passed on unparsed and never pooled."""
+    raw = b"POST / HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /x HTTP/1.1\r\n\r\n"
+    r = h1.Reader(True)
+    ev = r.feed(raw)
+    assert [e[:2] for e in ev] == [(ERROR, 0)] and "both" in ev[0][2] and r.opaque
