@@ -88,9 +88,13 @@ class Conn:
 
 
 class RawUpstream:
-    """A raw HTTP/1.1 "server" on 127.0.0.1 that answers from the script set with :meth:`expect`."""
+    """A raw HTTP/1.1 "server" on 127.0.0.1 that answers from the script set with :meth:`expect`.
 
-    def __init__(self) -> None:
+    ``history=False`` (long runs): each connection's bytes and the served list are not kept, and :meth:`expect`
+    forgets the bytes before it; only :meth:`since` the last mark is there."""
+
+    def __init__(self, history: bool = True) -> None:
+        self.history = history
         self.conns: list[Conn] = []
         self.log = bytearray()  # every byte from every connection, in arrival order
         self.served: list[Served] = []
@@ -113,6 +117,8 @@ class RawUpstream:
     def expect(self, script: Script) -> int:
         """Arm ``script`` for the next request head (replacing any armed one); returns a mark for :meth:`since`."""
         self._script = list(script)
+        if not self.history:
+            self.log.clear()
         return len(self.log)
 
     def since(self, mark: int) -> bytes:
@@ -138,7 +144,8 @@ class RawUpstream:
         self._tasks.add(task)
         self._writers.add(writer)
         conn = Conn()
-        self.conns.append(conn)
+        if self.history:
+            self.conns.append(conn)
         index = len(self.conns) - 1
         pending = bytearray()
 
@@ -155,7 +162,8 @@ class RawUpstream:
             if not data:
                 conn.eof = True
                 return False
-            conn.received += data
+            if self.history:
+                conn.received += data
             self.log += data
             pending.extend(data)
             return True
@@ -171,7 +179,8 @@ class RawUpstream:
                     return
                 head_len = pending.index(HEAD_END) + len(HEAD_END)
                 served = Served(index)
-                self.served.append(served)
+                if self.history:
+                    self.served.append(served)
                 taken = head_len
                 end = "keep"
                 for step in script:
@@ -226,6 +235,9 @@ def _linger0(writer: asyncio.StreamWriter) -> None:
 class ClientResult:
     received: bytes
     end: str  # "fin" | "rst" | "open" (neither seen when the client stopped waiting)
+    # with ``late_s``: what still came after ``timeout_s`` ran out (a stall, not a loss) and how it ended then
+    late: bytes = b""
+    late_end: str = ""
 
 
 async def raw_exchange(
@@ -237,15 +249,37 @@ async def raw_exchange(
     expect: int | None = None,
     settle_s: float = 0.02,
     timeout_s: float = 3.0,
+    late_s: float = 0.0,
+    connect_timeout_s: float = 10.0,
 ) -> ClientResult:
     """Connect to 127.0.0.1:``port``, send ``pieces`` (``pause_s`` apart), optionally ``SHUT_WR``, and read.
 
     Reading stops at FIN or RST, at ``timeout_s`` after the last piece went out, or — when ``expect`` is given —
-    once ``expect`` bytes are in and nothing more came for ``settle_s`` (the connection is then ``open``)."""
+    once ``expect`` bytes are in and nothing more came for ``settle_s`` (the connection is then ``open``). If it
+    stopped at ``timeout_s``, it reads on for up to ``late_s`` into ``late`` / ``late_end``."""
     loop = asyncio.get_running_loop()
-    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port, limit=1 << 22), timeout_s)
-    got = bytearray()
-    end = "open"
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port, limit=1 << 22), connect_timeout_s)
+
+    async def read(into: bytearray, until: float, settle: bool) -> str:
+        """Read into ``into`` until ``until``: "fin", "rst", "settled" or "timeout"."""
+        while True:
+            left = until - loop.time()
+            if left <= 0:
+                return "timeout"
+            settled = settle and expect is not None and len(got) + len(late) >= expect
+            try:
+                data = await asyncio.wait_for(reader.read(1 << 16), min(left, settle_s) if settled else left)
+            except asyncio.TimeoutError:
+                if settled:
+                    return "settled"
+                continue
+            except ConnectionError:
+                return "rst"
+            if not data:
+                return "fin"
+            into += data
+
+    got, late = bytearray(), bytearray()
     try:
         try:
             for i, piece in enumerate(pieces):
@@ -259,26 +293,13 @@ async def raw_exchange(
                 writer.write_eof()
         except (ConnectionError, RuntimeError):  # the peer closed or reset while we sent: read what it said
             pass
-        deadline = loop.time() + timeout_s
-        while True:
-            left = deadline - loop.time()
-            if left <= 0:
-                break
-            wait = min(left, settle_s) if expect is not None and len(got) >= expect else left
-            try:
-                data = await asyncio.wait_for(reader.read(1 << 16), wait)
-            except asyncio.TimeoutError:
-                if expect is not None and len(got) >= expect:
-                    break
-                continue
-            except ConnectionError:
-                end = "rst"
-                break
-            if not data:
-                end = "fin"
-                break
-            got += data
-        return ClientResult(bytes(got), end)
+        why = await read(got, loop.time() + timeout_s, settle=True)
+        end = why if why in ("fin", "rst") else "open"
+        late_end = ""
+        if why == "timeout" and late_s > 0:
+            why = await read(late, loop.time() + late_s, settle=True)
+            late_end = why if why in ("fin", "rst") else "open"
+        return ClientResult(bytes(got), end, bytes(late), late_end)
     finally:
         _linger0(writer)  # whatever the ending, leave no TIME_WAIT or half-open socket behind
         writer.transport.abort()
