@@ -217,7 +217,10 @@ async def test_refused_connect_and_unknown_host_are_unreachable_in_one_line():
             await pool.close()
         host = url.split("//")[1]
         assert (rec.status, rec.error_kind) == (Outcome.UPSTREAM_ERROR, ErrorKind.UNREACHABLE)
-        assert rec.error == f"cannot connect to {host} ({why})"
+        # (a resolver that cannot reach its name server answers only after the 10 s connect timeout)
+        allowed = {f"cannot connect to {host} ({why})", f"cannot connect to {host} (connect timed out)"} if "invalid" in host \
+            else {f"cannot connect to {host} ({why})"}
+        assert rec.error in allowed
 
 
 async def test_no_answer_within_the_request_timeout():
