@@ -13,7 +13,8 @@ import pytest
 from .commands import ROOT, check_command
 from .compose import load_compose
 
-DOCS = [ROOT / "docs" / "quickstart.md", ROOT / "docs" / "staging.md", ROOT / "README.md", ROOT / "docs" / "bench.md"]
+DOCS = [ROOT / "docs" / "quickstart.md", ROOT / "docs" / "staging.md", ROOT / "README.md", ROOT / "docs" / "bench.md", ROOT / "docs" / "loadgen.md",
+        ROOT / "docs" / "tap.md"]
 PLACEHOLDERS = {"COLLECTOR": "127.0.0.1", "JAEGER": "127.0.0.1", "DOCKER_HOST": "127.0.0.1"}
 _BLOCK = re.compile(r"```bash\n(.*?)```", re.S)
 
