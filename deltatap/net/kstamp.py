@@ -156,25 +156,42 @@ def _kernel_ns(ancdata: list[tuple[int, int, bytes]]) -> int:
     return 0
 
 
-def _to_mono(k: int) -> int:
-    """``mono_ns`` of the kernel stamp ``k`` (now, for 0 or an implausible stamp: the wall clock
-    stepped).
+_OFFSET_EVERY_NS = 200_000_000  # the wall-minus-monotonic offset is measured again this often
+_offset = [0, 0, -_OFFSET_EVERY_NS - 1]  # (offset ns, width of the reading pair it came from, measured at mono ns)
 
-    The stamp's age is read as ``time_ns()`` between two ``mono_ns()`` readings taken back to back
-    (nothing that allocates, so no garbage collection, in between); a pair more than 20 µs apart
-    (the process lost its CPU between them) is read again."""
-    if not k:
-        return _mono()
-    for _ in range(3):
+
+def _measure_offset(now: int) -> int:
+    """``time_ns() - mono_ns()``, from the narrowest of a few back-to-back reading pairs (nothing that allocates in
+    between, so no garbage collection): good to half that pair's width, a few hundred ns."""
+    best_w, best_off = 1 << 62, 0
+    for _ in range(5):
         a = _mono()
         w = _wall()
         b = _mono()
-        if b - a < 20_000:
-            break
-    age = w - k
-    if 0 <= age <= _MAX_AGE_NS:
-        return ((a + b) >> 1) - age
-    return b
+        if b - a < best_w:
+            best_w, best_off = b - a, w - ((a + b) >> 1)
+    _offset[0], _offset[1], _offset[2] = best_off, best_w, now
+    return best_off
+
+
+def _to_mono(k: int) -> int:
+    """``mono_ns`` of the kernel stamp ``k`` (now, for 0 or an implausible stamp: the wall clock stepped).
+
+    One offset between the two clocks serves every stamp of the process (measured again every 200 ms), so two
+    stamps converted microseconds apart keep their order to the nanosecond, not to a reading pair's width each
+    (converting each stamp with its own pair let the same instant differ by up to 20 µs between observers)."""
+    now = _mono()
+    if not k:
+        return now
+    off = _offset[0] if now - _offset[2] < _OFFSET_EVERY_NS else _measure_offset(now)
+    t = k - off
+    if t <= now + 1_000_000 and now - t <= _MAX_AGE_NS:
+        return t if t <= now else now
+    off = _measure_offset(now)  # (implausible: the wall clock may have stepped; measure again, once)
+    t = k - off
+    if t <= now + 1_000_000 and now - t <= _MAX_AGE_NS:
+        return t if t <= now else now
+    return now
 
 
 class KernelStampTransport(asyncio.Transport):
