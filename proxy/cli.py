@@ -56,6 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="record no span for a request whose incoming traceparent is not sampled (default: record every request)",
     )
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="extra span attribute deltatap.label.KEY")
+    p.add_argument("--header-timeout-s", type=float, metavar="S",
+                   help="close a connection that has not sent a whole request head for S seconds, idle keep-alive included (default 30)")
+    p.add_argument("--max-connections", type=int, metavar="N", help="downstream connections open at once; more are closed at accept (default 4096)")
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="run N tap processes on the listen port (SO_REUSEPORT); the admin port sums their metrics (default 1)")
     p.set_defaults(func=run)
@@ -80,6 +83,8 @@ def build_options(args: argparse.Namespace) -> TapOptions:
         "fingerprint_key": args.fingerprint_key,
         "grace_s": args.grace_s,
         "respect_sampling": args.respect_sampling,
+        "header_timeout_s": args.header_timeout_s,
+        "max_connections": args.max_connections,
         "labels": _labels(args.label) or None,
         "downstream": args.downstream,
         "upstream_name": args.upstream_name,

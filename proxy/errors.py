@@ -9,6 +9,7 @@ as the broken stream it is (the tap closes the downstream connection the same wa
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import socket
@@ -45,9 +46,21 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def resource_exhausted(exc: OSError) -> Failure:
+    """The tap itself ran out of file descriptors or buffers: its own failure, not the upstream's."""
+    what = {errno.EMFILE: "its file descriptors (EMFILE: raise `ulimit -n` for the tap)",
+            errno.ENFILE: "the system's file descriptors (ENFILE)"}.get(exc.errno or 0, f"buffers ({errno.errorcode.get(exc.errno or 0, exc.errno)})")
+    return Failure(Outcome.UPSTREAM_ERROR, 503, "tap_resource_exhausted", f"the tap ran out of {what}")
+
+
 def connect_failure(exc: BaseException) -> Failure:
     """A connection to the upstream that could not be opened (refused, unreachable, name not found, no answer
     within the connect timeout, TLS handshake failed)."""
+    if isinstance(exc, OSError) and exc.errno in _RESOURCE_ERRNOS:
+        return resource_exhausted(exc)
     if isinstance(exc, ssl.SSLError) or isinstance(exc, ssl.CertificateError):
         return Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_tls", f"TLS with the upstream failed: {_describe(exc)}")
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):

@@ -60,7 +60,8 @@ class TapCounters:
     """What the request path updates: plain attributes and dicts."""
 
     __slots__ = ("requests", "upstream_errors", "in_flight", "request_bytes", "response_bytes",
-                 "overhead_request", "overhead_first_token", "upstream_ttft", "unparsed", "connections", "upstream_connections")
+                 "overhead_request", "overhead_first_token", "upstream_ttft", "unparsed", "connections", "upstream_connections",
+                 "connections_refused", "header_timeouts")
 
     def __init__(self) -> None:
         self.requests: dict[str, int] = {}  # outcome -> count
@@ -74,6 +75,8 @@ class TapCounters:
         self.unparsed = 0  # messages the framing reader could not frame: the connection was passed on unparsed
         self.connections = 0  # downstream connections accepted
         self.upstream_connections = 0  # upstream connections opened (the rest reused a pooled one)
+        self.connections_refused = 0  # closed at accept: --max-connections were open
+        self.header_timeouts = 0  # closed: no whole request head within --header-timeout-s
 
 
 class _TapCollector(Collector):
@@ -100,7 +103,13 @@ class _TapCollector(Collector):
         upconns = CounterMetricFamily("deltatap_tap_upstream_connections", "Upstream connections opened (each downstream connection "
                                       "is paired with one; idle ones are pooled and reused)", labels=["link"])
         upconns.add_metric([link], c.upstream_connections)
-        yield from (req, inflight, errs, unparsed, conns, upconns)
+        refused = CounterMetricFamily("deltatap_tap_connections_refused", "Downstream connections closed at accept because "
+                                      "--max-connections were open", labels=["link"])
+        refused.add_metric([link], c.connections_refused)
+        htimeouts = CounterMetricFamily("deltatap_tap_header_timeouts", "Downstream connections closed for sending no whole request "
+                                        "head within --header-timeout-s (idle keep-alive included)", labels=["link"])
+        htimeouts.add_metric([link], c.header_timeouts)
+        yield from (req, inflight, errs, unparsed, conns, upconns, refused, htimeouts)
         yield c.overhead_request.family(
             "deltatap_tap_overhead_request_seconds", "Tap overhead on the request: last byte read -> last byte written upstream", link)
         yield c.overhead_first_token.family(
@@ -172,10 +181,19 @@ def admin_app(metrics: TapMetrics, health: Callable[[], Awaitable[tuple[bool, di
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def get_health(request: web.Request) -> web.Response:
+        """Readiness: 503 while the upstream does not take a TCP connection or the tap drains."""
         ok, doc = await health()
         return web.json_response(doc, status=200 if ok else 503)
+
+    async def get_live(request: web.Request) -> web.Response:
+        """Liveness: 200 while the tap process serves, whatever its upstream does (restarting a tap does not bring
+        its upstream back); the body still says the upstream's state."""
+        _ok, doc = await health()
+        return web.json_response(doc, status=200)
 
     app = web.Application()
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/healthz", get_health)
+    app.router.add_get("/readyz", get_health)
+    app.router.add_get("/livez", get_live)
     return app

@@ -41,6 +41,8 @@ class TapOptions:
     # False (default): every request gets a span, whatever the incoming traceparent's sampled flag says (a
     # gateway that marks traces unsampled must not blind the instrument). True: parent-based sampling.
     respect_sampling: bool = False
+    header_timeout_s: float = 30.0  # a connection that has not sent a whole request head this long (idle included) is closed
+    max_connections: int = 4096  # downstream connections open at once; more are closed at accept (counted)
 
     def __post_init__(self) -> None:
         self.upstream_url = check_upstream(self.upstream)
@@ -56,6 +58,10 @@ class TapOptions:
             raise ConfigError(f"--correlation-header: {self.correlation_header!r} is not a header name")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ConfigError(f"--timeout-s: must be > 0 (got {self.timeout_s}); leave it out for no tap timeout")
+        if self.header_timeout_s <= 0:
+            raise ConfigError(f"--header-timeout-s: must be > 0 (got {self.header_timeout_s})")
+        if self.max_connections < 1:
+            raise ConfigError(f"--max-connections: must be >= 1 (got {self.max_connections})")
         if self.grace_s < 0:
             raise ConfigError(f"--grace-s: must be >= 0 (got {self.grace_s})")
 

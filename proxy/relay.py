@@ -93,6 +93,7 @@ class Downstream(StampedProtocol):
         self.last_write_mono: int | None = None
         self.last_write_bound = 0
         self.unplaced: tuple[int, int, int] | None = None  # the last write, if slow and its departure not looked up yet
+        self.head_timer: asyncio.TimerHandle | None = None  # closes a connection that sends no whole head in time
 
     def send(self, data: bytes | bytearray | memoryview) -> tuple[int, int]:  # type: ignore[override]
         t, bound = super().send(data)
@@ -109,14 +110,37 @@ class Downstream(StampedProtocol):
 
     # ---- connection ----------------------------------------------------------------------
     def on_made(self) -> None:
+        tap = self.tap
+        if len(tap.connections) >= tap.o.max_connections:
+            tap.connection_refused()
+            self.closed = True
+            self.transport.abort()
+            return
         if self.kernel is not None:
             self.kernel.lazy_placement = True
         peer = self.transport.get_extra_info("peername")
         self.peer = peer[0] if isinstance(peer, tuple) else None
-        self.tap.connections.add(self)
+        tap.connections.add(self)
+        self._arm_head_timer()
+
+    def _arm_head_timer(self) -> None:
+        if self.head_timer is None and not self.closed:
+            self.head_timer = asyncio.get_running_loop().call_later(self.tap.o.header_timeout_s, self._head_timed_out)
+
+    def _head_timed_out(self) -> None:
+        """No whole request head for ``--header-timeout-s`` (a slow or idle client): close, as servers do."""
+        self.head_timer = None
+        if self.closed or self.current is not None or self.exchanges or self.opaque:
+            return
+        self.tap.counters.header_timeouts += 1
+        log.debug("tap %s: %s sent no whole request head in %.0f s; closing", self.tap.o.link, self.peer, self.tap.o.header_timeout_s)
+        self.transport.close()
 
     def on_lost(self, exc: BaseException | None) -> None:
         self.closed = True
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
         self.tap.connections.discard(self)
         t = self.lost_mono_ns
         up = self.up
@@ -203,6 +227,9 @@ class Downstream(StampedProtocol):
                     out.append(data[pos:start])
                 first = self.head_first if start < 0 and self.head_first is not None else (t, bound)
                 self.head_first = None
+                if self.head_timer is not None:
+                    self.head_timer.cancel()
+                    self.head_timer = None
                 self.withheld.clear()
                 out.append(self._begin(head, first, (t, bound)))
                 pos = end
@@ -363,7 +390,7 @@ class Downstream(StampedProtocol):
         rec.status = failure.status
         if not self.closed and not self.transport.is_closing():
             body = failure.body(self.tap.o.link, self.tap.upstream_str)
-            head = (f"HTTP/1.1 {failure.status} {'Gateway Timeout' if failure.status == 504 else 'Bad Gateway'}\r\n"
+            head = (f"HTTP/1.1 {failure.status} {_REASONS.get(failure.status, 'Bad Gateway')}\r\n"
                     f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                     f"{self.tap.o.correlation_header}: {rec.request_id}\r\nConnection: close\r\n\r\n").encode("latin-1")
             rec.end, _b = self.send(head + body)
@@ -402,6 +429,8 @@ class Downstream(StampedProtocol):
         rec.request_capture = ex.capture
         rec.response_capture = ex.capture_out
         self.tap.finish(ex.span, rec)
+        if not self.exchanges and self.current is None and not self.opaque:
+            self._arm_head_timer()  # (idle between requests: the next head must come in time too)
 
 
 class Upstream(StampedProtocol):
@@ -669,6 +698,9 @@ class Upstream(StampedProtocol):
             rec.upstream_closed = self.lost_mono_ns or mono()
             d.exchanges.remove(ex)
             d._complete(ex)
+
+
+_REASONS = {502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
 
 
 class _UpstreamClosed(Exception):

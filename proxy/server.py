@@ -17,8 +17,9 @@ from aiohttp import web
 
 from deltatap.core.clocksync import ClockEstimate, estimate_offset
 from deltatap.core.fingerprint import resolve_key
-from deltatap.core.vocab import tap_span_name
+from deltatap.core.vocab import Outcome, tap_span_name
 from deltatap.net import conn, kstamp
+from deltatap.proxy.errors import Failure
 from deltatap.proxy.metrics import TapMetrics, admin_app
 from deltatap.proxy.options import TapOptions
 from deltatap.proxy.record import TapRecord, attributes
@@ -27,6 +28,7 @@ from deltatap.proxy.spans import SpanStart, emit
 from deltatap.telemetry.tracer import Telemetry
 
 log = logging.getLogger("deltatap.tap")
+_SHUTDOWN = Failure(Outcome.UPSTREAM_ERROR, 503, "tap_shutdown", "the tap stopped: its grace period ended before the response did")
 CLOCK_RETRY_FIRST_S = 0.5  # first retry of a failed clock exchange; doubles up to clock_resync_s
 
 
@@ -120,6 +122,13 @@ class Tap:
         self.counters.connections += 1
         return Downstream(self)
 
+    def connection_refused(self) -> None:
+        c = self.counters
+        c.connections_refused += 1
+        if c.connections_refused == 1 or c.connections_refused % 1000 == 0:
+            log.warning("tap %s: %d connections open (--max-connections); closing new ones at accept (%d so far)",
+                        self.o.link, len(self.connections), c.connections_refused)
+
     async def close(self, grace_s: float | None = None) -> None:
         """Stop accepting, let requests in flight finish for up to ``grace_s``, then stop and flush spans."""
         if self._closed:
@@ -139,6 +148,10 @@ class Tap:
             except asyncio.TimeoutError:
                 log.warning("tap %s: %d requests still in flight after the grace period; closing them", self.o.link, self.in_flight)
         for d in list(self.connections):
+            for ex in d.exchanges:  # cut by the tap itself, not by the client or the upstream
+                if not ex.done and ex.rec.failure is None:
+                    ex.rec.failure = _SHUTDOWN
+                    self.count_upstream_error(_SHUTDOWN.error_type)
             if d.up is not None:
                 d.up.transport.abort()
             d.transport.abort()
