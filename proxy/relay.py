@@ -72,7 +72,29 @@ class Exchange:
         self.last_unplaced: tuple[int, int, int] | None = None  # the latest token's write, if its departure is not placed yet
 
 
-class Downstream(StampedProtocol):
+class _Side(StampedProtocol):
+    """What both sides of a pair share: writes remembered with their stamp, and a slow write's departure placed
+    only when its stamp matters (:attr:`deltatap.net.kstamp.KernelStampTransport.lazy_placement`)."""
+
+    last_write_mono: int | None = None
+    last_write_bound = 0
+    unplaced: tuple[int, int, int] | None = None  # the last write, if slow and its departure not looked up yet
+
+    def send(self, data: bytes | bytearray | memoryview) -> tuple[int, int]:
+        t, bound = super().send(data)
+        self.last_write_mono, self.last_write_bound = t, bound
+        k = self.kernel
+        self.unplaced = k.unplaced_write if k is not None else None
+        return t, bound
+
+    def place(self, unplaced: tuple[int, int, int] | None, t: int, bound: int) -> tuple[int, int]:
+        """The exact departure of the slow write ``unplaced`` (else ``(t, bound)`` as they are)."""
+        if unplaced is None or self.kernel is None:
+            return t, bound
+        return self.kernel.place_write(unplaced) or (t, bound)
+
+
+class Downstream(_Side):
     """One client connection."""
 
     def __init__(self, tap: Tap) -> None:
@@ -90,23 +112,7 @@ class Downstream(StampedProtocol):
         self.eof = False
         self.closed = False
         self.peer: str | None = None
-        self.last_write_mono: int | None = None
-        self.last_write_bound = 0
-        self.unplaced: tuple[int, int, int] | None = None  # the last write, if slow and its departure not looked up yet
         self.head_timer: asyncio.TimerHandle | None = None  # closes a connection that sends no whole head in time
-
-    def send(self, data: bytes | bytearray | memoryview) -> tuple[int, int]:  # type: ignore[override]
-        t, bound = super().send(data)
-        self.last_write_mono, self.last_write_bound = t, bound
-        k = self.kernel
-        self.unplaced = k.unplaced_write if k is not None else None
-        return t, bound
-
-    def place(self, unplaced: tuple[int, int, int] | None, t: int, bound: int) -> tuple[int, int]:
-        """The exact departure of a slow write whose stamp matters (see :attr:`KernelStampTransport.lazy_placement`)."""
-        if unplaced is None or self.kernel is None:
-            return t, bound
-        return self.kernel.place_write(unplaced) or (t, bound)
 
     # ---- connection ----------------------------------------------------------------------
     def on_made(self) -> None:
@@ -433,7 +439,7 @@ class Downstream(StampedProtocol):
             self._arm_head_timer()  # (idle between requests: the next head must come in time too)
 
 
-class Upstream(StampedProtocol):
+class Upstream(_Side):
     """The tap's connection to its upstream; paired with one :class:`Downstream` at a time."""
 
     def __init__(self, tap: Tap) -> None:
@@ -443,26 +449,11 @@ class Upstream(StampedProtocol):
         self.eof_sent = False
         self.eof = False
         self.keep_alive = True
-        self.last_write_mono: int | None = None
-        self.last_write_bound = 0
         self.last_read: tuple[int, int] = (0, 0)
-        self.unplaced: tuple[int, int, int] | None = None
 
     def on_made(self) -> None:
         if self.kernel is not None:
             self.kernel.lazy_placement = True
-
-    def send(self, data: bytes | bytearray | memoryview) -> tuple[int, int]:  # type: ignore[override]
-        t, bound = super().send(data)
-        self.last_write_mono, self.last_write_bound = t, bound
-        k = self.kernel
-        self.unplaced = k.unplaced_write if k is not None else None
-        return t, bound
-
-    def place(self, unplaced: tuple[int, int, int] | None, t: int, bound: int) -> tuple[int, int]:
-        if unplaced is None or self.kernel is None:
-            return t, bound
-        return self.kernel.place_write(unplaced) or (t, bound)
 
     def reusable(self) -> bool:
         return (self.keep_alive and not self.eof and not self.eof_sent and self.reader.idle and not self.reader.opaque
