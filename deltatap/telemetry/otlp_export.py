@@ -7,8 +7,10 @@
 
 Both bound each export by ``timeout_s`` (connection, every retry and its wait included), retry a few times
 with a short backoff when the collector is unavailable (gRPC ``UNAVAILABLE``; HTTP connection errors, 429, 502,
-503, 504), and never raise: a failed export returns ``FAILURE`` and leaves the reason in ``last_error``, which
-:class:`deltatap.telemetry.BoundedSpanProcessor` counts and logs.
+503, 504), and never raise: a failed export returns ``FAILURE`` and leaves the reason in ``last_error`` and its
+kind in ``last_reason`` (``export_timeout`` when the timeout expired waiting for the collector, else
+``export_failed``), which :class:`deltatap.telemetry.BoundedSpanProcessor` counts and logs. ``shutdown`` never
+waits for an export in flight: it ends it (the gRPC channel is closed, the HTTP socket shut down).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import socket
 import ssl
 import threading
 import time
@@ -47,6 +50,7 @@ class _Base(SpanExporter):
         self.retries = retries
         self.backoff_s = backoff_s
         self.last_error = ""
+        self.last_reason = ""  # of the last failure: "export_timeout" or "export_failed"
         self._stop = threading.Event()  # set by shutdown: ends a backoff wait at once
 
     def _wait_before_retry(self, attempt: int, deadline: float) -> bool:
@@ -58,6 +62,11 @@ class _Base(SpanExporter):
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return True  # nothing is buffered here
+
+    def _failed(self, error: str, timeout: bool = False) -> SpanExportResult:
+        self.last_error = error
+        self.last_reason = "export_timeout" if timeout else "export_failed"
+        return SpanExportResult.FAILURE
 
 
 class OtlpGrpcExporter(_Base):
@@ -96,8 +105,7 @@ class OtlpGrpcExporter(_Base):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if self._stop.is_set():
-            self.last_error = "exporter is shut down"
-            return SpanExportResult.FAILURE
+            return self._failed("exporter is shut down")
         body = encode_export_request(spans)
         deadline = time.monotonic() + self.timeout_s
         attempt = 0
@@ -109,12 +117,12 @@ class OtlpGrpcExporter(_Base):
                 code = exc.code() if hasattr(exc, "code") else None
                 details = exc.details() if hasattr(exc, "details") else str(exc)
                 name = code.name if code is not None else type(exc).__name__
-                self.last_error = f"OTLP/gRPC export to {self.target}: {name} ({details}), attempt {attempt + 1}"
+                error = f"OTLP/gRPC export to {self.target}: {name} ({details}), attempt {attempt + 1}"
                 if code is not grpc.StatusCode.UNAVAILABLE or not self._wait_before_retry(attempt, deadline):
-                    return SpanExportResult.FAILURE
+                    return self._failed(error, timeout=code is grpc.StatusCode.DEADLINE_EXCEEDED)
+                self.last_error = error
             except Exception as exc:  # noqa: BLE001 - the export thread must go on
-                self.last_error = f"OTLP/gRPC export to {self.target}: {type(exc).__name__}: {exc}"
-                return SpanExportResult.FAILURE
+                return self._failed(f"OTLP/gRPC export to {self.target}: {type(exc).__name__}: {exc}")
             attempt += 1
 
     def shutdown(self) -> None:
@@ -199,8 +207,7 @@ class OtlpHttpExporter(_Base):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if self._stop.is_set():
-            self.last_error = "exporter is shut down"
-            return SpanExportResult.FAILURE
+            return self._failed("exporter is shut down")
         body = encode_export_request(spans)
         if self._compression == "gzip":
             body = gzip.compress(body, compresslevel=6)
@@ -217,13 +224,15 @@ class OtlpHttpExporter(_Base):
                     data = resp.read()
                 except (OSError, http.client.HTTPException) as exc:
                     self._drop_connection()
+                    if self._stop.is_set():  # shutdown ended this export
+                        return self._failed(f"OTLP/HTTP export to {self.url}: ended by shutdown, attempt {attempt + 1}")
                     self.last_error = f"OTLP/HTTP export to {self.url}: {type(exc).__name__}: {exc}, attempt {attempt + 1}"
                     stale = reused and isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError))
                     if stale and attempt < self.retries:  # the collector closed the idle keep-alive connection
                         attempt += 1
                         continue  # reconnect at once
                     if isinstance(exc, TimeoutError) or not self._wait_before_retry(attempt, deadline):
-                        return SpanExportResult.FAILURE
+                        return self._failed(self.last_error, timeout=isinstance(exc, TimeoutError))
                     attempt += 1
                     continue
                 if 200 <= resp.status < 300:
@@ -232,10 +241,20 @@ class OtlpHttpExporter(_Base):
                     f"OTLP/HTTP export to {self.url}: HTTP {resp.status} {resp.reason}: {_error_message(resp, data)}, attempt {attempt + 1}"
                 )
                 if resp.status not in _HTTP_RETRY_STATUS or not self._wait_before_retry(attempt, deadline):
-                    return SpanExportResult.FAILURE
+                    return self._failed(self.last_error)
                 attempt += 1
 
     def shutdown(self) -> None:
         self._stop.set()
-        with self._lock:
-            self._drop_connection()
+        conn = self._conn
+        sock = conn.sock if conn is not None else None
+        if sock is not None:  # wake an export blocked in connect/send/recv now, without waiting for its lock
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._lock.acquire(timeout=1.0):
+            try:
+                self._drop_connection()
+            finally:
+                self._lock.release()

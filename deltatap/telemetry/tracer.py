@@ -4,6 +4,13 @@ Export is asynchronous and bounded: finished spans go into a fixed-size queue th
 thread drains into the exporter. A full queue drops the span and counts it; a dead or slow
 collector therefore costs the traffic nothing. The counts are exported on ``/metrics`` and logged.
 
+Every span handed to the processor is accounted for exactly once (:class:`ExportStats`): exported, dropped
+with a reason (:data:`DROP_REASONS`), or still queued (waiting, or in the batch being exported), so
+``ended == exported + dropped + queued`` holds in every :meth:`ExportStats.snapshot`. Shutdown is bounded by a
+deadline (``shutdown_deadline_s`` of :func:`setup_telemetry`, else ``$DELTATAP_SPAN_SHUTDOWN_S``, else
+:data:`DEFAULT_SHUTDOWN_DEADLINE_S`): the queue is exported until then, and whatever is still queued at the
+deadline (an export in flight included) is counted as dropped with reason ``shutdown_deadline``.
+
 Exporter selection, first match wins: the ``exporter`` argument (a SpanExporter, for tests), the
 ``--otlp`` flag value, then the standard ``OTEL_EXPORTER_OTLP_*`` environment variables:
 
@@ -42,33 +49,106 @@ log = logging.getLogger("deltatap.telemetry.tracer")
 
 EXPORT_SWITCH_INTERVAL_S = 0.0005
 
+SHUTDOWN_DEADLINE_ENV = "DELTATAP_SPAN_SHUTDOWN_S"
+DEFAULT_SHUTDOWN_DEADLINE_S = 5.0
+
+# Why a span was dropped (the ``reason`` label of ``deltatap_tap_spans_dropped_total``):
+DROP_REASONS = (
+    "queue_full",  # the export queue held max_queue spans (the collector is slower than the traffic)
+    "export_failed",  # the exporter gave up on its batch (refused, unavailable after retries, 4xx/5xx, exception)
+    "export_timeout",  # the exporter's own timeout expired on its batch (a collector that accepts and never answers)
+    "shutdown_deadline",  # still queued (or being exported) when the shutdown deadline passed
+    "after_shutdown",  # ended after shutdown had begun
+)
+
 
 class TelemetryConfigError(ValueError):
     """A bad exporter setting; the message names the flag or variable."""
 
 
+@dataclass(frozen=True)
+class SpanCounts:
+    """One consistent reading of :class:`ExportStats`: ``ended == exported + dropped + queued``."""
+
+    ended: int
+    exported: int
+    queued: int
+    dropped_by_reason: dict[str, int]
+
+    @property
+    def dropped(self) -> int:
+        return sum(self.dropped_by_reason.values())
+
+    @property
+    def unaccounted(self) -> int:
+        """Spans neither exported, dropped nor queued: always 0."""
+        return self.ended - self.exported - self.dropped - self.queued
+
+
 @dataclass
 class ExportStats:
-    """Counters of the bounded export path; read by ``/metrics`` and the shutdown log line."""
+    """Counters of the bounded export path; read by ``/metrics`` and the shutdown log line.
+
+    Every change happens under ``lock`` and keeps ``spans_ended == spans_exported + spans_dropped +
+    spans_queued``; read several counters together with :meth:`snapshot`.
+    """
 
     spans_ended: int = 0
     spans_exported: int = 0
-    spans_dropped_queue_full: int = 0
-    spans_dropped_export_failed: int = 0
-    export_failures: int = 0
+    spans_queued: int = 0  # waiting in the queue, or in the batch being exported
+    dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))  # reason -> spans
+    export_failures: int = 0  # failed export batches
     last_error: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def spans_dropped(self) -> int:
-        return self.spans_dropped_queue_full + self.spans_dropped_export_failed
+        return sum(self.dropped.values())
+
+    @property
+    def queued(self) -> int:
+        return self.spans_queued
+
+    @property
+    def spans_dropped_queue_full(self) -> int:
+        return self.dropped["queue_full"]
+
+    @property
+    def spans_dropped_export_failed(self) -> int:
+        return self.dropped["export_failed"]
+
+    def snapshot(self) -> SpanCounts:
+        with self.lock:
+            return SpanCounts(self.spans_ended, self.spans_exported, self.spans_queued, dict(self.dropped))
+
+
+def shutdown_deadline(value: float | None = None) -> float:
+    """The shutdown deadline in seconds: ``value``, else ``$DELTATAP_SPAN_SHUTDOWN_S``, else the default."""
+    if value is None:
+        raw = os.environ.get(SHUTDOWN_DEADLINE_ENV, "").strip()
+        if not raw:
+            return DEFAULT_SHUTDOWN_DEADLINE_S
+        try:
+            value = float(raw)
+        except ValueError:
+            raise TelemetryConfigError(f"{SHUTDOWN_DEADLINE_ENV}: {raw!r} is not a number of seconds (e.g. 5)") from None
+        what = SHUTDOWN_DEADLINE_ENV
+    else:
+        what = "shutdown_deadline_s"
+    if not value >= 0 or value == float("inf"):
+        raise TelemetryConfigError(f"{what}: must be a finite number of seconds >= 0 (got {value})")
+    return float(value)
 
 
 class BoundedSpanProcessor(SpanProcessor):
     """Queue spans (bounded) and export them in batches from one daemon thread.
 
-    ``on_end`` never blocks: it appends to a deque under a lock or, when the queue is full,
-    increments ``spans_dropped_queue_full``.
+    ``on_end`` never blocks: it appends to a deque under the stats lock or, when the queue is full,
+    counts the span as dropped (``queue_full``). Each batch stays counted as queued until its export
+    returns; then it is counted as exported or dropped (``export_failed`` / ``export_timeout``).
+    :meth:`shutdown` exports what is queued until its deadline and counts the rest as dropped
+    (``shutdown_deadline``); an export still in flight then is abandoned (its late result is ignored)
+    and the exporter is shut down, which ends its network wait.
     """
 
     def __init__(
@@ -78,15 +158,21 @@ class BoundedSpanProcessor(SpanProcessor):
         max_batch: int = 512,
         schedule_delay_s: float = 0.5,
         stats: ExportStats | None = None,
+        shutdown_deadline_s: float = DEFAULT_SHUTDOWN_DEADLINE_S,
     ) -> None:
         self.exporter = exporter
         self.max_queue = max_queue
         self.max_batch = max_batch
         self.schedule_delay_s = schedule_delay_s
+        self.shutdown_deadline_s = shutdown_deadline_s
         self.stats = stats or ExportStats()
         self._queue: collections.deque[ReadableSpan] = collections.deque()
-        self._cond = threading.Condition()
-        self._shutdown = False
+        self._cond = threading.Condition(self.stats.lock)  # one lock for the queue and every counter
+        self._batch: list[ReadableSpan] | None = None  # being exported; still counted as queued
+        self._shutdown = False  # no more spans taken
+        self._abandoned = False  # the shutdown deadline passed: the thread must stop
+        self._closed = False
+        self._shutdown_lock = threading.Lock()
         self._flush_requests: list[threading.Event] = []
         self._thread = threading.Thread(target=self._run, name="deltatap-span-export", daemon=True)
         self._thread.start()
@@ -95,12 +181,17 @@ class BoundedSpanProcessor(SpanProcessor):
         return None
 
     def on_end(self, span: ReadableSpan) -> None:
+        st = self.stats
         with self._cond:
-            self.stats.spans_ended += 1
-            if len(self._queue) >= self.max_queue or self._shutdown:
-                self.stats.spans_dropped_queue_full += 1
+            st.spans_ended += 1
+            if self._shutdown:
+                st.dropped["after_shutdown"] += 1
+                return
+            if len(self._queue) >= self.max_queue:
+                st.dropped["queue_full"] += 1
                 return
             self._queue.append(span)
+            st.spans_queued += 1
             if len(self._queue) >= self.max_batch:
                 self._cond.notify()
 
@@ -115,7 +206,10 @@ class BoundedSpanProcessor(SpanProcessor):
             with self._cond:
                 if not self._queue and not self._shutdown and not self._flush_requests:
                     self._cond.wait(self.schedule_delay_s)
+                if self._abandoned:
+                    return
                 batch = self._take_batch()
+                self._batch = batch or None
                 flushes = self._flush_requests if not self._queue else []
                 if flushes:
                     self._flush_requests = []
@@ -127,40 +221,70 @@ class BoundedSpanProcessor(SpanProcessor):
             if done:
                 return
 
-    def _export(self, batch: Sequence[ReadableSpan]) -> None:
+    def _export(self, batch: list[ReadableSpan]) -> None:
+        reason = "export_failed"
         try:
             result = self.exporter.export(batch)
             ok = result == SpanExportResult.SUCCESS
-            err = "" if ok else getattr(self.exporter, "last_error", "") or "exporter returned FAILURE"
+            if not ok:
+                err = getattr(self.exporter, "last_error", "") or "exporter returned FAILURE"
+                reason = getattr(self.exporter, "last_reason", "") or reason
         except Exception as exc:  # exporter bugs must not kill the thread
             ok, err = False, f"{type(exc).__name__}: {exc}"
-        with self.stats.lock:
+        st = self.stats
+        with self._cond:
+            if self._batch is not batch:  # abandoned at the shutdown deadline: already counted
+                return
+            self._batch = None
+            st.spans_queued -= len(batch)
             if ok:
-                self.stats.spans_exported += len(batch)
-            else:
-                first = self.stats.export_failures == 0
-                self.stats.export_failures += 1
-                self.stats.spans_dropped_export_failed += len(batch)
-                self.stats.last_error = err
-                if first:
-                    log.warning("span export failed (%s); %d spans dropped; traffic is unaffected", err, len(batch))
+                st.spans_exported += len(batch)
+                return
+            first = st.export_failures == 0
+            st.export_failures += 1
+            st.dropped[reason if reason in st.dropped else "export_failed"] += len(batch)
+            st.last_error = err
+        if first:
+            log.warning("span export failed (%s); %d spans dropped; traffic is unaffected", err, len(batch))
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         ev = threading.Event()
         with self._cond:
+            if self._shutdown or not self._thread.is_alive():
+                return not self._queue and self._batch is None
             self._flush_requests.append(ev)
             self._cond.notify()
         return ev.wait(timeout_millis / 1000)
 
-    def shutdown(self) -> None:
-        with self._cond:
-            self._shutdown = True
-            self._cond.notify()
-        self._thread.join(timeout=10)
-        try:
-            self.exporter.shutdown()
-        except Exception:  # pragma: no cover - best effort
-            pass
+    def shutdown(self, deadline_s: float | None = None) -> None:
+        """Export what is queued for at most ``deadline_s`` (default: :attr:`shutdown_deadline_s`), count what is
+        left as dropped (``shutdown_deadline``), shut the exporter down. Later calls return at once."""
+        with self._shutdown_lock:
+            if self._closed:
+                return
+            deadline_s = self.shutdown_deadline_s if deadline_s is None else deadline_s
+            with self._cond:
+                self._shutdown = True
+                self._cond.notify_all()
+            self._thread.join(timeout=max(deadline_s, 0.0))
+            if self._thread.is_alive():
+                st = self.stats
+                with self._cond:
+                    left = len(self._queue) + len(self._batch or ())
+                    self._queue.clear()
+                    self._batch = None
+                    self._abandoned = True
+                    st.spans_queued -= left
+                    st.dropped["shutdown_deadline"] += left
+                    self._cond.notify_all()
+                if left:
+                    log.warning("span export: shutdown deadline (%.1f s) passed; %d spans still queued dropped", deadline_s, left)
+            try:
+                self.exporter.shutdown()  # ends an export in flight (closes its connection)
+            except Exception:  # pragma: no cover - best effort
+                log.debug("exporter shutdown failed", exc_info=True)
+            self._thread.join(timeout=0.5)
+            self._closed = True
 
 
 class OtlpJsonFileExporter(SpanExporter):
@@ -276,18 +400,15 @@ class Telemetry:
     def stats(self) -> ExportStats:
         return self.processor.stats
 
-    def shutdown(self) -> None:
-        self.processor.force_flush(5_000)
-        self.provider.shutdown()
-        s = self.stats
-        if s.spans_dropped:
-            log.warning(
-                "spans dropped: %d (queue full %d, export failed %d; last error: %s)",
-                s.spans_dropped,
-                s.spans_dropped_queue_full,
-                s.spans_dropped_export_failed,
-                s.last_error or "-",
-            )
+    def shutdown(self, deadline_s: float | None = None) -> None:
+        """Export what is queued for at most ``deadline_s`` (default: the processor's shutdown deadline), then
+        close; spans still queued then are counted as dropped (``shutdown_deadline``)."""
+        self.processor.shutdown(deadline_s)
+        self.provider.shutdown()  # shuts the processor down again: a no-op
+        c = self.stats.snapshot()
+        if c.dropped:
+            reasons = ", ".join(f"{r} {n}" for r, n in c.dropped_by_reason.items() if n)
+            log.warning("spans dropped: %d of %d (%s; last error: %s)", c.dropped, c.ended, reasons, self.stats.last_error or "-")
 
 
 def setup_telemetry(
@@ -298,9 +419,12 @@ def setup_telemetry(
     protocol: str | None = None,
     max_queue: int = 20_000,
     resource_attributes: dict[str, str] | None = None,
+    shutdown_deadline_s: float | None = None,
 ) -> Telemetry:
     """Create a private TracerProvider (never the global one: several observers may share a
-    process in tests and in ``deltatap demo``)."""
+    process in tests and in ``deltatap demo``). ``shutdown_deadline_s``: how long :meth:`Telemetry.shutdown`
+    may go on exporting (default ``$DELTATAP_SPAN_SHUTDOWN_S``, else 5 s)."""
+    deadline = shutdown_deadline(shutdown_deadline_s)
     # The export thread encodes protobuf in Python while holding the GIL; with CPython's default
     # 5 ms switch interval the event loop's thread (where every stamp is taken) could wait that long
     # for it. A short interval bounds the delay the export path can add to a stamp.
@@ -309,6 +433,6 @@ def setup_telemetry(
     attrs = {"service.name": service_name, "service.version": __version__}
     attrs.update(resource_attributes or {})
     provider = TracerProvider(resource=Resource.create(attrs))
-    processor = BoundedSpanProcessor(exporter or make_exporter(otlp, protocol), max_queue=max_queue)
+    processor = BoundedSpanProcessor(exporter or make_exporter(otlp, protocol), max_queue=max_queue, shutdown_deadline_s=deadline)
     provider.add_span_processor(processor)
     return Telemetry(provider=provider, processor=processor)
