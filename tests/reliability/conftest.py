@@ -1,0 +1,46 @@
+"""Fixtures of the reliability suite (marker ``reliability``, run by ``.ci/reliability``): an SSE engine of our
+own that records what it received and whether it saw its client go away, and a raw HTTP/1.1 client that records
+what came back and how the connection ended."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from rel_engine import start_engine  # noqa: E402
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if Path(str(item.fspath)).parent == Path(__file__).parent:
+            item.add_marker(pytest.mark.reliability)
+
+
+@pytest.fixture
+async def engine():
+    eng = await start_engine()
+    yield eng
+    await eng.close()
+
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+def chat_body(**extra) -> bytes:
+    return json.dumps({**CHAT, **extra}).encode()
+
+
+async def settle(pred, timeout_s: float = 5.0) -> bool:
+    """Wait (bounded) until ``pred()`` is true."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not pred():
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
