@@ -56,6 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="record no span for a request whose incoming traceparent is not sampled (default: record every request)",
     )
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="extra span attribute deltatap.label.KEY")
+    p.add_argument("--query-keep", action="append", default=[], metavar="KEY",
+                   help="query key whose value url.query keeps as sent (repeatable, or a,b); every other value is a keyed hash")
     p.add_argument("--header-timeout-s", type=float, metavar="S",
                    help="close a connection that has not sent a whole request head for S seconds, idle keep-alive included (default 30)")
     p.add_argument("--max-connections", type=int, metavar="N", help="downstream connections open at once; more are closed at accept (default 4096)")
@@ -86,6 +88,7 @@ def build_options(args: argparse.Namespace) -> TapOptions:
         "header_timeout_s": args.header_timeout_s,
         "max_connections": args.max_connections,
         "labels": _labels(args.label) or None,
+        "query_keep": args.query_keep or None,
         "downstream": args.downstream,
         "upstream_name": args.upstream_name,
         "downstream_kind": args.downstream_kind,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import logging
 import os
 import socket
 import ssl
@@ -18,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from deltatap.core.vocab import Outcome
+
+log = logging.getLogger("deltatap.tap")
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,20 @@ class Failure:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    """The exception's type and only text that cannot hold bytes from the wire: an OSError's errno and strerror,
+    an SSL error's OpenSSL message. Other messages may quote their input (``int(b'token=…')``, a
+    UnicodeDecodeError, a parser's "bad line b'Set-Cookie: …'"), so they stay in the tap's debug log, out of the
+    span (``deltatap.error.cause``) and the 502 body."""
+    name = type(exc).__name__
+    if isinstance(exc, (ssl.SSLError, ssl.CertificateError)):
+        text = str(exc).strip()
+    elif isinstance(exc, OSError) and exc.errno is not None:
+        text = f"[Errno {exc.errno}] {exc.strerror or os.strerror(exc.errno)}"
+    else:
+        if str(exc).strip():
+            log.debug("%s (its message is kept out of the span)", name, exc_info=exc)
+        return name
+    return f"{name}: {text}" if text else name
 
 
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})

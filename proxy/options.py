@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from yarl import URL
 
 from deltatap.core.config import ConfigError
+from deltatap.core.redact import parse_keep
 from deltatap.core.topology import Topology, parse_hostport
 from deltatap.core.vocab import DEFAULT_COMPONENTS, DEFAULT_CORRELATION_HEADER, ComponentKind, default_link
 
@@ -43,6 +44,7 @@ class TapOptions:
     respect_sampling: bool = False
     header_timeout_s: float = 30.0  # a connection that has not sent a whole request head this long (idle included) is closed
     max_connections: int = 4096  # downstream connections open at once; more are closed at accept (counted)
+    query_keep: frozenset[str] = frozenset()  # url.query keys whose values stay as sent (the others are hashed)
 
     def __post_init__(self) -> None:
         self.upstream_url = check_upstream(self.upstream)
@@ -64,6 +66,10 @@ class TapOptions:
             raise ConfigError(f"--max-connections: must be >= 1 (got {self.max_connections})")
         if self.grace_s < 0:
             raise ConfigError(f"--grace-s: must be >= 0 (got {self.grace_s})")
+        try:
+            self.query_keep = parse_keep([self.query_keep] if isinstance(self.query_keep, str) else self.query_keep)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def _guess_kind(name: str, fallback: ComponentKind) -> ComponentKind:

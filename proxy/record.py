@@ -8,10 +8,12 @@ events and attributes once the request is over, off the forwarding path.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from deltatap.core.clocksync import ClockEstimate
+from deltatap.core.redact import redact_query
 from deltatap.core.sse import StreamFacts, StreamObserver
 from deltatap.core.vocab import Attr, Observer, Outcome, TapEvent, format_stamp_bounds
 from deltatap.proxy.errors import Failure
@@ -189,8 +191,10 @@ _TIMING_ATTRS = {
 
 def attributes(rec: TapRecord, *, link: str, downstream: str, downstream_kind: str, upstream: str, upstream_kind: str,
                upstream_host: str, upstream_port: int, correlation_header: str, clock: ClockEstimate | None,
-               labels: dict[str, str]) -> dict[str, Any]:
-    """The span's attributes: names from :class:`deltatap.vocab.Attr`, never any content or secret."""
+               labels: dict[str, str], query_keep: Collection[str] = (), fingerprint_key: str | None = None) -> dict[str, Any]:
+    """The span's attributes: names from :class:`deltatap.vocab.Attr`, never any content or secret. ``url.query``
+    keeps its keys; each value is a keyed hash (:func:`deltatap.core.redact.redact_query`, the body fingerprint's
+    key) except the values of the keys in ``query_keep`` (``--query-keep``)."""
     outcome = rec.final_outcome()
     a: dict[str, Any] = {
         Attr.OBSERVER: Observer.TAP.value,
@@ -212,7 +216,7 @@ def attributes(rec: TapRecord, *, link: str, downstream: str, downstream_kind: s
         Attr.SERVER_PORT: upstream_port,
     }
     if rec.query:
-        a[Attr.URL_QUERY] = rec.query
+        a[Attr.URL_QUERY] = redact_query(rec.query, query_keep, fingerprint_key)
     if rec.client_address:
         a[Attr.CLIENT_ADDRESS] = rec.client_address
     if rec.fingerprint:
