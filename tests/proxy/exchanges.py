@@ -434,24 +434,32 @@ def compare(direct: Run, tapped: Run) -> list[str]:
         response: list[str] = []
         dh, db = _heads(direct.client)
         th, tb = _heads(tapped.client)
-        if len(dh) != len(th):
-            response.append(f"response.heads:{len(dh)}->{len(th)}")
-        for a, b in zip(dh, th):
-            da, tb_ = _STATUS.match(a), _STATUS.match(b)
-            if da and tb_ and da.group(1) != tb_.group(1):  # another answer altogether: its fields say nothing more
-                response.append(f"response.replaced-by-{tb_.group(1).decode()}")
-                break
-            response += head_kinds("response", a, b)
+        if [_code(h) for h in dh[:-1]] != [_code(h) for h in th[:-1]]:  # interim (1xx) heads added or lost
+            response.append(f"response.interim:{'+'.join(_code(h) for h in dh[:-1]) or 'none'}->"
+                            f"{'+'.join(_code(h) for h in th[:-1]) or 'none'}")
         else:
+            for a, b in zip(dh[:-1], th[:-1]):
+                response += head_kinds("response", a, b)
+        if not th:
+            response.append("response.none")
+        elif _code(dh[-1]) != _code(th[-1]):  # another answer altogether: its fields say nothing more
+            response.append(f"response.replaced-by-{_code(th[-1])}")
+        else:
+            response += head_kinds("response", dh[-1], th[-1])
             if db != tb:
                 response.append("response.body")
-        kinds += response or ["response.other"]
+        kinds += sorted(set(response)) or ["response.other"]
     if direct.end != tapped.end:
         kinds.append(f"end:{direct.end}->{tapped.end}")
     return kinds
 
 
 _STATUS = re.compile(rb"HTTP/1\.\d (\d{3})")
+
+
+def _code(head: bytes) -> str:
+    m = _STATUS.match(head)
+    return m.group(1).decode() if m else "?"
 
 
 def first_difference(want: bytes, got: bytes, context: int = 60) -> str:
