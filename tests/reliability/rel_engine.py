@@ -1,7 +1,8 @@
 """A light SSE engine (aiohttp) and a raw HTTP/1.1 client for the reliability suite.
 
 The engine answers ``POST /v1/chat/completions?n=N&gap_ms=G`` with N OpenAI chat chunks G ms apart, a usage chunk
-and ``[DONE]``, and ``/status/CODE`` with that status and a small JSON body. Every request leaves an
+and ``[DONE]`` (``?status=CODE``, or a body with ``"fail": TEXT``: that status, or 400, with a small JSON error
+body carrying TEXT). Every request leaves an
 :class:`Seen` entry: its body, whether the handler finished and whether it saw the client go away. It is also
 what ``benchmarks/soak.py`` streams from (imported there by path).
 """
@@ -24,8 +25,8 @@ class Seen:
     saw_close: bool = False
 
 
-def content_chunk(i: int) -> bytes:
-    chunk = {"object": "chat.completion.chunk", "model": "m", "choices": [{"index": 0, "delta": {"content": f"tok{i} "}}]}
+def content_chunk(i: int, word: str = "tok") -> bytes:
+    chunk = {"object": "chat.completion.chunk", "model": "m", "choices": [{"index": 0, "delta": {"content": f"{word}{i} "}}]}
     return f"data: {json.dumps(chunk)}\n\n".encode()
 
 
@@ -34,6 +35,7 @@ class Engine:
     runner: web.AppRunner
     port: int
     seen: list[Seen] = field(default_factory=list)
+    word: str = "tok"  # the completion's text: word0, word1, ... (a request body's "say" overrides it)
 
     @property
     def url(self) -> str:
@@ -52,15 +54,24 @@ def build_app(eng: Engine, record: bool = True) -> web.Application:
             s.body = await request.read()
             n, gap = int(request.query.get("n", 10)), float(request.query.get("gap_ms", 10)) / 1000
             status = int(request.query.get("status", 200))
+            try:
+                asked = json.loads(s.body or b"{}")
+            except ValueError:
+                asked = {}
+            word = asked.get("say") or eng.word
+            if "fail" in asked:  # an error answer whose body carries the request's "fail" text
+                status, msg = 400, asked["fail"]
+            else:
+                msg = "no"
             if status != 200:
                 s.completed = True
-                return web.json_response({"error": {"message": request.query.get("msg", "no")}}, status=status)
+                return web.json_response({"error": {"message": msg}}, status=status)
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await resp.prepare(request)
             await resp.write(b'data: {"object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n')
             for i in range(n):
                 await asyncio.sleep(gap)
-                await resp.write(content_chunk(i))
+                await resp.write(content_chunk(i, word))
                 s.events_written += 1
             await resp.write(b'data: {"object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":%d}}\n\n' % n)
             await resp.write(b"data: [DONE]\n\n")
