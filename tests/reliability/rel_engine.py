@@ -3,8 +3,7 @@
 The engine answers ``POST /v1/chat/completions?n=N&gap_ms=G`` with N OpenAI chat chunks G ms apart, a usage chunk
 and ``[DONE]`` (``?status=CODE``, or a body with ``"fail": TEXT``: that status, or 400, with a small JSON error
 body carrying TEXT). Every request leaves an
-:class:`Seen` entry: its body, whether the handler finished and whether it saw the client go away. It is also
-what ``benchmarks/soak.py`` streams from (imported there by path).
+:class:`Seen` entry: its body, whether the handler finished and whether it saw the client go away.
 """
 
 from __future__ import annotations
