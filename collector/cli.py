@@ -101,7 +101,7 @@ def run_collect(args: argparse.Namespace) -> int:
     opts = CollectorOptions(
         otlp_grpc=_none(args.otlp_grpc), otlp_http=_none(args.otlp_http), metrics=_none(args.metrics), topology=topo,
         pipeline=_pipeline_options(args), out_dir=args.out, rows_format=args.rows_format, forward=args.forward, reexport=args.reexport,
-        handoff=args.handoff,
+        handoff=args.handoff, trim_s=1.0,
     )
     opts.check()
     if args.duration is not None and args.duration <= 0:

@@ -4,7 +4,9 @@ Protobuf (gRPC, HTTP) decodes into :class:`~collector.compact.CompactSpan` (only
 decomposition reads, packed), JSON into :class:`~collector.spans.SpanRecord`; both hand the spans to one callback
 (``on_spans(spans, serialized_request_or_None)``: the protobuf bytes as received, for forwarding); invalid input is refused with a message that says what
 is wrong: gRPC ``INVALID_ARGUMENT``, HTTP 400 with a ``google.rpc.Status`` body (JSON for JSON
-requests), 415 for an unsupported content type. The HTTP app also answers ``GET /v1/clock`` (the
+requests), 415 for an unsupported content type or content coding, 413 for a body over
+:data:`~collector.bodies.MAX_BODY` as received or as inflated (:mod:`collector.bodies` reads and inflates it under
+that limit; serve the app with :func:`app_runner`, which leaves the inflating to it). The HTTP app also answers ``GET /v1/clock`` (the
 NTP-style exchange of :mod:`deltatap.core.clocksync`; the receive time is stamped first thing in the
 handler), ``GET /metrics`` and ``GET /healthz``.
 """
@@ -12,11 +14,10 @@ handler), ``GET /metrics`` and ``GET /healthz``.
 from __future__ import annotations
 
 import errno
-import gzip
+import logging
 import json
 import os
 import socket
-import zlib
 from collections.abc import Callable
 
 import grpc
@@ -24,15 +25,17 @@ from aiohttp import web
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from deltatap.collector.bodies import ACCEPTED_CODINGS, MAX_BODY, BodyReader, Refusal, parse_coding
 from deltatap.collector.compact import CompactSpan, decode_compact
 from deltatap.collector.spans import OtlpDecodeError, SpanRecord, decode_json
 from deltatap.core.clock import now_unix_ns
 from deltatap.core.clocksync import CLOCK_PATH, clock_answer
 
+log = logging.getLogger("deltatap.collector")
 OnSpans = Callable[[list[SpanRecord] | list[CompactSpan], bytes | None], None]  # spans, the serialized request (None for JSON)
 OnError = Callable[[str], None]
 TRACES_PATH = "/v1/traces"
-MAX_MESSAGE = 64 * 1024 * 1024
+MAX_MESSAGE = MAX_BODY
 _EXPORT_METHOD = "Export"
 _SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 
@@ -97,24 +100,37 @@ async def start_grpc(listen: tuple[str, int], on_spans: OnSpans, on_error: OnErr
 _PROTOBUF_TYPES = {"application/x-protobuf", "application/protobuf", "application/octet-stream"}
 
 
-def _status_body(message: str, as_json: bool) -> tuple[bytes, str]:
+_READ_CHUNK = 1024 * 1024  # read the body in up to 1 MiB pieces (aiohttp's default is 64 KiB)
+_GRPC_CODES = {400: 3, 413: 8, 415: 3}  # INVALID_ARGUMENT, RESOURCE_EXHAUSTED
+
+
+def _status_body(message: str, as_json: bool, code: int = 3) -> tuple[bytes, str]:
     if as_json:
-        return json.dumps({"code": 3, "message": message}).encode(), "application/json"
-    return status_pb2.Status(code=3, message=message).SerializeToString(), "application/x-protobuf"
+        return json.dumps({"code": code, "message": message}).encode(), "application/json"
+    return status_pb2.Status(code=code, message=message).SerializeToString(), "application/x-protobuf"
 
 
-def _decompress(body: bytes, encoding: str) -> bytes:
-    enc = encoding.lower().strip()
-    if enc in ("", "identity"):
-        return body
-    if enc == "gzip":
-        return gzip.decompress(body) if body[:2] == b"\x1f\x8b" else body  # aiohttp may have inflated it already
-    if enc == "deflate":
-        try:
-            return zlib.decompress(body)
-        except zlib.error:
-            return body
-    raise OtlpDecodeError(f"Content-Encoding {encoding!r} is not supported; use gzip or none")
+def _refused(refusal: Refusal, as_json: bool) -> web.Response:
+    body, bt = _status_body(refusal.message, as_json, _GRPC_CODES.get(refusal.status, 3))
+    resp = web.Response(status=refusal.status, body=body, content_type=bt)
+    if refusal.status == 415:
+        resp.headers["Accept-Encoding"] = ACCEPTED_CODINGS
+    if refusal.status == 413:
+        resp.force_close()  # the rest of the body is read and dropped (aiohttp's lingering close), never inflated
+    return resp
+
+
+async def _read_body(request: web.Request, coding: str) -> bytes | Refusal:
+    reader = BodyReader(coding, MAX_BODY)
+    refusal = reader.check_declared(request.content_length)
+    if refusal is not None:
+        return refusal
+    request.content.set_read_chunk_size(_READ_CHUNK)
+    while chunk := await request.content.readany():
+        refusal = reader.feed(chunk)
+        if refusal is not None:
+            return refusal
+    return reader.finish()
 
 
 def http_app(on_spans: OnSpans, on_error: OnError, metrics: Callable[[], bytes] | None = None) -> web.Application:
@@ -125,18 +141,22 @@ def http_app(on_spans: OnSpans, on_error: OnError, metrics: Callable[[], bytes] 
             on_error("http")
             body, bt = _status_body(f"unsupported Content-Type {ctype!r}; OTLP/HTTP takes application/x-protobuf or application/json", False)
             return web.Response(status=415, body=body, content_type=bt)
-        raw = await request.read()
+        coding = parse_coding(request.headers.get("Content-Encoding", ""))
+        data = coding if isinstance(coding, Refusal) else await _read_body(request, coding)
+        if isinstance(data, Refusal):
+            on_error("http")
+            log.warning("OTLP/HTTP export from %s refused (%d): %s", request.remote, data.status, data.message)
+            return _refused(data, as_json)
         try:
-            data = _decompress(raw, request.headers.get("Content-Encoding", ""))
             if as_json:
                 try:
                     doc = json.loads(data)
-                except (ValueError, UnicodeDecodeError) as exc:
+                except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # (RecursionError: nested too deep)
                     raise OtlpDecodeError(f"body is not JSON ({exc})") from None
                 spans, req = decode_json(doc), None
             else:
                 spans, req = decode_compact(data), data
-        except (OtlpDecodeError, OSError, EOFError) as exc:
+        except OtlpDecodeError as exc:
             on_error("http")
             body, bt = _status_body(f"invalid OTLP trace export: {exc}", as_json)
             return web.Response(status=400, body=body, content_type=bt)
@@ -155,12 +175,19 @@ def http_app(on_spans: OnSpans, on_error: OnError, metrics: Callable[[], bytes] 
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
-    app = web.Application(client_max_size=MAX_MESSAGE)
+    app = web.Application(client_max_size=MAX_BODY)
     app.router.add_post(TRACES_PATH, traces)
     app.router.add_get(CLOCK_PATH, clock)
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/healthz", healthz)
     return app
+
+
+def app_runner(app: web.Application) -> web.AppRunner:
+    """The runner that serves :func:`http_app` (and :func:`metrics_app`): no access log, and aiohttp does not
+    inflate request bodies itself (its inflater would run ahead of the handler's limit, and it answers an
+    unknown coding with a logged traceback): :mod:`collector.bodies` does, under :data:`MAX_BODY`."""
+    return web.AppRunner(app, access_log=None, auto_decompress=False)
 
 
 def metrics_app(metrics: Callable[[], bytes]) -> web.Application:

@@ -27,10 +27,11 @@ from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from deltatap.collector.forward import Forwarder, parse_target
+from deltatap.collector.memory import Trimmer, trimmer
 from deltatap.collector.metrics import CollectorMetrics
 from deltatap.collector.outputs import note_senders, write_outputs, write_provenance
 from deltatap.collector.pipeline import Pipeline, PipelineOptions
-from deltatap.collector.receivers import http_app, metrics_app, start_grpc
+from deltatap.collector.receivers import app_runner, http_app, metrics_app, start_grpc
 from deltatap.collector.reexport import decomposition_spans, encode_records
 from deltatap.collector.rows import Row
 from deltatap.collector.sinks import RowWriter
@@ -57,6 +58,7 @@ class CollectorOptions:
     reexport: bool = False  # send synthetic decomposition spans to ``forward``
     handoff: str | None = None  # shard mode: partial requests' spans go to this joining collector (docs/scaleout.md)
     tick_s: float = 0.05
+    trim_s: float | None = None  # check RSS this often and hand freed heap back when it grew (collector.memory; deltatap collect: 1 s)
 
     def check(self) -> None:
         if self.rows_format not in ROWS_FORMATS:
@@ -96,6 +98,7 @@ class RunningCollector:
         self._closed = False
         self.senders: dict[tuple, dict] = {}  # each sender's attributes, once, and the models asked for: provenance.json
         self.models: set[str] = set()
+        self.trimmer: Trimmer | None = trimmer() if options.trim_s else None
 
     # ---- callbacks from the receivers --------------------------------------------------------
     def _on_spans(self, spans: list[SpanRecord], raw: Any) -> None:
@@ -167,7 +170,7 @@ class RunningCollector:
         self._tick_task = asyncio.create_task(self._ticker(), name="deltatap-collector-tick")
 
     async def _serve(self, app: web.Application, host: str, port: int, flag: str) -> int:
-        runner = web.AppRunner(app, access_log=None)
+        runner = app_runner(app)
         await runner.setup()
         self._runners.append(runner)
         site = web.TCPSite(runner, host, port)
@@ -178,11 +181,16 @@ class RunningCollector:
         return site._server.sockets[0].getsockname()[1]
 
     async def _ticker(self) -> None:
+        next_trim = time.monotonic()
         while True:
             await asyncio.sleep(self.options.tick_s)
             try:
-                self.pipeline.tick(time.monotonic())
+                now = time.monotonic()
+                self.pipeline.tick(now)
                 self._write_rows(force=False)
+                if self.trimmer is not None and now >= next_trim:
+                    next_trim = now + (self.options.trim_s or 1.0)
+                    self.trimmer.check()
             except Exception:  # a bad trace must not stop the collector
                 log.exception("collector tick failed")
 
