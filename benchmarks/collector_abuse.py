@@ -1,6 +1,6 @@
 """The collector's RSS under oversized OTLP bodies and decompression bombs (issue 19).
 
-    .venv/bin/python benchmarks/collector_abuse.py [--oversized 20] [--bombs 20] [--bomb-mib 1024] [--invalid 10] [--grpc-bombs 2]
+    .venv/bin/python benchmarks/collector_abuse.py [--oversized 20] [--bombs 20] [--bomb-mib 1024] [--invalid 10] [--grpc-bombs 10]
 
 Starts ``deltatap collect`` as a child process (its own garbage-collector settings, ``tune_gc``), warms it with
 valid exports over OTLP/HTTP (gzip) and OTLP/gRPC, reads its RSS from /proc, then sends, one after another:
@@ -125,7 +125,7 @@ async def _grpc_export(endpoint: str, message: bytes, compress: bool) -> dict:
     return {"status": code, "details": details, "s": round(time.monotonic() - t, 3)}
 
 
-async def measure(oversized: int = 20, bombs: int = 20, bomb_mib: int = 1024, invalid: int = 10, grpc_bombs: int = 2, timeout_s: float = 240.0,
+async def measure(oversized: int = 20, bombs: int = 20, bomb_mib: int = 1024, invalid: int = 10, grpc_bombs: int = 10, timeout_s: float = 240.0,
                   workdir: Path | None = None) -> dict:
     """Run the whole sequence against a fresh ``deltatap collect``; the figures, as :data:`main` writes them."""
     work = Path(workdir or tempfile.mkdtemp(prefix="deltatap-abuse-"))
@@ -249,7 +249,7 @@ def main() -> int:
     ap.add_argument("--bombs", type=int, default=20, help="gzip bombs over OTLP/HTTP (default 20)")
     ap.add_argument("--bomb-mib", type=int, default=1024, help="what each bomb inflates to, MiB (default 1024)")
     ap.add_argument("--invalid", type=int, default=10, help="gzip bodies inflating to 60 MiB that are not protobuf (default 10)")
-    ap.add_argument("--grpc-bombs", type=int, default=2, help="gzip-compressed 80 MiB gRPC messages (default 2)")
+    ap.add_argument("--grpc-bombs", type=int, default=10, help="gzip-compressed 80 MiB gRPC messages (default 10)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "collector_abuse.json"))
     args = ap.parse_args()
     load_start = os.getloadavg()

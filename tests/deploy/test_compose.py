@@ -204,3 +204,16 @@ def test_interpolation_follows_compose_rules():
     assert interpolate("${A-x}", {"A": ""}) == "" and interpolate("$$A", {"A": "1"}) == "$A"
     with pytest.raises(InterpolationError):
         interpolate("${A:?set A}", {})
+
+
+def test_every_published_port_binds_loopback_unless_told_otherwise():
+    """Issue 19: the taps and the OTLP receivers (no credentials) were published on every interface."""
+    for env, want, want_ui in (({}, "127.0.0.1", "127.0.0.1"), ({"DELTATAP_BIND": "10.0.0.5"}, "10.0.0.5", "127.0.0.1"),
+                               ({"DELTATAP_UI_BIND": "0.0.0.0"}, "127.0.0.1", "0.0.0.0")):
+        compose = load_compose(env)
+        for profiles in PROFILES:
+            for name, svc in compose.active(profiles).items():
+                for p in svc.get("ports", []):
+                    host_ip = str(p).split(":")[0] if str(p).count(":") == 2 else None
+                    expect = want_ui if name in ("jaeger", "prometheus", "grafana") else want
+                    assert host_ip == expect, f"{name} publishes {p!r} with {env}: expected it bound to {expect}"
