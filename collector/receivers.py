@@ -125,7 +125,9 @@ async def _read_body(request: web.Request, coding: str) -> bytes | Refusal:
     refusal = reader.check_declared(request.content_length)
     if refusal is not None:
         return refusal
-    request.content.set_read_chunk_size(_READ_CHUNK)
+    grow = getattr(request.content, "set_read_chunk_size", None)  # newer aiohttp; older ones read 64 KiB at a time
+    if grow is not None:
+        grow(_READ_CHUNK)
     while chunk := await request.content.readany():
         refusal = reader.feed(chunk)
         if refusal is not None:
