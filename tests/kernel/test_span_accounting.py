@@ -202,6 +202,8 @@ def test_shutdown_deadline_counts_what_is_still_queued_behind_a_hanging_collecto
         tel.shutdown()
         took = time.monotonic() - t0
     assert DEADLINE_S * 0.9 < took < DEADLINE_S + SLACK_S, f"shutdown took {took:.2f} s"
+    tel.processor._thread.join(2)
+    assert not tel.processor._thread.is_alive()  # the exporter's shutdown ended the hung export (socket shut down)
     c = tel.stats.snapshot()
     assert c.ended == N_SPANS and c.queued == 0 and c.exported == 0
     assert c.dropped_by_reason["shutdown_deadline"] == N_SPANS
