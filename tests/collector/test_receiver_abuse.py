@@ -21,6 +21,7 @@ from otlpfactory import default_stack, request
 
 from deltatap.collector import CollectorOptions, PipelineOptions, start_collector
 from deltatap.collector.bodies import MAX_BODY, BodyReader, Refusal, parse_coding
+from deltatap.collector.memory import trimmer
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -157,6 +158,20 @@ async def test_http_refusals_are_statuses_with_one_line_and_no_traceback(running
 
 
 # ------------------------------------------------------------------------------ RSS of deltatap collect
+
+
+@pytest.mark.skipif(trimmer() is None, reason="no glibc malloc_trim or no /proc here")
+def test_the_trimmer_trims_only_after_rss_grew_by_its_step():
+    t = trimmer(grow_bytes=32 * 1024 * 1024)
+    assert not t.check() and t.trims == 0  # nothing grew
+    held = bytearray(b"\x01" * (48 * 1024 * 1024))  # touched, so resident
+    assert t.check() and t.trims == 1
+    assert not t.check()  # the bar is now the grown RSS
+    del held
+    assert not t.check() and t.trims == 1  # shrank on its own: the bar follows it down
+    held = bytearray(b"\x01" * (48 * 1024 * 1024))
+    assert t.check() and t.trims == 2
+    del held
 
 
 @pytest.mark.timeout(200)
