@@ -588,9 +588,13 @@ class Upstream(_Side):
                 obs = ex.rec.stream if ex is not None else None
             else:  # ERROR: an upstream response the reader cannot frame: passed on as it is
                 self.tap.metrics.counters.unparsed += 1
-                if ex is not None:
+                if ex is not None:  # (ev[2] is one of the reader's fixed reasons, never bytes from the wire)
                     ex.rec.failure = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_bad_response", f"the upstream sent a response the tap cannot frame ({ev[2]})")
                     self.tap.count_upstream_error("upstream_bad_response")
+                    if not ex.response_started:  # its bytes are the client's already: the tap never answers for it
+                        ex.response_started = True
+                        ex.rec.response_headers, ex.rec.response_headers_forwarded = t, tw
+                    ex.rec.end = tw
                 self.keep_alive = False
                 return tw, bw
         if ex is not None and seen:

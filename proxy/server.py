@@ -272,7 +272,8 @@ class Tap:
             attrs = attributes(
                 rec, link=o.link, downstream=o.downstream, downstream_kind=o.downstream_kind, upstream=o.upstream_name,
                 upstream_kind=o.upstream_kind, upstream_host=self.upstream_host, upstream_port=self.upstream_port,
-                correlation_header=o.correlation_header, clock=self.clock, labels=o.labels,
+                correlation_header=o.correlation_header, clock=self.clock, labels=o.labels, query_keep=o.query_keep,
+                fingerprint_key=self.fp_key,
             )
             emit(self.telemetry, self.span_name, span, rec, attrs, o.respect_sampling)
         except Exception:  # pragma: no cover - a bug here must not break traffic

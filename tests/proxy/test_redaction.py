@@ -44,8 +44,6 @@ async def test_query_values_are_hashed_in_the_span(upstream, make_tap, span_expo
     assert q.split("&")[2].partition("=")[2] in (hash_value(SECRET, "k1"), hash_value(SECRET))
 
 
-@pytest.mark.xfail(strict=True, reason="proxy/server.py does not pass TapOptions.query_keep and fingerprint_key to "
-                   "record.attributes() yet; remove this marker when it does")
 async def test_query_keep_and_fingerprint_key_reach_the_span(upstream, make_tap, span_exporter, telemetry):
     tap = await make_tap(upstream.url, fingerprint_key="k1", query_keep=frozenset({"n"}))
     async with aiohttp.ClientSession() as s:

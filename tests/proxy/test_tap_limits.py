@@ -112,3 +112,29 @@ async def test_out_of_file_descriptors_is_the_taps_own_failure(upstream, tmp_pat
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), 30)
     assert upstream.log.methods == []
+
+
+async def test_an_unframeable_response_then_a_close_is_passed_on_as_it_is(make_tap, span_exporter, telemetry):
+    """The upstream answers bytes the reader cannot frame and closes: the client gets exactly those bytes and the
+    close, nothing of the tap's own, and the span says the response was bad (not that none came)."""
+    answer = b"HTTP/1.1 200 OK\r\nBad Header Line\r\n\r\nbody"
+
+    async def bad(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(bad, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        tap = await make_tap(f"http://127.0.0.1:{port}")
+        r, w = await asyncio.open_connection("127.0.0.1", tap.port)
+        w.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = await asyncio.wait_for(r.read(), 10)
+        assert got == answer
+        (span,) = await wait_spans(span_exporter, telemetry, 1)
+        assert span.attributes[Attr.ERROR_TYPE] == "upstream_bad_response"
+        w.close()
+    finally:
+        server.close()
