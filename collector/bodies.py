@@ -2,19 +2,20 @@
 
 A body is fed to a :class:`BodyReader` chunk by chunk as it arrives (sans-I/O: the receiver owns the socket).
 ``gzip`` and ``deflate`` are inflated incrementally (``zlib.decompressobj`` with ``max_length``), so no more
-than ``limit + 1`` inflated bytes ever exist: a 4.7 MB gzip body of zeros (level 1) that would inflate to
+than the limit and one 1 MiB piece of inflated bytes ever exist: a 4.7 MB gzip body of zeros (level 1) that would inflate to
 1 GiB is refused after 64 MiB of it, in ~0.1 s, and the buffer is emptied at once. Before this, aiohttp
 inflated the body and ``request.read()`` raised ``HTTPRequestEntityTooLarge`` past ``client_max_size``; the
-exception's traceback kept the read buffers (64-400 MB per refused request) in a reference cycle that
-``deltatap collect``'s young-generation threshold of 1,000,000 allocations left alone for minutes
-(benchmarks/collector_abuse.py: RSS 115 MB -> 1.5 GB after 3 oversized bodies and 3 such bombs).
+read buffers (64-400 MB per refused request) stayed behind in reference cycles (the exception, its traceback,
+the frames holding them) that ``deltatap collect``'s young-generation threshold of 1,000,000 allocations left
+alone for minutes
+(3 oversized bodies and 3 such bombs, sent as benchmarks/collector_abuse.py sends them: RSS 115 MB -> 1.5 GB).
 
 Refusals are values, not exceptions carried up the stack: :class:`Refusal` (an HTTP status and one line).
 413 for a body over the limit, compressed or inflated; 400 for a body its ``Content-Encoding`` does not
 describe (not gzip, truncated, trailing bytes); 415 with ``Accept-Encoding`` for a content coding the receiver
 does not take (RFC 9110 section 15.5.16: "If the problem was caused by an unsupported content coding, the
 Accept-Encoding response header field ... ought to be used to indicate which (if any) content codings would
-have been accepted"; OTLP/HTTP lists 415 among the statuses a client must not retry, like 400).
+have been accepted"; OTLP/HTTP clients retry only 429, 502, 503 and 504, so neither 400 nor 415 is retried).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def parse_coding(header: str) -> str | Refusal:
         return ""
     if len(codings) == 1 and (codings[0] in _GZIP or codings[0] == "deflate"):
         return "gzip" if codings[0] in _GZIP else "deflate"
-    return Refusal(415, f"Content-Encoding {header.strip()!r} is not supported; send gzip, deflate or no Content-Encoding")
+    return Refusal(415, f"Content-Encoding {header.strip()[:40]!r} is not supported; send gzip, deflate or no Content-Encoding")
 
 
 class BodyReader:
