@@ -290,6 +290,10 @@ def run_phase(name: str, args, work: Path) -> dict:
             res["processes"][k] = {"rss_max_mb": max(x[1] for x in s), "rss_last_mb": s[-1][1],
                                    "cpu_share": round((s[-1][2] - s[0][2]) / span, 3)}
         if "tap" in samples:
+            import re
+
+            m = re.search(r"read stamps: (\w+)", (work / "tap.log").read_text(errors="replace"))
+            res["tap_stamp_source"] = m.group(1) if m else None  # packet, kernel or process (docs/tap.md)
             res["tap_rss_curve"] = [[t, rss] for t, rss, _ in samples["tap"]]  # (seconds since the client started, MB)
         return res
     finally:

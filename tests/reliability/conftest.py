@@ -46,19 +46,22 @@ async def settle(pred, timeout_s: float = 5.0) -> bool:
     return True
 
 
-def record_figures(section: str, figures: dict) -> None:
-    """Merge ``figures`` under ``section`` into the JSON file named by ``$DELTATAP_RELIABILITY_OUT`` (set by
-    .ci/reliability: benchmarks/results/reliability.json); without it the figures are only printed."""
+def record_figures(section: str, figures: dict, key: str | None = None) -> None:
+    """Merge ``figures`` under ``section`` (under ``section``/``key`` with ``key``) into the JSON file named by
+    ``$DELTATAP_RELIABILITY_OUT`` (set by .ci/reliability); without it the figures are only printed."""
     import os
     import platform
 
-    print(f"[reliability] {section}: {json.dumps(figures)}")
+    print(f"[reliability] {section}{'/' + key if key else ''}: {json.dumps(figures)}")
     out = os.environ.get("DELTATAP_RELIABILITY_OUT")
     if not out:
         return
     path = Path(out)
     data = json.loads(path.read_text()) if path.is_file() else {}
     data.setdefault("machine", {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()})
-    data[section] = figures
+    if key is None:
+        data[section] = figures
+    else:
+        data.setdefault(section, {})[key] = figures
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

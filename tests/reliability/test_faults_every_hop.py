@@ -19,7 +19,7 @@ import asyncio
 import json
 
 import pytest
-from conftest import chat_body, settle
+from conftest import chat_body, record_figures, settle
 from rel_engine import Got, raw_request
 from toxic import Toxic, ToxicProxy
 
@@ -36,6 +36,7 @@ PATIENCE_S = 2.0  # the client's patience for one more byte (a half-open peer en
 OK = (Outcome.OK, None, None)
 CANCEL = (Outcome.CLIENT_CANCEL, None, TapEvent.DOWNSTREAM_CLOSED)
 LOST = (TapEvent.UPSTREAM_CLOSED, TapEvent.UPSTREAM_ERROR)  # docs/tap.md: a reset is seen as either event
+FAILURE_EVENTS = (TapEvent.UPSTREAM_CLOSED, TapEvent.UPSTREAM_ERROR, TapEvent.TIMEOUT, TapEvent.DOWNSTREAM_CLOSED)
 FAULTS = {
     "latency_down": (Toxic("latency", "down", ms=30), OK, OK),
     "latency_up": (Toxic("latency", "up", ms=30), OK, OK),
@@ -108,6 +109,17 @@ async def _run(engine, telemetry, span_exporter, toxic: Toxic, placement: str, b
             await close()
 
 
+def _summary(got: Got, upstream_view, spans) -> dict:
+    """What each side saw, for the figures file."""
+    out = {"client": {"status": got.status, "body_bytes": len(got.body), "end": got.end},
+           "engine": None if upstream_view is None else {"completed": upstream_view[1], "saw_close": upstream_view[2]}}
+    if spans:
+        a = spans[0].attributes
+        out["span"] = {"outcome": a.get(Attr.OUTCOME), "error.type": a.get(Attr.ERROR_TYPE),
+                       "failure_events": sorted({e.name for e in spans[0].events} & {str(e) for e in FAILURE_EVENTS})}
+    return out
+
+
 def _client_view(got: Got) -> tuple[int, bytes, str]:
     return got.status, got.body, got.end
 
@@ -118,8 +130,11 @@ async def test_fault_behaves_as_without_the_tap(engine, telemetry, span_exporter
     body = chat_body()
     direct, direct_up, _ = await _run(engine, telemetry, span_exporter, toxic, "direct", body)
     assert direct_up is not None and direct_up[0] == body, f"{name}: the engine did not get the request directly: {direct_up}"
+    seen = {"direct": _summary(direct, direct_up, [])}
     for placement, want_span in (("upstream", span_up), ("downstream", span_down)):
         got, upstream_view, spans = await _run(engine, telemetry, span_exporter, toxic, placement, body)
+        seen[f"tap_{placement}"] = _summary(got, upstream_view, spans)
+        record_figures("faults", {"toxic": {k: v for k, v in vars(toxic).items() if v}, **seen}, key=name)
         if name == "reset_before_response" and placement == "upstream":
             # documented: the direct client sees a reset with no response; through the tap it gets the tap's 502
             assert _client_view(direct)[0::2] == (0, "reset"), direct
