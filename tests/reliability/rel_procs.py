@@ -127,6 +127,7 @@ class Backend:
     kind: str
     endpoint: str
     received: int = 0
+    last_at: float = 0.0  # time.monotonic() of the last export request's arrival
     runner: web.AppRunner | None = None
 
     async def close(self) -> None:
@@ -144,6 +145,7 @@ async def start_backend(kind: str) -> Backend:
     release = asyncio.Event()
 
     async def traces(request: web.Request) -> web.Response:
+        be.last_at = time.monotonic()
         await request.read()
         be.received += 1
         if kind == "hang":

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.timeout(240)
 WARMUP, REQUESTS = 20, 200
 PATH = "/v1/chat/completions?n=3&gap_ms=1"
 SHUTDOWN_S = 2.0  # DELTATAP_SPAN_SHUTDOWN_S given to the tap
-GRACE_S = 1
-SLACK_S = 2.5  # process exit, interpreter teardown on a busy 2-core machine
+GRACE_S = 1  # (not spent: no stream is in flight at SIGTERM)
+SLACK_S = 2.0  # process exit, interpreter teardown on a busy 2-core machine
 RSS_LIMIT_MB = 300
 
 
@@ -56,6 +56,11 @@ async def test_dead_hanging_503_429_backends_leave_traffic_alone_and_spans_count
             lat = await _traffic(tap.url, REQUESTS)
             rss_end = rss_mb(tap.proc.pid)
             counts = span_counts(await metrics(tap.admin)) if kind != "none" else None
+            if kind == "hang":
+                # SIGTERM while an export has just begun to hang: the shutdown must still end within its deadline
+                deadline = time.monotonic() + 15
+                while time.monotonic() - backend.last_at > 0.3 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)
             t0 = time.monotonic()
             # waited for off the event loop: the backend (served by this loop) keeps answering meanwhile
             rc = await asyncio.get_running_loop().run_in_executor(None, lambda: tap.stop(timeout_s=30))
@@ -72,8 +77,8 @@ async def test_dead_hanging_503_429_backends_leave_traffic_alone_and_spans_count
         # every check is made for every backend before the test fails, so one run shows them all
         check(rc == 0, f"{kind}: tap exited {rc}:\n{tap.text()[-2000:]}")
         check(rss_end < RSS_LIMIT_MB and rss_end - rss_start < 50, f"{kind}: tap RSS {rss_start:.0f} -> {rss_end:.0f} MB")
-        check(shutdown_s < GRACE_S + SHUTDOWN_S + SLACK_S,
-              f"{kind}: SIGTERM to exit took {shutdown_s:.1f} s; --grace-s {GRACE_S} + span shutdown deadline {SHUTDOWN_S} s + {SLACK_S} s slack")
+        check(shutdown_s < SHUTDOWN_S + SLACK_S,
+              f"{kind}: SIGTERM to exit took {shutdown_s:.1f} s with nothing in flight; span shutdown deadline {SHUTDOWN_S} s + {SLACK_S} s slack")
         if kind == "none":
             baseline_p50 = p50
             continue
