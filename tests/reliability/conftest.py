@@ -16,12 +16,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from rel_engine import start_engine  # noqa: E402
 
 
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if Path(str(item.fspath)).parent == Path(__file__).parent:
-            item.add_marker(pytest.mark.reliability)
-
-
 @pytest.fixture
 async def engine():
     eng = await start_engine()

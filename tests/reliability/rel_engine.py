@@ -107,6 +107,7 @@ class Got:
     body: bytes
     end: str
     raw: bytes
+    tail_s: float = 0.0  # from the last byte to the end (EOF, reset or giving up)
 
 
 def dechunk(data: bytes) -> tuple[bytes, bool]:
@@ -126,10 +127,10 @@ def dechunk(data: bytes) -> tuple[bytes, bool]:
         pos = start + size + 2
 
 
-def parse(raw: bytes, end: str) -> Got:
+def parse(raw: bytes, end: str, tail_s: float = 0.0) -> Got:
     head_end = raw.find(b"\r\n\r\n")
     if head_end < 0:
-        return Got(0, b"", end, raw)
+        return Got(0, b"", end, raw, tail_s)
     head, rest = raw[:head_end].decode("latin-1"), raw[head_end + 4 :]
     status = int(head.split(" ", 2)[1])
     fields = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in head.split("\r\n")[1:])}
@@ -142,7 +143,7 @@ def parse(raw: bytes, end: str) -> Got:
         body, complete = rest, end == "eof"
     if end == "eof" and not complete:
         end = "truncated"
-    return Got(status, body, end, raw)
+    return Got(status, body, end, raw, tail_s)
 
 
 async def raw_request(port: int, path: str, body: bytes, headers: dict[str, str] | None = None, patience_s: float = 3.0) -> Got:
@@ -153,7 +154,8 @@ async def raw_request(port: int, path: str, body: bytes, headers: dict[str, str]
         f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         f"Connection: close\r\n{extra}\r\n".encode() + body
     )
-    raw, end = bytearray(), "eof"
+    loop = asyncio.get_running_loop()
+    raw, end, last = bytearray(), "eof", loop.time()
     try:
         await writer.drain()
         while True:
@@ -161,10 +163,11 @@ async def raw_request(port: int, path: str, body: bytes, headers: dict[str, str]
             if not data:
                 break
             raw += data
+            last = loop.time()
     except asyncio.TimeoutError:
         end = "stalled"
     except ConnectionResetError:
         end = "reset"
     finally:
         writer.transport.abort()
-    return parse(bytes(raw), end)
+    return parse(bytes(raw), end, loop.time() - last)

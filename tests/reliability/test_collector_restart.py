@@ -10,12 +10,12 @@ import time
 
 import aiohttp
 import pytest
-from conftest import chat_body, record_figures, settle
+from conftest import chat_body, record_figures
 from rel_procs import free_port, metrics, span_counts, spawn, start_tap_proc, wait_http
 
 from deltatap.collector.sinks import read_rows
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.reliability, pytest.mark.timeout(180)]
 
 PATH = "/v1/chat/completions?n=4&gap_ms=2"
 PHASE_S = 3.0  # traffic with the first collector, with none, with the second

@@ -26,7 +26,7 @@ from toxic import Toxic, ToxicProxy
 from deltatap.core.vocab import Attr, Outcome, TapEvent
 from deltatap.proxy import TapOptions, start_tap
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.reliability, pytest.mark.timeout(60)]
 
 PATH = "/v1/chat/completions?n=20&gap_ms=20"  # a 400 ms stream of ~110-byte events
 PATIENCE_S = 2.0  # the client's patience for one more byte (a half-open peer ends in 'stalled')
@@ -92,7 +92,7 @@ async def _run(engine, telemetry, span_exporter, toxic: Toxic, placement: str, b
         # the engine's handler ends (finished or cut) within a bounded time; a half-open peer leaves it waiting
         await settle(lambda: engine.seen and (engine.seen[0].completed or engine.seen[0].saw_close), 2.0)
         seen = engine.seen[0] if engine.seen else None
-        upstream_view = None if seen is None else (seen.body, seen.completed, seen.saw_close)
+        upstream_view = None if seen is None else (seen.path, seen.body, seen.completed, seen.saw_close)
         spans = []
         if placement != "direct":
             if toxic.kind == "half_open":
@@ -111,8 +111,8 @@ async def _run(engine, telemetry, span_exporter, toxic: Toxic, placement: str, b
 
 def _summary(got: Got, upstream_view, spans) -> dict:
     """What each side saw, for the figures file."""
-    out = {"client": {"status": got.status, "body_bytes": len(got.body), "end": got.end},
-           "engine": None if upstream_view is None else {"completed": upstream_view[1], "saw_close": upstream_view[2]}}
+    out = {"client": {"status": got.status, "body_bytes": len(got.body), "end": got.end, "tail_s": round(got.tail_s, 3)},
+           "engine": None if upstream_view is None else {"completed": upstream_view[2], "saw_close": upstream_view[3]}}
     if spans:
         a = spans[0].attributes
         out["span"] = {"outcome": a.get(Attr.OUTCOME), "error.type": a.get(Attr.ERROR_TYPE),
@@ -129,7 +129,7 @@ async def test_fault_behaves_as_without_the_tap(engine, telemetry, span_exporter
     toxic, span_up, span_down = FAULTS[name]
     body = chat_body()
     direct, direct_up, _ = await _run(engine, telemetry, span_exporter, toxic, "direct", body)
-    assert direct_up is not None and direct_up[0] == body, f"{name}: the engine did not get the request directly: {direct_up}"
+    assert direct_up is not None and direct_up[:2] == (PATH, body), f"{name}: the engine did not get the request directly: {direct_up}"
     seen = {"direct": _summary(direct, direct_up, [])}
     for placement, want_span in (("upstream", span_up), ("downstream", span_down)):
         got, upstream_view, spans = await _run(engine, telemetry, span_exporter, toxic, placement, body)
@@ -145,6 +145,8 @@ async def test_fault_behaves_as_without_the_tap(engine, telemetry, span_exporter
             assert _client_view(got) == _client_view(direct), (
                 f"{name} via the tap's {placement}: client saw {_client_view(got)[0::2]} ({len(got.body)} B), "
                 f"directly {_client_view(direct)[0::2]} ({len(direct.body)} B)")
+        if toxic.kind == "slow_close":  # the close came late, through the tap as directly
+            assert direct.tail_s >= toxic.s * 0.8 and got.tail_s >= toxic.s * 0.8, (direct.tail_s, got.tail_s)
         assert upstream_view == direct_up, f"{name} via the tap's {placement}: engine saw {upstream_view}, directly {direct_up}"
         if want_span is None:
             continue

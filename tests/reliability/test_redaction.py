@@ -14,7 +14,7 @@ import pytest
 from conftest import record_figures
 from rel_procs import REPO, start_tap_proc
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.reliability, pytest.mark.timeout(120)]
 
 M = {  # one distinct marker per secret; none may appear in any span
     "prompt": "PRMTzq81x",

@@ -16,7 +16,7 @@ import pytest
 from conftest import chat_body, record_figures
 from rel_procs import metrics, rss_mb, span_counts, start_backend, start_tap_proc
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.reliability, pytest.mark.timeout(240)]
 
 WARMUP, REQUESTS = 20, 200
 PATH = "/v1/chat/completions?n=3&gap_ms=1"
