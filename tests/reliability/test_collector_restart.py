@@ -10,7 +10,7 @@ import time
 
 import aiohttp
 import pytest
-from conftest import chat_body, record_figures
+from rel_support import chat_body, record_figures
 from rel_procs import free_port, metrics, span_counts, spawn, start_tap_proc, wait_http
 
 from deltatap.collector.sinks import read_rows

@@ -19,7 +19,7 @@ import asyncio
 import json
 
 import pytest
-from conftest import chat_body, record_figures, settle
+from rel_support import chat_body, record_figures, settle
 from rel_engine import Got, raw_request
 from toxic import Toxic, ToxicProxy
 

@@ -11,7 +11,7 @@ import sys
 
 import aiohttp
 import pytest
-from conftest import record_figures
+from rel_support import record_figures
 from rel_procs import REPO, start_tap_proc
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(120)]

@@ -13,7 +13,7 @@ import time
 import aiohttp
 import numpy as np
 import pytest
-from conftest import chat_body, record_figures
+from rel_support import chat_body, record_figures
 from rel_procs import metrics, rss_mb, span_counts, start_backend, start_tap_proc
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(240)]
