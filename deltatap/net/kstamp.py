@@ -80,6 +80,10 @@ _TIMESPEC = struct.Struct("@qq")
 _ANCBUF = socket.CMSG_SPACE(3 * _TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0  # scm_timestamping
 _READ_SIZE = 256 * 1024  # one read takes up to this much (what asyncio and uvloop read at once)
 _PLACEMENT_TOL_NS = 50_000  # a packet-log placement whose last segment is further from the read's stamp is wrong
+# Frames of the packet log searched back from the newest for one connection's segments (256 B each: 512 KiB at
+# most, ~0.2 s of history at 10k packets/s): the whole ring (4 MiB) per late read is what saturated a tap
+# carrying 10k streams; a segment further back is not placed (the read keeps its interval).
+_SEARCH_FRAMES = 2048
 _SLOW_SEND_NS = 30_000  # a send that took longer: its departure is looked up in the packet log
 _RESTAMP_SLACK_NS = 50_000  # a logged departure this far outside the send's readings is not this write's
 _MAX_AGE_NS = 60 * 10**9  # a stamp older than this (or from the future) means the wall clock stepped
@@ -494,7 +498,7 @@ class KernelStampTransport(asyncio.Transport):
                 return None
         self._unlogged_tail = False
         base = (self._irs1 + self._rx_off) & 0xFFFFFFFF  # sequence number of the first waiting byte
-        segs = plog.segments_since(key, base)
+        segs = plog.segments_since(key, base, limit=_SEARCH_FRAMES)
         cuts: list[tuple[int, int]] = []
         pos = 0
         for seq, end, wall in segs:
@@ -528,11 +532,11 @@ class KernelStampTransport(asyncio.Transport):
         plog, key = self._plog, self._pkey
         assert plog is not None and key is not None
         for _ in range(4):
-            newest = plog.newest_segment(key)
+            newest = plog.newest_segment(key, limit=_SEARCH_FRAMES)
             counts = tcp_counters(self._sock)
             if counts is None or newest is None:
                 return None
-            if plog.newest_segment(key) == newest:
+            if plog.newest_segment(key, limit=_SEARCH_FRAMES) == newest:
                 return (newest[1] - counts[1]) & 0xFFFFFFFF
         return None
 
