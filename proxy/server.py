@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -163,7 +164,12 @@ class Tap:
             self._clock_task.cancel()
         if self._admin is not None:
             await self._admin.cleanup()
-        await asyncio.get_running_loop().run_in_executor(None, self.telemetry.processor.force_flush, 5_000)
+        # flushed within the span shutdown deadline (DELTATAP_SPAN_SHUTDOWN_S), not longer: a hanging backend must not
+        # hold the tap's exit beyond what the caller's shutdown then allows
+        self.flush_deadline_s = getattr(self.telemetry.processor, "shutdown_deadline_s", 5.0)
+        t0 = time.monotonic()
+        await asyncio.get_running_loop().run_in_executor(None, self.telemetry.processor.force_flush, int(1000 * self.flush_deadline_s))
+        self.flush_s = time.monotonic() - t0  # (the caller's telemetry shutdown gets what is left of the deadline)
         s = self.telemetry.stats
         log.info("tap %s closed: spans exported %d, dropped %d", self.o.link, s.spans_exported, s.spans_dropped)
 
