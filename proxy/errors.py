@@ -79,7 +79,7 @@ def connect_failure(exc: BaseException) -> Failure:
     if isinstance(exc, ssl.SSLError) or isinstance(exc, ssl.CertificateError):
         return Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_tls", f"TLS with the upstream failed: {_describe(exc)}")
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
-        why = "no answer to the TCP connect within 10 s"
+        why = "no answer to the TCP connect"
     elif isinstance(exc, socket.gaierror):
         why = f"host name not found ({exc.strerror or exc})"
     elif isinstance(exc, OSError) and exc.errno:

@@ -45,7 +45,11 @@ log = logging.getLogger("deltatap.tap")
 
 HEAD, BODY, END, ERROR = h1.HEAD, h1.BODY, h1.END, h1.ERROR
 POOL_MAX = 256  # idle upstream connections kept for reuse
-UPSTREAM_CONNECT_TIMEOUT_S = 10.0
+# None: the upstream connect gets what the kernel gives a direct client (SYN retries, ~2 min), not a timeout of the
+# tap's own: a tap must not change a timeout cascade (a 10 s limit failed 22 % of 10,000 streams opened at once, whose
+# SYNs the engine's full backlog dropped and the kernel retried; direct, the same connects succeeded). --timeout-s
+# bounds the whole exchange when a user wants a bound.
+UPSTREAM_CONNECT_TIMEOUT_S: float | None = None
 
 
 class Exchange:
