@@ -408,7 +408,7 @@ class KernelStampTransport(asyncio.Transport):
         out: list[tuple[int, int, int]] = []
         for end, k in cuts:
             t = _to_mono(k) if k else t_read
-            out.append((end, k, 0 if exact and k else max(0, t - prev)))
+            out.append((end, t if k else 0, 0 if exact and k else max(0, t - prev)))
             prev = t
         if taken:
             if n < len(view):
@@ -419,8 +419,9 @@ class KernelStampTransport(asyncio.Transport):
 
     def _hand_over(self, view: memoryview, n: int, cuts: list[tuple[int, int, int]]) -> bool:
         """Take in the ``n`` bytes peeked into ``view`` and hand them to the protocol one cut at a time:
-        ``cuts`` is ``[(end, kernel_ns, bound_ns), ...]``, each piece with its own stamp and bound. True when all
-        were taken in (the queue held nothing else when they were peeked)."""
+        ``cuts`` is ``[(end, mono_ns, bound_ns), ...]``, each piece with its own stamp (converted once, by the caller;
+        0: none, the moment it is handed over) and bound. True when all were taken in (the queue held nothing else
+        when they were peeked)."""
         data = bytes(view[:n])  # (the read buffer is shared: keep the peeked bytes while handing them over)
         bulk = getattr(self._protocol, "cuts_received", None) if len(cuts) > 1 else None
         if bulk is not None:  # the protocol takes the whole read at once, with each piece's stamp
@@ -429,10 +430,10 @@ class KernelStampTransport(asyncio.Transport):
                 return False
             got = r[0]
             pieces, start = [], 0
-            for end, k, bound in cuts:
+            for end, t, bound in cuts:
                 end = min(end, got)
                 if end > start:
-                    pieces.append((start, end, _to_mono(k), bound))
+                    pieces.append((start, end, t or _mono(), bound))
                 start = end
             self.rx_mono_ns, self.rx_bound_ns = pieces[-1][2], pieces[-1][3]
             self._rx_off += got
@@ -443,12 +444,12 @@ class KernelStampTransport(asyncio.Transport):
                 return False
             return got >= n
         start = 0
-        for end, k, bound in cuts:
+        for end, t, bound in cuts:
             r = self._recv(view[start:end], _DISCARD)  # take in what was peeked
             if r is None:
                 return False
             end = start + r[0]
-            if not self._deliver(data[start:end], k, bound) or self._closing or self._paused:
+            if not self._deliver(data[start:end], t, bound) or self._closing or self._paused:
                 return end >= n  # (paused: the rest stays in the socket for later, and the queue was not emptied)
             start = end
         return True
@@ -468,10 +469,10 @@ class KernelStampTransport(asyncio.Transport):
             cuts = self._checked_cuts(n, last, first)
         if cuts is None:
             return False
-        out = [(end, k, 0) for end, k in cuts]  # each a segment's own arrival
+        out = [(end, _to_mono(k) if k else 0, 0) for end, k in cuts]  # each a segment's own arrival
         if self._unlogged_tail and len(out) > 1:  # bytes past the newest logged segment: the read's own (later) stamp
-            end, k, _ = out[-1]
-            out[-1] = (end, k, max(0, _to_mono(k) - _to_mono(out[-2][1])))
+            end, t, _ = out[-1]
+            out[-1] = (end, t, max(0, (t or _mono()) - (out[-2][1] or _mono())))
         if self._hand_over(view, n, out) and n < len(view):
             self._empty_mono = t_read
         return True
@@ -605,8 +606,9 @@ class KernelStampTransport(asyncio.Transport):
             return None
         return n, anc
 
-    def _deliver(self, data: bytes, kernel_ns: int, bound_ns: int = 0) -> bool:
-        self.rx_mono_ns = _to_mono(kernel_ns)
+    def _deliver(self, data: bytes, t_mono: int, bound_ns: int = 0) -> bool:
+        """Hand ``data`` to the protocol read at ``t_mono`` (0: no kernel stamp, now)."""
+        self.rx_mono_ns = t_mono or _mono()
         self.rx_bound_ns = bound_ns
         self._rx_off += len(data)
         try:
