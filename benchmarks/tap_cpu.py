@@ -35,22 +35,16 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tap_overhead import BODY, envoy_binary, free_port, stop_all, wait_port  # noqa: E402
+from tap_overhead import proc_cpu_s as cpu_s  # noqa: E402
 
 from deltatap.net import aio  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PATH = "/v1/chat/completions"
-_TICK = os.sysconf("SC_CLK_TCK")
 _PROFILED = (
     "import cProfile, sys, time; from deltatap.app.cli import main; p = cProfile.Profile(time.thread_time); "
     "p.enable(); rc = main(sys.argv[1:]); p.disable(); p.dump_stats({out!r}); sys.exit(rc)"
 )
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14, 15 of stat(5))
 
 
 async def drive(url: str, concurrency: int, n: int, body: bytes = BODY) -> int:

@@ -200,7 +200,7 @@ async def echo_rtt_ns(port: int, n: int) -> list[int]:
 def proc_cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process (all threads), from /proc/PID/stat."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15 of stat(5))
 
 
 async def run(args: argparse.Namespace, urls: dict[str, str], spans: Path, engine_pid: int | None = None) -> dict:

@@ -145,8 +145,8 @@ async def _serve(opts: TapOptions, args: argparse.Namespace, report_fd: int | No
     await stop.wait()
     log.info("tap %s: stopping (grace %.1fs)", opts.link, opts.grace_s)
     await running.close(opts.grace_s)
-    tap = running.tap  # the span deadline holds for flush and shutdown together: what the flush used is not given twice
-    left = max(0.1, getattr(tap, "flush_deadline_s", 5.0) - getattr(tap, "flush_s", 0.0))
+    # the span deadline holds for flush and shutdown together: what the close's flush used is not given twice
+    left = max(0.1, telemetry.processor.shutdown_deadline_s - running.tap.flush_s)
     await loop.run_in_executor(None, telemetry.shutdown, left)
     s = telemetry.stats
     print(f"deltatap tap {opts.link}: stopped; spans exported {s.spans_exported}, dropped {s.spans_dropped}", flush=True)

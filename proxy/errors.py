@@ -89,8 +89,10 @@ def connect_failure(exc: BaseException) -> Failure:
     return Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_unreachable", f"cannot connect to the upstream: {why}")
 
 
+TAP_TIMEOUT = Failure(Outcome.TIMEOUT, 504, "upstream_timeout", "the tap's upstream timeout expired")
+
 _CLASSIFIERS: list[tuple[type[BaseException], Callable[[BaseException], Failure]]] = [
-    (asyncio.TimeoutError, lambda e: Failure(Outcome.TIMEOUT, 504, "upstream_timeout", "the tap's upstream timeout expired")),
+    (asyncio.TimeoutError, lambda e: TAP_TIMEOUT),
     (ssl.SSLError, lambda e: Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_tls", f"TLS with the upstream failed: {_describe(e)}")),
     (ConnectionResetError, lambda e: Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_reset", "the upstream reset the connection")),
     (OSError, lambda e: Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_error", _describe(e))),

@@ -25,6 +25,7 @@ import asyncio
 import logging
 import ssl as _ssl
 from collections import deque
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 from deltatap.core.clock import mono_ns as mono
@@ -33,7 +34,7 @@ from deltatap.core.sse import StreamObserver
 from deltatap.core.vocab import Outcome, TapEvent
 from deltatap.net import h1
 from deltatap.net.conn import StampedProtocol, open_connection, reset
-from deltatap.proxy.errors import Failure, classify, connect_failure
+from deltatap.proxy.errors import TAP_TIMEOUT, Failure, classify, connect_failure
 from deltatap.proxy.headers import rewrite_request_head, trace_context
 from deltatap.proxy.record import TapRecord
 from deltatap.proxy.spans import SpanStart, begin
@@ -55,7 +56,7 @@ UPSTREAM_CONNECT_TIMEOUT_S: float | None = None
 class Exchange:
     """One request/response pair in flight on a connection pair."""
 
-    __slots__ = ("rec", "span", "fp", "capture", "request_done", "head_forwarded", "final", "response_started", "capture_out",
+    __slots__ = ("rec", "span", "fp", "capture", "request_done", "final", "response_started", "capture_out",
                  "timer", "done", "forward_pending", "method", "down_eof", "last_unplaced")
 
     def __init__(self, rec: TapRecord, span: SpanStart, fp: Fingerprinter, method: bytes) -> None:
@@ -64,7 +65,6 @@ class Exchange:
         self.fp = fp
         self.capture: bytearray | None = bytearray()
         self.request_done = False
-        self.head_forwarded = False
         self.final = False  # the final (non-1xx) response head came
         self.response_started = False  # any response byte was forwarded downstream
         self.capture_out: bytearray | None = None
@@ -90,6 +90,10 @@ class _Side(StampedProtocol):
         k = self.kernel
         self.unplaced = k.unplaced_write if k is not None else None
         return t, bound
+
+    def on_made(self) -> None:
+        if self.kernel is not None:
+            self.kernel.lazy_placement = True
 
     def place(self, unplaced: tuple[int, int, int] | None, t: int, bound: int) -> tuple[int, int]:
         """The exact departure of the slow write ``unplaced`` (else ``(t, bound)`` as they are)."""
@@ -126,8 +130,7 @@ class Downstream(_Side):
             self.closed = True
             self.transport.abort()
             return
-        if self.kernel is not None:
-            self.kernel.lazy_placement = True
+        super().on_made()
         peer = self.transport.get_extra_info("peername")
         self.peer = peer[0] if isinstance(peer, tuple) else None
         tap.connections.add(self)
@@ -328,7 +331,7 @@ class Downstream(_Side):
                 return
         self.connecting = None
         if self.closed:
-            tap.pool_put(up) if up.reusable() else up.transport.close()
+            tap.pool_put(up)  # (it closes one that is not reusable)
             return
         self.up = up
         up.down = self
@@ -400,7 +403,7 @@ class Downstream(_Side):
         rec.status = failure.status
         if not self.closed and not self.transport.is_closing():
             body = failure.body(self.tap.o.link, self.tap.upstream_str)
-            head = (f"HTTP/1.1 {failure.status} {_REASONS.get(failure.status, 'Bad Gateway')}\r\n"
+            head = (f"HTTP/1.1 {failure.status} {HTTPStatus(failure.status).phrase}\r\n"
                     f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                     f"{self.tap.o.correlation_header}: {rec.request_id}\r\nConnection: close\r\n\r\n").encode("latin-1")
             rec.end, _b = self.send(head + body)
@@ -417,11 +420,11 @@ class Downstream(_Side):
                 up.down = None
                 self.up = None
                 up.transport.abort()
-            self._answer(ex, Failure(Outcome.TIMEOUT, 504, "upstream_timeout", "the tap's upstream timeout expired"))
+            self._answer(ex, TAP_TIMEOUT)
             return
-        ex.rec.failure = Failure(Outcome.TIMEOUT, 504, "upstream_timeout", "the tap's upstream timeout expired")
+        ex.rec.failure = TAP_TIMEOUT
         ex.rec.timeout = mono()
-        self.tap.count_upstream_error("upstream_timeout")
+        self.tap.count_upstream_error(TAP_TIMEOUT.error_type)
         if up is not None:
             up.transport.abort()
         self.transport.close()
@@ -454,10 +457,6 @@ class Upstream(_Side):
         self.eof = False
         self.keep_alive = True
         self.last_read: tuple[int, int] = (0, 0)
-
-    def on_made(self) -> None:
-        if self.kernel is not None:
-            self.kernel.lazy_placement = True
 
     def reusable(self) -> bool:
         return (self.keep_alive and not self.eof and not self.eof_sent and self.reader.idle and not self.reader.opaque
@@ -654,7 +653,7 @@ class Upstream(_Side):
             if events and events[0][0] == END and d.exchanges:  # a close-delimited body ended with its last read
                 t, bound = self.last_read
                 self._watch(d, b"", events, t, bound, d.last_write_mono or mono(), d.last_write_bound)
-            self._upstream_ended(d, closed=True)
+            self._upstream_ended(d)
             if d.transport.can_write_eof() and not d.transport.is_closing():
                 d.transport.write_eof()
             if d.eof:
@@ -668,14 +667,14 @@ class Upstream(_Side):
             return
         self.down = None
         d.up = None
-        self._upstream_ended(d, closed=exc is None)
+        self._upstream_ended(d)
         if self.reset_by_peer:
             reset(d.transport)
         elif not d.transport.is_closing():
             if not d.exchanges or any(ex.response_started for ex in d.exchanges) or d.opaque:
                 d.transport.close()
 
-    def _upstream_ended(self, d: Downstream, closed: bool) -> None:
+    def _upstream_ended(self, d: Downstream) -> None:
         """The upstream closed (or reset) with exchanges unanswered or unfinished."""
         for ex in list(d.exchanges):
             if ex.done:
@@ -686,9 +685,8 @@ class Upstream(_Side):
                 d._complete(ex)
                 continue
             if not ex.response_started and not d.opaque:
-                exc: BaseException = ConnectionResetError() if self.reset_by_peer else _UpstreamClosed()
                 d.exchanges.remove(ex)
-                d._answer(ex, classify(exc) if not isinstance(exc, _UpstreamClosed) else _CLOSED)
+                d._answer(ex, _RESET if self.reset_by_peer else _CLOSED)
                 continue
             rec = ex.rec
             if rec.failure is None and not d.opaque:
@@ -699,16 +697,9 @@ class Upstream(_Side):
             d._complete(ex)
 
 
-_REASONS = {502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
-
-
-class _UpstreamClosed(Exception):
-    pass
-
-
 _CLOSED = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_closed", "the upstream closed the connection before the response began")
 _BROKE = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_closed", "the upstream closed the connection before the response ended")
-_RESET = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_reset", "the upstream reset the connection")
+_RESET = classify(ConnectionResetError())
 
 
 def ssl_context(verify: bool) -> _ssl.SSLContext:

@@ -76,6 +76,7 @@ class Tap:
         self._admin: web.AppRunner | None = None
         self._clock_task: asyncio.Task | None = None
         self._closed = False
+        self.flush_s = 0.0  # how long close() spent flushing spans
 
     # ---- lifecycle -----------------------------------------------------------------------
     async def start(self) -> RunningTap:
@@ -166,9 +167,9 @@ class Tap:
             await self._admin.cleanup()
         # flushed within the span shutdown deadline (DELTATAP_SPAN_SHUTDOWN_S), not longer: a hanging backend must not
         # hold the tap's exit beyond what the caller's shutdown then allows
-        self.flush_deadline_s = getattr(self.telemetry.processor, "shutdown_deadline_s", 5.0)
+        deadline_s = getattr(self.telemetry.processor, "shutdown_deadline_s", 5.0)
         t0 = time.monotonic()
-        await asyncio.get_running_loop().run_in_executor(None, self.telemetry.processor.force_flush, int(1000 * self.flush_deadline_s))
+        await asyncio.get_running_loop().run_in_executor(None, self.telemetry.processor.force_flush, int(1000 * deadline_s))
         self.flush_s = time.monotonic() - t0  # (the caller's telemetry shutdown gets what is left of the deadline)
         s = self.telemetry.stats
         log.info("tap %s closed: spans exported %d, dropped %d", self.o.link, s.spans_exported, s.spans_dropped)

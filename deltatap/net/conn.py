@@ -80,7 +80,8 @@ class StampedProtocol(asyncio.Protocol):
         pass
 
     def on_data(self, data: bytes, t: int, bound: int) -> None:
-        raise NotImplementedError
+        """Every subclass handles its reads here: ``data`` arrived in ``[t - bound, t]``."""
+        raise NotImplementedError(f"{type(self).__name__} must define on_data()")
 
     def on_eof(self) -> bool | None:
         return None

@@ -45,8 +45,7 @@ HEAD, BODY, END, ERROR = 1, 2, 3, 4
 _S_HEAD, _S_LENGTH, _S_CHUNK_SIZE, _S_CHUNK_DATA, _S_CHUNK_CRLF, _S_TRAILER, _S_CLOSE, _S_OPAQUE, _S_HELD, _S_ERROR = range(10)
 _TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # (checked with translate: C speed)
 _CTL_SP = bytes(range(0x21)) + b"\x7f"
-_HEX = frozenset(b"0123456789abcdefABCDEF")
-_HEXB = b"0123456789abcdefABCDEF"
+_HEXB = b"0123456789abcdefABCDEF"  # (checked with translate, as the tokens are)
 MAX_HEAD = 1 << 20  # bytes; a longer head is passed on unparsed (see the module doc)
 MAX_CHUNK_LINE = 64 * 1024  # a chunk-size line (with extensions) or a trailer section longer than this is an error
 
@@ -234,11 +233,6 @@ class Reader:
             return held, [(BODY, 0, len(held))] if held else []
         self._state = _S_HEAD
         return held, self.feed(held) if held else []
-
-    def go_opaque(self) -> None:
-        """From now on every byte is body (the peer's direction switched protocols)."""
-        self._state = _S_OPAQUE
-        self._buf = b""
 
     # ---- feeding ------------------------------------------------------------------------
     def feed(self, data: bytes) -> list[tuple]:
@@ -450,7 +444,7 @@ class Reader:
             if line.endswith(b"\r"):
                 line = line[:-1]
             size_text = line.split(b";", 1)[0].strip(b" \t")
-            if not size_text or not all(c in _HEX for c in size_text) or len(size_text) > 15:
+            if not size_text or size_text.translate(None, _HEXB) or len(size_text) > 15:
                 return self._fail(out, pos, "invalid chunk size")
             size = int(size_text, 16)
             pos = nl + 1
