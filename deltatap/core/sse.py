@@ -63,7 +63,7 @@ other framing carry none. The *first content token* is the first content event w
 whitespace-only (the draft excludes "empty tokens or whitespace-only tokens"); whitespace-only
 content events still count as content events and tokens and still produce gaps.
 ``ContentStream.leading_whitespace_events`` counts those that came before the first token, so a
-report can note them as the draft asks. ``ContentStream.take`` is the only implementation of this rule.
+report can note them as the draft asks. ``ContentStream.count`` (called by ``take`` for each event) is the only implementation of this rule.
 
 Privacy: text is only inspected for its length and whether it is blank; nothing stores it, except a
 ``ContentStream(keep_text=True)`` (the load generator's, in memory, never written out).
@@ -322,7 +322,12 @@ class ContentStream:
                 return _NONE
             fmt = self._fmt = FORMATS[name]
             self.format = name
-        got = fmt.extract(obj, ev.event, self.facts)
+        return self.count(fmt.extract(obj, ev.event, self.facts), t_mono_ns, bound_ns)
+
+    def count(self, got: Extracted, t_mono_ns: int, bound_ns: int = 0) -> Extracted:
+        """Account for one classified unit ``(content text, tokens, ends the stream)`` read at ``t_mono_ns``: the
+        first-content-token rule. :meth:`take` calls it for each SSE event; an observer of another framing (the
+        gRPC tap's, one unit per message) calls it for each of its units, so the rule stays written once."""
         text, tokens, done = got
         if done:
             self.done = True
