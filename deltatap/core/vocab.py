@@ -122,6 +122,9 @@ class TapEvent(StrEnum):
     LAST_TOKEN_RECEIVED = "last_token.received"
     LAST_TOKEN_FORWARDED = "last_token.forwarded"
     RESPONSE_END = "response.end"  # end of upstream body
+    FIRST_MESSAGE_RECEIVED = "first_message.received"  # gRPC: first response message read from upstream
+    LAST_MESSAGE_RECEIVED = "last_message.received"  # gRPC: last response message
+    RESPONSE_TRAILERS = "response.trailers"  # gRPC: trailers (grpc-status) read, or a trailers-only response
     DOWNSTREAM_CLOSED = "downstream.closed"  # client went away before the end
     UPSTREAM_CLOSED = "upstream.closed"  # upstream closed before the end
     UPSTREAM_ERROR = "upstream.error"
@@ -185,6 +188,89 @@ def tap_point(event: TapEvent, downstream: str, downstream_kind: str, upstream: 
 # --------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class WsDirectionAttrs:
+    """Attribute keys of one direction of a WebSocket tunnel (:mod:`deltatap.proxy.websocket`), by its sender:
+    ``deltatap.ws.client.*`` (messages the downstream sent) or ``deltatap.ws.server.*`` (the upstream's)."""
+
+    sender: str
+
+    def _k(self, name: str) -> str:
+        return f"deltatap.ws.{self.sender}.{name}"
+
+    @property
+    def MESSAGES(self) -> str:  # data messages (text/binary, fragments joined)
+        return self._k("messages")
+
+    @property
+    def FRAMES(self) -> str:  # frames parsed, control frames included
+        return self._k("frames")
+
+    @property
+    def BYTES(self) -> str:  # bytes relayed in this direction (wire, headers included)
+        return self._k("bytes")
+
+    @property
+    def PAYLOAD_BYTES(self) -> str:
+        return self._k("payload_bytes")
+
+    @property
+    def PINGS(self) -> str:
+        return self._k("pings")
+
+    @property
+    def PONGS(self) -> str:
+        return self._k("pongs")
+
+    @property
+    def COMPRESSED(self) -> str:  # messages with permessage-deflate (payload opaque to the tap)
+        return self._k("compressed")
+
+    @property
+    def CLOSE_CODE(self) -> str:  # status code of this sender's close frame (1005: none in the frame)
+        return self._k("close_code")
+
+    @property
+    def MALFORMED(self) -> str:  # why the tap stopped parsing this direction (bytes still relayed)
+        return self._k("malformed")
+
+    @property
+    def FIRST_RECEIVED_UNIX_NS(self) -> str:  # read that completed the first message
+        return self._k("first_message.received_unix_ns")
+
+    @property
+    def FIRST_RECEIVED_BOUND_NS(self) -> str:  # its bytes arrived at most this much earlier
+        return self._k("first_message.received_bound_ns")
+
+    @property
+    def FIRST_FORWARDED_UNIX_NS(self) -> str:  # write that carried its last byte on
+        return self._k("first_message.forwarded_unix_ns")
+
+    @property
+    def FIRST_FORWARDED_BOUND_NS(self) -> str:  # its bytes left at most this much later
+        return self._k("first_message.forwarded_bound_ns")
+
+    @property
+    def ARRIVALS_MS(self) -> str:  # each message's arrival, ms after the first's (the first 256)
+        return self._k("arrivals_ms")
+
+    @property
+    def GAP_MEAN_MS(self) -> str:  # between message arrivals
+        return self._k("gap.mean_ms")
+
+    @property
+    def GAP_MAX_MS(self) -> str:
+        return self._k("gap.max_ms")
+
+    @property
+    def GAP_P99_MS(self) -> str:
+        return self._k("gap.p99_ms")
+
+    @property
+    def GAP_FWD_MAX_MS(self) -> str:  # between their departures
+        return self._k("gap_forwarded.max_ms")
+
+
 class Attr:
     """Span attribute keys. ``deltatap.*`` are ours; the rest are OpenTelemetry semantic conventions."""
 
@@ -201,10 +287,13 @@ class Attr:
     BODY_FINGERPRINT = "deltatap.body.fingerprint"  # keyed hash of the request body
     BODY_BYTES_IN = "deltatap.body.request_bytes"
     BODY_BYTES_OUT = "deltatap.body.response_bytes"
-    STREAM_FORMAT = "deltatap.stream.format"  # openai-chat | openai-completions | responses | anthropic | llamacpp | none
+    STREAM_FORMAT = "deltatap.stream.format"  # openai-chat | openai-completions | responses | anthropic | llamacpp | kserve-v2 | grpc-message | none
     STREAMING = "deltatap.streaming"
     CHUNKS = "deltatap.stream.chunks"  # transport chunks read from upstream
-    EVENTS = "deltatap.stream.events"  # SSE events parsed
+    EVENTS = "deltatap.stream.events"  # SSE events parsed (gRPC: response messages)
+    FIRST_TOKEN_SOURCE = "deltatap.first_token.source"  # gRPC: content (a decoded method's text) | message (each message)
+    GRPC_MESSAGE_BYTES = "deltatap.grpc.message_bytes"  # response message payload bytes, without the 5-byte prefixes
+    GRPC_UNDECODABLE = "deltatap.grpc.undecodable"  # messages of a decoded method that could not be read
     CONTENT_EVENTS = "deltatap.stream.content_events"  # events carrying content tokens
     GAP_COUNT = "deltatap.stream.gap.count"  # inter-content-event gaps (upstream side)
     GAP_MEAN_MS = "deltatap.stream.gap.mean_ms"
@@ -226,6 +315,11 @@ class Attr:
     FIREWALL_INBOUND_MS = "deltatap.firewall.inbound_ms"  # inbound inspection time the cost model drew
     FIREWALL_OUTBOUND_MS = "deltatap.firewall.outbound_ms"  # total outbound inspection time drawn
     FIREWALL_OUTBOUND_CHECKS = "deltatap.firewall.outbound_checks"  # outbound inspections (windows)
+    WS = "deltatap.ws"  # true: the exchange upgraded to WebSocket; its span lasts as long as the tunnel
+    WS_DEFLATE = "deltatap.ws.deflate"  # permessage-deflate negotiated (payloads opaque, counted)
+    WS_CLOSED_BY = "deltatap.ws.closed_by"  # client | server: the first close frame's sender, else the first TCP close
+    WS_CLIENT = WsDirectionAttrs("client")  # deltatap.ws.client.*: what the downstream sent
+    WS_SERVER = WsDirectionAttrs("server")  # deltatap.ws.server.*: what the upstream sent
     LABEL_PREFIX = "deltatap.label."  # workload labels: deltatap.label.workload, deltatap.label.class, ...
     RUN_ID = "deltatap.run_id"
     # engine telemetry passed through the stream (llama.cpp timings) or headers
@@ -246,6 +340,10 @@ class Attr:
     # OpenTelemetry semantic conventions (HTTP + GenAI)
     HTTP_METHOD = "http.request.method"
     HTTP_STATUS = "http.response.status_code"
+    RPC_SYSTEM = "rpc.system"  # "grpc"
+    RPC_SERVICE = "rpc.service"
+    RPC_METHOD = "rpc.method"
+    RPC_GRPC_STATUS = "rpc.grpc.status_code"
     URL_PATH = "url.path"
     URL_QUERY = "url.query"
     SERVER_ADDRESS = "server.address"
