@@ -44,9 +44,7 @@ def rewrite_request_head(
     was created. ``correlation_header``: lower-case name."""
     raw = head.raw
     crlf = b"\r\n" if raw.endswith(b"\r\n") else b"\n"
-    existing = head.get(correlation_header)
-    created = not existing
-    request_id = new_request_id() if created else existing.decode("latin-1")  # type: ignore[union-attr]
+    additions, request_id, created = _additions(head.get(correlation_header), correlation_header, trace_headers)
     drop = TRACE_HEADERS | ({b"host"} if host_header is not None else frozenset())
     if target_prefix or any(name.lower() in drop for name, _v in head.headers):
         lines = raw.split(b"\n")
@@ -63,14 +61,47 @@ def rewrite_request_head(
         body = b"\n".join(out_lines) + b"\n"
     else:
         body = raw[: len(raw) - len(crlf)]  # the head without its final empty line
-    added = []
-    if host_header is not None:
-        added.append(b"Host: " + host_header)
-    for name, value in trace_headers.items():
-        added.append(name.encode() + b": " + value.encode("latin-1"))
-    if created:
-        added.append(correlation_header + b": " + request_id.encode())
+    added = [b"Host: " + host_header] if host_header is not None else []
+    added += [name + b": " + value for name, value in additions]
     return body + crlf.join(added) + crlf + crlf, request_id, created
+
+
+def rewrite_request_headers(
+    headers: list[tuple[bytes, bytes]], *, correlation_header: bytes, trace_headers: dict[str, str], host_header: bytes | None = None,
+    target_prefix: bytes = b""
+) -> tuple[list[tuple[bytes, bytes]], str, bool]:
+    """HTTP/2's form of :func:`rewrite_request_head` (:mod:`deltatap.proxy.h2relay`): the same changes to a header
+    list (names in lower case, pseudo-headers first), every other entry kept as it came, in order, as the same
+    objects (HPACK's never-indexed marks stay). ``--host-header`` sets ``:authority`` (and drops ``host``), the
+    upstream URL's path prefixes an origin-form ``:path``."""
+    additions, request_id, created = _additions(_first(headers, correlation_header), correlation_header, trace_headers)
+    drop = TRACE_HEADERS | ({b"host"} if host_header is not None else frozenset())
+    out: list[tuple[bytes, bytes]] = []
+    for h in headers:
+        name = h[0]
+        if name in drop:
+            continue
+        if name == b":authority" and host_header is not None:
+            h = (name, host_header)
+        elif name == b":path" and target_prefix and h[1].startswith(b"/"):
+            h = (name, target_prefix + h[1])
+        out.append(h)
+    return out + additions, request_id, created
+
+
+def _first(headers: list[tuple[bytes, bytes]], lname: bytes) -> bytes | None:
+    return next((v for n, v in headers if n == lname), None)
+
+
+def _additions(existing: bytes | None, correlation_header: bytes, trace_headers: dict[str, str]) -> tuple[list[tuple[bytes, bytes]], str, bool]:
+    """What every request gets, whatever its HTTP version: the tap's trace context and, when absent, the correlation
+    header with a new request id; and the request id, and whether it was created."""
+    created = not existing
+    request_id = new_request_id() if created else existing.decode("latin-1")  # type: ignore[union-attr]
+    added = [(name.encode(), value.encode("latin-1")) for name, value in trace_headers.items()]
+    if created:
+        added.append((correlation_header, request_id.encode()))
+    return added, request_id, created
 
 
 def _prefixed(start_line: bytes, prefix: bytes) -> bytes:

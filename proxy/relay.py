@@ -38,6 +38,7 @@ from deltatap.proxy.errors import TAP_TIMEOUT, Failure, classify, connect_failur
 from deltatap.proxy.headers import rewrite_request_head, trace_context
 from deltatap.proxy.record import TapRecord
 from deltatap.proxy.spans import SpanStart, begin
+from deltatap.proxy import h2relay
 
 if TYPE_CHECKING:
     from deltatap.proxy.server import Tap
@@ -121,6 +122,7 @@ class Downstream(_Side):
         self.closed = False
         self.peer: str | None = None
         self.head_timer: asyncio.TimerHandle | None = None  # closes a connection that sends no whole head in time
+        self.sniff: bytes | None = b""  # the connection's first bytes while they may still be HTTP/2's preface
 
     # ---- connection ----------------------------------------------------------------------
     def on_made(self) -> None:
@@ -214,6 +216,14 @@ class Downstream(_Side):
         if self.opaque:
             self._to_upstream(data)
             return
+        if self.sniff is not None:  # HTTP/2 prior knowledge: the connection goes to the h2 relay
+            data, self.sniff = self.sniff + data, None
+            if h2relay.PREFACE.startswith(data[:24]):
+                if len(data) < 24:
+                    self.sniff = data
+                    return
+                h2relay.adopt(self, data, t, bound)
+                return
         self._process(data, self.reader.feed(data), t, bound)
 
     def _process(self, data: bytes, events: list[tuple], t: int, bound: int) -> None:

@@ -1,0 +1,813 @@
+"""HTTP/2 on the HTTP tap: one downstream h2 connection relayed over one upstream h2 connection, stream by stream.
+
+A downstream connection whose first bytes are HTTP/2's connection preface (h2c prior knowledge), or a TLS one that
+negotiated ALPN ``h2``, is handed over here by :mod:`deltatap.proxy.relay` (:func:`adopt`). The tap then opens one
+upstream connection for it: h2c prior knowledge, or TLS with ALPN ``h2`` when the upstream URL is ``https``.
+Framing is the ``h2`` library's (a server connection downstream, a client connection upstream); the relay passes
+on, per stream and in order:
+
+* HEADERS: the header list as received, in order (HPACK's never-indexed marks kept); the only change is the one
+  :func:`deltatap.proxy.headers.rewrite_request_headers` makes (the tap's ``traceparent``/``tracestate``, the
+  correlation header when absent, ``--host-header``, the upstream URL's path prefix). 1xx responses and trailers
+  both ways.
+* DATA as it arrives; each side's flow-control window is credited only once the bytes were handed to the other
+  side, so backpressure propagates end to end (bytes the other side's window cannot take yet wait here).
+* RST_STREAM both ways with its error code (a client's cancel reaches the upstream, an upstream's reset the
+  client); GOAWAY both ways (the last stream id translated); the peers' SETTINGS that bound what the other side
+  may do (concurrent streams, initial window, header list size) mirrored as the tap's own toward the other peer.
+  PING is answered by each hop, as any HTTP/2 intermediary does. Server push is turned off upstream.
+
+Stream ids differ between the two sides (each side numbers its own); :class:`Stream` maps them. What is not
+byte-identical to a direct connection: HPACK re-encodes the header block (the header list is the same), frame
+boundaries of DATA may differ (the bytes are the same), and PING/SETTINGS are per hop.
+
+Each stream is one exchange: a :class:`deltatap.proxy.record.TapRecord` and a span exactly like an HTTP/1.1
+exchange's, with its stamps from the reads (``(t, bound)`` of the read that carried the frame) and writes
+(:meth:`deltatap.net.conn.StampedProtocol.send`) of the two connections; the response's content is watched by
+the observer :func:`observer_for` picks (the SSE :class:`deltatap.core.sse.StreamObserver` for
+``text/event-stream``), fed DATA frame by DATA frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl as _ssl
+import weakref
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+
+from deltatap.core.clock import mono_ns as mono
+from deltatap.core.fingerprint import Fingerprinter
+from deltatap.core.sse import StreamObserver
+from deltatap.core.vocab import Outcome, TapEvent
+from deltatap.net.conn import StampedProtocol, open_connection, reset
+from deltatap.net.h1 import Head
+from deltatap.proxy.errors import TAP_TIMEOUT, Failure, classify, connect_failure
+from deltatap.proxy.headers import rewrite_request_headers, trace_context
+from deltatap.proxy.grpc import GrpcObserver, is_grpc
+from deltatap.proxy.record import TapRecord
+from deltatap.proxy.spans import SpanStart, begin
+
+if TYPE_CHECKING:
+    from deltatap.proxy.relay import Downstream
+    from deltatap.proxy.server import Tap
+
+log = logging.getLogger("deltatap.tap")
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+ALPN_H2 = "h2"
+
+# The peers' settings the tap mirrors toward the other side, as its own (what bounds the other peer's sending)
+_MIRRORED = (h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS, h2.settings.SettingCodes.INITIAL_WINDOW_SIZE,
+             h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE)
+
+_CLOSED = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_closed", "the upstream closed the connection before the response began")
+_BROKE = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_closed", "the upstream closed the connection before the response ended")
+_RESET = classify(ConnectionResetError())
+_REFUSED = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_refused",
+                   "the upstream refused the stream (RST_STREAM REFUSED_STREAM or GOAWAY before it)")
+_NOT_H2 = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_not_h2", "the upstream did not negotiate HTTP/2 (ALPN h2)")
+
+
+def observer_for(request_headers: list[tuple[bytes, bytes]], response_headers: list[tuple[bytes, bytes]]) -> StreamObserver | None:
+    """The content observer for one stream's response, or None (the one place that picks it): the SSE observer for
+    ``text/event-stream``; the gRPC observer (:class:`deltatap.proxy.grpc.GrpcObserver`) for ``application/grpc*``."""
+    ctype = (_get(response_headers, b"content-type") or b"").lower()
+    if is_grpc(response_headers):
+        path = (_get(request_headers, b":path") or b"").decode("latin-1")
+        enc = _get(response_headers, b"grpc-encoding")
+        return GrpcObserver(path, enc.decode("latin-1") if enc else None)
+    if ctype.startswith(b"text/event-stream"):
+        path = (_get(request_headers, b":path") or b"").decode("latin-1").partition("?")[0]
+        return StreamObserver(path=path)
+    return None
+
+
+def _get(headers: list[tuple[bytes, bytes]], lname: bytes) -> bytes | None:
+    return next((v for n, v in headers if n == lname), None)
+
+
+def _config(client_side: bool) -> h2.config.H2Configuration:
+    # the header list passes as received: no cookie joining or splitting, no re-casing or trimming by the library
+    return h2.config.H2Configuration(client_side=client_side, header_encoding=None, normalize_inbound_headers=False,
+                                     normalize_outbound_headers=False, split_outbound_cookies=False)
+
+
+def adopt(down: Downstream, data: bytes, t: int, bound: int) -> None:
+    """Take over the downstream connection ``down`` (its first bytes ``data``, read at ``t`` within ``bound``, begin
+    with the HTTP/2 preface, or it negotiated ALPN h2 over TLS): from now on its transport talks to an
+    :class:`H2Downstream`, and the tap counts it as that."""
+    tap = down.tap
+    if down.head_timer is not None:
+        down.head_timer.cancel()
+        down.head_timer = None
+    tr = down.transport
+    h = H2Downstream(tap, down.peer)
+    h.transport, h.kernel = tr, down.kernel
+    h._empty_mono = down._empty_mono
+    if h.kernel is not None:
+        h.kernel.lazy_placement = False  # (each write's departure placed at once: the h2 relay keeps no unplaced writes)
+    tr.set_protocol(h)
+    tap.connections.discard(down)
+    tap.connections.add(h)  # type: ignore[arg-type]
+    down.closed = True
+    h.start(data, t, bound)
+
+
+class Pipe:
+    """One direction of one stream: bytes waiting for the receiving side's flow-control window, then its end."""
+
+    __slots__ = ("buf", "end", "trailers", "closed", "on_drained")
+
+    def __init__(self) -> None:
+        self.buf: deque[list[Any]] = deque()  # [bytes, flow-controlled length to credit once sent]
+        self.end = False  # END_STREAM to send after the bytes
+        self.trailers: list[tuple[bytes, bytes]] | None = None  # to send (with END_STREAM) after the bytes
+        self.closed = False  # END_STREAM sent
+        self.on_drained: list[Callable[[int, int], None]] = []  # called with the write stamp of the bytes' last frame
+
+
+class Stream:
+    """One request/response pair: the downstream and upstream stream ids, the record, and both pipes."""
+
+    __slots__ = ("down_id", "up_id", "rec", "span", "fp", "capture", "capture_out", "request_headers", "to_up", "to_down",
+                 "response_started", "final", "done", "timer", "opened", "reset")
+
+    def __init__(self, down_id: int, rec: TapRecord, span: SpanStart, fp: Fingerprinter, headers: list[tuple[bytes, bytes]]) -> None:
+        self.down_id = down_id
+        self.up_id: int | None = None
+        self.rec = rec
+        self.span = span
+        self.fp = fp
+        self.capture: bytearray | None = bytearray()
+        self.capture_out: bytearray | None = None
+        self.request_headers = headers  # as sent upstream
+        self.to_up = Pipe()
+        self.to_down = Pipe()
+        self.response_started = False  # a response HEADERS frame (1xx included) was passed on
+        self.final = False
+        self.done = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.opened = False  # its HEADERS went upstream
+        self.reset = False  # reset on either side
+
+
+_ssl_h2: weakref.WeakKeyDictionary[Any, _ssl.SSLContext] = weakref.WeakKeyDictionary()
+
+
+def _upstream_ssl(tap: Tap) -> _ssl.SSLContext | None:
+    """The tap's upstream TLS context with ALPN h2 (one per tap: the HTTP/1.1 pool's context stays as it is)."""
+    if tap.ssl_context is None:
+        return None
+    ctx = _ssl_h2.get(tap)
+    if ctx is None:
+        from deltatap.proxy.relay import ssl_context  # (relay imports this module)
+
+        ctx = _ssl_h2[tap] = ssl_context(tap.o.verify_tls)
+        ctx.set_alpn_protocols([ALPN_H2])
+    return ctx
+
+
+class H2Downstream(StampedProtocol):
+    """One HTTP/2 client connection (adopted from :class:`deltatap.proxy.relay.Downstream`) and its upstream."""
+
+    def __init__(self, tap: Tap, peer: str | None) -> None:
+        self.tap = tap
+        self.peer = peer
+        self.conn = h2.connection.H2Connection(_config(False))
+        self.up: H2Upstream | None = None
+        self.connecting: asyncio.Task | None = None
+        self.held: list[tuple[bytes, int, int]] = []  # reads waiting for the upstream connection
+        self.streams: dict[int, Stream] = {}  # by downstream id
+        self.by_up: dict[int, Stream] = {}  # by upstream id
+        self.waiting_open: deque[Stream] = deque()  # streams over the upstream's concurrency limit
+        self.failure: Failure | None = None  # the upstream cannot be had: every stream gets this answer
+        self.closed = False
+        self.marks: list[Callable[[int, int], None]] = []  # stamps to set from the next downstream write
+
+    # (what the tap's shutdown reads of a connection: see deltatap.proxy.server.Tap.close)
+    @property
+    def exchanges(self) -> list[Stream]:
+        return [s for s in self.streams.values() if not s.done]
+
+    current = None
+
+    # ---- start ------------------------------------------------------------------------------
+    def start(self, data: bytes, t: int, bound: int) -> None:
+        self.conn.initiate_connection()
+        self._flush()
+        self.held.append((data, t, bound))
+        self.transport.pause_reading()
+        self.connecting = asyncio.ensure_future(self._connect())
+
+    async def _connect(self) -> None:
+        tap = self.tap
+        tap.counters.upstream_connections += 1
+        ctx = _upstream_ssl(tap)
+        try:
+            _tr, up = await open_connection(lambda: H2Upstream(self), tap.upstream_host, tap.upstream_port, ssl=ctx,
+                                            server_hostname=tap.upstream_host if ctx else None)
+            if ctx is not None and _tr.get_extra_info("ssl_object").selected_alpn_protocol() != ALPN_H2:
+                _tr.close()
+                raise _NotH2()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - every failure becomes the streams' answer
+            self.connecting = None
+            self.failure = _NOT_H2 if isinstance(exc, _NotH2) else connect_failure(exc)
+            if self.failure.error_type == "upstream_unreachable":
+                log.debug("tap %s: %s", tap.o.link, self.failure.cause)
+            self._replay()
+            return
+        self.connecting = None
+        if self.closed:
+            up.transport.close()
+            return
+        self.up = up
+        self._replay()
+
+    def _replay(self) -> None:
+        held, self.held = self.held, []
+        for data, t, bound in held:
+            if self.closed:
+                return
+            self.on_data(data, t, bound)
+        if not self.closed and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    # ---- reads ------------------------------------------------------------------------------
+    def on_data(self, data: bytes, t: int, bound: int) -> None:
+        if self.held or self.connecting is not None:
+            self.held.append((data, t, bound))
+            return
+        try:
+            events = self.conn.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            log.info("tap %s: an HTTP/2 client (%s) broke the protocol (%s); closing its connection", self.tap.o.link, self.peer,
+                     type(exc).__name__)
+            self._flush()
+            self.transport.close()
+            return
+        for ev in events:
+            self._event(ev, t, bound)
+        self._flush_up()
+        self._flush()
+
+    def _event(self, ev: Any, t: int, bound: int) -> None:
+        E = h2.events
+        if isinstance(ev, E.DataReceived):
+            s = self.streams.get(ev.stream_id)
+            if s is None or s.reset:
+                self.conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                return
+            data = ev.data
+            rec = s.rec
+            rec.request_bytes += len(data)
+            s.fp.update(data)
+            cap = s.capture
+            if cap is not None:
+                cap += data
+                if len(cap) > self.tap.o.max_capture_bytes:
+                    s.capture = None
+            if self.failure is not None:  # (answered by the tap: the body goes nowhere)
+                self.conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                return
+            s.to_up.buf.append([data, ev.flow_controlled_length])
+            self._drain_up(s)
+        elif isinstance(ev, E.RequestReceived):
+            self._request(ev, t, bound)
+        elif isinstance(ev, E.StreamEnded):
+            s = self.streams.get(ev.stream_id)
+            if s is None or s.reset:
+                return
+            s.rec.body_received = t
+            s.rec.bounds[TapEvent.REQUEST_BODY_RECEIVED] = (bound, 0)
+            if self.failure is not None:
+                return
+            s.to_up.end = True
+            self._drain_up(s)
+        elif isinstance(ev, E.TrailersReceived):
+            s = self.streams.get(ev.stream_id)
+            if s is None or s.reset or self.failure is not None:
+                return
+            s.to_up.trailers = list(ev.headers)
+            s.to_up.end = True
+        elif isinstance(ev, E.StreamReset):
+            s = self.streams.get(ev.stream_id)
+            if s is None or s.done:
+                return
+            s.reset = True
+            s.rec.downstream_closed = t
+            if s.up_id is not None and self.up is not None:
+                self.up.reset_stream(s, ev.error_code)
+            self._complete(s)
+        elif isinstance(ev, E.WindowUpdated):
+            if ev.stream_id == 0:
+                for s in list(self.streams.values()):
+                    if s.to_down.buf or s.to_down.end:
+                        self._drain_down(s)
+            else:
+                s = self.streams.get(ev.stream_id)
+                if s is not None:
+                    self._drain_down(s)
+        elif isinstance(ev, E.RemoteSettingsChanged):
+            if self.up is not None:
+                self.up.mirror(ev.changed_settings)
+        elif isinstance(ev, E.ConnectionTerminated):
+            self._goaway_from_client(ev)
+
+    def _request(self, ev: Any, t: int, bound: int) -> None:
+        tap = self.tap
+        headers = list(ev.headers)
+        path_b = _get(headers, b":path") or b""
+        path, _, query = path_b.decode("latin-1").partition("?")
+        rec = TapRecord(received=t, head=t, method=(_get(headers, b":method") or b"").decode("latin-1"), path=path.partition("#")[0],
+                        query=query.partition("#")[0], client_address=self.peer)
+        rec.bounds[TapEvent.REQUEST_RECEIVED] = (bound, 0)
+        span = begin(trace_context(Head(b"", b"", b"", b"HTTP/2", 0, b"", headers)))
+        out, rec.request_id, rec.request_id_created = rewrite_request_headers(
+            headers, correlation_header=tap.correlation_header, trace_headers=span.trace_headers, host_header=tap.host_header,
+            target_prefix=tap.target_prefix)
+        s = Stream(ev.stream_id, rec, span, Fingerprinter(tap.fp_key), out)
+        self.streams[ev.stream_id] = s
+        tap.exchange_started()
+        if tap.o.timeout_s is not None:
+            s.timer = asyncio.get_running_loop().call_later(tap.o.timeout_s, self._timed_out, s)
+        if self.failure is not None:
+            self._answer(s, self.failure)
+            return
+        if ev.stream_ended:
+            rec.body_received = t
+            rec.bounds[TapEvent.REQUEST_BODY_RECEIVED] = (bound, 0)
+            s.to_up.end = True
+        self._open(s)
+
+    def _open(self, s: Stream) -> None:
+        up = self.up
+        assert up is not None
+        c = up.conn
+        if self.waiting_open or c.open_outbound_streams >= c.remote_settings.max_concurrent_streams:
+            self.waiting_open.append(s)
+            return
+        s.up_id = c.get_next_available_stream_id()
+        self.by_up[s.up_id] = s
+        end = s.to_up.end and not s.to_up.buf and s.to_up.trailers is None
+        c.send_headers(s.up_id, s.request_headers, end_stream=end)
+        s.opened = True
+        if end:
+            s.to_up.closed = True
+            up.marks.append(lambda tw, bw, s=s: self._forwarded(s, tw, bw))
+        else:
+            self._drain_up(s)
+
+    def open_waiting(self) -> None:
+        """Streams that waited for the upstream's concurrency limit, as far as it allows now."""
+        up = self.up
+        if up is None:
+            return
+        c = up.conn
+        while self.waiting_open and c.open_outbound_streams < c.remote_settings.max_concurrent_streams:
+            s = self.waiting_open.popleft()
+            if not s.reset and not s.done:
+                self._open(s)
+
+    @staticmethod
+    def _forwarded(s: Stream, tw: int, bw: int) -> None:
+        s.rec.forwarded = tw
+        s.rec.bounds[TapEvent.REQUEST_FORWARDED] = (0, max(0, bw))
+
+    # ---- flow: client -> upstream -----------------------------------------------------------
+    def _drain_up(self, s: Stream) -> None:
+        up = self.up
+        if up is None or not s.opened or s.reset or s.up_id is None:
+            return
+        was = s.to_up.closed
+        if _drain(up.conn, s.up_id, s.to_up, self.conn, s.down_id):
+            if s.to_up.closed and not was:
+                up.marks.append(lambda tw, bw, s=s: self._forwarded(s, tw, bw))
+
+    # ---- flow: upstream -> client -----------------------------------------------------------
+    def _drain_down(self, s: Stream) -> None:
+        if s.reset or s.done or self.closed:
+            return
+        up = self.up
+        p = s.to_down
+        was = p.closed
+        if _drain(self.conn, s.down_id, p, up.conn if up is not None else None, s.up_id):
+            if p.on_drained:
+                cbs, p.on_drained = p.on_drained, []
+                self.marks.extend(cbs)
+            if p.closed and not was:
+                self.marks.append(lambda tw, bw, s=s: self._response_done(s, tw, bw))
+
+    def _response_done(self, s: Stream, tw: int, bw: int) -> None:
+        s.rec.end = tw
+        self._complete(s)
+
+    # ---- writes -----------------------------------------------------------------------------
+    def _flush(self) -> None:
+        """Write what the downstream h2 connection has to send; the stamps that wait for this write get it."""
+        out = self.conn.data_to_send()
+        if not out or self.transport is None or self.transport.is_closing():
+            self.marks.clear()
+            return
+        tw, bw = self.send(out)
+        marks, self.marks = self.marks, []
+        for m in marks:
+            m(tw, bw)
+
+    def _flush_up(self) -> None:
+        if self.up is not None:
+            self.up.flush()
+
+    def on_pause_writing(self) -> None:
+        if self.up is not None:
+            self.up.transport.pause_reading()
+
+    def on_resume_writing(self) -> None:
+        if self.up is not None and not self.up.transport.is_closing():
+            self.up.transport.resume_reading()
+
+    # ---- tap-made answers, timeouts ---------------------------------------------------------
+    def _answer(self, s: Stream, failure: Failure) -> None:
+        """Answer stream ``s`` with the tap's own error response (nothing of the upstream's came)."""
+        rec = s.rec
+        rec.failure = failure
+        if failure.outcome == Outcome.TIMEOUT:
+            rec.timeout = mono()
+        else:
+            rec.upstream_error = mono()
+        self.tap.count_upstream_error(failure.error_type)
+        rec.status = failure.status
+        body = failure.body(self.tap.o.link, self.tap.upstream_str)
+        headers = [(b":status", str(failure.status).encode()), (b"content-type", b"application/json"),
+                   (b"content-length", str(len(body)).encode()), (self.tap.correlation_header, rec.request_id.encode())]
+        s.final = s.response_started = True
+        try:
+            self.conn.send_headers(s.down_id, headers)
+            s.to_down.buf.append([body, 0])
+            s.to_down.end = True
+            self._drain_down(s)
+        except h2.exceptions.H2Error:  # (the client's stream is gone)
+            self._complete(s)
+
+    def _timed_out(self, s: Stream) -> None:
+        s.timer = None
+        if s.done:
+            return
+        if self.up is not None and s.up_id is not None:
+            self.up.reset_stream(s, h2.errors.ErrorCodes.CANCEL)
+            self.up.flush()
+        if not s.response_started:
+            self._answer(s, TAP_TIMEOUT)
+        else:
+            s.rec.failure = TAP_TIMEOUT
+            s.rec.timeout = mono()
+            self.tap.count_upstream_error(TAP_TIMEOUT.error_type)
+            self.reset_stream(s, h2.errors.ErrorCodes.CANCEL)
+        self._flush()
+
+    def reset_stream(self, s: Stream, code: int) -> None:
+        s.reset = True
+        try:
+            self.conn.reset_stream(s.down_id, code)
+        except h2.exceptions.H2Error:
+            pass
+        self._complete(s)
+
+    # ---- GOAWAY -----------------------------------------------------------------------------
+    def _goaway_from_client(self, ev: Any) -> None:
+        """The client sends no new streams: pass the GOAWAY on (streams in flight go on)."""
+        up = self.up
+        if up is None:
+            return
+        last = max((s.up_id for s in self.streams.values() if s.up_id is not None and s.down_id <= ev.last_stream_id), default=0)
+        try:
+            up.conn.close_connection(ev.error_code, last_stream_id=last)
+        except h2.exceptions.H2Error:
+            pass
+
+    def goaway_from_upstream(self, ev: Any) -> None:
+        """The upstream takes no new streams: streams it never began are refused, the client gets the GOAWAY."""
+        last_down = 0
+        for s in list(self.streams.values()):
+            if s.up_id is not None and s.up_id <= ev.last_stream_id:
+                last_down = max(last_down, s.down_id)
+            elif not s.done:
+                self.waiting_open = deque(w for w in self.waiting_open if w is not s)
+                s.rec.failure = _REFUSED
+                self.tap.count_upstream_error(_REFUSED.error_type)
+                self.reset_stream(s, h2.errors.ErrorCodes.REFUSED_STREAM)
+        try:
+            self.conn.close_connection(ev.error_code, last_stream_id=last_down)
+        except h2.exceptions.H2Error:
+            pass
+        self._flush()
+
+    # ---- end of the connections -------------------------------------------------------------
+    def on_eof(self) -> bool:
+        return False  # (HTTP/2 has no half-close of the connection: the client is gone)
+
+    def on_lost(self, exc: BaseException | None) -> None:
+        self.closed = True
+        self.tap.connections.discard(self)  # type: ignore[arg-type]
+        if self.connecting is not None:
+            self.connecting.cancel()
+        t = self.lost_mono_ns
+        for s in list(self.streams.values()):
+            if not s.done:
+                s.rec.downstream_closed = t
+                self._complete(s)
+        up, self.up = self.up, None
+        if up is not None:
+            up.down = None
+            if self.reset_by_peer:
+                reset(up.transport)
+            else:
+                up.transport.close()
+
+    def upstream_lost(self, up: H2Upstream) -> None:
+        """The upstream connection closed (or reset): unanswered streams get the tap's 502, the others are reset."""
+        self.up = None
+        failure = _RESET if up.reset_by_peer else None
+        for s in list(self.streams.values()):
+            if s.done:
+                continue
+            if not s.response_started:
+                self._answer(s, failure or _CLOSED)
+                continue
+            s.rec.failure = failure or _BROKE
+            s.rec.upstream_closed = up.lost_mono_ns or mono()
+            self.tap.count_upstream_error(s.rec.failure.error_type)
+            self.reset_stream(s, h2.errors.ErrorCodes.INTERNAL_ERROR if failure is None else h2.errors.ErrorCodes.CONNECT_ERROR)
+        self.failure = failure or _CLOSED  # (new streams on this connection: answered by the tap)
+        try:
+            self.conn.close_connection(h2.errors.ErrorCodes.NO_ERROR, last_stream_id=max(self.streams, default=0))
+        except h2.exceptions.H2Error:
+            pass
+        self._flush()
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def _complete(self, s: Stream) -> None:
+        if s.done:
+            return
+        s.done = True
+        if s.timer is not None:
+            s.timer.cancel()
+            s.timer = None
+        rec = s.rec
+        rec.fingerprint = s.fp.result()
+        rec.request_capture = s.capture
+        rec.response_capture = s.capture_out
+        self.streams.pop(s.down_id, None)
+        if s.up_id is not None:
+            self.by_up.pop(s.up_id, None)
+        self.tap.finish(s.span, rec)
+
+
+class _NotH2(Exception):
+    pass
+
+
+class H2Upstream(StampedProtocol):
+    """The tap's h2 client connection to its upstream, for one :class:`H2Downstream`."""
+
+    def __init__(self, down: H2Downstream) -> None:
+        self.down: H2Downstream | None = down
+        self.conn = h2.connection.H2Connection(_config(True))
+        self.marks: list[Callable[[int, int], None]] = []  # stamps to set from the next upstream write
+
+    def on_made(self) -> None:
+        codes = h2.settings.SettingCodes
+        self.conn.local_settings = h2.settings.Settings(client=True, initial_values={
+            codes.MAX_CONCURRENT_STREAMS: 100, codes.MAX_HEADER_LIST_SIZE: self.conn.DEFAULT_MAX_HEADER_LIST_SIZE, codes.ENABLE_PUSH: 0})
+        self.conn.initiate_connection()
+        self.flush()
+
+    def mirror(self, changed: dict) -> None:
+        """The client's SETTINGS that bound what the upstream may send, as the tap's own toward it."""
+        new = {code: c.new_value for code, c in changed.items() if code in _MIRRORED}
+        if new:
+            self.conn.update_settings(new)
+
+    def flush(self) -> None:
+        out = self.conn.data_to_send()
+        if not out or self.transport is None or self.transport.is_closing():
+            self.marks.clear()
+            return
+        tw, bw = self.send(out)
+        marks, self.marks = self.marks, []
+        for m in marks:
+            m(tw, bw)
+
+    def reset_stream(self, s: Stream, code: int) -> None:
+        s.reset = True
+        try:
+            self.conn.reset_stream(s.up_id, code)
+        except h2.exceptions.H2Error:
+            pass
+
+    def on_pause_writing(self) -> None:
+        d = self.down
+        if d is not None:
+            d.transport.pause_reading()
+
+    def on_resume_writing(self) -> None:
+        d = self.down
+        if d is not None and not d.transport.is_closing():
+            d.transport.resume_reading()
+
+    # ---- reads ------------------------------------------------------------------------------
+    def on_data(self, data: bytes, t: int, bound: int) -> None:
+        d = self.down
+        if d is None:
+            self.transport.close()
+            return
+        try:
+            events = self.conn.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            log.info("tap %s: the upstream broke the HTTP/2 protocol (%s); closing", d.tap.o.link, type(exc).__name__)
+            self.flush()
+            self.transport.close()
+            return
+        for ev in events:
+            self._event(d, ev, t, bound)
+        d._flush()
+        self.flush()
+
+    def _event(self, d: H2Downstream, ev: Any, t: int, bound: int) -> None:
+        E = h2.events
+        if isinstance(ev, E.DataReceived):
+            s = d.by_up.get(ev.stream_id)
+            if s is None or s.reset or s.done:
+                self.conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                return
+            data = ev.data
+            rec = s.rec
+            rec.response_bytes += len(data)
+            rec.chunks += 1
+            obs = rec.stream
+            if obs is not None:
+                obs.feed(data, t, bound)
+            elif s.capture_out is not None:
+                s.capture_out += data
+                if len(s.capture_out) > d.tap.o.max_capture_bytes:
+                    s.capture_out = None
+            p = s.to_down
+            p.buf.append([data, ev.flow_controlled_length])
+            if obs is not None and obs.unforwarded[0]:
+                p.on_drained.append(lambda tw, bw, obs=obs: obs.forwarded(tw, bw))
+            d._drain_down(s)
+        elif isinstance(ev, (E.ResponseReceived, E.InformationalResponseReceived)):
+            s = d.by_up.get(ev.stream_id)
+            if s is None or s.reset or s.done:
+                return
+            self._response(d, s, ev, t, bound)
+        elif isinstance(ev, E.StreamEnded):
+            s = d.by_up.get(ev.stream_id)
+            if s is None or s.reset or s.done:
+                return
+            rec = s.rec
+            rec.response_end = t
+            rec.bounds[TapEvent.RESPONSE_END] = (bound, 0)
+            obs = rec.stream
+            if obs is not None and obs.finish(t, bound):
+                s.to_down.on_drained.append(lambda tw, bw, obs=obs: obs.forwarded(tw, bw))
+            s.to_down.end = True
+            d._drain_down(s)
+        elif isinstance(ev, E.TrailersReceived):
+            s = d.by_up.get(ev.stream_id)
+            if s is None or s.reset or s.done:
+                return
+            s.to_down.trailers = list(ev.headers)
+        elif isinstance(ev, E.StreamReset):
+            s = d.by_up.get(ev.stream_id)
+            if s is None or s.done:
+                return
+            rec = s.rec
+            if ev.error_code == h2.errors.ErrorCodes.REFUSED_STREAM and not s.response_started:
+                rec.failure = _REFUSED
+            else:
+                rec.failure = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_reset",
+                                      f"the upstream reset the stream ({_code_name(ev.error_code)})")
+            rec.upstream_closed = t
+            d.tap.count_upstream_error(rec.failure.error_type)
+            d.reset_stream(s, ev.error_code)
+            d.open_waiting()
+        elif isinstance(ev, E.WindowUpdated):
+            if ev.stream_id == 0:
+                for s in list(d.by_up.values()):
+                    if s.to_up.buf or (s.to_up.end and not s.to_up.closed):
+                        d._drain_up(s)
+            else:
+                s = d.by_up.get(ev.stream_id)
+                if s is not None:
+                    d._drain_up(s)
+        elif isinstance(ev, E.RemoteSettingsChanged):
+            new = {code: c.new_value for code, c in ev.changed_settings.items() if code in _MIRRORED}
+            if new:
+                d.conn.update_settings(new)
+            d.open_waiting()
+        elif isinstance(ev, E.ConnectionTerminated):
+            d.goaway_from_upstream(ev)
+
+    def _response(self, d: H2Downstream, s: Stream, ev: Any, t: int, bound: int) -> None:
+        headers = list(ev.headers)
+        informational = isinstance(ev, h2.events.InformationalResponseReceived)
+        s.response_started = True
+        rec = s.rec
+        if not informational:
+            s.final = True
+            try:
+                rec.status = int(_get(headers, b":status") or 0)
+            except ValueError:
+                rec.status = None
+            rec.response_headers = t
+            rec.bounds[TapEvent.RESPONSE_HEADERS] = (bound, 0)
+            obs = rec.stream = observer_for(s.request_headers, headers)
+            if obs is None and b"json" in (_get(headers, b"content-type") or b"").lower():
+                s.capture_out = bytearray()
+        end = ev.stream_ended if not informational else False
+        try:
+            d.conn.send_headers(s.down_id, headers, end_stream=bool(end))
+        except h2.exceptions.H2Error:
+            return
+        if not informational:
+            d.marks.append(lambda tw, bw, s=s: self._headers_forwarded(s, tw, bw))
+        if end:
+            s.to_down.closed = True
+            rec.response_end = t
+            rec.bounds[TapEvent.RESPONSE_END] = (bound, 0)
+            d.marks.append(lambda tw, bw, s=s: d._response_done(s, tw, bw))
+
+    @staticmethod
+    def _headers_forwarded(s: Stream, tw: int, bw: int) -> None:
+        rec = s.rec
+        rec.response_headers_forwarded = tw
+        rec.bounds[TapEvent.RESPONSE_HEADERS_FORWARDED] = (0, max(0, bw))
+        rec.end = tw
+
+    # ---- end --------------------------------------------------------------------------------
+    def on_eof(self) -> bool:
+        return False
+
+    def on_lost(self, exc: BaseException | None) -> None:
+        d, self.down = self.down, None
+        if d is not None and not d.closed:
+            d.upstream_lost(self)
+
+
+def _drain(conn: h2.connection.H2Connection, sid: int, p: Pipe, credit: h2.connection.H2Connection | None, credit_sid: int | None) -> bool:
+    """Send what ``p`` holds on stream ``sid`` of ``conn`` as far as its flow-control windows allow, crediting each
+    piece's flow-controlled length to stream ``credit_sid`` of ``credit`` (the side it came from) once it is all
+    sent; then the trailers or END_STREAM. True when nothing is left waiting."""
+    buf = p.buf
+    try:
+        while buf:
+            item = buf[0]
+            data = item[0]
+            if data:
+                room = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size)
+                if room <= 0:
+                    return False
+                if len(data) > room:
+                    conn.send_data(sid, data[:room])
+                    item[0] = data[room:]
+                    continue
+                conn.send_data(sid, data)
+            buf.popleft()
+            if item[1] and credit is not None and credit_sid is not None:
+                try:
+                    credit.acknowledge_received_data(item[1], credit_sid)
+                except h2.exceptions.H2Error:
+                    pass
+        if p.closed:
+            return True
+        if p.trailers is not None:
+            conn.send_headers(sid, p.trailers, end_stream=True)
+            p.trailers = None
+            p.closed = True
+        elif p.end:
+            conn.end_stream(sid)
+            p.closed = True
+    except h2.exceptions.H2Error:  # (the stream was closed or reset meanwhile)
+        buf.clear()
+        p.closed = True
+    return True
+
+
+def _code_name(code: int) -> str:
+    try:
+        return h2.errors.ErrorCodes(code).name
+    except ValueError:
+        return f"error code {code}"

@@ -1,0 +1,194 @@
+"""A real HTTP/2 server for the tap's h2 tests (h2c prior knowledge, or TLS with ALPN h2), built on the ``h2``
+library over :mod:`deltatap.net.conn`'s stamped connections: each write's departure is the server's own truth.
+
+Routes (by ``:path``):
+
+* ``/v1/chat/completions?first_ms=F&gap_ms=G&n=N[&hang=1]``: SSE, a role-only event at once, the first content token
+  ``F`` ms later, then ``N - 1`` more every ``G`` ms, usage, ``[DONE]`` (``hang=1``: nothing after the tokens).
+* ``/echo``: the request body back, in the DATA frames it came in; request trailers come back as response trailers;
+  a 103 first when the request has ``x-early-hints: 1``.
+* ``/hang``: response headers, then nothing (until the client resets the stream).
+* ``/reset?code=C``: response headers and one event, then RST_STREAM with error code ``C``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+
+from deltatap.core.clock import mono_ns
+from deltatap.net.conn import StampedProtocol, start_server
+
+ROLE = b'data: {"object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}\n\n'
+
+
+@dataclass
+class PeerLog:
+    """What the server saw and when (its own stamps, the process's monotonic clock)."""
+
+    requests: list[list[tuple[bytes, bytes]]] = field(default_factory=list)  # header lists as received, in order
+    trailers: list[list[tuple[bytes, bytes]]] = field(default_factory=list)
+    head_written: list[int] = field(default_factory=list)
+    token_written: list[list[int]] = field(default_factory=list)
+    resets: list[tuple[int, int]] = field(default_factory=list)  # (error code, mono) of RST_STREAM received
+    connections: int = 0
+
+
+class _Conn(StampedProtocol):
+    def __init__(self, log: PeerLog) -> None:
+        self.log = log
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None,
+                                                                          normalize_inbound_headers=False))
+        self.bodies: dict[int, list[bytes]] = {}
+        self.tasks: dict[int, asyncio.Task] = {}
+        self.windows: dict[int, asyncio.Event] = {}
+        self.pending: dict[int, list[tuple[bytes, bytes]]] = {}  # request headers of streams whose body is coming
+        self.trailers: dict[int, list[tuple[bytes, bytes]]] = {}
+
+    def on_made(self) -> None:
+        self.log.connections += 1
+        self.conn.initiate_connection()
+        self.flush()
+
+    def flush(self) -> tuple[int, int]:
+        out = self.conn.data_to_send()
+        if out and not self.transport.is_closing():
+            return self.send(out)
+        return mono_ns(), 0
+
+    def on_data(self, data: bytes, t: int, bound: int) -> None:
+        try:
+            events = self.conn.receive_data(data)
+        except h2.exceptions.ProtocolError:
+            self.flush()
+            self.transport.close()
+            return
+        for ev in events:
+            if isinstance(ev, h2.events.RequestReceived):
+                self.log.requests.append(list(ev.headers))
+                self.bodies[ev.stream_id] = []
+                if ev.stream_ended:
+                    self._respond(ev.stream_id, list(ev.headers), None)
+                else:
+                    self.pending[ev.stream_id] = list(ev.headers)
+            elif isinstance(ev, h2.events.DataReceived):
+                self.bodies.setdefault(ev.stream_id, []).append(ev.data)
+                self.conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+            elif isinstance(ev, h2.events.TrailersReceived):
+                self.log.trailers.append(list(ev.headers))
+                self.trailers[ev.stream_id] = list(ev.headers)
+            elif isinstance(ev, h2.events.StreamEnded):
+                headers = self.pending.pop(ev.stream_id, None)
+                if headers is not None:
+                    self._respond(ev.stream_id, headers, self.trailers.pop(ev.stream_id, None))
+            elif isinstance(ev, h2.events.StreamReset):
+                self.log.resets.append((ev.error_code, t))
+                task = self.tasks.pop(ev.stream_id, None)
+                if task is not None:
+                    task.cancel()
+            elif isinstance(ev, h2.events.WindowUpdated):
+                for w in self.windows.values():
+                    w.set()
+        self.flush()
+
+    def _respond(self, sid: int, headers: list[tuple[bytes, bytes]], trailers: list[tuple[bytes, bytes]] | None) -> None:
+        path = dict(headers)[b":path"].decode()
+        route, _, query = path.partition("?")
+        q = dict(p.split("=", 1) for p in query.split("&") if "=" in p)
+        c = self.conn
+        if route == "/v1/chat/completions":
+            self.tasks[sid] = asyncio.ensure_future(self._sse(sid, q))
+        elif route == "/echo":
+            if dict(headers).get(b"x-early-hints") == b"1":
+                c.send_headers(sid, [(b":status", b"103"), (b"link", b"</a.css>; rel=preload")])
+            c.send_headers(sid, [(b":status", b"200"), (b"content-type", b"application/octet-stream"), (b"x-echo", b"1")])
+            chunks = self.bodies.pop(sid, [])
+            self.tasks[sid] = asyncio.ensure_future(self._send_body(sid, chunks, trailers))
+        elif route == "/hang":
+            c.send_headers(sid, [(b":status", b"200"), (b"content-type", b"text/event-stream")])
+            self.tasks[sid] = asyncio.ensure_future(asyncio.sleep(3600))
+        elif route == "/reset":
+            c.send_headers(sid, [(b":status", b"200"), (b"content-type", b"text/event-stream")])
+            c.send_data(sid, b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n')
+            self.tasks[sid] = asyncio.ensure_future(self._reset_later(sid, int(q.get("code", "2"))))
+        else:
+            c.send_headers(sid, [(b":status", b"404")], end_stream=True)
+
+    async def _send_body(self, sid: int, chunks: list[bytes], trailers: list[tuple[bytes, bytes]] | None) -> None:
+        for chunk in chunks:
+            view = memoryview(chunk)
+            while view:
+                room = min(self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size)
+                if room <= 0:
+                    ev = self.windows.setdefault(sid, asyncio.Event())
+                    ev.clear()
+                    await ev.wait()
+                    continue
+                self.conn.send_data(sid, bytes(view[:room]))
+                view = view[room:]
+                self.flush()
+        if trailers is not None:
+            self.conn.send_headers(sid, trailers, end_stream=True)
+        else:
+            self.conn.end_stream(sid)
+        self.windows.pop(sid, None)
+        self.flush()
+
+    async def _reset_later(self, sid: int, code: int) -> None:
+        await asyncio.sleep(0.02)
+        self.conn.reset_stream(sid, code)
+        self.flush()
+
+    async def _sse(self, sid: int, q: dict[str, str]) -> None:
+        first_ms, gap_ms, n = float(q.get("first_ms", 50)), float(q.get("gap_ms", 5)), int(q.get("n", 5))
+        c = self.conn
+        c.send_headers(sid, [(b":status", b"200"), (b"content-type", b"text/event-stream"), (b"x-upstream", b"h2-peer")])
+        self.log.head_written.append(self.flush()[0])
+        c.send_data(sid, ROLE)
+        self.flush()
+        written: list[int] = []
+        self.log.token_written.append(written)
+        await asyncio.sleep(first_ms / 1000)
+        for i in range(n):
+            if i:
+                await asyncio.sleep(gap_ms / 1000)
+            chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": f"t{i}"}}]}
+            c.send_data(sid, f"data: {json.dumps(chunk)}\n\n".encode())
+            written.append(self.flush()[0])
+        if q.get("hang") == "1":
+            await asyncio.sleep(3600)
+        c.send_data(sid, b'data: {"object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":%d}}\n\n' % n)
+        c.send_data(sid, b"data: [DONE]\n\n", end_stream=True)
+        self.flush()
+        self.tasks.pop(sid, None)
+
+    def on_lost(self, exc: BaseException | None) -> None:
+        for task in self.tasks.values():
+            task.cancel()
+
+
+@dataclass
+class H2Peer:
+    url: str
+    port: int
+    log: PeerLog
+    server: asyncio.AbstractServer
+
+    async def close(self) -> None:
+        self.server.close()
+
+
+async def start_h2_peer(ssl_context=None) -> H2Peer:
+    """The server on a free 127.0.0.1 port; with ``ssl_context`` (ALPN h2 set on it here), over TLS."""
+    log = PeerLog()
+    if ssl_context is not None:
+        ssl_context.set_alpn_protocols(["h2"])
+    server = await start_server(lambda: _Conn(log), "127.0.0.1", 0, ssl=ssl_context)
+    port = server.sockets[0].getsockname()[1]
+    return H2Peer(f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}", port, log, server)
