@@ -37,7 +37,8 @@ class PeerLog:
     head_written: list[int] = field(default_factory=list)
     token_written: list[list[int]] = field(default_factory=list)
     resets: list[tuple[int, int]] = field(default_factory=list)  # (error code, mono) of RST_STREAM received
-    connections: int = 0
+    connections: int = 0  # connections that carried a request (the tap's start-up TCP probe carries none)
+    echo_sent: list[int] = field(default_factory=list)  # body bytes each /echo stream handed to the connection so far
 
 
 class _Conn(StampedProtocol):
@@ -50,9 +51,9 @@ class _Conn(StampedProtocol):
         self.windows: dict[int, asyncio.Event] = {}
         self.pending: dict[int, list[tuple[bytes, bytes]]] = {}  # request headers of streams whose body is coming
         self.trailers: dict[int, list[tuple[bytes, bytes]]] = {}
+        self.counted = False
 
     def on_made(self) -> None:
-        self.log.connections += 1
         self.conn.initiate_connection()
         self.flush()
 
@@ -71,6 +72,9 @@ class _Conn(StampedProtocol):
             return
         for ev in events:
             if isinstance(ev, h2.events.RequestReceived):
+                if not self.counted:
+                    self.counted = True
+                    self.log.connections += 1
                 self.log.requests.append(list(ev.headers))
                 self.bodies[ev.stream_id] = []
                 if ev.stream_ended:
@@ -121,6 +125,8 @@ class _Conn(StampedProtocol):
             c.send_headers(sid, [(b":status", b"404")], end_stream=True)
 
     async def _send_body(self, sid: int, chunks: list[bytes], trailers: list[tuple[bytes, bytes]] | None) -> None:
+        k = len(self.log.echo_sent)
+        self.log.echo_sent.append(0)
         for chunk in chunks:
             view = memoryview(chunk)
             while view:
@@ -131,6 +137,7 @@ class _Conn(StampedProtocol):
                     await ev.wait()
                     continue
                 self.conn.send_data(sid, bytes(view[:room]))
+                self.log.echo_sent[k] += room if room < len(view) else len(view)
                 view = view[room:]
                 self.flush()
         if trailers is not None:
@@ -192,3 +199,154 @@ async def start_h2_peer(ssl_context=None) -> H2Peer:
     server = await start_server(lambda: _Conn(log), "127.0.0.1", 0, ssl=ssl_context)
     port = server.sockets[0].getsockname()[1]
     return H2Peer(f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}", port, log, server)
+
+
+@dataclass
+class Reply:
+    """One stream as the client saw it."""
+
+    informational: list[list[tuple[bytes, bytes]]] = field(default_factory=list)
+    headers: list[tuple[bytes, bytes]] | None = None
+    data: bytearray = field(default_factory=bytearray)
+    frames: list[int] = field(default_factory=list)  # arrival (mono) of each DATA frame
+    trailers: list[tuple[bytes, bytes]] | None = None
+    reset: int | None = None  # RST_STREAM error code received
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    pending_ack: int = 0  # flow-controlled bytes not acknowledged yet (auto_ack off)
+
+    @property
+    def status(self) -> int:
+        return int(dict(self.headers or [])[b":status"])
+
+
+class H2Client:
+    """A real HTTP/2 client (h2c prior knowledge, or TLS with ALPN h2) on asyncio streams. With ``auto_ack`` off,
+    received DATA is not credited back until :meth:`ack` (the client stops reading, as a slow consumer does)."""
+
+    def __init__(self, auto_ack: bool = True) -> None:
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None,
+                                                                          normalize_inbound_headers=False))
+        self.auto_ack = auto_ack
+        self.replies: dict[int, Reply] = {}
+        self.goaway: int | None = None
+        self.closed = asyncio.Event()
+        self.window = asyncio.Event()  # set at each WINDOW_UPDATE
+
+    async def connect(self, host: str, port: int, ssl_context=None) -> H2Client:
+        if ssl_context is not None:
+            ssl_context.set_alpn_protocols(["h2"])
+        self.reader, self.writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=ssl_context), 5)
+        self.conn.initiate_connection()
+        self._flush()
+        self.task = asyncio.ensure_future(self._read())
+        return self
+
+    def _flush(self) -> None:
+        out = self.conn.data_to_send()
+        if out:
+            self.writer.write(out)
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                data = await self.reader.read(65536)
+                if not data:
+                    break
+                t = mono_ns()
+                for ev in self.conn.receive_data(data):
+                    r = self.replies.get(getattr(ev, "stream_id", 0))
+                    if isinstance(ev, h2.events.ResponseReceived):
+                        r.headers = list(ev.headers)
+                    elif isinstance(ev, h2.events.InformationalResponseReceived):
+                        r.informational.append(list(ev.headers))
+                    elif isinstance(ev, h2.events.DataReceived):
+                        r.data += ev.data
+                        r.frames.append(t)
+                        if self.auto_ack:
+                            self.conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                        else:
+                            r.pending_ack += ev.flow_controlled_length
+                    elif isinstance(ev, h2.events.TrailersReceived):
+                        r.trailers = list(ev.headers)
+                    elif isinstance(ev, h2.events.StreamEnded):
+                        r.done.set()
+                    elif isinstance(ev, h2.events.StreamReset):
+                        r.reset = ev.error_code
+                        r.done.set()
+                    elif isinstance(ev, h2.events.ConnectionTerminated):
+                        self.goaway = ev.error_code
+                    elif isinstance(ev, h2.events.WindowUpdated):
+                        self.window.set()
+                self._flush()
+        except (ConnectionError, h2.exceptions.ProtocolError):
+            pass
+        finally:
+            self.closed.set()
+            for r in self.replies.values():
+                r.done.set()
+
+    def request(self, headers: list[tuple[bytes, bytes]], body: bytes | None = None, trailers: list[tuple[bytes, bytes]] | None = None) -> int:
+        """Start a request (the whole body at once, flow control permitting: use :meth:`send_body` for more); its id."""
+        sid = self.conn.get_next_available_stream_id()
+        self.replies[sid] = Reply()
+        end = body is None and trailers is None
+        self.conn.send_headers(sid, headers, end_stream=end)
+        if body:
+            self.conn.send_data(sid, body, end_stream=trailers is None)
+        elif body is not None and trailers is None:
+            self.conn.end_stream(sid)
+        if trailers is not None:
+            self.conn.send_headers(sid, trailers, end_stream=True)
+        self._flush()
+        return sid
+
+    async def send_body(self, sid: int, body: bytes, trailers: list[tuple[bytes, bytes]] | None = None, timeout_s: float = 10.0) -> None:
+        """Send ``body`` (then the trailers, or the end) on a stream begun with :meth:`open`, as the windows allow."""
+        view = memoryview(body)
+        async with asyncio.timeout(timeout_s):
+            while view:
+                room = min(self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size)
+                if room <= 0:
+                    self.window.clear()
+                    await self.window.wait()
+                    continue
+                self.conn.send_data(sid, bytes(view[:room]))
+                view = view[room:]
+                self._flush()
+        if trailers is not None:
+            self.conn.send_headers(sid, trailers, end_stream=True)
+        else:
+            self.conn.end_stream(sid)
+        self._flush()
+
+    def open(self, headers: list[tuple[bytes, bytes]]) -> int:
+        """Start a request whose body follows (:meth:`send_body`); its id."""
+        sid = self.conn.get_next_available_stream_id()
+        self.replies[sid] = Reply()
+        self.conn.send_headers(sid, headers)
+        self._flush()
+        return sid
+
+    def reset(self, sid: int, code: int) -> None:
+        self.conn.reset_stream(sid, code)
+        self._flush()
+
+    def ack(self, sid: int) -> None:
+        r = self.replies[sid]
+        if r.pending_ack:
+            self.conn.acknowledge_received_data(r.pending_ack, sid)
+            r.pending_ack = 0
+            self._flush()
+
+    async def wait(self, sid: int, timeout_s: float = 10.0) -> Reply:
+        r = self.replies[sid]
+        await asyncio.wait_for(r.done.wait(), timeout_s)
+        return r
+
+    async def close(self) -> None:
+        self.writer.close()
+        self.task.cancel()
+        try:
+            await self.task
+        except asyncio.CancelledError:
+            pass
