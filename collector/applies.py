@@ -21,10 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from deltatap.collector.rows import DeltaDef, Row
-
-# signed by nature: a component may remove time (a gap it smooths), and the residual absorbs clock error
-SIGNED_PHASES = ("itl", "residual")
+from deltatap.collector.deltas import SIGNED_PHASES, SYSTEM_TTFT, DeltaDef  # noqa: F401 - SIGNED_PHASES re-exported
+from deltatap.collector.rows import Row
 
 REASONS = {
     "refused": "refused or blocked (no first token)",
@@ -43,7 +41,7 @@ def is_complete(row: Row) -> bool:
 
 def exclusion_reason(row: Row, d: DeltaDef) -> str | None:
     """Why delta ``d`` of ``row`` is not a latency of that request, or None when it is."""
-    if d.name.endswith("_inbound_block"):
+    if d.refused_only:
         return None if is_refused(row) else "not_blocked"
     if is_refused(row):
         return "refused"
@@ -53,7 +51,7 @@ def exclusion_reason(row: Row, d: DeltaDef) -> str | None:
 
 
 def is_signed(d: DeltaDef) -> bool:
-    return d.phase in SIGNED_PHASES
+    return d.signed
 
 
 def applicable_deltas(row: Row, defs: Sequence[DeltaDef]) -> dict:
@@ -94,7 +92,7 @@ def ttft_view(rows: Sequence[Row]) -> tuple[list[bool], Excluded]:
         if is_refused(r):
             refused += 1
             keep.append(False)
-        elif "system_ttft" not in r.deltas:
+        elif SYSTEM_TTFT not in r.deltas:
             other += 1
             keep.append(False)
         else:

@@ -43,7 +43,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from deltatap.collector.applies import applicable_rows, is_signed
-from deltatap.collector.rows import DeltaDef, Row, delta_columns
+from deltatap.collector.deltas import METRIC_HISTOGRAM, METRIC_OBSERVATIONS, METRIC_QUANTILE, METRIC_SUM, DeltaDef
+from deltatap.collector.rows import Row, delta_columns
 from deltatap.collector.sketches import QUANTILES, Aggregator
 from deltatap.core.vocab import Outcome
 
@@ -63,7 +64,7 @@ class DeltaHistograms:
         if isinstance(defs, dict):  # name -> component (no phases known: every delta a duration)
             defs = [DeltaDef(n, "", "", "first", c) for n, c in defs.items()]
         self.defs = {d.name: d for d in defs}
-        self.component_of = {d.name: d.component for d in defs}
+        self.component_of = {d.name: d.metric_component for d in defs}  # the metrics' component label
         self.signed = {d.name for d in defs if is_signed(d)}
         self.counts: dict[str, np.ndarray] = {n: np.zeros(len(_EDGES_NS) + 1, dtype=np.int64) for n in self.defs if n not in self.signed}
         self.def_list = list(defs)
@@ -126,21 +127,21 @@ class CollectorMetrics:
         yield fam
         yield c("forward_dropped", "Spans not forwarded to the next OTLP endpoint", s["forward_dropped"])
         hist = self.hist
-        comp = lambda name: hist.component_of.get(name) or ("taps" if name.startswith("tap_") else "")  # noqa: E731
-        h = HistogramMetricFamily(f"{PREFIX}_delta_seconds", "Per-request duration deltas (profiles draft section 6); signed deltas have none", labels=["delta", "component"])
+        comp = lambda name: hist.component_of.get(name) or ""  # noqa: E731
+        h = HistogramMetricFamily(METRIC_HISTOGRAM, "Per-request duration deltas (profiles draft section 6); signed deltas have none", labels=["delta", "component"])
         for name, counts in hist.counts.items():
             cum = np.cumsum(counts)
             buckets = [(repr(b), int(cum[i])) for i, b in enumerate(BUCKETS_S)] + [("+Inf", int(cum[-1]))]
             h.add_metric([name, comp(name)], buckets, hist.hist_sums.get(name, 0) / 1e9)
         yield h
-        g = GaugeMetricFamily(f"{PREFIX}_delta_sum_seconds", "Sum of every value of a delta, signed ones included (a gauge: it may fall)", labels=["delta", "component"])
-        n = CounterMetricFamily(f"{PREFIX}_delta_observations", "Values summed in deltatap_collector_delta_sum_seconds", labels=["delta", "component"])
+        g = GaugeMetricFamily(METRIC_SUM, "Sum of every value of a delta, signed ones included (a gauge: it may fall)", labels=["delta", "component"])
+        n = CounterMetricFamily(METRIC_OBSERVATIONS, f"Values summed in {METRIC_SUM}", labels=["delta", "component"])
         for name in hist.sums:
             g.add_metric([name, comp(name)], hist.sums[name] / 1e9)
             n.add_metric([name, comp(name)], hist.n.get(name, 0))
         yield g
         yield n
-        q = GaugeMetricFamily(f"{PREFIX}_delta_quantile_seconds", "The collector's own quantiles of a delta since it started (its reports' sketches)", labels=["delta", "component", "quantile"])
+        q = GaugeMetricFamily(METRIC_QUANTILE, "The collector's own quantiles of a delta since it started (its reports' sketches)", labels=["delta", "component", "quantile"])
         for name in hist.sketches.deltas:
             summ = hist.sketches.summary(name) or {}
             for qs, key in EXPORTED_QUANTILES.items():

@@ -18,7 +18,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from deltatap.collector.rows import Row, delta_defs
+from deltatap.collector.deltas import delta_defs
+from deltatap.collector.rows import Row
 from deltatap.collector.spans import SpanRecord
 from deltatap import __version__
 from deltatap.core.topology import Topology
@@ -71,7 +72,7 @@ def decomposition_spans(rows: list[Row], topo: Topology) -> ExportTraceServiceRe
             dv = r.deltas.get(d.name)
             if e is None or s is None or dv is None or dv.ns < 0:
                 continue
-            sp = Span(trace_id=tid, span_id=os.urandom(8), parent_span_id=root_id, name=f"{SPAN_DECOMPOSITION_PREFIX} {d.name}",
+            sp = Span(trace_id=tid, span_id=os.urandom(8), parent_span_id=root_id, name=d.span_name,
                       start_time_unix_nano=s.unix_ns, end_time_unix_nano=s.unix_ns + dv.ns, kind=Span.SPAN_KIND_INTERNAL)
             sp.attributes.extend(_kvs({"deltatap.delta.name": d.name, "deltatap.delta.ms": dv.ns / 1e6, "deltatap.delta.error_bound_ms": dv.error_bound_ns / 1e6,
                                        Attr.COMPONENT: d.component or "", Attr.REQUEST_ID: r.request_id}))

@@ -30,31 +30,15 @@ A row
   stopped, how long and how many tokens it kept generating after the first layer gave up, attempts
   per link.
 
-Delta names (topology client -> I1 .. Ik -> engine; for the default stack I = gateway, firewall)
----------------------------------------------------------------------------------------------------
-==============================  =============================================  ==================
-name                            formula (generic points)                       draft (default)
-==============================  =============================================  ==================
-``<I>_inbound``                 I.in.exit - I.in.arrive                        t2-t1, t5-t3
-``<I>_inbound_block``           I.in.decision - I.in.arrive                    t4-t3
-``engine_queue``                engine.exec_start - engine.queue               t6a-t6
-``engine_prefill``              engine.first_token - engine.exec_start         t7-t6a
-``engine_ttft``                 engine.first_token - engine.queue              t7-t6
-``<I>_outbound``                I.out.first_out - I.out.first_in               t10-t9, t11-t10
-``system_ttft``                 client.first_token_received - client.send      t12-t0
-``output_path_overhead``        client.first_token_received - engine.first_token  t12-t7
-``engine_decode``               engine.last_token - engine.first_token         t8-t7
-``engine_ttlt``                 engine.last_token - engine.queue               t8-t6
-``<I>_outbound_last``           I.out.last_out - I.out.last_in
-``system_ttlt``                 client.last_token_received - client.send
-``output_path_overhead_last``   client.last_token_received - engine.last_token  (client)-t8
-``tap_<link>_request``          tap overhead, request received -> forwarded   (within the tap)
-``tap_<link>_first_token``      tap overhead, first token received -> forwarded
-``<I>_itl_added_mean``          mean inter-token gap I released - mean gap I received
-``<I>_itl_added_p99``           same with the p99 gap
-``<I>_max_pause_added``         same with the max gap
-``residual``                    system_ttft - sum(inbound, engine_ttft, outbound, tap overheads)
-==============================  =============================================  ==================
+Delta names
+-----------
+Every delta is defined once, in the registry :mod:`deltatap.collector.deltas` (name, label, the draft's alias
+such as ``t5 - t3``, points, component, phase, Prometheus metric); :func:`delta_defs` gives a topology's, and
+``docs/reference.md`` ("Deltas") lists the default topology's. For intermediaries I1 .. Ik (gateway, firewall
+in the default stack) they are each one's inbound, inbound block and outbound (first and last token) time and
+the inter-chunk gap it adds, the engine's queue, prefill, TTFT, decode and time to last token, the client's
+system TTFT / time to last token and the output path overhead, each tapped link's own overhead, and the
+residual: ``system_ttft`` minus every TTFT term (inbound, engine TTFT, outbound, tap overheads).
 
 The residual is network time plus interaction effects (profiles section 6 "validation"); it is
 present only when every term is. Error bounds: a delta between two points seen by one observer
@@ -95,7 +79,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from deltatap.core.topology import Topology, default_topology
-from deltatap.core.vocab import DEFAULT_POINT_ALIASES, INTERMEDIARY_KINDS, ComponentKind, Role, point
+from deltatap.collector.deltas import DeltaDef, delta_defs, intermediaries  # noqa: F401 - re-exported: the rows' readers import them here
+from deltatap.core.vocab import DEFAULT_POINT_ALIASES, ComponentKind, Role, point
 
 ROW_SCHEMA_VERSION = 1
 
@@ -197,76 +182,8 @@ class Row:
 
 
 # --------------------------------------------------------------------------------------------
-# Delta definitions for a topology
+# Delta definitions for a topology: the registry in collector/deltas.py (re-exported here)
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class DeltaDef:
-    name: str
-    end: str  # generic point name (empty for derived deltas: tap, itl, residual)
-    start: str
-    phase: str  # "first" (TTFT path), "last" (last token), "stream", "tap", "itl", "residual"
-    component: str | None  # who the delta is charged to
-    contributes: bool = False  # a term of the TTFT sum the residual is computed against
-    description: str = ""
-
-
-def intermediaries(topology: Topology) -> list[str]:
-    return [c.name for c in topology.components[1:-1] if c.kind in INTERMEDIARY_KINDS]
-
-
-_DEFS_CACHE: dict[int, tuple[Topology, list[DeltaDef]]] = {}
-
-
-def delta_defs(topology: Topology | None = None) -> list[DeltaDef]:
-    """Every delta a row of ``topology`` can carry, in report order (cached per topology object)."""
-    key = id(topology)
-    hit = _DEFS_CACHE.get(key)
-    if hit is not None and hit[0] is topology:
-        return hit[1]
-    defs = _delta_defs(topology or default_topology())
-    if topology is not None:
-        _DEFS_CACHE[key] = (topology, defs)
-    return defs
-
-
-def _delta_defs(topo: Topology) -> list[DeltaDef]:
-    client, engine = topo.client.name, topo.engine.name
-    mids = intermediaries(topo)
-    P = point
-    defs: list[DeltaDef] = []
-    for m in mids:
-        defs.append(DeltaDef(f"{m}_inbound", P(m, Role.IN_EXIT), P(m, Role.IN_ARRIVE), "first", m, True, f"{m} inbound"))
-        defs.append(DeltaDef(f"{m}_inbound_block", P(m, Role.IN_DECISION), P(m, Role.IN_ARRIVE), "first", m, False, f"{m} inbound (block)"))
-    defs += [
-        DeltaDef("engine_queue", P(engine, Role.EXEC_START), P(engine, Role.QUEUE), "first", engine, False, "engine queue"),
-        DeltaDef("engine_prefill", P(engine, Role.FIRST_TOKEN), P(engine, Role.EXEC_START), "first", engine, False, "engine prefill"),
-        DeltaDef("engine_ttft", P(engine, Role.FIRST_TOKEN), P(engine, Role.QUEUE), "first", engine, True, "engine TTFT"),
-    ]
-    for m in reversed(mids):
-        defs.append(DeltaDef(f"{m}_outbound", P(m, Role.OUT_FIRST_OUT), P(m, Role.OUT_FIRST_IN), "first", m, True, f"{m} outbound"))
-    defs += [
-        DeltaDef("system_ttft", P(client, Role.FIRST_TOKEN_RECEIVED), P(client, Role.SEND), "first", None, False, "system TTFT"),
-        DeltaDef("output_path_overhead", P(client, Role.FIRST_TOKEN_RECEIVED), P(engine, Role.FIRST_TOKEN), "first", None, False, "output path overhead"),
-        DeltaDef("engine_decode", P(engine, Role.LAST_TOKEN), P(engine, Role.FIRST_TOKEN), "last", engine, False, "engine decode"),
-        DeltaDef("engine_ttlt", P(engine, Role.LAST_TOKEN), P(engine, Role.QUEUE), "last", engine, False, "engine time to last token"),
-    ]
-    for m in reversed(mids):
-        defs.append(DeltaDef(f"{m}_outbound_last", P(m, Role.OUT_LAST_OUT), P(m, Role.OUT_LAST_IN), "last", m, False, f"{m} outbound (last token)"))
-    defs += [
-        DeltaDef("system_ttlt", P(client, Role.LAST_TOKEN_RECEIVED), P(client, Role.SEND), "last", None, False, "system time to last token"),
-        DeltaDef("output_path_overhead_last", P(client, Role.LAST_TOKEN_RECEIVED), P(engine, Role.LAST_TOKEN), "last", None, False, "output path overhead (last token)"),
-    ]
-    for m in mids:
-        defs.append(DeltaDef(f"{m}_itl_added_mean", "", "", "itl", m, False, f"{m} inter-chunk gap added (mean gap)"))
-        defs.append(DeltaDef(f"{m}_itl_added_p99", "", "", "itl", m, False, f"{m} inter-chunk gap added (p99 gap)"))
-        defs.append(DeltaDef(f"{m}_max_pause_added", "", "", "itl", m, False, f"{m} max pause added"))
-    for link in topo.links:
-        defs.append(DeltaDef(f"tap_{link.name}_request", "", "", "tap", None, True, f"tap {link.name} overhead (request)"))
-        defs.append(DeltaDef(f"tap_{link.name}_first_token", "", "", "tap", None, True, f"tap {link.name} overhead (first token)"))
-    defs.append(DeltaDef("residual", "", "", "residual", None, False, "residual: network + interaction effects"))
-    return defs
 
 
 def point_names(topology: Topology | None = None) -> list[str]:

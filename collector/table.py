@@ -21,7 +21,7 @@ from typing import Any
 
 from rich.table import Table
 
-from deltatap.collector.rows import delta_defs, intermediaries
+from deltatap.collector.deltas import ENGINE_TTFT, RESIDUAL, SYSTEM_TTFT, TAP, delta_defs, intermediaries
 from deltatap.collector.sketches import Aggregator
 from deltatap.core.topology import Topology
 from deltatap.core.vocab import ComponentKind
@@ -48,18 +48,22 @@ def decomposition(agg: Aggregator, topo: Topology, stat: str = "p50_ms", through
     ti = throughput_impact or {}
     val = lambda d: (agg.summary(d) or {}).get(stat)  # noqa: E731
     lines: list[DecompLine] = []
+    reg = delta_defs(topo)
     mids = intermediaries(topo)
     for m in mids:
-        lines.append(DecompLine(f"{_name(topo, m)} (in)" if topo.component(m).kind == ComponentKind.FIREWALL else _name(topo, m), f"{m}_inbound", val(f"{m}_inbound"), ti.get(m)))
+        d = reg.named("inbound", m)
+        lines.append(DecompLine(f"{_name(topo, m)} (in)" if topo.component(m).kind == ComponentKind.FIREWALL else _name(topo, m), d, val(d), ti.get(m)))
     eng = topo.engine.name
-    lines.append(DecompLine(_name(topo, eng), "engine_ttft", val("engine_ttft"), ti.get(eng), "baseline"))
+    d = ENGINE_TTFT
+    lines.append(DecompLine(_name(topo, eng), d, val(d), ti.get(eng), "baseline"))
     for m in reversed(mids):
-        label = f"{_name(topo, m)} (out)" if topo.component(m).kind == ComponentKind.FIREWALL else f"{_name(topo, m)} (out)"
-        lines.append(DecompLine(label, f"{m}_outbound", val(f"{m}_outbound"), ti.get(m), "outbound"))
-    taps = [d.name for d in delta_defs(topo) if d.phase == "tap" and d.name in agg.deltas]
+        d = reg.named("outbound", m)
+        lines.append(DecompLine(f"{_name(topo, m)} (out)", d, val(d), ti.get(m), "outbound"))
+    taps = [d.name for d in reg.of_phase(TAP) if d.name in agg.deltas]
     if taps:
         lines.append(DecompLine("deltatap taps", None, sum(v for v in (val(t) for t in taps) if v is not None), None, "tap overhead"))
-    lines.append(DecompLine("Residual (network + interaction)", "residual", val("residual"), None, "residual"))
+    d = RESIDUAL
+    lines.append(DecompLine("Residual (network + interaction)", d, val(d), None, "residual"))
     return lines
 
 
@@ -84,7 +88,7 @@ def table_rows(lines: list[DecompLine], agg: Aggregator, stat: str = "p50_ms") -
             ti = _fmt_ti(ln.throughput_impact)
         out.append([ln.component, ttft, ti])
     total = sum(ln.ttft_ms for ln in lines if ln.ttft_ms is not None and ln.note != "residual")
-    st = (agg.summary("system_ttft") or {}).get(stat)
+    st = (agg.summary(SYSTEM_TTFT) or {}).get(stat)
     out.append(["Total", f"{total:.2f}ms" + (f" (system TTFT {st:.2f}ms)" if st is not None else ""), "n/a"])
     return out
 

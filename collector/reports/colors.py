@@ -10,7 +10,7 @@ components (the taps' own overhead, the residual, the network) have fixed neutra
 
 from __future__ import annotations
 
-from deltatap.collector.rows import delta_defs
+from deltatap.collector.deltas import RESIDUAL_PHASE, TAP, delta_defs
 from deltatap.core.topology import Topology
 
 # a colour-blind-safe palette (Okabe-Ito), one per kind
@@ -61,9 +61,11 @@ def color_of(name: str, topology: Topology) -> str:
 def color_of_delta(delta: str, topology: Topology) -> str:
     """The colour of the component a delta is charged to (``firewall_outbound`` -> the firewall's; a tap's
     overhead -> the taps'; the residual -> the residual's), for plots keyed by delta or decomposition line."""
-    if delta.startswith("tap_"):
+    d = delta_defs(topology).get(delta)
+    if d is None:
+        return FALLBACK
+    if d.phase == TAP:
         return PART_COLORS[TAPS]
-    if delta == "residual":
+    if d.phase == RESIDUAL_PHASE:
         return PART_COLORS[RESIDUAL]
-    comp = next((d.component for d in delta_defs(topology) if d.name == delta), None)
-    return color_of(comp, topology) if comp else FALLBACK
+    return color_of(d.component, topology) if d.component else FALLBACK

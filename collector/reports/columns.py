@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from deltatap.collector.deltas import SYSTEM_TTLT
 from deltatap.collector.rows import Row, delta_ns
 from deltatap.core.topology import Topology
 from deltatap.core.vocab import ComponentKind, Role, point
@@ -84,7 +85,7 @@ def client_name(topology: Topology) -> str:
 
 def e2e_ms(rows: Sequence[Row], topology: Topology) -> np.ndarray:
     """End-to-end latency: client send to last token (``system_ttlt``), else to the client's end point."""
-    e2e = delta_ms(rows, "system_ttlt")
+    e2e = delta_ms(rows, SYSTEM_TTLT)
     c = topology.client.name
     fallback = points_diff_ms(rows, point(c, Role.END), point(c, Role.SEND))
     return np.where(np.isfinite(e2e), e2e, fallback)

@@ -23,7 +23,8 @@ from deltatap.collector.reports.columns import delta_ms
 from deltatap.collector.reports.colors import RESIDUAL, TAPS, component_colors
 from deltatap.collector.reports.model import Column, Section, Table
 from deltatap.collector.reports.registry import ReportInputs, register_section
-from deltatap.collector.rows import Row, delta_defs, intermediaries
+from deltatap.collector.deltas import RESIDUAL as RESIDUAL_DELTA, SYSTEM_TTFT, TAP, delta_defs, intermediaries
+from deltatap.collector.rows import Row
 from deltatap.collector.sketches import Aggregator
 from deltatap.collector.table import FOOTNOTE, decomposition
 from deltatap.core.topology import Topology
@@ -36,16 +37,16 @@ BAND = 0.05  # the requests within +-2.5 % of ranks around a percentile (at leas
 
 def component_parts(rows: Sequence[Row], topology: Topology) -> dict[str, np.ndarray]:
     """Per request, the ms each part adds to system TTFT: every intermediary (inbound + outbound), the
-    engine's TTFT, the taps' own overhead and the residual. Per request they sum to system TTFT."""
+    engine's TTFT, the taps' own overhead and the residual: the TTFT terms of the delta registry, by the
+    component they are charged to. Per request they sum to system TTFT."""
+    terms = [d for d in delta_defs(topology) if d.ttft_term]
     out: dict[str, np.ndarray] = {}
     for m in intermediaries(topology):
-        out[m] = np.nan_to_num(delta_ms(rows, f"{m}_inbound")) + np.nan_to_num(delta_ms(rows, f"{m}_outbound"))
-    out[topology.engine.name] = delta_ms(rows, "engine_ttft")
-    taps = np.zeros(len(rows))
-    for link in topology.links:
-        taps += np.nan_to_num(delta_ms(rows, f"tap_{link.name}_request")) + np.nan_to_num(delta_ms(rows, f"tap_{link.name}_first_token"))
-    out[TAPS] = taps
-    out[RESIDUAL] = delta_ms(rows, "residual")
+        out[m] = sum((np.nan_to_num(delta_ms(rows, d.name)) for d in terms if d.component == m), np.zeros(len(rows)))
+    engine = [delta_ms(rows, d.name) for d in terms if d.component == topology.engine.name]
+    out[topology.engine.name] = sum(engine[1:], engine[0]) if engine else np.full(len(rows), np.nan)
+    out[TAPS] = sum((np.nan_to_num(delta_ms(rows, d.name)) for d in terms if d.phase == TAP), np.zeros(len(rows)))
+    out[RESIDUAL] = delta_ms(rows, RESIDUAL_DELTA)
     return out
 
 
@@ -84,7 +85,7 @@ class Decomposed:
 def decompose_percentiles(rows: Sequence[Row], topology: Topology, percentiles: Sequence[float] = BAR_PERCENTILES) -> Decomposed:
     keep, excluded = ttft_view(rows)
     kept_rows = [r for r, k in zip(rows, keep, strict=True) if k]
-    system = delta_ms(kept_rows, "system_ttft")
+    system = delta_ms(kept_rows, SYSTEM_TTFT)
     parts = component_parts(kept_rows, topology)
     ok = np.isfinite(system) & np.isfinite(parts[RESIDUAL]) & np.isfinite(parts[topology.engine.name])
     bars: list[Bar] = []
@@ -134,7 +135,7 @@ class HeadlineSection:
             for b in shown:
                 cells += [b.parts[part], b.share(part)]
             t.add(*cells)
-        total: list = ["system TTFT (t12 - t0)"]
+        total: list = [delta_defs(inputs.topology).by_name[SYSTEM_TTFT].titled]
         for b in shown:
             total += [b.band_ms, 1.0]
         t.add(*total)
@@ -183,7 +184,7 @@ class DecompositionSection:
         for ln in lines:
             t.add(ln.component, ln.delta or "", ln.ttft_ms, ln.note)
         total = sum(ln.ttft_ms for ln in lines if ln.ttft_ms is not None and ln.note != "residual")
-        system = (agg.summary("system_ttft") or {}).get("p50_ms")
+        system = (agg.summary(SYSTEM_TTFT) or {}).get("p50_ms")
         t.add("Total", "", total, "" if system is None else f"system TTFT P50 {system:.2f} ms")
         sec = Section(self.name, self.title, tables=[t])
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(_outcomes(inputs.rows).items()))

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from deltatap.collector.deltas import SYSTEM_TTFT
 from deltatap.collector.reports.columns import delta_ms, e2e_ms, is_blocked, labels, output_throughput
 from deltatap.collector.reports.model import Column, Section, Table
 from deltatap.collector.reports.registry import ReportInputs, ReportOptions, register_section
@@ -41,7 +42,7 @@ def latency_table(runs: dict[str, Sequence[Row]], topology: Topology) -> Table:
         ],
     )
     for label, rows in runs.items():
-        ttft, e2e = delta_ms(rows, "system_ttft"), e2e_ms(rows, topology)
+        ttft, e2e = delta_ms(rows, SYSTEM_TTFT), e2e_ms(rows, topology)
         t.add(run_title(label), len(rows), pct(ttft, 50), pct(ttft, 99), pct(e2e, 50), pct(e2e, 99))
     return t
 
@@ -65,7 +66,7 @@ def overhead_table(runs: dict[str, Sequence[Row]], topology: Topology, baseline:
     if baseline not in runs:
         return None
     b = runs[baseline]
-    b_ttft, b_e2e = pct(delta_ms(b, "system_ttft"), 50), pct(e2e_ms(b, topology), 50)
+    b_ttft, b_e2e = pct(delta_ms(b, SYSTEM_TTFT), 50), pct(e2e_ms(b, topology), 50)
     t = Table(
         "guardrail_overhead",
         "Overhead against the baseline, at P50 (methodology §5.10.4)",
@@ -73,7 +74,7 @@ def overhead_table(runs: dict[str, Sequence[Row]], topology: Topology, baseline:
     )
     for label, rows in runs.items():
         if label != baseline:
-            t.add(run_title(label), pct(delta_ms(rows, "system_ttft"), 50) - b_ttft, pct(e2e_ms(rows, topology), 50) - b_e2e)
+            t.add(run_title(label), pct(delta_ms(rows, SYSTEM_TTFT), 50) - b_ttft, pct(e2e_ms(rows, topology), 50) - b_e2e)
     return t
 
 

@@ -19,7 +19,9 @@ from deltatap.collector.reports.columns import CHUNK_GAP, components_of_kind, de
 from deltatap.collector.reports.model import Column, Section, Table
 from deltatap.collector.reports.registry import ReportInputs, ReportOptions, register_section
 from deltatap.collector.reports.stats import rate, summarize
+from deltatap.collector.deltas import Deltas, registry
 from deltatap.collector.rows import Row
+from deltatap.core.topology import Topology
 from deltatap.core.vocab import ComponentKind
 
 DECISION_ORDER = ("allow", "allow_after_analysis", "modify", "block_pattern", "block_analysis")
@@ -47,13 +49,19 @@ def _dist(values: np.ndarray) -> list:
     return [s.count, s.p50, s.p90, s.p99, s.mean, s.max]
 
 
-def latency_table(rows: Sequence[Row], fw: str) -> Table:
+def _fw_deltas(reg: Deltas, fw: str) -> tuple:
+    """The firewall's inbound, block, outbound and last-token outbound deltas, from the registry."""
+    return tuple(reg.of(key, fw) for key in ("inbound", "inbound_block", "outbound", "outbound_last"))
+
+
+def latency_table(rows: Sequence[Row], fw: str, topology: Topology | None = None) -> Table:
     blocked = is_blocked(rows)
+    inbound, block, outbound, last = _fw_deltas(registry(topology), fw)
     t = Table(f"{fw}_latency", f"{fw}: inspection latency", [Column("metric", "Delta"), Column("formula", "Points"), *_DIST_COLS])
-    t.add("inbound, passing", "t5 - t3", *_dist(delta_ms(rows, f"{fw}_inbound")[~blocked]))
-    t.add("inbound, blocking", "t4 - t3", *_dist(delta_ms(rows, f"{fw}_inbound_block")[blocked]))
-    t.add("outbound, first token", "t10 - t9", *_dist(delta_ms(rows, f"{fw}_outbound")))
-    t.add("outbound, last token", "last out - last in", *_dist(delta_ms(rows, f"{fw}_outbound_last")[_completed(rows)]))
+    t.add("inbound, passing", inbound.formula, *_dist(delta_ms(rows, inbound.name)[~blocked]))
+    t.add("inbound, blocking", block.formula, *_dist(delta_ms(rows, block.name)[blocked]))
+    t.add("outbound, first token", outbound.formula, *_dist(delta_ms(rows, outbound.name)))
+    t.add("outbound, last token", last.formula, *_dist(delta_ms(rows, last.name)[_completed(rows)]))
     t.footnotes.append("Last token: completed streams only (a stream cut by a timeout has no last-token delay).")
     return t
 
@@ -62,11 +70,12 @@ def _completed(rows: Sequence[Row]) -> np.ndarray:
     return np.array([r.outcome == "ok" for r in rows], dtype=bool)
 
 
-def decision_table(rows: Sequence[Row], fw: str) -> Table:
+def decision_table(rows: Sequence[Row], fw: str, topology: Topology | None = None) -> Table:
     dec = decisions(rows)
-    inbound = delta_ms(rows, f"{fw}_inbound")
-    block = delta_ms(rows, f"{fw}_inbound_block")
-    outbound = delta_ms(rows, f"{fw}_outbound")
+    d_in, d_block, d_out, _ = _fw_deltas(registry(topology), fw)
+    inbound = delta_ms(rows, d_in.name)
+    block = delta_ms(rows, d_block.name)
+    outbound = delta_ms(rows, d_out.name)
     t = Table(
         f"{fw}_by_decision",
         f"{fw}: latency by decision path",
@@ -81,7 +90,8 @@ def decision_table(rows: Sequence[Row], fw: str) -> Table:
             Column("outbound_p50_ms", "Outbound P50", "ms", 2),
         ],
     )
-    t.footnotes.append("Inspection: t5 - t3 for requests let through, t4 - t3 (time to block) for blocked ones. Decision: t4 - t3 for every request (time to reach the decision, without forwarding).")
+    t.footnotes.append(f"Inspection: {d_in.formula} for requests let through, {d_block.formula} (time to block) for blocked ones. "
+                       f"Decision: {d_block.formula} for every request (time to reach the decision, without forwarding).")
     present = [d for d in DECISION_ORDER if (dec == d).any()]
     present += sorted({d for d in dec if d not in DECISION_ORDER})
     for d in present:
@@ -92,7 +102,7 @@ def decision_table(rows: Sequence[Row], fw: str) -> Table:
     return t
 
 
-def streaming_table(rows: Sequence[Row], fw: str, opts: ReportOptions) -> Table | None:
+def streaming_table(rows: Sequence[Row], fw: str, opts: ReportOptions, topology: Topology | None = None) -> Table | None:
     """Streaming inspection (profiles draft: per-token delay, maximum pause, pause frequency, jitter).
 
     Per request: the hold per token is estimated as the mean of the first token's and the last
@@ -100,11 +110,12 @@ def streaming_table(rows: Sequence[Row], fw: str, opts: ReportOptions) -> Table 
     per-window checks); the inter-chunk gap added is the mean gap released minus the mean gap received (it is
     negative when the firewall holds the start and then releases faster); the pause added is the
     longest gap released minus the longest received."""
-    first, last = delta_ms(rows, f"{fw}_outbound"), delta_ms(rows, f"{fw}_outbound_last")
+    reg = registry(topology)
+    first, last = delta_ms(rows, reg.named("outbound", fw)), delta_ms(rows, reg.named("outbound_last", fw))
     hold = (first + last) / 2
-    itl_mean = delta_ms(rows, f"{fw}_itl_added_mean")
-    itl_p99 = delta_ms(rows, f"{fw}_itl_added_p99")
-    pause = delta_ms(rows, f"{fw}_max_pause_added")
+    itl_mean = delta_ms(rows, reg.named("itl_added_mean", fw))
+    itl_p99 = delta_ms(rows, reg.named("itl_added_p99", fw))
+    pause = delta_ms(rows, reg.named("max_pause_added", fw))
     m = (np.isfinite(itl_mean) | np.isfinite(pause)) & _completed(rows)
     if not m.any():
         return None
@@ -149,16 +160,17 @@ def accuracy_table(rows: Sequence[Row], opts: ReportOptions) -> Table | None:
     return t
 
 
-def firewall_section(rows: Sequence[Row], fw: str, opts: ReportOptions) -> Section:
+def firewall_section(rows: Sequence[Row], fw: str, opts: ReportOptions, topology: Topology | None = None) -> Section:
     section = Section(f"guardrails_{fw}" if fw != "firewall" else "guardrails", f"Guardrail overhead: {fw}")
-    inbound = delta_ms(rows, f"{fw}_inbound")
-    outbound = delta_ms(rows, f"{fw}_outbound")
+    d_in, d_block, d_out, _ = _fw_deltas(registry(topology), fw)
+    inbound = delta_ms(rows, d_in.name)
+    outbound = delta_ms(rows, d_out.name)
     blocked = is_blocked(rows)
-    block_lat = delta_ms(rows, f"{fw}_inbound_block")[blocked]
+    block_lat = delta_ms(rows, d_block.name)[blocked]
     s_in, s_out, s_blk = summarize(inbound[~blocked]), summarize(outbound), summarize(block_lat)
-    section.tables.append(latency_table(rows, fw))
-    section.tables.append(decision_table(rows, fw))
-    stream = streaming_table(rows, fw, opts)
+    section.tables.append(latency_table(rows, fw, topology))
+    section.tables.append(decision_table(rows, fw, topology))
+    stream = streaming_table(rows, fw, opts, topology)
     if stream is not None:
         section.tables.append(stream)
     acc = accuracy_table(rows, opts)
@@ -173,11 +185,11 @@ def firewall_section(rows: Sequence[Row], fw: str, opts: ReportOptions) -> Secti
     if s_in.count:
         total = s_in.p50 + (s_out.p50 if s_out.count else 0.0)
         section.notes.append(
-            f"{fw} adds {s_in.p50:.2f} ms inbound (t5-t3, P50) and {s_out.p50 if s_out.count else float('nan'):.2f} ms to the "
-            f"first token outbound (t10-t9, P50): {total:.2f} ms of client TTFT at P50."
+            f"{fw} adds {s_in.p50:.2f} ms inbound ({d_in.formula}, P50) and {s_out.p50 if s_out.count else float('nan'):.2f} ms to the "
+            f"first token outbound ({d_out.formula}, P50): {total:.2f} ms of client TTFT at P50."
         )
     if s_blk.count:
-        section.notes.append(f"Blocking latency (t4-t3): P50 {s_blk.p50:.2f} ms, P99 {s_blk.p99:.2f} ms over {s_blk.count} blocked requests.")
+        section.notes.append(f"Blocking latency ({d_block.formula}): P50 {s_blk.p50:.2f} ms, P99 {s_blk.p99:.2f} ms over {s_blk.count} blocked requests.")
     section.data = {
         "inbound_pass_ms": s_in.as_dict(),
         "inbound_block_ms": s_blk.as_dict(),
@@ -198,4 +210,4 @@ class GuardrailOverhead:
         fws = components_of_kind(inputs.topology, ComponentKind.FIREWALL)
         if not fws or not inputs.rows:
             return None
-        return [firewall_section(inputs.rows, fw, inputs.options) for fw in fws]
+        return [firewall_section(inputs.rows, fw, inputs.options, inputs.topology) for fw in fws]

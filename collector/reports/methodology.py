@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from deltatap.collector.deltas import SYSTEM_TTFT, SYSTEM_TTLT, registry
 from deltatap.collector.reports.columns import CHUNK_GAP, CHUNK_GAP_DEF, ITL_PER_REQUEST, ITL_PER_REQUEST_DEF, delta_ms, ints
 from deltatap.collector.reports.model import Column, Section, Table
 from deltatap.collector.reports.registry import ReportInputs, register_section
@@ -141,7 +142,7 @@ def chunk_gaps_from_tap_table(rows: Sequence[Row], link: str) -> Table | None:
 
 
 def tpot_ms(rows: Sequence[Row]) -> np.ndarray:
-    ttft, ttlt, out = delta_ms(rows, "system_ttft"), delta_ms(rows, "system_ttlt"), ints(rows, "tokens_out")
+    ttft, ttlt, out = delta_ms(rows, SYSTEM_TTFT), delta_ms(rows, SYSTEM_TTLT), ints(rows, "tokens_out")
     with np.errstate(invalid="ignore", divide="ignore"):
         v = (ttlt - ttft) / (out - 1)
     v[~(out >= 2)] = np.nan
@@ -155,10 +156,10 @@ class TtftSection:
     title = "Time to first token"
 
     def build(self, inputs: ReportInputs) -> Section | None:
-        ttft = delta_ms(inputs.rows, "system_ttft")
+        ttft = delta_ms(inputs.rows, SYSTEM_TTFT)
         if not np.isfinite(ttft).any():
             return None
-        sec = Section(self.name, "Time to first token (client, t12 - t0)", tables=[ttft_table(ttft)])
+        sec = Section(self.name, f"Time to first token (client, {registry(inputs.topology).by_name[SYSTEM_TTFT].formula})", tables=[ttft_table(ttft)])
         tin = ints(inputs.rows, "tokens_in")
         if np.isfinite(tin).any():
             sec.tables.append(ttft_by_input_table(ttft, tin))

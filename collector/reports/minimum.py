@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from deltatap.collector.deltas import SYSTEM_TTFT
 from deltatap.collector.reports.columns import delta_ms, output_throughput, run_window_s
 from deltatap.collector.reports.methodology import tpot_ms
 from deltatap.collector.reports.model import Column, Section, Table
@@ -54,7 +55,7 @@ class MinimumViableReport:
         rows, meta, opts = inputs.rows, inputs.metadata, inputs.options
         if not rows:
             return None
-        ttft, tpot = summarize(delta_ms(rows, "system_ttft")), summarize(tpot_ms(rows))
+        ttft, tpot = summarize(delta_ms(rows, SYSTEM_TTFT)), summarize(tpot_ms(rows))
         thr = output_throughput(rows, inputs.topology)
         duration = run_window_s(rows, inputs.topology)
         hw = meta.get("hardware") or {}

@@ -32,6 +32,7 @@ from deltatap.collector.reports.decomposition import component_parts, decompose_
 from deltatap.collector.reports.methodology import chunk_gaps_from_records  # noqa: E402
 from deltatap.collector.reports.model import Figure  # noqa: E402
 from deltatap.collector.reports.registry import ReportInputs  # noqa: E402
+from deltatap.collector.deltas import ENGINE_TTFT, SYSTEM_TTFT, registry  # noqa: E402
 from deltatap.collector.rows import Row, intermediaries  # noqa: E402
 from deltatap.core.topology import Topology  # noqa: E402
 from deltatap.core.vocab import Role, point  # noqa: E402
@@ -93,10 +94,11 @@ def decomposition_bars(rows: Sequence[Row], topology: Topology) -> Figure | None
 
 def boundary_ttfts(rows: Sequence[Row], topology: Topology) -> dict[str, np.ndarray]:
     """TTFT as each boundary sees it (ms): client t12-t0, each intermediary's arrive -> first token out, engine t7-t6."""
-    out = {f"{topology.client.name} (t12 - t0)": delta_ms(rows, "system_ttft")}
+    reg = registry(topology)
+    out = {f"{topology.client.name} ({reg.by_name[SYSTEM_TTFT].formula})": delta_ms(rows, SYSTEM_TTFT)}
     for m in intermediaries(topology):
         out[m] = points_diff_ms(rows, point(m, Role.OUT_FIRST_OUT), point(m, Role.IN_ARRIVE))
-    out[f"{topology.engine.name} (t7 - t6)"] = delta_ms(rows, "engine_ttft")
+    out[f"{topology.engine.name} ({reg.by_name[ENGINE_TTFT].formula})"] = delta_ms(rows, ENGINE_TTFT)
     return {k: v for k, v in out.items() if np.isfinite(v).any()}
 
 
@@ -144,26 +146,20 @@ def waterfall_segments(row: Row, topology: Topology) -> list[tuple[str, str, flo
     if len(seq) < 2:
         return []
     t0 = row.points[seq[0][0]].unix_ns
+    by_points = {(d.start, d.end): d for d in registry(topology) if d.end}
     segs = []
     for (pa, oa), (pb, ob) in zip(seq, seq[1:], strict=False):
         a, b = row.points[pa].unix_ns, row.points[pb].unix_ns
         owner = oa if oa == ob else NETWORK
-        label = f"{pa} -> {pb}" if oa != ob else _segment_name(pa, pb)
+        d = by_points.get((pa, pb)) if oa == ob else None
+        label = f"{pa} -> {pb}" if d is None else d.label
         segs.append((label, owner, (a - t0) / 1e6, (b - a) / 1e6))
     return segs
 
 
-def _segment_name(pa: str, pb: str) -> str:
-    comp, _, ra = pa.partition(".")
-    rb = pb.partition(".")[2]
-    names = {("in.arrive", "in.exit"): "inbound", ("out.first_in", "out.first_out"): "outbound",
-             ("queue", "exec_start"): "queue", ("exec_start", "first_token"): "prefill", ("queue", "first_token"): "queue + prefill"}
-    return f"{comp} {names.get((ra, rb), ra + ' -> ' + rb)}"
-
-
 def median_row(rows: Sequence[Row]) -> Row | None:
     keep, _ = ttft_view(rows)
-    ttft = delta_ms(rows, "system_ttft")
+    ttft = delta_ms(rows, SYSTEM_TTFT)
     idx = np.flatnonzero(np.isfinite(ttft) & np.asarray(keep, dtype=bool))
     if not idx.size:
         return None
@@ -187,7 +183,7 @@ def waterfall(rows: Sequence[Row], topology: Topology) -> Figure | None:
     handles = [plt.Rectangle((0, 0), 1, 1, color=color_of(o, topology)) for o in owners]
     ax.legend(handles, owners, fontsize=8, loc="lower right")
     ax.grid(axis="x", alpha=0.3)
-    ttft = r.deltas["system_ttft"].ns / 1e6
+    ttft = r.deltas[SYSTEM_TTFT].ns / 1e6
     return Figure("waterfall", "Waterfall of the median request", "image/png", _png(fig),
                   f"request {r.request_id or r.trace_id}, system TTFT {ttft:.2f} ms", section="headline")
 
@@ -240,7 +236,7 @@ def contribution_over_time(rows: Sequence[Row], topology: Topology, bins: int = 
     keep, excluded = ttft_view(rows)
     rows = _kept(rows, keep)
     t = seconds_since_first(rows, point(topology.client.name, Role.SEND))
-    ok = np.isfinite(t) & np.isfinite(delta_ms(rows, "system_ttft"))
+    ok = np.isfinite(t) & np.isfinite(delta_ms(rows, SYSTEM_TTFT))
     if ok.sum() < 2:
         return None
     series = contribution_series(rows, topology)

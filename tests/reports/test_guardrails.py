@@ -76,7 +76,7 @@ def test_accuracy_rates_from_labels():
 def test_section_notes_and_disclosure():
     s = firewall_section(rows(), "firewall", ReportOptions())
     assert s.notes[0] == "Input filtering: observed (3 requests inspected inbound); output filtering: observed (3 first tokens inspected); requests refused during the test: 2 of 5."
-    assert s.notes[1] == "firewall adds 4.00 ms inbound (t5-t3, P50) and 1.00 ms to the first token outbound (t10-t9, P50): 5.00 ms of client TTFT at P50."
+    assert s.notes[1] == "firewall adds 4.00 ms inbound (t5 - t3, P50) and 1.00 ms to the first token outbound (t10 - t9, P50): 5.00 ms of client TTFT at P50."
     assert s.data["blocked"] == 2
 
 
