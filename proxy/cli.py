@@ -16,7 +16,7 @@ from deltatap.core.gc_pauses import settle
 from deltatap.core.config import ConfigError
 from deltatap.telemetry.tracer import TelemetryConfigError, setup_telemetry
 from deltatap.core.topology import load_topology
-from deltatap.proxy.options import TapOptions, options_from_topology, split_listen
+from deltatap.proxy.options import PROTOCOLS, TapOptions, options_from_topology, split_listen
 
 log = logging.getLogger("deltatap.tap")
 
@@ -61,6 +61,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--header-timeout-s", type=float, metavar="S",
                    help="close a connection that has not sent a whole request head for S seconds, idle keep-alive included (default 30)")
     p.add_argument("--max-connections", type=int, metavar="N", help="downstream connections open at once; more are closed at accept (default 4096)")
+    p.add_argument("--protocol", choices=PROTOCOLS, default=None,
+                   help="http (default): HTTP/1.1, and HTTP/2 where a client speaks it; grpc: a gRPC tap, HTTP/2 only "
+                        "(h2c, or TLS with ALPN h2 toward an https:// upstream), other connections closed")
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="run N tap processes on the listen port (SO_REUSEPORT); the admin port sums their metrics (default 1)")
     p.set_defaults(func=run)
@@ -89,6 +92,7 @@ def build_options(args: argparse.Namespace) -> TapOptions:
         "max_connections": args.max_connections,
         "labels": _labels(args.label) or None,
         "query_keep": args.query_keep or None,
+        "protocol": args.protocol,
         "downstream": args.downstream,
         "upstream_name": args.upstream_name,
         "downstream_kind": args.downstream_kind,
@@ -136,7 +140,7 @@ async def _serve(opts: TapOptions, args: argparse.Namespace, report_fd: int | No
         os.write(report_fd, (json.dumps({"admin_url": running.admin_url}) + "\n").encode())
         os.close(report_fd)
     else:
-        print(f"deltatap tap {opts.link}: {running.url} -> {opts.upstream} (admin {running.admin_url or 'off'}; "
+        print(f"deltatap tap {opts.link}{' (gRPC)' if opts.protocol == 'grpc' else ''}: {running.url} -> {opts.upstream} (admin {running.admin_url or 'off'}; "
               f"read stamps: {stamp_source()}, see docs/tap.md)", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

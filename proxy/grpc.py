@@ -38,7 +38,7 @@ from deltatap.core.vocab import Attr, Outcome, TapEvent
 
 __all__ = [
     "DECODERS", "FIRST_TOKEN_CONTENT", "FIRST_TOKEN_MESSAGE", "GRPC_STATUS_NAMES", "MAX_ARRIVALS", "GrpcFramer",
-    "GrpcMessage", "GrpcObserver", "is_grpc", "kserve_v2_infer_response", "outcome_for_status", "register_decoder",
+    "GrpcMessage", "GrpcObserver", "grpc_timeout_ns", "is_grpc", "kserve_v2_infer_response", "outcome_for_status", "register_decoder",
 ]
 
 FIRST_TOKEN_CONTENT = "content"  # the first token is the first message whose decoded content is not blank
@@ -79,6 +79,20 @@ def is_grpc(headers: Iterable[tuple[str | bytes, str | bytes]]) -> bool:
             ct = _text(v).lower()
             return ct == "application/grpc" or ct.startswith(("application/grpc+", "application/grpc;"))
     return False
+
+
+_TIMEOUT_UNIT_NS = {"H": 3_600_000_000_000, "M": 60_000_000_000, "S": 1_000_000_000, "m": 1_000_000, "u": 1_000, "n": 1}
+DEADLINE_SLACK_NS = 1_000_000  # a cancel this close to the deadline is the deadline (the client's clock started earlier)
+
+
+def grpc_timeout_ns(value: str | bytes | None) -> int | None:
+    """A request's ``grpc-timeout`` (1-8 digits and a unit H/M/S/m/u/n) in ns, None when absent or malformed."""
+    if value is None:
+        return None
+    v = _text(value).strip()
+    if not 2 <= len(v) <= 9 or not v[:-1].isdigit() or v[-1] not in _TIMEOUT_UNIT_NS:
+        return None
+    return int(v[:-1]) * _TIMEOUT_UNIT_NS[v[-1]]
 
 
 # --------------------------------------------------------------------------------------------
@@ -365,10 +379,13 @@ class GrpcObserver(StreamObserver):
             return ("", 0, False)
         return self.count(got, t_mono_ns, bound_ns)
 
-    def trailers(self, headers: Iterable[tuple[str | bytes, str | bytes]], t_mono_ns: int, *, trailers_only: bool = False) -> None:
-        """The stream's trailers (or the headers of a trailers-only response, ``trailers_only=True``) read at
-        ``t_mono_ns``: ``grpc-status`` and ``grpc-message``."""
-        self.trailers_mono_ns = t_mono_ns
+    def trailers(self, headers: Iterable[tuple[str | bytes, str | bytes]], t_mono_ns: int | None, *,
+                 trailers_only: bool = False) -> None:
+        """The stream's trailers read at ``t_mono_ns`` (or the headers of a trailers-only response,
+        ``trailers_only=True``, whose stamp is the span's ``response.headers``: None here): ``grpc-status`` and
+        ``grpc-message``."""
+        if t_mono_ns is not None:
+            self.trailers_mono_ns = t_mono_ns
         self.trailers_only = self.trailers_only or trailers_only
         for k, v in headers:
             name = _text(k).lower()
@@ -407,16 +424,21 @@ class GrpcObserver(StreamObserver):
             out[TapEvent.LAST_MESSAGE_RECEIVED] = (self.last_message_bound_ns, 0)
         return out
 
-    def span_attributes(self) -> dict[str, Any]:
-        """The gRPC attributes of the tap span (names from :class:`~deltatap.core.vocab.Attr`); the grpc-message
-        text is not recorded (it may quote the request), only the status code and its name."""
-        a: dict[str, Any] = {
+    def span_attributes(self, a: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The gRPC attributes of the tap span (names from :class:`~deltatap.core.vocab.Attr`), added to ``a`` (the
+        span's, built by :func:`deltatap.proxy.record.attributes`) and returned. The grpc-message text is not
+        recorded (it may quote the request), only the status code and its name. A method without a decoder states
+        no output tokens (its messages are not tokens)."""
+        a = {} if a is None else a
+        a.update({
             Attr.RPC_SYSTEM: "grpc",
             Attr.RPC_SERVICE: self.service,
             Attr.RPC_METHOD: self.method,
             Attr.FIRST_TOKEN_SOURCE: self.first_token_source,
             Attr.GRPC_MESSAGE_BYTES: self.message_bytes,
-        }
+        })
+        if self.first_token_source == FIRST_TOKEN_MESSAGE and self.facts.output_tokens is None:
+            a.pop(Attr.GENAI_OUTPUT_TOKENS, None)
         if self.status is not None:
             a[Attr.RPC_GRPC_STATUS] = self.status
             if self.status != 0:

@@ -53,7 +53,7 @@ from deltatap.net.conn import StampedProtocol, open_connection, reset
 from deltatap.net.h1 import Head
 from deltatap.proxy.errors import TAP_TIMEOUT, Failure, classify, connect_failure
 from deltatap.proxy.headers import rewrite_request_headers, trace_context
-from deltatap.proxy.grpc import GrpcObserver, is_grpc
+from deltatap.proxy.grpc import GrpcObserver, grpc_timeout_ns, is_grpc
 from deltatap.proxy.record import TapRecord
 from deltatap.proxy.spans import SpanStart, begin
 
@@ -85,7 +85,10 @@ def observer_for(request_headers: list[tuple[bytes, bytes]], response_headers: l
     if is_grpc(response_headers):
         path = (_get(request_headers, b":path") or b"").decode("latin-1")
         enc = _get(response_headers, b"grpc-encoding")
-        return GrpcObserver(path, enc.decode("latin-1") if enc else None)
+        obs = GrpcObserver(path, enc.decode("latin-1") if enc else None)
+        if _get(response_headers, b"grpc-status") is not None:  # a trailers-only response (its stamp: response.headers)
+            obs.trailers(response_headers, None, trailers_only=True)
+        return obs
     if ctype.startswith(b"text/event-stream"):
         path = (_get(request_headers, b":path") or b"").decode("latin-1").partition("?")[0]
         return StreamObserver(path=path)
@@ -333,6 +336,7 @@ class H2Downstream(StampedProtocol):
         rec = TapRecord(received=t, head=t, method=(_get(headers, b":method") or b"").decode("latin-1"), path=path.partition("#")[0],
                         query=query.partition("#")[0], client_address=self.peer)
         rec.bounds[TapEvent.REQUEST_RECEIVED] = (bound, 0)
+        rec.deadline_ns = grpc_timeout_ns(_get(headers, b"grpc-timeout"))
         span = begin(trace_context(Head(b"", b"", b"", b"HTTP/2", 0, b"", headers)))
         out, rec.request_id, rec.request_id_created = rewrite_request_headers(
             headers, correlation_header=tap.correlation_header, trace_headers=span.trace_headers, host_header=tap.host_header,
@@ -690,6 +694,8 @@ class H2Upstream(StampedProtocol):
             if s is None or s.reset or s.done:
                 return
             s.to_down.trailers = list(ev.headers)
+            if isinstance(s.rec.stream, GrpcObserver):  # grpc-status / grpc-message
+                s.rec.stream.trailers(s.to_down.trailers, t)
         elif isinstance(ev, E.StreamReset):
             s = d.by_up.get(ev.stream_id)
             if s is None or s.done:

@@ -61,7 +61,7 @@ class TapCounters:
 
     __slots__ = ("requests", "upstream_errors", "in_flight", "request_bytes", "response_bytes",
                  "overhead_request", "overhead_first_token", "upstream_ttft", "unparsed", "connections", "upstream_connections",
-                 "connections_refused", "header_timeouts")
+                 "connections_refused", "header_timeouts", "not_http2")
 
     def __init__(self) -> None:
         self.requests: dict[str, int] = {}  # outcome -> count
@@ -77,6 +77,7 @@ class TapCounters:
         self.upstream_connections = 0  # upstream connections opened (the rest reused a pooled one)
         self.connections_refused = 0  # closed at accept: --max-connections were open
         self.header_timeouts = 0  # closed: no whole request head within --header-timeout-s
+        self.not_http2 = 0  # --protocol grpc: connections closed because they did not open with HTTP/2's preface
 
 
 class _TapCollector(Collector):
@@ -109,7 +110,10 @@ class _TapCollector(Collector):
         htimeouts = CounterMetricFamily("deltatap_tap_header_timeouts", "Downstream connections closed for sending no whole request "
                                         "head within --header-timeout-s (idle keep-alive included)", labels=["link"])
         htimeouts.add_metric([link], c.header_timeouts)
-        yield from (req, inflight, errs, unparsed, conns, upconns, refused, htimeouts)
+        noth2 = CounterMetricFamily("deltatap_tap_not_http2", "Downstream connections closed because they did not open "
+                                    "with HTTP/2's preface (--protocol grpc)", labels=["link"])
+        noth2.add_metric([link], c.not_http2)
+        yield from (req, inflight, errs, unparsed, conns, upconns, refused, htimeouts, noth2)
         yield c.overhead_request.family(
             "deltatap_tap_overhead_request_seconds", "Tap overhead on the request: last byte read -> last byte written upstream", link)
         yield c.overhead_first_token.family(

@@ -12,6 +12,11 @@ from deltatap.core.topology import Topology, parse_hostport
 from deltatap.core.vocab import DEFAULT_COMPONENTS, DEFAULT_CORRELATION_HEADER, ComponentKind, default_link
 
 _DEFAULT_KINDS = {name: kind for name, kind in DEFAULT_COMPONENTS}
+# --protocol: what the tap expects from its clients (docs/tap.md). ``http``: HTTP/1.1, a connection that opens with
+# HTTP/2's preface (or negotiates ALPN h2) relayed as HTTP/2; ``grpc``: HTTP/2 only (a gRPC tap), any other
+# connection closed at its first bytes and counted. Streams are observed by content type either way
+# (deltatap.proxy.h2relay.observer_for: application/grpc by deltatap.proxy.grpc.GrpcObserver).
+PROTOCOLS = ("http", "grpc")
 
 
 @dataclass
@@ -45,6 +50,7 @@ class TapOptions:
     header_timeout_s: float = 30.0  # a connection that has not sent a whole request head this long (idle included) is closed
     max_connections: int = 4096  # downstream connections open at once; more are closed at accept (counted)
     query_keep: frozenset[str] = frozenset()  # url.query keys whose values stay as sent (the others are hashed)
+    protocol: str = "http"  # http: HTTP/1.1, and HTTP/2 where a client speaks it; grpc: HTTP/2 only (PROTOCOLS)
 
     def __post_init__(self) -> None:
         self.upstream_url = check_upstream(self.upstream)
@@ -60,6 +66,8 @@ class TapOptions:
             raise ConfigError(f"--correlation-header: {self.correlation_header!r} is not a header name")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ConfigError(f"--timeout-s: must be > 0 (got {self.timeout_s}); leave it out for no tap timeout")
+        if self.protocol not in PROTOCOLS:
+            raise ConfigError(f"--protocol: {self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
         if self.header_timeout_s <= 0:
             raise ConfigError(f"--header-timeout-s: must be > 0 (got {self.header_timeout_s})")
         if self.max_connections < 1:

@@ -17,6 +17,7 @@ from deltatap.core.redact import redact_query
 from deltatap.core.sse import StreamFacts, StreamObserver
 from deltatap.core.vocab import Attr, Observer, Outcome, TapEvent, format_stamp_bounds
 from deltatap.proxy.errors import Failure
+from deltatap.proxy.grpc import DEADLINE_SLACK_NS, GrpcObserver
 
 # request path suffix -> gen_ai.operation.name
 _OPERATIONS: tuple[tuple[str, str], ...] = (
@@ -70,6 +71,7 @@ class TapRecord:
     # event -> (before_ns, after_ns): the event happened in [t - before, t + after] (reads: bytes may have waited in
     # the socket; writes: bytes may have left later). The stream's own are on ``stream``; see bounds().
     bounds: dict[str, tuple[int, int]] = field(default_factory=dict)
+    deadline_ns: int | None = None  # the request's own deadline, from its arrival (gRPC: grpc-timeout)
 
     def final_outcome(self) -> Outcome:
         if self.outcome is not None:
@@ -77,7 +79,11 @@ class TapRecord:
         if self.failure is not None:
             return self.failure.outcome
         if self.downstream_closed is not None:
+            if self.deadline_ns is not None and self.downstream_closed - self.received >= self.deadline_ns - DEADLINE_SLACK_NS:
+                return Outcome.TIMEOUT  # the client gave up at its own deadline
             return Outcome.CLIENT_CANCEL
+        if isinstance(self.stream, GrpcObserver) and self.stream.outcome is not None:
+            return self.stream.outcome  # grpc-status (the HTTP status of a gRPC answer is 200)
         if self.status is not None and self.status >= 400:
             return Outcome.HTTP_ERROR
         return Outcome.OK
@@ -101,6 +107,8 @@ def bounds(rec: TapRecord) -> dict[str, tuple[int, int]]:
     """Every event's interval ``(before_ns, after_ns)`` that is known, the stream's included."""
     out = dict(rec.bounds)
     s = rec.stream
+    if isinstance(s, GrpcObserver):
+        out.update(s.span_bounds())
     if s is not None:
         if s.first_token_mono_ns is not None:
             out[TapEvent.FIRST_TOKEN_RECEIVED] = (s.first_token_bound_ns, 0)
@@ -131,6 +139,8 @@ def events(rec: TapRecord) -> list[tuple[str, int]]:
         (TapEvent.TIMEOUT, rec.timeout),
         (TapEvent.DOWNSTREAM_CLOSED, rec.downstream_closed),
     ]
+    if isinstance(s, GrpcObserver):
+        pairs += s.span_events()
     present = [(str(name), t) for name, t in pairs if t is not None]
     return sorted(present, key=lambda p: p[1])  # stable: equal stamps keep the order above
 
@@ -275,6 +285,8 @@ def attributes(rec: TapRecord, *, link: str, downstream: str, downstream_kind: s
     for key, attr in _TIMING_ATTRS.items():
         if key in facts.timings:
             a[attr] = facts.timings[key]
+    if isinstance(s, GrpcObserver):
+        s.span_attributes(a)
     for k, v in labels.items():
         a[Attr.LABEL_PREFIX + k] = v
     return a

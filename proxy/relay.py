@@ -224,7 +224,19 @@ class Downstream(_Side):
                     return
                 h2relay.adopt(self, data, t, bound)
                 return
+            if self.tap.o.protocol == "grpc":  # a gRPC tap speaks HTTP/2 only: say so once, close
+                self._not_http2(data)
+                return
         self._process(data, self.reader.feed(data), t, bound)
+
+    def _not_http2(self, data: bytes) -> None:
+        c = self.tap.counters
+        c.not_http2 += 1
+        if c.not_http2 == 1 or c.not_http2 % 1000 == 0:
+            log.warning("tap %s (--protocol grpc): a connection from %s did not open with HTTP/2's preface (first bytes %r); "
+                        "closed (%d so far). gRPC clients speak HTTP/2; run the tap without --protocol grpc for HTTP/1.1",
+                        self.tap.o.link, self.peer, bytes(data[:16]), c.not_http2)
+        self.transport.close()
 
     def _process(self, data: bytes, events: list[tuple], t: int, bound: int) -> None:
         out: list[bytes] = []
