@@ -61,6 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--header-timeout-s", type=float, metavar="S",
                    help="close a connection that has not sent a whole request head for S seconds, idle keep-alive included (default 30)")
     p.add_argument("--max-connections", type=int, metavar="N", help="downstream connections open at once; more are closed at accept (default 4096)")
+    p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate (chain): speak TLS toward the downstream (with --tls-key)")
+    p.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
     p.add_argument("--protocol", choices=PROTOCOLS, default=None,
                    help="http (default): HTTP/1.1, and HTTP/2 where a client speaks it; grpc: a gRPC tap, HTTP/2 only "
                         "(h2c, or TLS with ALPN h2 toward an https:// upstream), other connections closed")
@@ -98,6 +100,8 @@ def build_options(args: argparse.Namespace) -> TapOptions:
         "downstream_kind": args.downstream_kind,
         "upstream_kind": args.upstream_kind,
         "upstream": args.upstream,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
     }
     if args.insecure:
         common["verify_tls"] = False

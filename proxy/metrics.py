@@ -61,7 +61,7 @@ class TapCounters:
 
     __slots__ = ("requests", "upstream_errors", "in_flight", "request_bytes", "response_bytes",
                  "overhead_request", "overhead_first_token", "upstream_ttft", "unparsed", "connections", "upstream_connections",
-                 "connections_refused", "header_timeouts", "not_http2")
+                 "connections_refused", "header_timeouts", "ws_malformed", "tls_handshake_failures", "not_http2")
 
     def __init__(self) -> None:
         self.requests: dict[str, int] = {}  # outcome -> count
@@ -77,6 +77,8 @@ class TapCounters:
         self.upstream_connections = 0  # upstream connections opened (the rest reused a pooled one)
         self.connections_refused = 0  # closed at accept: --max-connections were open
         self.header_timeouts = 0  # closed: no whole request head within --header-timeout-s
+        self.ws_malformed = 0  # WebSocket directions whose frames broke RFC 6455: relayed on, unwatched from there
+        self.tls_handshake_failures = 0  # downstream TLS handshakes that failed (plain HTTP to a TLS tap included)
         self.not_http2 = 0  # --protocol grpc: connections closed because they did not open with HTTP/2's preface
 
 
@@ -110,10 +112,16 @@ class _TapCollector(Collector):
         htimeouts = CounterMetricFamily("deltatap_tap_header_timeouts", "Downstream connections closed for sending no whole request "
                                         "head within --header-timeout-s (idle keep-alive included)", labels=["link"])
         htimeouts.add_metric([link], c.header_timeouts)
+        wsbad = CounterMetricFamily("deltatap_tap_websocket_malformed", "WebSocket directions whose frames broke RFC 6455; "
+                                    "their bytes were relayed on, unwatched", labels=["link"])
+        wsbad.add_metric([link], c.ws_malformed)
+        tlsbad = CounterMetricFamily("deltatap_tap_tls_handshake_failures", "Downstream TLS handshakes that failed (--tls-cert; "
+                                     "plain HTTP sent to the TLS port included)", labels=["link"])
+        tlsbad.add_metric([link], c.tls_handshake_failures)
         noth2 = CounterMetricFamily("deltatap_tap_not_http2", "Downstream connections closed because they did not open "
                                     "with HTTP/2's preface (--protocol grpc)", labels=["link"])
         noth2.add_metric([link], c.not_http2)
-        yield from (req, inflight, errs, unparsed, conns, upconns, refused, htimeouts, noth2)
+        yield from (req, inflight, errs, unparsed, conns, upconns, refused, htimeouts, wsbad, tlsbad, noth2)
         yield c.overhead_request.family(
             "deltatap_tap_overhead_request_seconds", "Tap overhead on the request: last byte read -> last byte written upstream", link)
         yield c.overhead_first_token.family(

@@ -50,6 +50,8 @@ class TapOptions:
     header_timeout_s: float = 30.0  # a connection that has not sent a whole request head this long (idle included) is closed
     max_connections: int = 4096  # downstream connections open at once; more are closed at accept (counted)
     query_keep: frozenset[str] = frozenset()  # url.query keys whose values stay as sent (the others are hashed)
+    tls_cert: str | None = None  # PEM certificate (chain): the tap speaks TLS toward its downstream (deltatap.proxy.tls)
+    tls_key: str | None = None  # its PEM private key
     protocol: str = "http"  # http: HTTP/1.1, and HTTP/2 where a client speaks it; grpc: HTTP/2 only (PROTOCOLS)
 
     def __post_init__(self) -> None:
@@ -74,6 +76,12 @@ class TapOptions:
             raise ConfigError(f"--max-connections: must be >= 1 (got {self.max_connections})")
         if self.grace_s < 0:
             raise ConfigError(f"--grace-s: must be >= 0 (got {self.grace_s})")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key go together: give both (the certificate and its key) or neither")
+        if self.tls_cert is not None:
+            from deltatap.proxy.tls import server_context
+
+            server_context(self.tls_cert, self.tls_key or "")  # (every problem with the files: one line, now)
         try:
             self.query_keep = parse_keep([self.query_keep] if isinstance(self.query_keep, str) else self.query_keep)
         except ValueError as exc:
@@ -136,5 +144,7 @@ def options_from_topology(topology: Topology, link_name: str, **overrides) -> Ta
         kw["host_header"] = tap.host_header
         kw["timeout_s"] = tap.timeout_s
         kw["verify_tls"] = tap.verify_tls
+        kw["tls_cert"] = tap.tls_cert
+        kw["tls_key"] = tap.tls_key
     kw.update({k: v for k, v in overrides.items() if v is not None})
     return TapOptions(**kw)

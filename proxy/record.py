@@ -18,6 +18,7 @@ from deltatap.core.sse import StreamFacts, StreamObserver
 from deltatap.core.vocab import Attr, Observer, Outcome, TapEvent, format_stamp_bounds
 from deltatap.proxy.errors import Failure
 from deltatap.proxy.grpc import DEADLINE_SLACK_NS, GrpcObserver
+from deltatap.proxy.websocket import WsTunnel
 
 # request path suffix -> gen_ai.operation.name
 _OPERATIONS: tuple[tuple[str, str], ...] = (
@@ -65,6 +66,7 @@ class TapRecord:
     request_capture: bytes | bytearray | None = None  # small request bodies, parsed for model / max_tokens only
     response_capture: bytearray | None = None  # small non-SSE response bodies, parsed for usage only
     stream: StreamObserver | None = None
+    ws: WsTunnel | None = None  # the exchange upgraded to WebSocket: the tunnel's frames as watched
     failure: Failure | None = None
     outcome: Outcome | None = None
     facts: StreamFacts = field(default_factory=StreamFacts)
@@ -285,6 +287,8 @@ def attributes(rec: TapRecord, *, link: str, downstream: str, downstream_kind: s
     for key, attr in _TIMING_ATTRS.items():
         if key in facts.timings:
             a[attr] = facts.timings[key]
+    if rec.ws is not None:
+        rec.ws.attributes(a)
     if isinstance(s, GrpcObserver):
         s.span_attributes(a)
     for k, v in labels.items():

@@ -39,6 +39,7 @@ from deltatap.proxy.headers import rewrite_request_head, trace_context
 from deltatap.proxy.record import TapRecord
 from deltatap.proxy.spans import SpanStart, begin
 from deltatap.proxy import h2relay
+from deltatap.proxy.websocket import WsTunnel, is_websocket_upgrade, negotiated_deflate
 
 if TYPE_CHECKING:
     from deltatap.proxy.server import Tap
@@ -118,6 +119,7 @@ class Downstream(_Side):
         self.head_first: tuple[int, int] | None = None  # read stamp of an unfinished head's first byte
         self.expect_methods: list[bytes] = []  # request methods sent before the upstream connection was there
         self.opaque = False
+        self.tunnel: Exchange | None = None  # the exchange that upgraded to WebSocket: its span lasts as the tunnel does
         self.eof = False
         self.closed = False
         self.peer: str | None = None
@@ -170,6 +172,10 @@ class Downstream(_Side):
             self.current.rec.downstream_closed = t
             self._complete(self.current)
             self.current = None
+        tun = self.tunnel
+        if tun is not None:
+            self.tunnel = None
+            self._tunnel_ended(tun, "client")
         if up is None:
             return
         self.up = None
@@ -185,6 +191,8 @@ class Downstream(_Side):
     def on_eof(self) -> bool:
         """The client half-closed: pass it on after what it sent, keep relaying the response."""
         self.eof = True
+        if self.tunnel is not None:
+            self.tunnel.rec.ws.connection_closed("client")
         if not self.exchanges and self.current is None and self.reader.idle and not self.opaque:
             return False  # a client closing an idle connection: close it; the upstream one goes back to the pool
         t = mono()
@@ -199,6 +207,8 @@ class Downstream(_Side):
             if up.transport.can_write_eof():
                 up.eof_sent = True
                 up.transport.write_eof()
+            if self.opaque and up.eof:  # a tunnel both ends have half-closed: over (closing this side closes the other)
+                return False
         elif not self.exchanges and self.connecting is None:
             return False  # nothing in flight: close
         return True
@@ -214,6 +224,12 @@ class Downstream(_Side):
     # ---- request bytes ---------------------------------------------------------------------
     def on_data(self, data: bytes, t: int, bound: int) -> None:
         if self.opaque:
+            tun, up = self.tunnel, self.up
+            if tun is not None and up is not None:  # WebSocket: forwarded first, its frames watched after
+                tw, bw = up.send(data)
+                tun.rec.ws.client.feed(data, t, bound, tw, bw)
+                tun.rec.end = tw
+                return
             self._to_upstream(data)
             return
         if self.sniff is not None:  # HTTP/2 prior knowledge: the connection goes to the h2 relay
@@ -452,6 +468,15 @@ class Downstream(_Side):
         self.transport.close()
 
     # ---- completion ------------------------------------------------------------------------
+    def _tunnel_ended(self, ex: Exchange, by: str) -> None:
+        ws = ex.rec.ws
+        ws.connection_closed(by)
+        for sender, why in ws.malformed():
+            self.tap.counters.ws_malformed += 1
+            log.info("tap %s: a WebSocket frame from the %s (%s) broke RFC 6455 (%s); its frames were relayed unwatched from there",
+                     self.tap.o.link, sender, self.peer if sender == "client" else self.tap.upstream_str, why)
+        self._complete(ex)
+
     def _complete(self, ex: Exchange) -> None:
         if ex.done:
             return
@@ -503,7 +528,10 @@ class Upstream(_Side):
         tw, bw = d.send(data)  # forwarded first: watching comes after
         self.last_read = (t, bound)
         if self.reader.opaque:
-            if d.exchanges:
+            if d.tunnel is not None:
+                d.tunnel.rec.ws.server.feed(data, t, bound, tw, bw)
+                d.tunnel.rec.end = tw
+            elif d.exchanges:
                 self._opaque_bytes(d, data, t, bound, tw, bw)
             return
         events = self.reader.feed(data)
@@ -521,7 +549,10 @@ class Upstream(_Side):
             self.last_read = (t, bound)
             piece = data[start:end]
             if self.reader.opaque:
-                if d.exchanges:
+                if d.tunnel is not None:
+                    d.tunnel.rec.ws.server.feed(piece, t, bound, tw, bw)
+                    d.tunnel.rec.end = tw
+                elif d.exchanges:
                     self._opaque_bytes(d, piece, t, bound, tw, bw)
                 continue
             tw, bw = self._watch(d, piece, self.reader.feed(piece), t, bound, tw, bw)
@@ -579,6 +610,12 @@ class Upstream(_Side):
                     obs = rec.stream = StreamObserver(path=rec.path)
                 elif b"json" in ctype:
                     ex.capture_out = bytearray()
+                if head.status == 101 and is_websocket_upgrade(head):
+                    rec.ws = WsTunnel(negotiated_deflate(head))
+                    d.tunnel = ex
+                    if ex.timer is not None:  # (--timeout-s bounds the exchange up to the 101, not the tunnel)
+                        ex.timer.cancel()
+                        ex.timer = None
                 if head.status == 101 or (ex.method == b"CONNECT" and 200 <= head.status < 300):
                     self._switch(d, True)
                 elif d.reader.held:
@@ -606,6 +643,10 @@ class Upstream(_Side):
                     rec.chunks += 1
                     seen = False
                 exs.popleft()
+                if d.tunnel is ex:  # WebSocket: the span ends with the tunnel; frames after the 101 are its first
+                    if ev[1] < len(data):
+                        rec.ws.server.feed(memoryview(data)[ev[1]:], t, bound, tw, bw)
+                    return tw, bw
                 d._complete(ex)
                 if self.reader.opaque:  # 101 / CONNECT: what follows is the tunnel, not an exchange
                     return tw, bw
@@ -663,6 +704,11 @@ class Upstream(_Side):
             self.keep_alive = False
             if held:
                 d._to_upstream(held)
+                tun = d.tunnel
+                if tun is not None:  # client frames sent before the 101 came: they arrived after the request head
+                    now = mono()
+                    tun.rec.ws.client.feed(held, now, now - (tun.rec.head or tun.rec.received), self.last_write_mono or now,
+                                           self.last_write_bound)
         elif held:
             d._process(held, events, mono(), 0)
 
@@ -670,6 +716,8 @@ class Upstream(_Side):
     def on_eof(self) -> bool:
         self.eof = True
         d = self.down
+        if d is not None and d.tunnel is not None:
+            d.tunnel.rec.ws.connection_closed("server")
         events = self.reader.feed_eof()
         if d is not None:
             if events and events[0][0] == END and d.exchanges:  # a close-delimited body ended with its last read
@@ -689,6 +737,8 @@ class Upstream(_Side):
             return
         self.down = None
         d.up = None
+        if d.tunnel is not None:
+            d.tunnel.rec.ws.connection_closed("server")
         self._upstream_ended(d)
         if self.reset_by_peer:
             reset(d.transport)

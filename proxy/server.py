@@ -26,6 +26,7 @@ from deltatap.proxy.options import TapOptions
 from deltatap.proxy.record import TapRecord, attributes
 from deltatap.proxy.relay import POOL_MAX, Downstream, Upstream, ssl_context
 from deltatap.proxy.spans import SpanStart, emit
+from deltatap.proxy.tls import TlsServer, server_context
 from deltatap.telemetry.tracer import Telemetry
 
 log = logging.getLogger("deltatap.tap")
@@ -60,6 +61,8 @@ class Tap:
         self.upstream_host = up.host or ""
         self.upstream_port = up.port or (443 if up.scheme == "https" else 80)
         self.ssl_context = ssl_context(options.verify_tls) if up.scheme == "https" else None
+        # TLS toward the downstream (--tls-cert): decrypted above the stamped transport (deltatap.proxy.tls)
+        self.tls_context = server_context(options.tls_cert, options.tls_key or "") if options.tls_cert else None
         prefix = up.raw_path.rstrip("/")
         self.target_prefix = prefix.encode("latin-1") if prefix else b""  # joined with each origin-form target
         self.correlation_header = options.correlation_header.lower().encode("latin-1")
@@ -107,7 +110,7 @@ class Tap:
                 raise ConfigError(f"--admin {o.admin_host}:{o.admin_port}: cannot listen ({exc.strerror or exc})") from None
             admin_port = asite._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             admin_url = f"http://{_host_for_url(o.admin_host)}:{admin_port}"
-        url = f"http://{_host_for_url(o.listen_host)}:{port}"
+        url = f"{'https' if self.tls_context else 'http'}://{_host_for_url(o.listen_host)}:{port}"
         log.info(
             "tap %s listening on %s -> %s (admin %s; reads stamped by %s)", o.link, url, self.upstream_str, admin_url or "off",
             {"packet": "the kernel, per packet where it merged them (packet socket)",
@@ -120,9 +123,18 @@ class Tap:
                         o.link, self.upstream_str, problem)
         return RunningTap(self, url, port, admin_url, admin_port)
 
-    def _accept(self) -> Downstream:
+    def _accept(self) -> Downstream | TlsServer:
         self.counters.connections += 1
+        if self.tls_context is not None:
+            return TlsServer(self.tls_context, lambda _alpn: Downstream(self), handshake_timeout_s=self.o.header_timeout_s,
+                             on_failure=self._tls_failed)
         return Downstream(self)
+
+    def _tls_failed(self, why: str, peer: str | None) -> None:
+        c = self.counters
+        c.tls_handshake_failures += 1
+        (log.info if c.tls_handshake_failures == 1 or c.tls_handshake_failures % 1000 == 0 else log.debug)(
+            "tap %s: a TLS handshake from %s failed (%s); closed (%d so far)", self.o.link, peer, why, c.tls_handshake_failures)
 
     def connection_refused(self) -> None:
         c = self.counters
@@ -141,7 +153,7 @@ class Tap:
         if self._server is not None:
             self._server.close()
         for d in list(self.connections):  # idle keep-alive connections end now; busy ones after their exchange
-            if not d.exchanges and d.current is None:
+            if not d.exchanges and d.current is None and getattr(d, "tunnel", None) is None:
                 d.transport.close()
         if self.in_flight:
             log.info("tap %s: waiting up to %.1fs for %d requests in flight", self.o.link, grace, self.in_flight)
@@ -260,7 +272,7 @@ class Tap:
             self._idle.set()
             if self.draining:  # connections left idle by the last exchange end now
                 for d in list(self.connections):
-                    if not d.exchanges and d.current is None:
+                    if not d.exchanges and d.current is None and getattr(d, "tunnel", None) is None:
                         d.transport.close()
         try:
             o = self.o

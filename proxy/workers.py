@@ -170,9 +170,17 @@ async def _parent(opts: TapOptions, port: int, admins: list[str], children: list
                    "in_flight": sum(int(d.get("in_flight", 0)) for d in docs)}
             return web.json_response(doc, status=200 if ok else 503)
 
+        async def get_live(request: web.Request) -> web.Response:
+            """Liveness, as one tap's: 200 while the workers serve, whatever the upstream does."""
+            resp = await get_health(request)
+            resp.set_status(200 if any(d != "unreachable" for d in json.loads(resp.body)["worker_status"]) else 503)
+            return resp
+
         app = web.Application()
         app.router.add_get("/metrics", get_metrics)
         app.router.add_get("/healthz", get_health)
+        app.router.add_get("/readyz", get_health)
+        app.router.add_get("/livez", get_live)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, opts.admin_host, opts.admin_port, reuse_address=True)
@@ -187,7 +195,7 @@ async def _parent(opts: TapOptions, port: int, admins: list[str], children: list
             raise ConfigError(f"--admin {opts.admin_host}:{opts.admin_port}: cannot listen ({exc.strerror or exc})") from None
         aport = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         admin_url = f"http://{opts.admin_host}:{aport}"
-    print(f"deltatap tap {opts.link}: http://{opts.listen_host}:{port} -> {opts.upstream} ({len(children)} workers; admin {admin_url})",
+    print(f"deltatap tap {opts.link}: {'https' if opts.tls_cert else 'http'}://{opts.listen_host}:{port} -> {opts.upstream} ({len(children)} workers; admin {admin_url})",
           flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

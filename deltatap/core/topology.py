@@ -59,6 +59,8 @@ class TapSpec(StrictModel):
     host_header: str | None = Field(default=None, description="rewrite Host to this value (default: preserve)")
     timeout_s: float | None = Field(default=None, gt=0, description="the tap's own upstream timeout; none by default")
     verify_tls: bool = Field(default=True, description="verify the upstream's TLS certificate (https upstreams)")
+    tls_cert: str | None = Field(default=None, description="PEM certificate: the tap speaks TLS toward its downstream (with tls_key)")
+    tls_key: str | None = Field(default=None, description="PEM private key of tls_cert")
 
     @field_validator("listen", "admin")
     @classmethod
