@@ -44,6 +44,7 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
+import hyperframe.frame
 
 from deltatap.core.clock import mono_ns as mono
 from deltatap.core.fingerprint import Fingerprinter
@@ -194,6 +195,7 @@ class H2Downstream(StampedProtocol):
         self.by_up: dict[int, Stream] = {}  # by upstream id
         self.waiting_open: deque[Stream] = deque()  # streams over the upstream's concurrency limit
         self.failure: Failure | None = None  # the upstream cannot be had: every stream gets this answer
+        self.going_away = False  # the upstream sent GOAWAY: new streams are refused
         self.closed = False
         self.marks: list[Callable[[int, int], None]] = []  # stamps to set from the next downstream write
 
@@ -306,13 +308,15 @@ class H2Downstream(StampedProtocol):
             s.to_up.end = True
         elif isinstance(ev, E.StreamReset):
             s = self.streams.get(ev.stream_id)
-            if s is None or s.done:
+            if s is None or s.reset:
                 return
             s.reset = True
-            s.rec.downstream_closed = t
+            if not s.done:
+                s.rec.downstream_closed = t
             if s.up_id is not None and self.up is not None:
                 self.up.reset_stream(s, ev.error_code)
             self._complete(s)
+            self._forget(s)
         elif isinstance(ev, E.WindowUpdated):
             if ev.stream_id == 0:
                 for s in list(self.streams.values()):
@@ -349,6 +353,9 @@ class H2Downstream(StampedProtocol):
         if self.failure is not None:
             self._answer(s, self.failure)
             return
+        if self.going_away:
+            self._refuse(s)
+            return
         if ev.stream_ended:
             rec.body_received = t
             rec.bounds[TapEvent.REQUEST_BODY_RECEIVED] = (bound, 0)
@@ -362,6 +369,10 @@ class H2Downstream(StampedProtocol):
         if self.waiting_open or c.open_outbound_streams >= c.remote_settings.max_concurrent_streams:
             self.waiting_open.append(s)
             return
+        self._start(s, up)
+
+    def _start(self, s: Stream, up: H2Upstream) -> None:
+        c = up.conn
         s.up_id = c.get_next_available_stream_id()
         self.by_up[s.up_id] = s
         end = s.to_up.end and not s.to_up.buf and s.to_up.trailers is None
@@ -382,7 +393,7 @@ class H2Downstream(StampedProtocol):
         while self.waiting_open and c.open_outbound_streams < c.remote_settings.max_concurrent_streams:
             s = self.waiting_open.popleft()
             if not s.reset and not s.done:
-                self._open(s)
+                self._start(s, up)
 
     @staticmethod
     def _forwarded(s: Stream, tw: int, bw: int) -> None:
@@ -398,6 +409,7 @@ class H2Downstream(StampedProtocol):
         if _drain(up.conn, s.up_id, s.to_up, self.conn, s.down_id):
             if s.to_up.closed and not was:
                 up.marks.append(lambda tw, bw, s=s: self._forwarded(s, tw, bw))
+                self._forget(s)
 
     # ---- flow: upstream -> client -----------------------------------------------------------
     def _drain_down(self, s: Stream) -> None:
@@ -490,32 +502,36 @@ class H2Downstream(StampedProtocol):
 
     # ---- GOAWAY -----------------------------------------------------------------------------
     def _goaway_from_client(self, ev: Any) -> None:
-        """The client sends no new streams: pass the GOAWAY on (streams in flight go on)."""
+        """The client opens no more streams: the upstream gets the GOAWAY (its last stream id counts pushed streams,
+        none here); streams in flight go on."""
+        _reopen(self.conn)
         up = self.up
-        if up is None:
-            return
-        last = max((s.up_id for s in self.streams.values() if s.up_id is not None and s.down_id <= ev.last_stream_id), default=0)
-        try:
-            up.conn.close_connection(ev.error_code, last_stream_id=last)
-        except h2.exceptions.H2Error:
-            pass
+        if up is not None:
+            up.goaway_out(0, ev.error_code, ev.additional_data)
 
     def goaway_from_upstream(self, ev: Any) -> None:
-        """The upstream takes no new streams: streams it never began are refused, the client gets the GOAWAY."""
-        last_down = 0
-        for s in list(self.streams.values()):
-            if s.up_id is not None and s.up_id <= ev.last_stream_id:
-                last_down = max(last_down, s.down_id)
-            elif not s.done:
-                self.waiting_open = deque(w for w in self.waiting_open if w is not s)
-                s.rec.failure = _REFUSED
-                self.tap.count_upstream_error(_REFUSED.error_type)
-                self.reset_stream(s, h2.errors.ErrorCodes.REFUSED_STREAM)
-        try:
-            self.conn.close_connection(ev.error_code, last_stream_id=last_down)
-        except h2.exceptions.H2Error:
-            pass
+        """The upstream takes no new streams: those it did not take (ids above its last one, or not opened yet) are
+        refused (RST_STREAM REFUSED_STREAM: a client may retry them), the client gets the GOAWAY with the last of its
+        own stream ids that the upstream took, and the streams up to it go on to their end."""
+        up = self.up
+        if up is not None:
+            up.going_away = True
+            _reopen(up.conn)
+        # (the upstream's ids follow the client's in order: the refused streams are the client's last ones)
+        refused = [s for s in list(self.streams.values()) if not s.done and (s.up_id is None or s.up_id > ev.last_stream_id)]
+        last_down = min((s.down_id for s in refused), default=self.conn.highest_inbound_stream_id + 2) - 2
+        for s in refused:
+            self._refuse(s)
+        self.waiting_open.clear()
+        self.going_away = True
         self._flush()
+        if not self.transport.is_closing():
+            self.send(_goaway_frame(max(0, last_down), ev.error_code, ev.additional_data))
+
+    def _refuse(self, s: Stream) -> None:
+        s.rec.failure = _REFUSED
+        self.tap.count_upstream_error(_REFUSED.error_type)
+        self.reset_stream(s, h2.errors.ErrorCodes.REFUSED_STREAM)
 
     # ---- end of the connections -------------------------------------------------------------
     def on_eof(self) -> bool:
@@ -573,14 +589,37 @@ class H2Downstream(StampedProtocol):
         rec.fingerprint = s.fp.result()
         rec.request_capture = s.capture
         rec.response_capture = s.capture_out
-        self.streams.pop(s.down_id, None)
-        if s.up_id is not None:
-            self.by_up.pop(s.up_id, None)
+        self._forget(s)
         self.tap.finish(s.span, rec)
+        if self.waiting_open:
+            self.open_waiting()
+
+    def _forget(self, s: Stream) -> None:
+        """Drop the stream from the maps once it is over both ways (a response may end before its request does: the
+        rest of the request still goes upstream)."""
+        if s.done and (s.reset or s.to_up.closed or self.failure is not None or self.up is None):
+            self.streams.pop(s.down_id, None)
+            if s.up_id is not None:
+                self.by_up.pop(s.up_id, None)
 
 
 class _NotH2(Exception):
     pass
+
+
+def _reopen(conn: h2.connection.H2Connection) -> None:
+    """h2 closes its connection state machine at a GOAWAY, sent or received, and then refuses every frame; HTTP/2
+    lets the streams up to the GOAWAY's last stream id run to their end (RFC 9113 section 6.8), so the relay puts
+    the state back to open (it opens no new streams on that connection itself)."""
+    if conn.state_machine.state == h2.connection.ConnectionState.CLOSED:
+        conn.state_machine.state = (h2.connection.ConnectionState.CLIENT_OPEN if conn.config.client_side
+                                    else h2.connection.ConnectionState.SERVER_OPEN)
+
+
+def _goaway_frame(last_stream_id: int, error_code: int, additional_data: bytes | None) -> bytes:
+    """A GOAWAY frame written by the relay itself (h2's own would close its state machine: see :func:`_reopen`)."""
+    return hyperframe.frame.GoAwayFrame(0, last_stream_id=last_stream_id, error_code=int(error_code),
+                                        additional_data=additional_data or b"").serialize()
 
 
 class H2Upstream(StampedProtocol):
@@ -590,6 +629,7 @@ class H2Upstream(StampedProtocol):
         self.down: H2Downstream | None = down
         self.conn = h2.connection.H2Connection(_config(True))
         self.marks: list[Callable[[int, int], None]] = []  # stamps to set from the next upstream write
+        self.going_away = False  # the upstream sent GOAWAY: no new streams on this connection
 
     def on_made(self) -> None:
         codes = h2.settings.SettingCodes
@@ -613,6 +653,12 @@ class H2Upstream(StampedProtocol):
         marks, self.marks = self.marks, []
         for m in marks:
             m(tw, bw)
+
+    def goaway_out(self, last_stream_id: int, error_code: int, additional_data: bytes | None) -> None:
+        """Pass a client's GOAWAY on (after what waits to be written)."""
+        self.flush()
+        if not self.transport.is_closing():
+            self.send(_goaway_frame(last_stream_id, error_code, additional_data))
 
     def reset_stream(self, s: Stream, code: int) -> None:
         s.reset = True

@@ -9,6 +9,11 @@ Routes (by ``:path``):
   a 103 first when the request has ``x-early-hints: 1``.
 * ``/hang``: response headers, then nothing (until the client resets the stream).
 * ``/reset?code=C``: response headers and one event, then RST_STREAM with error code ``C``.
+* ``/goaway?...``: a GOAWAY naming this stream as the last (a graceful shutdown, as nghttp2 and Go servers do it),
+  then the SSE stream as above to its end; the connection closes once its streams are over.
+* ``/close``: the server closes the whole connection (every stream on it breaks).
+
+``max_streams``: the server's SETTINGS_MAX_CONCURRENT_STREAMS.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import h2.config
 import h2.connection
 import h2.events
 import h2.exceptions
+import h2.settings
+import hyperframe.frame
 
 from deltatap.core.clock import mono_ns
 from deltatap.net.conn import StampedProtocol, start_server
@@ -42,10 +49,13 @@ class PeerLog:
 
 
 class _Conn(StampedProtocol):
-    def __init__(self, log: PeerLog) -> None:
+    def __init__(self, log: PeerLog, max_streams: int) -> None:
         self.log = log
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None,
                                                                           normalize_inbound_headers=False))
+        self.conn.local_settings = h2.settings.Settings(client=False, initial_values={
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: max_streams})
+        self.going_away = False
         self.bodies: dict[int, list[bytes]] = {}
         self.tasks: dict[int, asyncio.Task] = {}
         self.windows: dict[int, asyncio.Event] = {}
@@ -108,6 +118,13 @@ class _Conn(StampedProtocol):
         c = self.conn
         if route == "/v1/chat/completions":
             self.tasks[sid] = asyncio.ensure_future(self._sse(sid, q))
+        elif route == "/goaway":
+            self.flush()
+            self.send(hyperframe.frame.GoAwayFrame(0, last_stream_id=sid, error_code=0).serialize())
+            self.going_away = True
+            self.tasks[sid] = asyncio.ensure_future(self._sse(sid, q))
+        elif route == "/close":
+            self.transport.close()
         elif route == "/echo":
             if dict(headers).get(b"x-early-hints") == b"1":
                 c.send_headers(sid, [(b":status", b"103"), (b"link", b"</a.css>; rel=preload")])
@@ -174,6 +191,8 @@ class _Conn(StampedProtocol):
         c.send_data(sid, b"data: [DONE]\n\n", end_stream=True)
         self.flush()
         self.tasks.pop(sid, None)
+        if self.going_away and not self.tasks:
+            self.transport.close()
 
     def on_lost(self, exc: BaseException | None) -> None:
         for task in self.tasks.values():
@@ -191,12 +210,12 @@ class H2Peer:
         self.server.close()
 
 
-async def start_h2_peer(ssl_context=None) -> H2Peer:
+async def start_h2_peer(ssl_context=None, max_streams: int = 100) -> H2Peer:
     """The server on a free 127.0.0.1 port; with ``ssl_context`` (ALPN h2 set on it here), over TLS."""
     log = PeerLog()
     if ssl_context is not None:
         ssl_context.set_alpn_protocols(["h2"])
-    server = await start_server(lambda: _Conn(log), "127.0.0.1", 0, ssl=ssl_context)
+    server = await start_server(lambda: _Conn(log, max_streams), "127.0.0.1", 0, ssl=ssl_context)
     port = server.sockets[0].getsockname()[1]
     return H2Peer(f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}", port, log, server)
 

@@ -39,7 +39,8 @@ def req(port: int, path: str, method: bytes = b"POST", extra: list[tuple[bytes, 
 
 
 async def curl(url: str, *args: str) -> bytes:
-    proc = await asyncio.create_subprocess_exec("curl", "-sS", "--http2-prior-knowledge", "--max-time", "10", *args, url,
+    """``curl --http2-prior-knowledge ARGS URL`` (its exit status checked); ``ARGS`` may hold more URLs after ``--next``."""
+    proc = await asyncio.create_subprocess_exec("curl", "-sS", "--http2-prior-knowledge", "--max-time", "10", url, *args,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 15)
     assert proc.returncode == 0, err.decode()
@@ -233,3 +234,54 @@ async def test_tls_upstream_with_alpn_h2(self_signed, make_tap, span_exporter, t
     assert out.count(b"data: ") == 5 and p.log.connections == 1
     (span,) = await wait_spans(span_exporter, telemetry, 1)
     assert span.attributes[Attr.OUTCOME] == "ok" and span.attributes[Attr.CONTENT_EVENTS] == 2
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+async def test_upstream_goaway_lets_the_stream_in_flight_finish(peer, make_tap, span_exporter, telemetry):
+    tap = await make_tap(peer.url)
+    urls = [f"/goaway?{SSE_TAIL}", f"/v1/chat/completions?{SSE_TAIL}"]
+    direct = await curl(peer.url + urls[0], "-d", "{}", "--next", "--http2-prior-knowledge", "-d", "{}", peer.url + urls[1])
+    assert peer.log.connections == 2  # curl opened a second connection after the GOAWAY
+    through = await curl(tap.url + urls[0], "-d", "{}", "--next", "--http2-prior-knowledge", "-d", "{}", tap.url + urls[1])
+    assert through == direct and through.count(b"data: [DONE]") == 2
+    assert peer.log.connections == 4
+    spans = await wait_spans(span_exporter, telemetry, 2)
+    assert sorted(s.attributes[Attr.OUTCOME] for s in spans) == ["ok", "ok"]
+
+
+async def test_upstream_connection_lost_breaks_its_streams(peer, make_tap, span_exporter, telemetry):
+    tap = await make_tap(peer.url)
+    c = await H2Client().connect("127.0.0.1", tap.port)
+    try:
+        started = c.request(req(tap.port, "/hang"))
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if c.replies[started].headers is not None:
+                break
+        r_close = await c.wait(c.request(req(tap.port, "/close")))
+        r_started = await c.wait(started)
+    finally:
+        await c.close()
+    assert r_close.status == 502 and json.loads(r_close.data)["error"]["type"] == "upstream_closed"  # nothing had come: the tap answers
+    assert r_started.status == 200 and r_started.reset == h2.errors.ErrorCodes.INTERNAL_ERROR  # it had begun: broken, as it broke
+    spans = await wait_spans(span_exporter, telemetry, 2)
+    assert sorted(s.attributes[Attr.ERROR_TYPE] for s in spans) == ["upstream_closed", "upstream_closed"]
+    assert all(s.attributes[Attr.OUTCOME] == "upstream_error" for s in spans)
+
+
+async def test_streams_beyond_the_upstreams_concurrency_limit_wait_for_it(make_tap, span_exporter, telemetry):
+    p = await start_h2_peer(max_streams=3)
+    try:
+        tap = await make_tap(p.url)
+        c = await H2Client().connect("127.0.0.1", tap.port)
+        try:  # (opened before the upstream's SETTINGS reach the client through the tap)
+            sids = [c.request(req(tap.port, "/v1/chat/completions?first_ms=5&gap_ms=1&n=2")) for _ in range(12)]
+            replies = await asyncio.gather(*(c.wait(s) for s in sids))
+            limit = c.conn.remote_settings.max_concurrent_streams
+        finally:
+            await c.close()
+    finally:
+        await p.close()
+    assert all(r.status == 200 and r.reset is None and r.data.endswith(b"data: [DONE]\n\n") for r in replies)
+    assert limit == 3  # the upstream's limit, mirrored as the tap's own
+    assert len(await wait_spans(span_exporter, telemetry, 12)) == 12
