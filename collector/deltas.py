@@ -327,11 +327,11 @@ def reference_markdown(topology: Topology | None = None) -> str:
         "its own intermediaries and links). Draft: the profiles draft section 6 formula where both points have a draft name. "
         "TTFT term: a term of the sum the residual is computed against. Metric: the Prometheus family the delta is a "
         f"`delta` label value of (unit: {METRIC_UNIT}; signed deltas have no histogram).\n",
-        "| delta | label | draft | points (end - start) | component | phase | TTFT term | signed | metric |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| delta | label | draft | points (end - start) | measures | component | phase | TTFT term | signed | metric |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for d in registry(topo):
         points = f"`{d.end}`{SEP}`{d.start}`" if d.end else "derived"
-        out.append(f"| `{d.name}` | {d.label} | {d.alias or ''} | {points} | {d.metric_component} | {d.phase} | "
+        out.append(f"| `{d.name}` | {d.label} | {d.alias or ''} | {points} | {d.explanation.replace('|', '/')} | {d.metric_component} | {d.phase} | "
                    f"{'yes' if d.ttft_term else ''} | {'yes' if d.signed else ''} | `{d.metric}` |")
     return "\n".join(out) + "\n"

@@ -28,6 +28,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from deltatap.collector import CollectorOptions, PipelineOptions, start_collector
 from deltatap.collector.receivers import start_grpc
+from deltatap.collector.deltas import registry
 from deltatap.collector.spans import decode_request
 from deltatap.telemetry.tracer import setup_telemetry
 from deltatap.core.vocab import Attr, Role
@@ -37,14 +38,11 @@ REQUESTS = 270
 WARMUP = 20  # the first requests of fresh processes pay imports and first-call costs: not compared
 RATE = 50.0
 SPANS_PER_REQUEST = 4  # the client span and one per tap
-INJECTED_MS = {"gateway_inbound": 2.0, "firewall_inbound": 3.0}  # fixed parts of the delays in stack_yaml
-COMPONENT_DELTAS = {
-    "gateway_inbound": ("gateway", Role.IN_EXIT, Role.IN_ARRIVE),
-    "firewall_inbound": ("firewall", Role.IN_EXIT, Role.IN_ARRIVE),
-    "engine_ttft": ("engine", Role.FIRST_TOKEN, Role.QUEUE),
-    "firewall_outbound": ("firewall", Role.OUT_FIRST_OUT, Role.OUT_FIRST_IN),
-    "gateway_outbound": ("gateway", Role.OUT_FIRST_OUT, Role.OUT_FIRST_IN),
-}
+_DELTAS = registry()  # the default stack's (collector/deltas.py)
+INJECTED_MS = {_DELTAS.named("inbound", "gateway"): 2.0, _DELTAS.named("inbound", "firewall"): 3.0}  # fixed parts of the delays in stack_yaml
+# the components' TTFT terms, checked against their own true points: name -> (component, end role, start role)
+COMPONENT_DELTAS = {d.name: (d.component, Role(d.end.partition(".")[2]), Role(d.start.partition(".")[2]))
+                    for d in _DELTAS if d.ttft_term and d.end and d.component}
 
 
 @dataclass

@@ -200,13 +200,15 @@ def wire_point(wire_req: dict[str, Exchange], point: str, observer: str) -> tupl
 
 
 def tap_delta_wire(wire_req: dict[str, Exchange], name: str) -> int | None:
+    from deltatap.collector.deltas import delta_name  # the tap deltas' names (the collector is imported lazily here)
+
     for link in LINKS:
         d, u = wire_req.get(_d(link)), wire_req.get(_u(link))
-        if name == f"tap_{link}_request":
+        if name == delta_name("tap_request", link):
             if d and u and "req_last" in d.times and "req_last" in u.times:
                 return u.times["req_last"] - d.times["req_last"]
             return None
-        if name == f"tap_{link}_first_token":
+        if name == delta_name("tap_first_token", link):
             if d and u and "first" in d.times and "first" in u.times:
                 return d.times["first"] - u.times["first"]
             return None
@@ -295,7 +297,7 @@ def compare(rows, wire: Wire, warmup: int = 10) -> Comparison:
                 examples.append({"request_id": r.request_id, "point": name, "observer": ob, "error_ms": e / 1e6})
         for name, dv in r.deltas.items():
             d = defs.get(name)
-            if d is None or d.phase in ("itl", "residual"):
+            if d is None or d.signed:
                 continue
             if d.phase == "tap":
                 wv = tap_delta_wire(w, name)
