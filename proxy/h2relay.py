@@ -661,7 +661,7 @@ class H2Upstream(StampedProtocol):
             self.send(_goaway_frame(last_stream_id, error_code, additional_data))
 
     def reset_stream(self, s: Stream, code: int) -> None:
-        s.reset = True
+        """RST_STREAM toward the upstream (the caller decides what the client gets)."""
         try:
             self.conn.reset_stream(s.up_id, code)
         except h2.exceptions.H2Error:

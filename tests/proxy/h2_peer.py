@@ -11,6 +11,7 @@ Routes (by ``:path``):
 * ``/reset?code=C``: response headers and one event, then RST_STREAM with error code ``C``.
 * ``/goaway?...``: a GOAWAY naming this stream as the last (a graceful shutdown, as nghttp2 and Go servers do it),
   then the SSE stream as above to its end; the connection closes once its streams are over.
+* ``/silent``: no answer at all.
 * ``/close``: the server closes the whole connection (every stream on it breaks).
 
 ``max_streams``: the server's SETTINGS_MAX_CONCURRENT_STREAMS.
@@ -123,6 +124,8 @@ class _Conn(StampedProtocol):
             self.send(hyperframe.frame.GoAwayFrame(0, last_stream_id=sid, error_code=0).serialize())
             self.going_away = True
             self.tasks[sid] = asyncio.ensure_future(self._sse(sid, q))
+        elif route == "/silent":
+            self.tasks[sid] = asyncio.ensure_future(asyncio.sleep(3600))
         elif route == "/close":
             self.transport.close()
         elif route == "/echo":

@@ -285,3 +285,18 @@ async def test_streams_beyond_the_upstreams_concurrency_limit_wait_for_it(make_t
     assert all(r.status == 200 and r.reset is None and r.data.endswith(b"data: [DONE]\n\n") for r in replies)
     assert limit == 3  # the upstream's limit, mirrored as the tap's own
     assert len(await wait_spans(span_exporter, telemetry, 12)) == 12
+
+
+async def test_tap_timeout_answers_504_or_resets_both_sides(peer, make_tap, span_exporter, telemetry):
+    tap = await make_tap(peer.url, timeout_s=0.3)
+    c = await H2Client().connect("127.0.0.1", tap.port)
+    try:
+        silent, begun = c.request(req(tap.port, "/silent")), c.request(req(tap.port, "/hang"))
+        r_silent, r_begun = await c.wait(silent), await c.wait(begun)
+    finally:
+        await c.close()
+    assert r_silent.status == 504 and json.loads(r_silent.data)["error"]["type"] == "upstream_timeout"
+    assert r_begun.status == 200 and r_begun.reset == h2.errors.ErrorCodes.CANCEL
+    assert sorted(code for code, _t in peer.log.resets) == [h2.errors.ErrorCodes.CANCEL] * 2  # the upstream's streams cancelled
+    spans = await wait_spans(span_exporter, telemetry, 2)
+    assert [s.attributes[Attr.OUTCOME] for s in spans] == ["timeout", "timeout"]
