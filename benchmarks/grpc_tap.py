@@ -141,7 +141,7 @@ async def run(args: argparse.Namespace, targets: dict[str, str], pids: dict[str,
                 lvl["ttfm_ms"][p] = {"p50": pct(v, 50) / 1e6, "p99": pct(v, 99) / 1e6, "n": len(v)}
             for p in calls:
                 if p != "direct":
-                    lvl["added_ms"][p] = {q: lvl["ttfm_ms"][p][q] - lvl["ttfm_ms"]["direct"][q] for q in ("p50", "p99")}
+                    lvl["added_ms"][p] = {q: lvl["ttfm_ms"][p][q] - lvl["ttfm_ms"]["direct"][q] for q in ("p50", "p99")} if "direct" in calls else {}
             for p, s in cpu.items():
                 lvl["proxy_cpu_ms_per_call"][p] = s * 1e3 / max(1, len(per[p]) + errs[p])
             result["levels"][str(conc)] = lvl
