@@ -106,6 +106,49 @@ def _config(client_side: bool) -> h2.config.H2Configuration:
                                      normalize_outbound_headers=False, split_outbound_cookies=False)
 
 
+async def downstream_alpn(tap: Tap, timeout_s: float = 1.0) -> tuple[str, ...]:
+    """The ALPN protocols a TLS tap offers its clients (``--tls-cert``): :data:`deltatap.proxy.tls.ALPN_PROTOCOLS` (h2
+    first) when the upstream speaks HTTP/2 (ALPN h2 over TLS; for ``http://``, an answer in HTTP/2 to HTTP/2's
+    preface) or the tap is a gRPC tap; else ``http/1.1`` only. The relay does not translate between HTTP versions, so
+    a client that speaks h2 to a tap in front of an HTTP/1.1-only upstream would fail where it succeeds directly."""
+    from deltatap.proxy.tls import ALPN_PROTOCOLS
+
+    if tap.o.protocol == "grpc":
+        return ALPN_PROTOCOLS
+    h1_only = tuple(p for p in ALPN_PROTOCOLS if p != ALPN_H2)
+    ctx = None
+    if tap.ssl_context is not None:
+        from deltatap.proxy.relay import ssl_context  # (relay imports this module)
+
+        ctx = ssl_context(tap.o.verify_tls)
+        ctx.set_alpn_protocols([ALPN_H2, "http/1.1"])  # (an HTTP/1.1 server still completes the handshake)
+    writer = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(tap.upstream_host, tap.upstream_port, ssl=ctx,
+                                                           server_hostname=tap.upstream_host if ctx else None)
+            if ctx is not None:
+                speaks = writer.get_extra_info("ssl_object").selected_alpn_protocol() == ALPN_H2
+            else:
+                writer.write(PREFACE + hyperframe.frame.SettingsFrame(0).serialize())
+                head = await reader.readexactly(9)
+                speaks = head[3] == 0x4 and head[5:9] == b"\0\0\0\0"  # a SETTINGS frame on stream 0: HTTP/2's answer
+    except (OSError, TimeoutError, asyncio.IncompleteReadError, _ssl.SSLError):
+        speaks = False
+    finally:
+        if writer is not None:
+            writer.close()
+    log.info("tap %s: TLS toward clients offers ALPN %s (the upstream %s HTTP/2)", tap.o.link, ", ".join(ALPN_PROTOCOLS if speaks else h1_only),
+             "speaks" if speaks else "does not speak (or did not answer)")
+    return ALPN_PROTOCOLS if speaks else h1_only
+
+
+def negotiated(transport: Any) -> bool:
+    """Whether the connection negotiated HTTP/2 with ALPN (TLS toward the client, :mod:`deltatap.proxy.tls`)."""
+    ssl_object = transport.get_extra_info("ssl_object")
+    return ssl_object is not None and ssl_object.selected_alpn_protocol() == ALPN_H2
+
+
 def adopt(down: Downstream, data: bytes, t: int, bound: int) -> None:
     """Take over the downstream connection ``down`` (its first bytes ``data``, read at ``t`` within ``bound``, begin
     with the HTTP/2 preface, or it negotiated ALPN h2 over TLS): from now on its transport talks to an

@@ -232,10 +232,10 @@ class Downstream(_Side):
                 return
             self._to_upstream(data)
             return
-        if self.sniff is not None:  # HTTP/2 prior knowledge: the connection goes to the h2 relay
+        if self.sniff is not None:  # HTTP/2 (prior knowledge, or ALPN h2 over TLS): the connection goes to the h2 relay
             data, self.sniff = self.sniff + data, None
-            if h2relay.PREFACE.startswith(data[:24]):
-                if len(data) < 24:
+            if h2relay.PREFACE.startswith(data[:24]) or h2relay.negotiated(self.transport):
+                if len(data) < 24 and h2relay.PREFACE.startswith(data):
                     self.sniff = data
                     return
                 h2relay.adopt(self, data, t, bound)

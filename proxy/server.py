@@ -26,6 +26,7 @@ from deltatap.proxy.options import TapOptions
 from deltatap.proxy.record import TapRecord, attributes
 from deltatap.proxy.relay import POOL_MAX, Downstream, Upstream, ssl_context
 from deltatap.proxy.spans import SpanStart, emit
+from deltatap.proxy import h2relay
 from deltatap.proxy.tls import TlsServer, server_context
 from deltatap.telemetry.tracer import Telemetry
 
@@ -87,6 +88,8 @@ class Tap:
         if o.clock_sync:
             await self._sync_clock()
             self._clock_task = asyncio.create_task(self._clock_loop())
+        if self.tls_context is not None:  # h2 offered to clients only where the upstream speaks it (proxy/h2relay.py)
+            self.tls_context.set_alpn_protocols(list(await h2relay.downstream_alpn(self)))
         try:
             self._server = await conn.start_server(self._accept, o.listen_host, o.listen_port, backlog=1024, reuse_port=self.reuse_port)
         except OSError as exc:

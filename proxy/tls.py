@@ -34,7 +34,7 @@ from deltatap.net.conn import StampedProtocol
 
 log = logging.getLogger("deltatap.tap")
 
-ALPN_PROTOCOLS: tuple[str, ...] = ("http/1.1",)  # offered to clients, most preferred first
+ALPN_PROTOCOLS: tuple[str, ...] = ("h2", "http/1.1")  # offered to clients, most preferred first (h2: proxy/h2relay.py)
 _READ = 256 * 1024
 _PLAIN_HTTP = re.compile(rb"^[A-Za-z]{3,10} [^ \r\n]")  # a request line: a TLS record starts with 0x14-0x17
 
@@ -265,6 +265,13 @@ class TlsServer(StampedProtocol):
 
     def is_reading(self) -> bool:
         return self.transport.is_reading()
+
+    def get_protocol(self) -> StampedProtocol | None:
+        return self.app
+
+    def set_protocol(self, protocol: StampedProtocol) -> None:
+        """The relay's protocol changes (an HTTP/2 connection handed to the h2 relay); the plaintext goes to it."""
+        self.app = protocol
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         if name == "ssl_object":

@@ -300,3 +300,36 @@ async def test_tap_timeout_answers_504_or_resets_both_sides(peer, make_tap, span
     assert sorted(code for code, _t in peer.log.resets) == [h2.errors.ErrorCodes.CANCEL] * 2  # the upstream's streams cancelled
     spans = await wait_spans(span_exporter, telemetry, 2)
     assert [s.attributes[Attr.OUTCOME] for s in spans] == ["timeout", "timeout"]
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+async def test_tls_toward_the_client_with_alpn_h2(peer, make_tap, self_signed, span_exporter, telemetry):
+    cert, key = self_signed
+    tap = await make_tap(peer.url, tls_cert=str(cert), tls_key=str(key))
+    out = await curl(f"{tap.url}/v1/chat/completions?{SSE_TAIL}", "--cacert", str(cert), "-d", "{}", "-w", "\\n%{http_version}")
+    assert out.endswith(b"data: [DONE]\n\n\n2") and out.count(b"data: ") == 8  # curl negotiated h2 with the tap
+    ctx = ssl.create_default_context(cafile=str(cert))
+    c = await H2Client().connect("127.0.0.1", tap.port, ssl_context=ctx)
+    try:
+        sids = [c.request(req(tap.port, "/v1/chat/completions?first_ms=5&gap_ms=1&n=2")) for _ in range(5)]
+        replies = await asyncio.gather(*(c.wait(s) for s in sids))
+    finally:
+        await c.close()
+    assert all(r.status == 200 and r.data.endswith(b"data: [DONE]\n\n") for r in replies)
+    spans = await wait_spans(span_exporter, telemetry, 6)
+    assert len(spans) == 6 and all(s.attributes[Attr.OUTCOME] == "ok" for s in spans)
+    (curl_span,) = [s for s in spans if s.attributes[Attr.CONTENT_EVENTS] == 5]  # (the h2 client's streams carry 2)
+    ev = event_times(curl_span)
+    assert 0 <= ev[TapEvent.FIRST_TOKEN_RECEIVED] - to_unix_ns(peer.log.token_written[0][0]) <= 2 * MS
+
+
+async def test_tls_tap_offers_h2_only_where_the_upstream_speaks_it(upstream, make_tap, self_signed):
+    cert, key = self_signed
+    tap = await make_tap(upstream.url, tls_cert=str(cert), tls_key=str(key))  # an aiohttp (HTTP/1.1) upstream
+    ctx = ssl.create_default_context(cafile=str(cert))
+    ctx.set_alpn_protocols(["h2", "http/1.1"])
+    _r, w = await asyncio.open_connection("127.0.0.1", tap.port, ssl=ctx, server_hostname="localhost")
+    try:
+        assert w.get_extra_info("ssl_object").selected_alpn_protocol() == "http/1.1"
+    finally:
+        w.close()
