@@ -445,4 +445,6 @@ class GrpcObserver(StreamObserver):
                 a[Attr.ERROR_TYPE] = self.status_name
         if self.undecodable:
             a[Attr.GRPC_UNDECODABLE] = self.undecodable
+        if self.compressed_messages:
+            a[Attr.GRPC_COMPRESSED] = self.compressed_messages
         return a

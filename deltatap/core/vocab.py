@@ -294,6 +294,7 @@ class Attr:
     FIRST_TOKEN_SOURCE = "deltatap.first_token.source"  # gRPC: content (a decoded method's text) | message (each message)
     GRPC_MESSAGE_BYTES = "deltatap.grpc.message_bytes"  # response message payload bytes, without the 5-byte prefixes
     GRPC_UNDECODABLE = "deltatap.grpc.undecodable"  # messages of a decoded method that could not be read
+    GRPC_COMPRESSED = "deltatap.grpc.compressed_messages"  # response messages with the compressed flag (grpc-encoding)
     CONTENT_EVENTS = "deltatap.stream.content_events"  # events carrying content tokens
     GAP_COUNT = "deltatap.stream.gap.count"  # inter-content-event gaps (upstream side)
     GAP_MEAN_MS = "deltatap.stream.gap.mean_ms"

@@ -74,6 +74,10 @@ class Server:
             yield b"pong:" + r
 
     async def kserve(self, requests, context: grpc.aio.ServicerContext):
+        rid = "r1"
+        if dict(context.invocation_metadata() or ()).get("x-compress") == "gzip":
+            context.set_compression(grpc.Compression.Gzip)
+            rid += "-" * 300  # (grpcio sends a message uncompressed when gzip would not make it smaller)
         async for _ in requests:
             sent: list[int] = []
             self.sent.append(sent)
@@ -82,7 +86,7 @@ class Server:
                 if i:
                     await asyncio.sleep(0.01)
                 sent.append(mono_ns())
-                await context.write(stream_response(text, final=i == len(texts) - 1))
+                await context.write(stream_response(text, final=i == len(texts) - 1, rid=rid))
 
     async def start(self) -> None:
         h = grpc
@@ -248,9 +252,11 @@ async def test_client_cancel_reaches_the_server(tapped, span_exporter, telemetry
     assert a[Attr.OUTCOME] == Outcome.CLIENT_CANCEL and TapEvent.DOWNSTREAM_CLOSED in event_times(span)
 
 
-async def test_kserve_stream_infer_first_content_token(tapped, span_exporter, telemetry):
+@pytest.mark.parametrize("compress", ["", "gzip"])
+async def test_kserve_stream_infer_first_content_token(tapped, span_exporter, telemetry, compress):
     server, _direct, via = tapped
-    call = via.stream_stream(STREAM_INFER, request_serializer=_ident, response_deserializer=_ident)(timeout=10)
+    md = (("x-compress", compress),) if compress else None
+    call = via.stream_stream(STREAM_INFER, request_serializer=_ident, response_deserializer=_ident)(timeout=10, metadata=md)
     await call.write(b"")  # (an empty ModelInferRequest: the server below does not read it)
     got = [await call.read() for _ in range(6)]
     await call.done_writing()
@@ -261,13 +267,15 @@ async def test_kserve_stream_infer_first_content_token(tapped, span_exporter, te
     assert a[Attr.STREAM_FORMAT] == "kserve-v2" and a[Attr.FIRST_TOKEN_SOURCE] == "content"
     assert a[Attr.RPC_SERVICE] == "inference.GRPCInferenceService" and a[Attr.RPC_METHOD] == "ModelStreamInfer"
     assert a[Attr.EVENTS] == 6 and a[Attr.CONTENT_EVENTS] == 3 and a[Attr.GENAI_OUTPUT_TOKENS] == 3
-    assert a[Attr.GENAI_RESPONSE_MODEL] == "llm" and a[Attr.GENAI_RESPONSE_ID] == "r1"
+    assert a[Attr.GENAI_RESPONSE_MODEL] == "llm" and a[Attr.GENAI_RESPONSE_ID] == "r1" + ("-" * 300 if compress else "")
     # the first message is the empty one; the first content token is "Hello" (the 4th), 30 ms later
     assert 0 <= ev[TapEvent.FIRST_MESSAGE_RECEIVED] - to_unix_ns(sent[0]) <= TOL_NS
     assert 0 <= ev[TapEvent.FIRST_TOKEN_RECEIVED] - to_unix_ns(sent[3]) <= TOL_NS
     assert 0 <= ev[TapEvent.LAST_TOKEN_RECEIVED] - to_unix_ns(sent[4]) <= TOL_NS
     assert ev[TapEvent.FIRST_TOKEN_RECEIVED] - ev[TapEvent.FIRST_MESSAGE_RECEIVED] >= 25 * MS
-    assert a[Attr.OUTCOME] == Outcome.OK
+    assert a[Attr.OUTCOME] == Outcome.OK and Attr.GRPC_UNDECODABLE not in a
+    # gzip-compressed messages (grpc-encoding: gzip) are decompressed for the decoding: the same content found
+    assert a.get(Attr.GRPC_COMPRESSED, 0) == (6 if compress else 0)
 
 
 async def test_tls_upstream_with_alpn_h2(self_signed, make_tap, span_exporter, telemetry):
