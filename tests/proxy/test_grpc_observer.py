@@ -11,9 +11,13 @@ import pytest
 from deltatap.core.sse import StreamObserver
 from deltatap.core.vocab import Attr, Outcome, TapEvent
 from deltatap.proxy.grpc import (
-    FIRST_TOKEN_CONTENT, FIRST_TOKEN_MESSAGE, GrpcFramer, GrpcObserver, is_grpc, outcome_for_status,
+    FIRST_TOKEN_CONTENT, FIRST_TOKEN_MESSAGE, GrpcFramer, GrpcObserver, grpc_timeout_ns, is_grpc, outcome_for_status,
 )
+from deltatap.proxy.record import TapRecord
+from deltatap.proxy.record import events as record_events
 from tests.proxy.kserve_proto import STREAM_INFER, frame, stream_response
+
+MS_NS = 1_000_000
 
 
 def _splits(data: bytes, rng: random.Random, n: int) -> list[bytes]:
@@ -140,3 +144,21 @@ def test_is_grpc():
     assert is_grpc([("Content-Type", "application/grpc+proto")])
     assert not is_grpc([("content-type", "application/grpc-web")])
     assert not is_grpc([("content-type", "application/json")])
+
+
+def test_grpc_timeout_and_the_record_outcome():
+    assert grpc_timeout_ns(b"300m") == 300 * MS_NS and grpc_timeout_ns("2S") == 2_000_000_000
+    assert grpc_timeout_ns("1H") == 3_600_000_000_000 and grpc_timeout_ns("99999999n") == 99_999_999
+    for bad in (None, "", "5", "m", "123456789m", "1.5S", "10x", "-1S"):
+        assert grpc_timeout_ns(bad) is None, bad
+    # a client reset at (or within 1 ms before) its own deadline is the deadline; earlier it is a cancel
+    rec = TapRecord(received=1_000, deadline_ns=300 * MS_NS, downstream_closed=1_000 + 300 * MS_NS - MS_NS // 2)
+    assert rec.final_outcome() is Outcome.TIMEOUT
+    rec.downstream_closed = 1_000 + 200 * MS_NS
+    assert rec.final_outcome() is Outcome.CLIENT_CANCEL
+    # otherwise the grpc-status decides (the HTTP status of a gRPC answer is 200)
+    obs = GrpcObserver("/a.B/C")
+    obs.trailers([(b"grpc-status", b"8")], 2_000)
+    done = TapRecord(received=1_000, status=200, stream=obs)
+    assert done.final_outcome() is Outcome.HTTP_ERROR
+    assert [n for n, _t in record_events(done)] == ["request.received", "response.trailers"]
