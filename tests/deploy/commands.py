@@ -50,8 +50,22 @@ def check_tap(args: argparse.Namespace) -> None:
 
     if args.config:
         args.config = str(repo_path(args.config))
+    if args.tls_cert and args.tls_key and not Path(args.tls_cert).exists():
+        # the docs make the pair with openssl first (docs/tap.md "TLS toward the client"): the same, here
+        args.tls_cert, args.tls_key = _openssl_pair(args.tls_cert, args.tls_key)
     build_options(args)
     _check_otlp(args.otlp)
+
+
+def _openssl_pair(cert: str, key: str) -> tuple[str, str]:
+    import subprocess
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="deltatap-doc-tls-"))
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-keyout", str(d / Path(key).name), "-out", str(d / Path(cert).name)],
+                   check=True, capture_output=True, timeout=30)
+    return str(d / Path(cert).name), str(d / Path(key).name)
 
 
 def check_collect(args: argparse.Namespace) -> None:
