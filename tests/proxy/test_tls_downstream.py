@@ -6,6 +6,7 @@ never handshakes closed; WebSocket over TLS; ``--workers`` with TLS and the admi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import ssl
@@ -43,6 +44,7 @@ async def tls_tap(upstream, make_tap, self_signed):
 async def test_a_stream_through_a_tls_tap_is_relayed_and_stamped(tls_tap, upstream, client_ctx, span_exporter, telemetry):
     assert tls_tap.url.startswith("https://")
     got: list[int] = []
+    sent = mono_ns()
     async with aiohttp.ClientSession() as s, s.post(tls_tap.url + "/v1/chat/completions?first_ms=20&gap_ms=10&n=5", json=CHAT,
                                                      ssl=client_ctx) as r:
         assert r.status == 200
@@ -60,11 +62,48 @@ async def test_a_stream_through_a_tls_tap_is_relayed_and_stamped(tls_tap, upstre
     assert [t[e] for e in order] == sorted(t[e] for e in order)
     # causality against the upstream's own write stamps and the client's receive: whatever the machine's load
     slack = 200_000
+    assert to_unix_ns(sent) - slack <= t[TapEvent.REQUEST_RECEIVED]
     assert to_unix_ns(upstream.log.token_written[0][0]) - slack <= t[TapEvent.FIRST_TOKEN_RECEIVED]
     assert t[TapEvent.FIRST_TOKEN_FORWARDED] <= to_unix_ns(got[-1]) + slack
     # the request's reads are TLS: their stamps come with their interval where they are not exact, never a negative one
     bounds = parse_stamp_bounds(a.get(Attr.STAMP_BOUNDS, ""))
     assert all(b >= 0 and f >= 0 for b, f in bounds.values())
+
+
+async def test_a_record_split_across_packets_is_stamped_when_it_completes(tls_tap, client_ctx, span_exporter, telemetry):
+    """TLS buffers a record until its last byte: the request's read stamp is that byte's arrival, not the first's,
+    and never before the client sent it (a client of its own on memory BIOs writes one record in two halves)."""
+    host, port = tls_tap.url.removeprefix("https://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = client_ctx.wrap_bio(incoming, outgoing, server_hostname="localhost")
+    for _ in range(20):  # the handshake, by hand
+        try:
+            tls.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            writer.write(outgoing.read())
+            incoming.write(await asyncio.wait_for(reader.read(65536), 10))
+    writer.write(outgoing.read())
+    tls.write(b"GET /status/200 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    record = outgoing.read()
+    writer.write(record[:20])  # the record's header and a few bytes: nothing can be decrypted yet
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    second = mono_ns()
+    writer.write(record[20:])
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = await asyncio.wait_for(reader.read(65536), 10)
+        assert chunk
+        incoming.write(chunk)
+        with contextlib.suppress(ssl.SSLWantReadError):
+            answer += tls.read(65536)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 200")
+    (span,) = await wait_spans(span_exporter, telemetry, 1)
+    received = event_times(span)[TapEvent.REQUEST_RECEIVED]
+    assert received >= to_unix_ns(second) - 200_000  # (slack: the mono -> unix conversion, the kernel stamp's placement)
 
 
 async def test_alpn_agrees_on_http1_with_a_client_that_speaks_it(tls_tap, client_ctx):

@@ -20,8 +20,8 @@ from deltatap.collector.pipeline import Pipeline
 from deltatap.collector.spans import decode_protobuf
 from deltatap.core.clock import mono_ns, to_unix_ns
 from deltatap.core.vocab import Attr
-from deltatap.telemetry.otlp_encode import encode_export_request
 from deltatap.proxy.websocket import BINARY, CLOSE, CONTINUATION, PING, PONG, TEXT, WsDirection
+from deltatap.telemetry.otlp_encode import encode_export_request
 
 pytestmark = pytest.mark.timeout(60)
 C, S = Attr.WS_CLIENT, Attr.WS_SERVER
