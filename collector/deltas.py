@@ -245,7 +245,8 @@ def intermediaries(topology: Topology) -> list[str]:
 
 
 def _key(topology: Topology) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
-    return tuple((c.name, str(c.kind)) for c in topology.components), tuple(x.name for x in topology.links)
+    """What the deltas depend on: the chain's (name, kind) and the link names (a few µs; the registry is cached on it)."""
+    return tuple([(c.name, str(c.kind)) for c in topology.components]), tuple([x.name for x in topology.links])
 
 
 def registry(topology: Topology | None = None) -> Deltas:
