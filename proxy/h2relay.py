@@ -297,6 +297,23 @@ class H2Downstream(StampedProtocol):
         if self.held or self.connecting is not None:
             self.held.append((data, t, bound))
             return
+        if self._feed(data, t, bound):
+            self._flush_up()
+            self._flush()
+
+    def cuts_received(self, data: bytes, pieces: list[tuple[int, int, int, int]]) -> None:
+        """A late read the kernel-stamped transport split at packet arrivals: each packet's frames watched with its own
+        arrival, what they make the tap send written once (as the HTTP/1.1 relay forwards such a read in one write)."""
+        if self.held or self.connecting is not None:
+            self.held += [(data[a:b], t, bound) for a, b, t, bound in pieces]
+            return
+        for a, b, t, bound in pieces:
+            if not self._feed(data[a:b], t, bound):
+                return
+        self._flush_up()
+        self._flush()
+
+    def _feed(self, data: bytes, t: int, bound: int) -> bool:
         try:
             events = self.conn.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
@@ -304,11 +321,10 @@ class H2Downstream(StampedProtocol):
                      type(exc).__name__)
             self._flush()
             self.transport.close()
-            return
+            return False
         for ev in events:
             self._event(ev, t, bound)
-        self._flush_up()
-        self._flush()
+        return True
 
     def _event(self, ev: Any, t: int, bound: int) -> None:
         E = h2.events
@@ -726,17 +742,34 @@ class H2Upstream(StampedProtocol):
         if d is None:
             self.transport.close()
             return
+        if self._feed(d, data, t, bound):
+            d._flush()
+            self.flush()
+
+    def cuts_received(self, data: bytes, pieces: list[tuple[int, int, int, int]]) -> None:
+        """A late read split at packet arrivals (see :meth:`H2Downstream.cuts_received`): watched packet by packet,
+        written on in one write."""
+        d = self.down
+        if d is None:
+            self.transport.close()
+            return
+        for a, b, t, bound in pieces:
+            if not self._feed(d, data[a:b], t, bound):
+                return
+        d._flush()
+        self.flush()
+
+    def _feed(self, d: H2Downstream, data: bytes, t: int, bound: int) -> bool:
         try:
             events = self.conn.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
             log.info("tap %s: the upstream broke the HTTP/2 protocol (%s); closing", d.tap.o.link, type(exc).__name__)
             self.flush()
             self.transport.close()
-            return
+            return False
         for ev in events:
             self._event(d, ev, t, bound)
-        d._flush()
-        self.flush()
+        return True
 
     def _event(self, d: H2Downstream, ev: Any, t: int, bound: int) -> None:
         E = h2.events

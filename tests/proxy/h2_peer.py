@@ -213,12 +213,13 @@ class H2Peer:
         self.server.close()
 
 
-async def start_h2_peer(ssl_context=None, max_streams: int = 100) -> H2Peer:
-    """The server on a free 127.0.0.1 port; with ``ssl_context`` (ALPN h2 set on it here), over TLS."""
+async def start_h2_peer(ssl_context=None, max_streams: int = 100, port: int = 0) -> H2Peer:
+    """The server on 127.0.0.1 (``port`` 0: a free one); with ``ssl_context`` (ALPN h2 set on it here), over TLS.
+    (benchmarks/h2_overhead.py runs it as its upstream too.)"""
     log = PeerLog()
     if ssl_context is not None:
         ssl_context.set_alpn_protocols(["h2"])
-    server = await start_server(lambda: _Conn(log, max_streams), "127.0.0.1", 0, ssl=ssl_context)
+    server = await start_server(lambda: _Conn(log, max_streams), "127.0.0.1", port, ssl=ssl_context)
     port = server.sockets[0].getsockname()[1]
     return H2Peer(f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}", port, log, server)
 
