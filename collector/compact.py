@@ -15,9 +15,9 @@ trace is open its spans sit in memory in packed form:
   non-scalar values), strings deduplicated through a bounded cache so one request's id and body
   fingerprint are held once for all its spans.
 
-``attrs`` and ``events`` unpack on first use and keep the result, so the plain extractors of
-:mod:`deltatap.collector.points` read a compact span exactly like a ``SpanRecord``; the joiner and the
-extraction plans read ``packed`` and ``others`` by position instead (the layout says where).
+``attrs`` and ``events`` unpack on first use and keep the result, so a compact span reads exactly like a
+``SpanRecord``; the joiner and the compiled span kinds (:mod:`deltatap.collector.kinds`) read
+:meth:`Layout.values` by position instead (the layout says where).
 
 The receivers call :func:`decode_compact` on the request bytes (the slim wire view below);
 :func:`decode_request_compact` takes an already parsed request (tests, and the slim view's fallback).
@@ -33,22 +33,12 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from deltatap.collector.litellm_spans import ATTRS as LITELLM_ATTRS
+from deltatap.collector import kinds
 from deltatap.collector.spans import OtlpDecodeError, _pb_value
 from deltatap.core.vocab import Attr
 
-# every attribute collector.points and collector.join read (keep in step with them)
-ATTRS_READ: frozenset[str] = frozenset({
-    Attr.OBSERVER, Attr.LINK, Attr.DOWNSTREAM, Attr.DOWNSTREAM_KIND, Attr.UPSTREAM, Attr.UPSTREAM_KIND,
-    Attr.REQUEST_ID, Attr.BODY_FINGERPRINT, Attr.HTTP_STATUS, Attr.OUTCOME, Attr.FIREWALL_DECISION, Attr.RUN_ID,
-    Attr.GENAI_INPUT_TOKENS, Attr.GENAI_OUTPUT_TOKENS, Attr.CLOCK_OFFSET_NS, Attr.CLOCK_UNCERTAINTY_NS,
-    Attr.OVERHEAD_REQUEST_NS, Attr.OVERHEAD_FIRST_TOKEN_NS, Attr.GAP_COUNT, Attr.GAP_MEAN_MS, Attr.GAP_P99_MS,
-    Attr.GAP_MAX_MS, Attr.GAP_FWD_MEAN_MS, Attr.GAP_FWD_P99_MS, Attr.GAP_FWD_MAX_MS, Attr.CONTENT_EVENTS,
-    Attr.ENGINE_PROMPT_MS, Attr.ENGINE_PROMPT_N, Attr.ENGINE_PREDICTED_N, Attr.COMPONENT, Attr.COMPONENT_KIND,
-    Attr.ENGINE_TOKENS_AFTER_DISCONNECT, Attr.VLLM_TIME_IN_QUEUE, Attr.VLLM_TTFT, Attr.VLLM_PREFILL, Attr.VLLM_DECODE,
-    Attr.VLLM_INFERENCE, Attr.STAMP_BOUNDS, "service.name", *LITELLM_ATTRS,
-    "service.version", Attr.GENAI_REQUEST_MODEL,  # read once per span layout for provenance.json (collector.outputs.note_senders)
-})
+# every attribute the collector reads: derived from the registered span kinds (collector.kinds.attrs_read)
+ATTRS_READ: frozenset[str] = kinds.attrs_read()
 # string attributes that differ per request: held per span; every other string is part of the Layout
 _PER_SPAN: frozenset[str] = frozenset({Attr.REQUEST_ID, Attr.BODY_FINGERPRINT, Attr.FIREWALL_DECISION, Attr.STAMP_BOUNDS})
 _LABEL = Attr.LABEL_PREFIX
@@ -61,7 +51,8 @@ class Layout:
     attributes (links, kinds, outcomes: their values are part of the shape), which attribute each
     packed number and each per-span value is, and the event names."""
 
-    __slots__ = ("name", "service", "kind", "status_code", "rooted", "fixed", "packed_keys", "other_keys", "event_names", "struct", "n_events")
+    __slots__ = ("name", "service", "kind", "status_code", "rooted", "fixed", "packed_keys", "other_keys", "event_names", "struct", "n_events",
+                 "positions", "none", "_tail", "_numbers")
 
     def __init__(self, name: str, service: str, kind: int, status_code: int, rooted: bool, fixed: tuple[tuple[str, Any], ...],
                  packed: tuple[tuple[str, str], ...], other_keys: tuple[str, ...], event_names: tuple[str, ...]) -> None:
@@ -72,7 +63,20 @@ class Layout:
         self.event_names = event_names
         self.n_events = len(event_names)
         # span id, parent span id, start, end, event times (fixed64 in OTLP), then the numeric attributes
-        self.struct = struct.Struct("<8s8s" + "Q" * (2 + len(event_names)) + "".join(t for _, t in packed))
+        codes = "Q" * (2 + len(event_names)) + "".join(t for _, t in packed)
+        self.struct = struct.Struct("<8s8s" + codes)
+        # values(span): (start, end, event times..., numbers..., per-span values..., string constants..., None)
+        n_packed = 2 + self.n_events + len(packed)
+        pos = {k: 2 + self.n_events + i for i, k in enumerate(self.packed_keys)}
+        pos.update((k, n_packed + j) for j, k in enumerate(other_keys))
+        pos.update((k, n_packed + len(other_keys) + j) for j, (k, _) in enumerate(fixed))
+        self.positions, self.none = pos, n_packed + len(other_keys) + len(fixed)
+        self._tail = (*(v for _, v in fixed), None)
+        self._numbers = struct.Struct("<16x" + codes).unpack
+
+    def values(self, span: CompactSpan) -> tuple:
+        """A span of this layout as one tuple, each attribute at :attr:`positions` (absent: :attr:`none`)."""
+        return self._numbers(span.packed) + span.others + self._tail
 
 
 _LAYOUTS: dict[tuple, Layout] = {}
@@ -174,6 +178,18 @@ class CompactSpan:
 
 
 _KEEP: dict[str, bool] = {}
+_SEEN_KINDS = [kinds.version()]  # the registry's version the attribute caches were made for
+
+
+def _follow_kinds() -> None:
+    """A newly registered span kind may read more attributes: forget which ones were kept."""
+    global ATTRS_READ
+    if _SEEN_KINDS[0] != kinds.version():
+        _SEEN_KINDS[0] = kinds.version()
+        ATTRS_READ = kinds.attrs_read()
+        _KEEP.clear()
+        _KPLANS.clear()
+        _SPLANS.clear()
 
 
 def _keep(key: str) -> bool:
@@ -208,6 +224,7 @@ def _read_attrs(kvs: Any, into: dict[str, tuple[str, Any]]) -> None:
 
 def decode_request_compact(req: ExportTraceServiceRequest) -> list[CompactSpan]:
     """Compact spans of one parsed ExportTraceServiceRequest (tests, and the fallback of :func:`decode_compact`)."""
+    _follow_kinds()
     out: list[CompactSpan] = []
     append = out.append
     tids: dict[bytes, str] = {}
@@ -561,6 +578,7 @@ def decode_compact(data: bytes) -> list[CompactSpan]:
 
 
 def _decode_slim(req: Any) -> list[CompactSpan]:
+    _follow_kinds()
     out: list[CompactSpan] = []
     append = out.append
     tids: dict[bytes, str] = {}

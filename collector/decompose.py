@@ -14,8 +14,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
-from deltatap.collector.points import Extracted, Obs, Shape, extract, extract_flat
+from deltatap.collector import kinds as _kinds
+from deltatap.collector.compact import CompactSpan
+from deltatap.collector.kinds.compile import Program, Shape, compile_site, skip_program
+from deltatap.collector.kinds.model import SpanKind, SpanView
+from deltatap.collector.observations import Extracted, Obs
 from deltatap.collector.rows import Cascade, DeltaValue, JoinMethod, PointObs, Row, TokenSource, delta_defs, intermediaries
 from deltatap.collector.spans import SpanRecord
 from deltatap.core.topology import Topology
@@ -103,119 +108,296 @@ def _point_deltas(defs: list[tuple[str, str, str]], by: dict[str, list[Obs]],
 
 
 def _any_bounded(spans: Sequence[SpanRecord]) -> bool:
-    """Whether a span states an interval for one of its events (those rows take the plain extractors)."""
+    """Whether a span states an interval for one of its events (those rows take the general way below)."""
     key = Attr.STAMP_BOUNDS
     for sp in spans:
         lay = getattr(sp, "layout", None)
-        if key in (lay.other_keys if lay is not None else sp.attrs):
+        if key in (lay.positions if lay is not None else sp.attrs):
             return True
     return False
 
 
-class _TopoPlan:
-    """What build_row needs of a topology, worked out once per topology object."""
+def _tap_names(link: str) -> tuple[str, str]:
+    """The names of a link's two tap-overhead deltas."""
+    return (f"tap_{link}_request", f"tap_{link}_first_token")
 
-    __slots__ = ("point_defs", "mid_links", "residual_terms", "residual_taps", "order", "inner_first", "engine_last", "inner_outer", "rows")
 
-    def __init__(self, topo: Topology) -> None:
+_CACHE_MAX = 4096
+_UNSEEN = object()
+_CAUSE_HIDDEN = (Outcome.UPSTREAM_ERROR, Outcome.HTTP_ERROR, Outcome.UPSTREAM_ERROR.value, Outcome.HTTP_ERROR.value)
+
+
+class Decomposer:
+    """Spans of one request -> its row, for one topology and the span kinds registered when it is made.
+
+    Owns every cache of the decomposition (the pipeline makes one; nothing is kept at module level): the
+    compiled reader of each span layout (:mod:`deltatap.collector.kinds.compile`), of each shape of span read
+    the plain way, and the row plan of each sequence of span Shapes; plus what depends only on the topology
+    (delta names, the links around each intermediary, the observer order)."""
+
+    def __init__(self, topo: Topology, kinds: Sequence[SpanKind] | None = None) -> None:
+        self.topo = topo
+        self.kinds = tuple(_kinds.registered() if kinds is None else kinds)
         defs = delta_defs(topo)
         self.point_defs = [(d.name, d.end, d.start) for d in defs if d.end]
         # (link it answers on, link it calls out on, names of its mean, p99 and max ITL deltas) per intermediary
-        self.mid_links = [(link_out, link_in, f"{m}_itl_added_mean", f"{m}_itl_added_p99", f"{m}_max_pause_added")
-                          for m, link_out, link_in in _mid_links(topo)]
+        self.mid_links = [(next((x.name for x in topo.links if x.upstream == m), None), next((x.name for x in topo.links if x.downstream == m), None),
+                           f"{m}_itl_added_mean", f"{m}_itl_added_p99", f"{m}_max_pause_added") for m in intermediaries(topo)]
         self.residual_terms = [d.name for d in defs if d.contributes and d.phase != "tap"]
-        self.residual_taps = [(x.name, *_tap_names(x.name)) for x in topo.links]
+        self.tap_names = {x.name: _tap_names(x.name) for x in topo.links}
+        self.residual_taps = [(x.name, *self.tap_names[x.name]) for x in topo.links]
         self.order = [f"tap:{x.name}" for x in topo.links] + [f"component:{c.name}" for c in topo.components]
         self.inner_first = [f"tap:{x.name}" for x in reversed(topo.links)] + [f"component:{topo.engine.name}"]
         self.engine_last = point(topo.engine.name, Role.LAST_TOKEN)
         self.inner_outer = (topo.links[-1].name, topo.links[0].name) if topo.links else None  # innermost, outermost link
-        self.rows: dict[tuple[Shape, ...], _RowPlan | None] = {}  # row plans by the Shapes of a request's spans
+        self.link_index = {x.name: i for i, x in enumerate(topo.links)}
+        self._by_layout: dict[Any, Program | None] = {}  # compact span layout -> its reader (None: read the plain way)
+        self._by_shape: dict[tuple, Program] = {}  # (kind, name, service, events, keys, shape values) -> reader
+        self._rows: dict[tuple[Shape, ...], _RowPlan | None] = {}  # row plans by the Shapes of a request's spans
 
-
-_TOPO_PLANS: dict[int, tuple[Topology, _TopoPlan]] = {}
-
-
-def _topo_plan(topo: Topology) -> _TopoPlan:
-    hit = _TOPO_PLANS.get(id(topo))
-    if hit is None or hit[0] is not topo:
-        if len(_TOPO_PLANS) >= 64:
-            _TOPO_PLANS.clear()
-        hit = _TOPO_PLANS[id(topo)] = (topo, _TopoPlan(topo))
-    return hit[1]
-
-
-def _point_defs(topo: Topology) -> list[tuple[str, str, str]]:
-    """(name, end point, start point) of every point-to-point delta of ``topo``."""
-    return _topo_plan(topo).point_defs
-
-
-_TAP_NAMES: dict[str, tuple[str, str]] = {}
-
-
-def _tap_names(link: str) -> tuple[str, str]:
-    """The names of a link's two tap-overhead deltas (memoised: the same few links repeat)."""
-    got = _TAP_NAMES.get(link)
-    if got is None:
-        if len(_TAP_NAMES) >= 4096:
-            _TAP_NAMES.clear()
-        got = _TAP_NAMES[link] = (f"tap_{link}_request", f"tap_{link}_first_token")
-    return got
-
-
-def _mid_links(topo: Topology) -> list[tuple[str, str | None, str | None]]:
-    """(intermediary, link it answers on, link it calls out on) per intermediary."""
-    return [(m, next((x.name for x in topo.links if x.upstream == m), None), next((x.name for x in topo.links if x.downstream == m), None)) for m in intermediaries(topo)]
-
-
-def _itl_added(tp: _TopoPlan, ex: Extracted, out: dict[str, DeltaValue]) -> None:
-    """Per intermediary: the gap statistic it released minus the one it received (mean, p99, max)."""
-    gaps = ex.gaps
-    for link_out, link_in, n_mean, n_p99, n_max in tp.mid_links:
-        g = gaps.get(link_out)
-        g_out = None if g is None else g.up
-        g = gaps.get(link_in)
-        g_in = None if g is None else g.down
-        if g_out is None or g_in is None:
-            continue
-        _, a_mean, a_p99, a_max = g_out
-        _, b_mean, b_p99, b_max = g_in
-        if a_mean is not None and b_mean is not None:
-            out[n_mean] = _new(DeltaValue, (int(a_mean) - int(b_mean), 0, False))
-        if a_p99 is not None and b_p99 is not None:
-            out[n_p99] = _new(DeltaValue, (int(a_p99) - int(b_p99), 0, False))
-        if a_max is not None and b_max is not None:
-            out[n_max] = _new(DeltaValue, (int(a_max) - int(b_max), 0, False))
-
-
-_CAUSE_HIDDEN = (Outcome.UPSTREAM_ERROR, Outcome.HTTP_ERROR, Outcome.UPSTREAM_ERROR.value, Outcome.HTTP_ERROR.value)
-
-
-def _residual(tp: _TopoPlan, deltas: dict[str, DeltaValue], ex: Extracted) -> DeltaValue | None:
-    """system_ttft minus every term of the TTFT path (the tap overheads of the links that were tapped)."""
-    total = deltas.get("system_ttft")
-    if total is None:
+    # ---- spans -> readers ------------------------------------------------------------------------
+    def _kind(self, view: SpanView) -> SpanKind | None:
+        for k in self.kinds:
+            if k.matches(view):
+                return k
         return None
-    ns = err = 0
-    for n in tp.residual_terms:
-        d = deltas.get(n)
-        if d is None:
+
+    def _compile(self, kind: SpanKind | None, view: SpanView, pos: dict[str, int], none: int) -> Program:
+        site = None if kind is None else kind.site(view, self.topo)
+        if site is None:
+            return skip_program(none)
+        return compile_site(kind.name, kind.facts, kind.common, site, view.event_names, pos, none)  # type: ignore[union-attr]
+
+    def _layout_program(self, span: CompactSpan) -> Program | None:
+        lay = span.layout
+        if len(self._by_layout) >= _CACHE_MAX:
+            self._by_layout.clear()
+        fixed = dict(lay.fixed)
+        view = SpanView(lay.name, lay.service, fixed, frozenset(lay.positions), lay.event_names)
+        prog: Program | None = None
+        if Attr.OBSERVER in fixed or Attr.OBSERVER not in lay.positions:  # else the kind may change from span to span
+            kind = self._kind(view)
+            if kind is None or not any(k in lay.positions and k not in fixed for k in kind.shape):
+                prog = self._compile(kind, view, lay.positions, lay.none)
+        self._by_layout[lay] = prog
+        return prog
+
+    def program(self, span: SpanRecord) -> tuple[Program, tuple]:
+        """The reader of ``span`` and the span's values as it reads them."""
+        if span.__class__ is CompactSpan:
+            lay = span.layout  # type: ignore[attr-defined]
+            prog = self._by_layout.get(lay, _UNSEEN)
+            if prog is _UNSEEN:
+                prog = self._layout_program(span)  # type: ignore[arg-type]
+            if prog is not None:
+                return prog, lay.values(span)  # type: ignore[return-value]
+        a = span.attrs
+        events = span.events
+        names = tuple(e[0] for e in events)
+        view = SpanView(span.name, span.service, a, frozenset(a), names)
+        kind = self._kind(view)
+        src = (span.start_unix_ns, span.end_unix_ns, *(e[1] for e in events), *a.values(), None)
+        key = (kind.name if kind else None, span.name, span.service, names, tuple(a), *(a.get(k) for k in (kind.shape if kind else ())))
+        try:
+            prog = self._by_shape.get(key)
+        except TypeError:  # an unhashable shape value (a list): compiled for this span alone
+            key, prog = None, None
+        if prog is None:
+            prog = self._compile(kind, view, {k: 2 + len(names) + i for i, k in enumerate(a)}, len(src) - 1)
+            if key is not None:
+                if len(self._by_shape) >= _CACHE_MAX:
+                    self._by_shape.clear()
+                self._by_shape[key] = prog
+        return prog, src  # type: ignore[return-value]
+
+    def join_facts(self, span: SpanRecord) -> tuple[int | None, int, Any, Any]:
+        """(link index: -1 for the client, None for no link; start; request id; body fingerprint), for the joiner."""
+        prog, src = self.program(span)
+        idx = -1 if prog.kind == "client" else (self.link_index.get(prog.site.link) if prog.site is not None and prog.site.link is not None else None)
+        return idx, src[0], src[prog.p_rid], src[prog.p_fp]
+
+    # ---- spans -> observations ---------------------------------------------------------------------
+    def extract_flat(self, spans: Sequence[SpanRecord]) -> tuple[Extracted, list[int], list[int], tuple[Shape, ...], list[tuple]]:
+        """(facts, the observations' times in order, each span's clock uncertainty, each span's Shape, each span's values)."""
+        ex = Extracted()
+        vals: list[int] = []
+        uncs: list[int] = []
+        shapes = []
+        srcs = []
+        program = self.program
+        for span in spans:
+            prog, src = program(span)
+            shapes.append(prog.run(src, ex, vals, uncs))
+            srcs.append(src)
+        return ex, vals, uncs, tuple(shapes), srcs
+
+    def extract(self, spans: Sequence[SpanRecord]) -> Extracted:
+        """Observations and facts of every span of one request (spans no kind knows are ignored)."""
+        ex, vals, uncs, shapes, srcs = self.extract_flat(spans)
+        ex.obs = _observations(vals, uncs, shapes, srcs)
+        return ex
+
+    def _points(self, spans: Sequence[SpanRecord]) -> tuple[Extracted, dict[str, PointObs], dict[str, DeltaValue], dict, dict]:
+        """Points and point deltas (and the intervals of bounded ones): through a row plan when the Shapes have one."""
+        ex, vals, uncs, shapes, srcs = self.extract_flat(spans)
+        point_bounds: dict[str, tuple[int, int]] = {}
+        delta_bounds: dict[str, int] = {}
+        rp = None if _any_bounded(spans) else self._rows.get(shapes, _UNSEEN)
+        if rp is _UNSEEN:
+            if len(self._rows) >= _CACHE_MAX:
+                self._rows.clear()
+            rp = self._rows[shapes] = _row_plan(shapes, self.point_defs)
+        if rp is not None:
+            points = {p: _new(PointObs, (vals[i], uncs[si], observer, source)) for p, i, si, observer, source in rp.points}  # type: ignore[union-attr]
+            deltas = {name: _new(DeltaValue, (vals[e] - vals[s], 0 if same else uncs[es] + uncs[ss], same)) for name, e, s, es, ss, same in rp.deltas}  # type: ignore[union-attr]
+            return ex, points, deltas, point_bounds, delta_bounds
+        ex.obs = _observations(vals, uncs, shapes, srcs)
+        by = choose_points(ex.obs)
+        deltas = _point_deltas(self.point_defs, by, ex.bounds, delta_bounds)
+        points = {p: _new(PointObs, o[0][1:5]) for p, o in by.items()}  # Obs[1:5]: unix_ns, unc_ns, observer, source
+        if ex.bounds:
+            for p, o in by.items():
+                b = ex.bounds.get((o[0][3], p))
+                if b:
+                    point_bounds[p] = b
+        return ex, points, deltas, point_bounds, delta_bounds
+
+    def _itl_added(self, ex: Extracted, out: dict[str, DeltaValue]) -> None:
+        """Per intermediary: the gap statistic it released minus the one it received (mean, p99, max)."""
+        gaps = ex.gaps
+        for link_out, link_in, n_mean, n_p99, n_max in self.mid_links:
+            g = gaps.get(link_out)  # type: ignore[arg-type]
+            g_out = None if g is None else g.up
+            g = gaps.get(link_in)  # type: ignore[arg-type]
+            g_in = None if g is None else g.down
+            if g_out is None or g_in is None:
+                continue
+            for name, a, b in ((n_mean, g_out[1], g_in[1]), (n_p99, g_out[2], g_in[2]), (n_max, g_out[3], g_in[3])):
+                if a is not None and b is not None:
+                    out[name] = _new(DeltaValue, (int(a) - int(b), 0, False))
+
+    def _residual(self, deltas: dict[str, DeltaValue], ex: Extracted) -> DeltaValue | None:
+        """system_ttft minus every term of the TTFT path (the tap overheads of the links that were tapped)."""
+        total = deltas.get("system_ttft")
+        if total is None:
             return None
-        ns += d[0]
-        err += d[1]
-    attempts = ex.attempts
-    for link, n_req, n_ft in tp.residual_taps:
-        if attempts.get(link, 0):  # an untapped link costs nothing
-            d = deltas.get(n_req)
+        terms = list(self.residual_terms)
+        attempts = ex.attempts
+        for link, n_req, n_ft in self.residual_taps:
+            if attempts.get(link, 0):  # an untapped link costs nothing
+                terms += (n_req, n_ft)
+        ns = err = 0
+        for n in terms:
+            d = deltas.get(n)
             if d is None:
                 return None
             ns += d[0]
             err += d[1]
-            d = deltas.get(n_ft)
-            if d is None:
-                return None
-            ns += d[0]
-            err += d[1]
-    return _new(DeltaValue, (total[0] - ns, total[1] + err, False))
+        return _new(DeltaValue, (total[0] - ns, total[1] + err, False))
+
+    # ---- spans -> row ------------------------------------------------------------------------------
+    def build_row(self, spans: Sequence[SpanRecord], join_method: JoinMethod = JoinMethod.TRACE_ID, join_note: str = "",
+                  trace_ids: Sequence[str] = ()) -> Row:
+        if not isinstance(spans, list | tuple):
+            spans = list(spans)  # read more than once below
+        tp = self
+        topo = self.topo
+        ex, points, deltas, point_bounds, delta_bounds = self._points(spans)
+        for link, (req, ft, _) in ex.tap_overhead.items():
+            names = self.tap_names.get(link) or _tap_names(link)
+            req_b, ft_b = ex.tap_overhead_bounds.get(link, (0, 0))
+            if req is not None:
+                deltas[names[0]] = _new(DeltaValue, (req, req_b, True))
+                if req_b:
+                    delta_bounds[names[0]] = req_b
+            if ft is not None:
+                deltas[names[1]] = _new(DeltaValue, (ft, ft_b, True))
+                if ft_b:
+                    delta_bounds[names[1]] = ft_b
+        if ex.gaps:
+            self._itl_added(ex, deltas)
+        res = self._residual(deltas, ex)
+        if res is not None:
+            deltas["residual"] = res
+            if delta_bounds:
+                b = delta_bounds.get("system_ttft", 0) + sum(delta_bounds.get(n, 0) for n in tp.residual_terms)
+                b += sum(delta_bounds.get(n, 0) for link, r, f in tp.residual_taps if ex.attempts.get(link, 0) for n in (r, f))
+                if b:
+                    delta_bounds["residual"] = b
+
+        # outermost observer first: the client, then taps from the edge inwards, then components
+        # (the client observers in the order they first appear in http_status, then in outcome)
+        hs, ocs = ex.http_status, ex.outcome
+        status = outcome = _UNSET
+        for o in hs:
+            if o.startswith("client"):
+                if status is _UNSET:
+                    status = hs[o]
+                if o in ocs:
+                    outcome = ocs[o]
+                    break
+        if status is _UNSET:
+            status = _pick_by_order(hs, tp.order)
+        if outcome is _UNSET:
+            for o in ocs:
+                if o.startswith("client"):
+                    outcome = ocs[o]
+                    break
+            else:
+                outcome = _pick_by_order(ocs, tp.order)
+        if outcome in _CAUSE_HIDDEN and Outcome.TIMEOUT in ocs.values():
+            # the client saw a cut stream or a 504; a layer behind it timed out: name the row by the cause,
+            # as the stack and the taps do (the dashboard's outcome="timeout" counts these)
+            outcome = Outcome.TIMEOUT
+        if outcome is None:
+            if ex.firewall_decision and str(ex.firewall_decision).startswith("block"):
+                outcome = Outcome.REFUSED
+            elif isinstance(status, int) and status >= 400:
+                outcome = Outcome.HTTP_ERROR
+            else:
+                outcome = Outcome.OK
+        toks = ex.tokens
+        tok_observer = None
+        if toks:  # innermost observer first, then the client, then whoever counted
+            for o in tp.inner_first:
+                if o in toks:
+                    tok_observer = o
+                    break
+            else:
+                for o in toks:
+                    if o.startswith("client"):
+                        tok_observer = o
+                        break
+                else:
+                    tok_observer = next(iter(toks))
+        tokens = toks.get(tok_observer) if tok_observer else None
+        tok_source = None if tokens is None else (TokenSource.TOKENIZER if tok_observer in ex.tokenizer_counted else TokenSource.USAGE)
+
+        # ex is this call's own: its dicts become the row's
+        cascade = Cascade(ex.gave_up, None, None, None, ex.attempts)
+        engine_last = points.get(tp.engine_last)
+        cascade.engine_end_unix_ns = ex.engine_end if ex.engine_end is not None else (engine_last.unix_ns if engine_last else None)
+        first = cascade.first_gave_up
+        if first is not None and cascade.engine_end_unix_ns is not None:
+            cascade.engine_busy_after_gave_up_ns = max(0, cascade.engine_end_unix_ns - first[1])
+            inner, outer = tp.inner_outer or (topo.links[-1].name, topo.links[0].name)  # (no links: IndexError, as ever)
+            if ex.engine_tokens_after_disconnect is not None:  # the engine's own count wins
+                cascade.tokens_after_gave_up = ex.engine_tokens_after_disconnect
+            elif inner in ex.content_events and outer in ex.content_events:
+                cascade.tokens_after_gave_up = max(0, ex.content_events[inner] - ex.content_events[outer])
+
+        rids = ex.request_ids
+        rid = (rids[0] if rids.count(rids[0]) == len(rids) else Counter(rids).most_common(1)[0][0]) if rids else None
+        tids = tuple(dict.fromkeys(trace_ids or [s.trace_id for s in spans]))
+        start = ex.start_ns if ex.start_ns is not None else min((p.unix_ns for p in points.values()), default=None)
+        row = Row(  # positional, in field order: trace_id .. trace_ids
+            tids[0] if tids else "", rid, join_method, join_note, start, str(outcome), status if isinstance(status, int) else None,
+            ex.firewall_decision, ex.labels, tokens[0] if tokens else None, tokens[1] if tokens else None, tok_source, points, deltas,
+            ex.gaps, cascade, tids,
+        )
+        if point_bounds or delta_bounds:
+            row.point_bounds, row.delta_bounds = point_bounds, delta_bounds
+        return row
 
 
 class _RowPlan:
@@ -233,9 +415,9 @@ class _RowPlan:
         self.deltas = deltas  # (name, end index, start index, end span, start span, one observer)
 
 
-def _row_plan(shapes: tuple[Shape, ...], tp: _TopoPlan) -> _RowPlan | None:
+def _row_plan(shapes: tuple[Shape, ...], point_defs: list[tuple[str, str, str]]) -> _RowPlan | None:
     # the observations with their index in place of a time and their span's index in place of the attempt
-    obs = [Obs(p, i, 0, observer, source, rank, si) for i, (si, (p, observer, source, rank)) in
+    obs = [Obs(p, i, 0, observer, source, rank, si) for i, (si, (p, observer, source, rank, _)) in
            enumerate((si, slot) for si, sh in enumerate(shapes) for slot in sh.slots)]
     by: dict[str, list[Obs]] = {}
     for o in obs:
@@ -246,37 +428,22 @@ def _row_plan(shapes: tuple[Shape, ...], tp: _TopoPlan) -> _RowPlan | None:
         lst.sort(key=lambda o: o.rank)  # stable: within one span, first observed first (as choose_points)
     points = [(p, lst[0].unix_ns, lst[0].attempt_ns, lst[0].observer, lst[0].source) for p, lst in by.items()]
     deltas = []
-    for name, end, start in tp.point_defs:
+    for name, end, start in point_defs:
         if end in by and start in by:
             e, s, same = _pair(by[end], by[start])
             deltas.append((name, e.unix_ns, s.unix_ns, e.attempt_ns, s.attempt_ns, same))
     return _RowPlan(points, deltas)
 
 
-_NO_PLAN = object()
-
-
-def _planned_points(spans: Sequence[SpanRecord], topo: Topology, tp: _TopoPlan) -> tuple[Extracted, dict[str, PointObs], dict[str, DeltaValue]] | None:
-    """Points and point deltas through a row plan, when every span is planned and the Shapes have one."""
-    got = extract_flat(spans, topo)  # type: ignore[arg-type]
-    if got is None:
-        return None
-    ex, vals, uncs, shapes = got
-    rp = tp.rows.get(shapes, _NO_PLAN)
-    if rp is _NO_PLAN:
-        if len(tp.rows) >= 4096:
-            tp.rows.clear()
-        rp = tp.rows[shapes] = _row_plan(shapes, tp)
-    if rp is None:  # rebuild the observations and choose the general way
-        starts = [s.start_unix_ns for s in spans]
-        it = iter(vals)
-        ex.obs = [_new(Obs, (p, next(it), uncs[si], observer, source, rank, starts[si]))
-                  for si, sh in enumerate(shapes) for p, observer, source, rank in sh.slots]
-        by = choose_points(ex.obs)
-        return ex, {p: _new(PointObs, o[0][1:5]) for p, o in by.items()}, _point_deltas(tp.point_defs, by)
-    points = {p: _new(PointObs, (vals[i], uncs[si], observer, source)) for p, i, si, observer, source in rp.points}
-    deltas = {name: _new(DeltaValue, (vals[e] - vals[s], 0 if same else uncs[es] + uncs[ss], same)) for name, e, s, es, ss, same in rp.deltas}
-    return ex, points, deltas
+def _observations(vals: list[int], uncs: list[int], shapes: tuple[Shape, ...], srcs: list[tuple]) -> list[Obs]:
+    """The Obs of a request from what its readers gave (the attempt: the span's start, or the observation's time)."""
+    it = iter(vals)
+    out = []
+    for si, sh in enumerate(shapes):
+        for p, observer, source, rank, own in sh.slots:
+            t = next(it)
+            out.append(_new(Obs, (p, t, uncs[si], observer, source, rank, t if own else srcs[si][0])))
+    return out
 
 
 _UNSET = object()
@@ -289,124 +456,12 @@ def _pick_by_order(values: dict[str, object], order: list[str]) -> object | None
     return next(iter(values.values()), None)
 
 
-def build_row(
-    spans: Sequence[SpanRecord],
-    topo: Topology,
-    join_method: JoinMethod = JoinMethod.TRACE_ID,
-    join_note: str = "",
-    trace_ids: Sequence[str] = (),
-) -> Row:
-    if not isinstance(spans, list | tuple):
-        spans = list(spans)  # read more than once below
-    tp = _topo_plan(topo)
-    bounded = _any_bounded(spans)
-    got = None if bounded else _planned_points(spans, topo, tp)
-    point_bounds: dict[str, tuple[int, int]] = {}
-    delta_bounds: dict[str, int] = {}
-    if got is not None:
-        ex, points, deltas = got
-    else:
-        ex = extract(list(spans), topo)
-        by = choose_points(ex.obs)
-        deltas = _point_deltas(tp.point_defs, by, ex.bounds, delta_bounds)
-        points = {p: _new(PointObs, o[0][1:5]) for p, o in by.items()}  # Obs[1:5]: unix_ns, unc_ns, observer, source
-        if ex.bounds:
-            for p, o in by.items():
-                b = ex.bounds.get((o[0][3], p))
-                if b:
-                    point_bounds[p] = b
-    for link, (req, ft, _) in ex.tap_overhead.items():
-        names = _TAP_NAMES.get(link) or _tap_names(link)
-        req_b, ft_b = ex.tap_overhead_bounds.get(link, (0, 0))
-        if req is not None:
-            deltas[names[0]] = _new(DeltaValue, (req, req_b, True))
-            if req_b:
-                delta_bounds[names[0]] = req_b
-        if ft is not None:
-            deltas[names[1]] = _new(DeltaValue, (ft, ft_b, True))
-            if ft_b:
-                delta_bounds[names[1]] = ft_b
-    if ex.gaps:
-        _itl_added(tp, ex, deltas)
-    res = _residual(tp, deltas, ex)
-    if res is not None:
-        deltas["residual"] = res
-        if delta_bounds:
-            b = delta_bounds.get("system_ttft", 0) + sum(delta_bounds.get(n, 0) for n in tp.residual_terms)
-            b += sum(delta_bounds.get(n, 0) for link, r, f in tp.residual_taps if ex.attempts.get(link, 0) for n in (r, f))
-            if b:
-                delta_bounds["residual"] = b
+def build_row(spans: Sequence[SpanRecord], topo: Topology, join_method: JoinMethod = JoinMethod.TRACE_ID, join_note: str = "",
+              trace_ids: Sequence[str] = ()) -> Row:
+    """One request's row with a Decomposer of its own (tests, one-off use; the pipeline keeps one Decomposer)."""
+    return Decomposer(topo).build_row(spans, join_method, join_note, trace_ids)
 
-    # outermost observer first: the client, then taps from the edge inwards, then components
-    # (the client observers in the order they first appear in http_status, then in outcome)
-    hs, ocs = ex.http_status, ex.outcome
-    status = outcome = _UNSET
-    for o in hs:
-        if o.startswith("client"):
-            if status is _UNSET:
-                status = hs[o]
-            if o in ocs:
-                outcome = ocs[o]
-                break
-    if status is _UNSET:
-        status = _pick_by_order(hs, tp.order)
-    if outcome is _UNSET:
-        for o in ocs:
-            if o.startswith("client"):
-                outcome = ocs[o]
-                break
-        else:
-            outcome = _pick_by_order(ocs, tp.order)
-    if outcome in _CAUSE_HIDDEN and Outcome.TIMEOUT in ocs.values():
-        # the client saw a cut stream or a 504; a layer behind it timed out: name the row by the cause,
-        # as the stack and the taps do (the dashboard's outcome="timeout" counts these)
-        outcome = Outcome.TIMEOUT
-    if outcome is None:
-        if ex.firewall_decision and str(ex.firewall_decision).startswith("block"):
-            outcome = Outcome.REFUSED
-        elif isinstance(status, int) and status >= 400:
-            outcome = Outcome.HTTP_ERROR
-        else:
-            outcome = Outcome.OK
-    toks = ex.tokens
-    tok_observer = None
-    if toks:  # innermost observer first, then the client, then whoever counted
-        for o in tp.inner_first:
-            if o in toks:
-                tok_observer = o
-                break
-        else:
-            for o in toks:
-                if o.startswith("client"):
-                    tok_observer = o
-                    break
-            else:
-                tok_observer = next(iter(toks))
-    tokens = toks.get(tok_observer) if tok_observer else None
-    tok_source = None if tokens is None else (TokenSource.TOKENIZER if tok_observer in ex.tokenizer_counted else TokenSource.USAGE)
 
-    # ex is this call's own: its dicts become the row's
-    cascade = Cascade(ex.gave_up, None, None, None, ex.attempts)
-    engine_last = points.get(tp.engine_last)
-    cascade.engine_end_unix_ns = ex.engine_end if ex.engine_end is not None else (engine_last.unix_ns if engine_last else None)
-    first = cascade.first_gave_up
-    if first is not None and cascade.engine_end_unix_ns is not None:
-        cascade.engine_busy_after_gave_up_ns = max(0, cascade.engine_end_unix_ns - first[1])
-        inner, outer = tp.inner_outer or (topo.links[-1].name, topo.links[0].name)  # (no links: IndexError, as ever)
-        if ex.engine_tokens_after_disconnect is not None:  # the engine's own count wins
-            cascade.tokens_after_gave_up = ex.engine_tokens_after_disconnect
-        elif inner in ex.content_events and outer in ex.content_events:
-            cascade.tokens_after_gave_up = max(0, ex.content_events[inner] - ex.content_events[outer])
-
-    rids = ex.request_ids
-    rid = (rids[0] if rids.count(rids[0]) == len(rids) else Counter(rids).most_common(1)[0][0]) if rids else None
-    tids = tuple(dict.fromkeys(trace_ids or [s.trace_id for s in spans]))
-    start = ex.start_ns if ex.start_ns is not None else min((p.unix_ns for p in points.values()), default=None)
-    row = Row(  # positional, in field order: trace_id .. trace_ids
-        tids[0] if tids else "", rid, join_method, join_note, start, str(outcome), status if isinstance(status, int) else None,
-        ex.firewall_decision, ex.labels, tokens[0] if tokens else None, tokens[1] if tokens else None, tok_source, points, deltas,
-        ex.gaps, cascade, tids,
-    )
-    if point_bounds or delta_bounds:
-        row.point_bounds, row.delta_bounds = point_bounds, delta_bounds
-    return row
+def extract(spans: Sequence[SpanRecord], topo: Topology) -> Extracted:
+    """One request's observations and facts with a Decomposer of its own."""
+    return Decomposer(topo).extract(spans)

@@ -22,14 +22,9 @@ import heapq
 from dataclasses import dataclass, field
 
 from deltatap.collector.assembly import Fragment
-from deltatap.collector.compact import CompactSpan
-from deltatap.collector.points import plans_apply, reader_decided, span_kind, span_reader, varying_keys
+from deltatap.collector.decompose import Decomposer
 from deltatap.collector.rows import JoinMethod
 from deltatap.core.topology import Topology
-from deltatap.core.vocab import SPAN_TAP, Attr
-
-
-_UNSEEN = object()
 
 
 @dataclass
@@ -67,7 +62,8 @@ class Group:
 
 
 class Joiner:
-    def __init__(self, topo: Topology, window_s: float = 5.0, hold_s: float = 1.0, incomplete_hold_s: float | None = None) -> None:
+    def __init__(self, topo: Topology, window_s: float = 5.0, hold_s: float = 1.0, incomplete_hold_s: float | None = None,
+                 decomposer: Decomposer | None = None) -> None:
         if window_s < 0 or hold_s < 0:
             raise ValueError("window_s and hold_s must be >= 0")
         self.incomplete_hold_s = max(hold_s, window_s if incomplete_hold_s is None else incomplete_hold_s)
@@ -82,7 +78,7 @@ class Joiner:
         self._by_fp: dict[str, set[int]] = {}
         self._heap: list[tuple[float, int]] = []
         self._next = 0
-        self._by_layout: dict[object, tuple | None] = {}  # compact span layout -> how to read it (see _layout_plan)
+        self._facts = (decomposer or Decomposer(topo)).join_facts  # span -> (link index, start, request id, fingerprint)
 
     @property
     def pending(self) -> int:
@@ -93,20 +89,9 @@ class Joiner:
         g.fragments.append(f)
         rids, fps = g.rids, g.fps
         lo, hi, start_ns = g.lo, g.hi, g.start_ns
-        by_layout = self._by_layout if plans_apply() else None
+        facts = self._facts
         for s in f.spans:
-            lp = None
-            if by_layout is not None and s.__class__ is CompactSpan:
-                lp = by_layout.get(s.layout, _UNSEEN)
-                if lp is _UNSEEN:
-                    lp = self._layout_plan(s, by_layout)
-            if lp is not None:  # read by position: the span's attrs are never unpacked
-                idx, pick = lp
-                st, rid, fp = pick(s)
-            else:
-                a = s.attrs
-                rid, fp, st = a.get(Attr.REQUEST_ID), a.get(Attr.BODY_FINGERPRINT), s.start_unix_ns
-                idx = self._span_index(s)
+            idx, st, rid, fp = facts(s)
             if rid:
                 rids.add(str(rid))
             if fp:
@@ -119,31 +104,6 @@ class Joiner:
             if st and (start_ns is None or st < start_ns):
                 start_ns = st
         g.lo, g.hi, g.start_ns = lo, hi, start_ns
-
-    def _span_index(self, s: object) -> int | None:
-        """The link index a span covers (-1: the client; None: no link)."""
-        kind = span_kind(s)  # type: ignore[arg-type]
-        if kind == "client":
-            return -1
-        if kind == "tap":
-            a = s.attrs  # type: ignore[attr-defined]
-            return self._link_index.get(str(a.get(Attr.LINK) or s.name[len(SPAN_TAP) :].strip()))  # type: ignore[attr-defined]
-        return None
-
-    def _layout_plan(self, s: CompactSpan, by_layout: dict[object, tuple | None]) -> tuple | None:
-        """(link index, span -> (start, request id, body fingerprint)) for every span of ``s``'s layout, when
-        its kind and link follow from the layout and its values can be read by position."""
-        varying = varying_keys(s)
-        rd = span_reader(s)
-        if rd is None and not reader_decided(s):
-            return None  # the layout's first span: read the plain way, decided on its next one
-        plan = None
-        if rd is not None and varying is not None and Attr.OBSERVER not in varying and Attr.LINK not in varying:
-            plan = (self._span_index(s), rd.picker((Attr.REQUEST_ID, Attr.BODY_FINGERPRINT)))
-        if len(by_layout) >= 4096:
-            by_layout.clear()
-        by_layout[s.layout] = plan
-        return plan
 
     def _covers_all(self, g: Group) -> bool:
         """True when ``g`` holds the client and the innermost link: no fragment can be complementary to

@@ -1,4 +1,4 @@
-"""What the extractors of :mod:`deltatap.collector.points` produce: observations of points (:class:`Obs`) and the facts
+"""What the extractors of the span kinds of :mod:`deltatap.collector.kinds` produce: observations of points (:class:`Obs`) and the facts
 of one request (:class:`Extracted`), with the small readers every extractor shares.
 
 ``rank`` orders sources when several observe one point: a component's own stamp (0) beats engine

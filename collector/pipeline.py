@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deltatap.collector.assembly import TraceAssembler
-from deltatap.collector.decompose import build_row
+from deltatap.collector.decompose import Decomposer
 from deltatap.collector.join import Group, Joiner
 from deltatap.collector.metrics import DeltaHistograms
 from deltatap.collector.rows import DeltaColumns, JoinMethod, Row, delta_defs
@@ -40,7 +40,8 @@ class Pipeline:
         self.opts = options or PipelineOptions()
         o = self.opts
         self.assembler = TraceAssembler(grace_s=o.grace_s, orphan_wait_s=o.orphan_wait_s, max_open=o.max_open_traces, late_memory=max(o.max_open_traces, 10_000))
-        self.joiner = Joiner(self.topo, window_s=o.join_window_s, hold_s=o.join_hold_s)
+        self.decomposer = Decomposer(self.topo)  # every cache of the decomposition lives here, for this topology
+        self.joiner = Joiner(self.topo, window_s=o.join_window_s, hold_s=o.join_hold_s, decomposer=self.decomposer)
         self.aggregator = Aggregator(o.sketch_accuracy)
         self.hist = DeltaHistograms(delta_defs(self.topo))
         self.kept: collections.deque[Row] = collections.deque(maxlen=o.keep_rows if o.keep_rows > 0 else None)
@@ -60,7 +61,7 @@ class Pipeline:
     def _rows(self, groups: list[Group]) -> list[Row]:
         rows: list[Row] = []
         deltas = DeltaColumns()  # every row's deltas, read while the row is fresh, for both aggregates
-        topo = self.topo
+        build_row = self.decomposer.build_row
         if self.handoff is not None:
             whole = self.joiner.complete
             for g in groups:
@@ -69,7 +70,7 @@ class Pipeline:
                     self.handed_off += 1
             groups = [g for g in groups if whole(g)]
         for g in groups:
-            r = build_row(g.spans, topo, g.method, g.note, g.trace_ids)
+            r = build_row(g.spans, g.method, g.note, g.trace_ids)
             rows.append(r)
             deltas.add(r)
         if rows:

@@ -1,14 +1,15 @@
-"""The live path's extraction plans (collector.points, per compact span layout) and row plans
-(collector.decompose, per sequence of span shapes) give exactly the rows the plain extractors give."""
+"""The compiled readers of the span kinds (collector.kinds, one per compact span layout) and the row plans
+(collector.decompose, per sequence of span Shapes) give exactly the rows a plain SpanRecord gives; a span kind
+registered later takes the compiled path too."""
 
 from __future__ import annotations
 
 import pytest
 
-import deltatap.collector.points as points
+from deltatap.collector import kinds
 from deltatap.collector.compact import decode_compact
-from deltatap.collector.decompose import build_row
-from deltatap.collector.points import extract, extract_flat
+from deltatap.collector.decompose import Decomposer, build_row
+from deltatap.collector.kinds.model import RANK_COMPONENT, Emit, Fact, Into, Match, Site, SpanKind
 from deltatap.collector.rows import DeltaValue, Row, delta_columns, to_record
 from deltatap.collector.spans import decode_request
 from deltatap.core.topology import default_topology
@@ -93,58 +94,68 @@ SCENARIOS = {
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 @pytest.mark.parametrize("service", ["deltatap-test", "aiperf"])
-def test_planned_rows_equal_plain_rows(name, service):
+def test_compiled_rows_equal_plain_rows(name, service):
     req = request(SCENARIOS[name](), service=service)
     data = req.SerializeToString()
-    first = decode_compact(data)
-    assert extract(first, TOPO) == extract(decode_request(req), TOPO)  # the first span of a layout: plain extractors
-    plain, live = decode_request(req), decode_compact(data)  # same layouts: planned from their second span on
-    assert extract_flat(live, TOPO) is not None  # every span here is planned
-    assert extract(live, TOPO) == extract(plain, TOPO)
+    dec = Decomposer(TOPO)
+    plain, live = decode_request(req), decode_compact(data)
+    assert dec.extract(live) == dec.extract(plain)
+    assert all(dec._by_layout[s.layout] is not None for s in live)  # every span here is read by its layout's reader
     by_trace: dict[str, tuple[list, list]] = {}
     for p, c in zip(plain, live, strict=True):
         by_trace.setdefault(p.trace_id, ([], []))[0].append(p)
         by_trace[p.trace_id][1].append(c)
     for ps, cs in by_trace.values():
-        want, got = build_row(ps, TOPO), build_row(cs, TOPO)
-        assert got == want
+        want, got = build_row(ps, TOPO), dec.build_row(cs)
+        assert got == want == dec.build_row(cs)  # (the second time through the row plan)
         assert list(to_record(got, TOPO).items()) == list(to_record(want, TOPO).items())
         assert (list(got.points), list(got.deltas)) == (list(want.points), list(want.deltas))
 
 
-def test_a_layout_whose_values_disagree_with_its_packing_is_extracted_the_plain_way():
+def test_a_layout_is_compiled_once_per_decomposer():
     spans, _ = default_stack()
-    for sp in spans:  # a shape no other test uses, so its layouts are new here
-        sp.attributes.add(key="deltatap.label.plans-test").value.string_value = "1"
     data = request(spans).SerializeToString()
-    first, live = decode_compact(data), decode_compact(data)
-    assert points.span_reader(first[1]) is None and not points.reader_decided(first[1])  # one span seen: not decided yet
-    live[1].attrs[Attr.HTTP_STATUS] = 299  # the span its layout is checked on says something its numbers do not
-    assert points.span_reader(live[1]) is None and points.reader_decided(live[1])
-    row = build_row(live, TOPO)
-    assert row.http_status == 200  # the client's, as before
-    assert extract(live, TOPO).http_status["tap:edge"] == 299  # read from attrs, not from the packed numbers
-    assert extract_flat(live, TOPO) is None
+    dec = Decomposer(TOPO)
+    first, again = decode_compact(data), decode_compact(data)
+    progs = [dec.program(s)[0] for s in first]
+    assert [dec.program(s)[0] for s in again] == progs and len({id(p) for p in progs}) == 4
+    assert "vals +=" in progs[1].source  # a tap's reader: its event times read by position
+    assert Decomposer(TOPO).program(first[1])[0] is not progs[1]  # nothing shared between decomposers
 
 
-def test_a_layout_seen_once_is_not_planned():
+def test_a_span_whose_observer_varies_per_span_is_read_the_plain_way():
     spans, _ = default_stack()
-    spans[1].attributes.add(key="deltatap.label.once").value.string_value = "x"
+    spans[1].attributes.add(key=Attr.OBSERVER).value.int_value = 7  # an observer the layout cannot hold: the last key wins
     live = decode_compact(request(spans).SerializeToString())
-    assert extract_flat(live, TOPO) is None and build_row(live, TOPO) == build_row(decode_request(request(spans)), TOPO)
-    assert not points.reader_decided(live[1])
+    dec = Decomposer(TOPO)
+    assert dec.build_row(live) == build_row(decode_request(request(spans)), TOPO)
+    assert dec._by_layout[live[1].layout] is None
 
 
-def test_a_changed_extractor_registry_turns_plans_off(monkeypatch):
-    spans, _ = default_stack()
-    live = decode_compact(request(spans).SerializeToString())
-    build_row(live, TOPO)  # plans made for these layouts
-    seen = []
-    registry = [("mine", lambda s: s.name.startswith("deltatap.tap"), lambda s, topo, ex: seen.append(s.name)), *points.EXTRACTORS]
-    monkeypatch.setattr(points, "EXTRACTORS", registry)
-    row = build_row(live, TOPO)
-    assert sorted(seen) == ["deltatap.tap edge", "deltatap.tap fw-engine", "deltatap.tap gw-fw"]
-    assert set(row.points) == {"client.send", "client.first_token_received", "client.last_token_received"}
+def _my_site(view, topo):
+    return Site("component:engine", "mine", RANK_COMPONENT, {"my.first": Emit("engine.first_token")}, component="engine")
+
+
+def test_a_newly_registered_kind_keeps_the_compiled_path():
+    tid = new_trace_id()
+    spans, t = default_stack()
+    tid = spans[0].trace_id
+    from otlpfactory import make_span
+
+    mine = make_span(tid, "my.span", BASE + 5 * MS, BASE + 90 * MS, {"my.first": t["t7"] - 1_000}, {"my.request_id": "req-1", "my.ignored": "x"})
+    kinds.register(SpanKind("mine", (Match(name="my.span"),), _my_site, facts=(Fact("my.request_id", Into.REQUEST_ID),), common=False), before="vllm")
+    try:
+        data = request([*spans, mine]).SerializeToString()
+        live = decode_compact(data)
+        assert "my.request_id" in live[-1].attrs and "my.ignored" not in live[-1].attrs  # the decoder keeps what the kind reads
+        dec = Decomposer(TOPO)
+        row = dec.build_row(live)
+        assert dec.program(live[-1])[0].kind == "mine" and dec._by_layout[live[-1].layout] is not None
+        assert row.points["engine.first_token"] == (t["t7"] - 1_000, 0, "component:engine", "mine")  # a component's own stamp beats the tap's
+        assert row == dec.build_row(decode_compact(data)) == build_row(decode_request(request([*spans, mine])), TOPO)
+    finally:
+        kinds.unregister("mine")
+    assert "my.request_id" not in decode_compact(data)[-1].attrs
 
 
 def test_delta_columns_hold_every_value_in_row_order():

@@ -11,7 +11,7 @@ import grpc
 import pytest
 from tap_helpers import event_times, wait_spans
 
-from deltatap.collector.points import extract
+from deltatap.collector.decompose import extract
 from deltatap.collector.spans import SpanRecord
 from deltatap.core.clock import mono_ns, to_unix_ns
 from deltatap.core.topology import default_topology
