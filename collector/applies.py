@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from deltatap.collector.deltas import SIGNED_PHASES, SYSTEM_TTFT, DeltaDef  # noqa: F401 - SIGNED_PHASES re-exported
+from deltatap.collector.deltas import ITL, LAST, SIGNED_PHASES, SYSTEM_TTFT, TAP, DeltaDef  # noqa: F401 - SIGNED_PHASES re-exported
 from deltatap.collector.rows import Row
 
 REASONS = {
@@ -45,7 +45,7 @@ def exclusion_reason(row: Row, d: DeltaDef) -> str | None:
         return None if is_refused(row) else "not_blocked"
     if is_refused(row):
         return "refused"
-    if d.phase in ("last", "itl") and not is_complete(row):
+    if d.phase in (LAST, ITL) and not is_complete(row):
         return "cut"
     return None
 
@@ -60,7 +60,7 @@ def applicable_deltas(row: Row, defs: Sequence[DeltaDef]) -> dict:
     out = {}
     for k, v in row.deltas.items():
         d = by_name.get(k)
-        if d is None or d.phase == "tap" or exclusion_reason(row, d) is None:
+        if d is None or d.phase == TAP or exclusion_reason(row, d) is None:
             out[k] = v
     return out
 

@@ -60,9 +60,8 @@ assert set(EXPORTED_QUANTILES.values()) <= set(QUANTILES)
 class DeltaHistograms:
     """Per delta: cumulative-bucket histogram (durations only), signed sum and count, and a sketch."""
 
-    def __init__(self, defs: Sequence[DeltaDef] | dict[str, str | None]) -> None:
-        if isinstance(defs, dict):  # name -> component (no phases known: every delta a duration)
-            defs = [DeltaDef(n, "", "", "first", c) for n, c in defs.items()]
+    def __init__(self, defs: Sequence[DeltaDef]) -> None:
+        """``defs``: the topology's deltas (:func:`deltatap.collector.deltas.delta_defs`)."""
         self.defs = {d.name: d for d in defs}
         self.component_of = {d.name: d.metric_component for d in defs}  # the metrics' component label
         self.signed = {d.name for d in defs if is_signed(d)}

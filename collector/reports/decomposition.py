@@ -231,7 +231,7 @@ class PercentilesSection:
         left: dict[str, int] = {}
         for r in inputs.rows:
             for d in defs:
-                if d.name in r.deltas and d.phase != "tap":
+                if d.name in r.deltas and d.phase != TAP:
                     why = exclusion_reason(r, d)
                     if why:
                         left[why] = left.get(why, 0) + 1

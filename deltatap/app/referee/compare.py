@@ -241,7 +241,7 @@ class Comparison:
 
 
 def compare(rows, wire: Wire, warmup: int = 10) -> Comparison:
-    from deltatap.collector.rows import delta_defs  # the delta definitions the collector uses
+    from deltatap.collector.deltas import TAP, delta_defs  # the delta definitions the collector uses
 
     defs = {d.name: d for d in delta_defs()}
     rows = sorted(rows, key=lambda r: r.start_unix_ns or 0)
@@ -299,7 +299,7 @@ def compare(rows, wire: Wire, warmup: int = 10) -> Comparison:
             d = defs.get(name)
             if d is None or d.signed:
                 continue
-            if d.phase == "tap":
+            if d.phase == TAP:
                 wv = tap_delta_wire(w, name)
             else:
                 pe, ps = r.points.get(d.end), r.points.get(d.start)
