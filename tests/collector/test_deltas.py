@@ -21,7 +21,7 @@ from deltatap.collector.rows import record_columns, to_record
 from deltatap.collector.spans import decode_request
 from deltatap.collector.table import decomposition, render_csv
 from deltatap.core.topology import ComponentSpec, LinkModel, Topology, default_topology
-from deltatap.core.vocab import DEFAULT_POINT_ALIASES, DRAFT_DELTAS, ComponentKind
+from deltatap.core.vocab import DEFAULT_POINT_ALIASES, DRAFT_DELTAS, ComponentKind, Role
 
 from otlpfactory import default_stack, request
 
@@ -203,6 +203,24 @@ def test_changing_one_line_of_the_registry_changes_every_reader(renamed_inbound)
     assert 'deltatap_collector_delta_seconds_count{component="firewall",delta="firewall_ingress"} 3.0' in prom
     spans = decomposition_spans(rows, topo).resource_spans[0].scope_spans[0].spans
     assert "deltatap.delta firewall_ingress" in {s.name for s in spans} and "deltatap.delta firewall_inbound" not in {s.name for s in spans}
+
+
+def test_moving_a_point_of_one_line_changes_the_values_and_the_alias(monkeypatch):
+    """The inbound delta measured from the client's send instead: values, alias and tables follow."""
+    groups = tuple((over, tuple(dataclasses.replace(t, start=(deltas.CLIENT, Role.SEND)) if t.key == "inbound" else t for t in ts)) for over, ts in GROUPS)
+    monkeypatch.setattr(deltas, "GROUPS", groups)
+    deltas._registry.cache_clear()
+    try:
+        topo = default_topology()
+        reg = registry(topo)
+        assert reg.by_name["firewall_inbound"].alias == "t5 - t0" and reg.by_name["firewall_inbound"].start == "client.send"
+        pipe, rows = _run(topo)
+        r = rows[0]
+        assert r.deltas["firewall_inbound"].ns == r.points["firewall.in.exit"].unix_ns - r.points["client.send"].unix_ns
+        text = "\n".join(RENDERERS["markdown"](build_report(ReportInputs(rows=rows, topology=topo))).values())
+        assert "| inbound, passing | t5 - t0 |" in text.replace("  ", " ")
+    finally:
+        deltas._registry.cache_clear()
 
 
 def test_without_the_change_the_same_run_reads_inbound():
