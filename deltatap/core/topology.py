@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from deltatap.core.config import ConfigError, StrictModel, load_yaml, read_yaml, validate
 from deltatap.core.vocab import DEFAULT_COMPONENTS, DEFAULT_CORRELATION_HEADER, DEFAULT_LINKS, ComponentKind
@@ -42,7 +42,13 @@ def parse_hostport(value: str, what: str = "listen address") -> tuple[str, int]:
     return host, port
 
 
-class ComponentSpec(StrictModel):
+class _Frozen(StrictModel):
+    """A part of the topology: frozen once validated (everything built from a Topology may cache on it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class ComponentSpec(_Frozen):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="component name; points are named <name>.<role>")
     kind: ComponentKind = Field(description="client (first), engine (last), or an intermediary: gateway, firewall, router, cache, proxy")
     url: str | None = Field(default=None, description="where the component itself listens (not its tap)")
@@ -52,7 +58,7 @@ class ComponentSpec(StrictModel):
     description: str = Field(default="", description="free text shown in reports")
 
 
-class TapSpec(StrictModel):
+class TapSpec(_Frozen):
     listen: str = Field(description="HOST:PORT the tap listens on; downstream points here")
     admin: str | None = Field(default=None, description="HOST:PORT for /metrics and /healthz (default: listen port + 1000)")
     upstream: str | None = Field(default=None, description="URL to forward to (default: the upstream component's url)")
@@ -70,19 +76,19 @@ class TapSpec(StrictModel):
         return v
 
 
-class LinkModel(StrictModel):
+class LinkModel(_Frozen):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="link name, e.g. edge, gw-fw, fw-engine")
     downstream: str = Field(description="the component on the client side of the link")
     upstream: str = Field(description="the component on the server side of the link (its neighbour toward the engine)")
     tap: TapSpec | None = Field(default=None, description="where a tap sits on this link; absent: the link is not tapped")
 
 
-class Topology(StrictModel):
+class Topology(_Frozen):
     name: str = Field(default="default", description="topology name, shown in reports")
     description: str = Field(default="", description="free text shown in reports")
     correlation_header: str = Field(default=DEFAULT_CORRELATION_HEADER, description="header the taps propagate (created if absent) and the collector joins on")
-    components: list[ComponentSpec] = Field(description="the chain in order: client first, engine last")
-    links: list[LinkModel] = Field(description="links between neighbouring components, each optionally tapped")
+    components: tuple[ComponentSpec, ...] = Field(description="the chain in order: client first, engine last")
+    links: tuple[LinkModel, ...] = Field(description="links between neighbouring components, each optionally tapped")
 
     @model_validator(mode="after")
     def _check(self) -> Topology:
