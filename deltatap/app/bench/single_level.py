@@ -11,6 +11,7 @@ from deltatap.app.bench import plots
 from deltatap.app.bench.common import BenchContext, compliance_section, config_section, decomposition_by_level, levels_table, summary_notes
 from deltatap.app.bench.measure import per_request
 from deltatap.collector.reports.methodology import sample_count_notes, ttft_by_input_table, ttft_table
+from deltatap.collector.deltas import ENGINE_TTFT, registry
 from deltatap.collector.reports.model import Report, Section
 
 NAME = "ttft"
@@ -48,7 +49,9 @@ async def run(ctx: BenchContext) -> Report:
     if not comp.tables:
         comp.notes.append("No per-component deltas: no taps reported to this bench (use the embedded stack, or --collect with taps on the links).")
     if any(eng):
-        comp.notes.append("The Model Engine line is the engine's own TTFT (t7 - t6): its queue wait (t6a - t6) and prefill (t7 - t6a) are in the engine's span "
+        reg = registry()
+        comp.notes.append(f"The Model Engine line is the engine's own TTFT ({reg.by_name[ENGINE_TTFT].formula}): its queue wait "
+                          f"({reg.of('engine_queue').formula}) and prefill ({reg.of('engine_prefill').formula}) are in the engine's span "
                           "as gen_ai.latency.time_in_queue and time_in_model_prefill.")
     n_ok = int(np.isfinite(ttft).sum())
     ctx.require("5.1.2.1", "request count for P99", ">= 1000", str(n_ok), n_ok >= 1000)
