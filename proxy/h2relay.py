@@ -492,7 +492,9 @@ class H2Downstream(StampedProtocol):
     def _flush(self) -> None:
         """Write what the downstream h2 connection has to send; the stamps that wait for this write get it."""
         out = self.conn.data_to_send()
-        if not out or self.transport is None or self.transport.is_closing():
+        if not out:
+            return
+        if self.transport is None or self.transport.is_closing():  # (the connection's loss completes its streams)
             self.marks.clear()
             return
         tw, bw = self.send(out)
@@ -705,7 +707,9 @@ class H2Upstream(StampedProtocol):
 
     def flush(self) -> None:
         out = self.conn.data_to_send()
-        if not out or self.transport is None or self.transport.is_closing():
+        if not out:
+            return
+        if self.transport is None or self.transport.is_closing():  # (the connection's loss completes its streams)
             self.marks.clear()
             return
         tw, bw = self.send(out)
