@@ -13,7 +13,10 @@ import random
 import shutil
 import ssl
 
+import h2.config
+import h2.connection
 import h2.errors
+import h2.events
 import hpack
 import pytest
 from h2_peer import H2Client, start_h2_peer
@@ -333,3 +336,54 @@ async def test_tls_tap_offers_h2_only_where_the_upstream_speaks_it(upstream, mak
         assert w.get_extra_info("ssl_object").selected_alpn_protocol() == "http/1.1"
     finally:
         w.close()
+
+
+async def test_a_preface_split_across_reads_is_still_http2_and_a_split_http1_request_still_http1(peer, upstream, make_tap):
+    tap = await make_tap(peer.url)
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+    client.initiate_connection()
+    client.send_headers(1, req(tap.port, "/v1/chat/completions?first_ms=1&gap_ms=1&n=1"), end_stream=True)
+    wire = client.data_to_send()
+    reader, writer = await asyncio.open_connection("127.0.0.1", tap.port)
+    try:
+        for piece in (wire[:1], wire[1:9], wire[9:30], wire[30:]):  # (the 24-byte preface in three reads)
+            writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(0.02)
+        got: list = []
+        async with asyncio.timeout(10):
+            while not any(isinstance(e, h2.events.StreamEnded) for e in got):
+                data = await reader.read(65536)
+                assert data, "the tap closed the connection"
+                got += client.receive_data(data)
+                writer.write(client.data_to_send())
+    finally:
+        writer.close()
+    (resp,) = [e for e in got if isinstance(e, h2.events.ResponseReceived)]
+    assert dict(resp.headers)[b":status"] == b"200"
+    # an HTTP/1.1 request whose first read is the one byte it shares with the preface
+    tap1 = await make_tap(upstream.url)
+    reader, writer = await asyncio.open_connection("127.0.0.1", tap1.port)
+    try:
+        writer.write(b"P")
+        await writer.drain()
+        await asyncio.sleep(0.02)
+        writer.write(b"OST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
+        answer = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 200") and b"x-body-len: 2" in answer.lower()
+
+
+async def test_host_header_and_upstream_path_prefix_as_for_http1(peer, make_tap):
+    tap = await make_tap(peer.url + "/v1", host_header="engine.internal")
+    c = await H2Client().connect("127.0.0.1", tap.port)
+    try:
+        r = await c.wait(c.request(req(tap.port, "/chat/completions?first_ms=1&gap_ms=1&n=1", extra=[(b"host", f"127.0.0.1:{tap.port}".encode())])))
+    finally:
+        await c.close()
+    assert r.status == 200
+    (got,) = peer.log.requests
+    h = dict(got)
+    assert h[b":path"] == b"/v1/chat/completions?first_ms=1&gap_ms=1&n=1" and h[b":authority"] == b"engine.internal"
+    assert b"host" not in h and [n for n, _v in got][:4] == [b":method", b":path", b":scheme", b":authority"]
