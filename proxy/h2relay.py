@@ -589,6 +589,15 @@ class H2Downstream(StampedProtocol):
         if not self.transport.is_closing():
             self.send(_goaway_frame(max(0, last_down), ev.error_code, ev.additional_data))
 
+    def go_away(self) -> None:
+        """The tap is stopping: GOAWAY (NO_ERROR) naming the last stream the client opened; streams in flight go on,
+        new ones are refused."""
+        if self.closed or self.going_away or self.transport.is_closing():
+            return
+        self.going_away = True
+        self._flush()
+        self.send(_goaway_frame(self.conn.highest_inbound_stream_id, h2.errors.ErrorCodes.NO_ERROR, b""))
+
     def _refuse(self, s: Stream) -> None:
         s.rec.failure = _REFUSED
         self.tap.count_upstream_error(_REFUSED.error_type)

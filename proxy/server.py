@@ -156,6 +156,8 @@ class Tap:
         if self._server is not None:
             self._server.close()
         for d in list(self.connections):  # idle keep-alive connections end now; busy ones after their exchange
+            if isinstance(d, h2relay.H2Downstream):
+                d.go_away()  # (HTTP/2: a GOAWAY first, so the client opens no new streams; those in flight go on)
             if not d.exchanges and d.current is None and getattr(d, "tunnel", None) is None:
                 d.transport.close()
         if self.in_flight:

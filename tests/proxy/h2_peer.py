@@ -251,7 +251,8 @@ class H2Client:
                                                                           normalize_inbound_headers=False))
         self.auto_ack = auto_ack
         self.replies: dict[int, Reply] = {}
-        self.goaway: int | None = None
+        self.goaway: int | None = None  # the error code of a GOAWAY received
+        self.goaway_last: int | None = None
         self.closed = asyncio.Event()
         self.window = asyncio.Event()  # set at each WINDOW_UPDATE
 
@@ -298,6 +299,10 @@ class H2Client:
                         r.done.set()
                     elif isinstance(ev, h2.events.ConnectionTerminated):
                         self.goaway = ev.error_code
+                        self.goaway_last = ev.last_stream_id
+                        # (h2 closes its state machine here; like nghttp2, this client lets the streams up to the
+                        # GOAWAY's last stream id finish)
+                        self.conn.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
                     elif isinstance(ev, h2.events.WindowUpdated):
                         self.window.set()
                 self._flush()

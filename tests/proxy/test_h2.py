@@ -387,3 +387,28 @@ async def test_host_header_and_upstream_path_prefix_as_for_http1(peer, make_tap)
     h = dict(got)
     assert h[b":path"] == b"/v1/chat/completions?first_ms=1&gap_ms=1&n=1" and h[b":authority"] == b"engine.internal"
     assert b"host" not in h and [n for n, _v in got][:4] == [b":method", b":path", b":scheme", b":authority"]
+
+
+async def test_tap_shutdown_sends_goaway_and_lets_streams_in_flight_finish(peer, make_tap, span_exporter, telemetry):
+    tap = await make_tap(peer.url)
+    c = await H2Client().connect("127.0.0.1", tap.port)
+    try:
+        sid = c.request(req(tap.port, "/v1/chat/completions?first_ms=300&gap_ms=5&n=3"))
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if c.replies[sid].headers is not None:
+                break
+        closing = asyncio.ensure_future(tap.close(grace_s=5))
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if c.goaway is not None:
+                break
+        assert (c.goaway, c.goaway_last) == (h2.errors.ErrorCodes.NO_ERROR, sid)
+        assert not c.replies[sid].done.is_set()  # told before its stream ended
+        r = await c.wait(sid)
+        await asyncio.wait_for(closing, 10)
+    finally:
+        await c.close()
+    assert r.reset is None and r.data.endswith(b"data: [DONE]\n\n") and r.data.count(b'"content": "t') == 3
+    (span,) = await wait_spans(span_exporter, telemetry, 1)
+    assert span.attributes[Attr.OUTCOME] == "ok"
