@@ -323,8 +323,22 @@ class H2Downstream(StampedProtocol):
             self.transport.close()
             return False
         for ev in events:
-            self._event(ev, t, bound)
+            try:
+                self._event(ev, t, bound)
+            except h2.exceptions.H2Error as exc:  # (a stream the other side's state no longer allows: that stream ends)
+                self._stream_failed(self.streams.get(getattr(ev, "stream_id", 0) or 0), exc)
         return True
+
+    def _stream_failed(self, s: Stream | None, exc: Exception) -> None:
+        log.info("tap %s: HTTP/2 stream could not be relayed (%s); it is reset", self.tap.o.link, type(exc).__name__)
+        if s is None or s.done:
+            return
+        s.rec.failure = Failure(Outcome.UPSTREAM_ERROR, 502, "tap_internal_error",
+                                f"the HTTP/2 stream could not be relayed ({type(exc).__name__})")
+        self.tap.count_upstream_error("tap_internal_error")
+        if self.up is not None and s.up_id is not None:
+            self.up.reset_stream(s, h2.errors.ErrorCodes.INTERNAL_ERROR)
+        self.reset_stream(s, h2.errors.ErrorCodes.INTERNAL_ERROR)
 
     def _event(self, ev: Any, t: int, bound: int) -> None:
         E = h2.events
@@ -781,7 +795,10 @@ class H2Upstream(StampedProtocol):
             self.transport.close()
             return False
         for ev in events:
-            self._event(d, ev, t, bound)
+            try:
+                self._event(d, ev, t, bound)
+            except h2.exceptions.H2Error as exc:
+                d._stream_failed(d.by_up.get(getattr(ev, "stream_id", 0) or 0), exc)
         return True
 
     def _event(self, d: H2Downstream, ev: Any, t: int, bound: int) -> None:

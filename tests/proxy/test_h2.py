@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import shutil
 import ssl
@@ -412,3 +413,21 @@ async def test_tap_shutdown_sends_goaway_and_lets_streams_in_flight_finish(peer,
     assert r.reset is None and r.data.endswith(b"data: [DONE]\n\n") and r.data.count(b'"content": "t') == 3
     (span,) = await wait_spans(span_exporter, telemetry, 1)
     assert span.attributes[Attr.OUTCOME] == "ok"
+
+
+async def test_a_client_that_breaks_the_protocol_gets_goaway_and_one_log_line(peer, make_tap, caplog):
+    caplog.set_level(logging.INFO, logger="deltatap.tap")
+    tap = await make_tap(peer.url)
+    reader, writer = await asyncio.open_connection("127.0.0.1", tap.port)
+    try:
+        writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x01\x00\x00\x00\x00\x00\x00x")  # (DATA on stream 0)
+        got = await asyncio.wait_for(reader.read(), 10)  # (until the tap closes the connection)
+    finally:
+        writer.close()
+    frames = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    frames.initiate_connection()
+    events = frames.receive_data(got)
+    assert any(isinstance(e, h2.events.ConnectionTerminated) and e.error_code == h2.errors.ErrorCodes.PROTOCOL_ERROR for e in events)
+    assert [r.getMessage() for r in caplog.records if "broke the protocol" in r.getMessage()] and \
+        not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL") or r.exc_info]
+    assert peer.log.connections == 0  # nothing reached the upstream
