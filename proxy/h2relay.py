@@ -471,7 +471,7 @@ class H2Downstream(StampedProtocol):
     @staticmethod
     def _forwarded(s: Stream, tw: int, bw: int) -> None:
         s.rec.forwarded = tw
-        s.rec.bounds[TapEvent.REQUEST_FORWARDED] = (0, max(0, bw))
+        s.rec.bounds[TapEvent.REQUEST_FORWARDED] = (0, bw)  # (-1: it waited behind earlier bytes; bounded at the response)
 
     # ---- flow: client -> upstream -----------------------------------------------------------
     def _drain_up(self, s: Stream) -> None:
@@ -892,6 +892,9 @@ class H2Upstream(StampedProtocol):
                 rec.status = None
             rec.response_headers = t
             rec.bounds[TapEvent.RESPONSE_HEADERS] = (bound, 0)
+            if rec.forwarded is not None and rec.bounds.get(TapEvent.REQUEST_FORWARDED, (0, 0))[1] < 0:
+                # (the request waited behind earlier bytes: it had left when the response began to arrive)
+                rec.bounds[TapEvent.REQUEST_FORWARDED] = (0, max(0, t - rec.forwarded))
             obs = rec.stream = observer_for(s.request_headers, headers)
             if obs is None and b"json" in (_get(headers, b"content-type") or b"").lower():
                 s.capture_out = bytearray()

@@ -24,7 +24,7 @@ from h2_peer import H2Client, start_h2_peer
 from tap_helpers import event_times, free_port, wait_spans
 
 from deltatap.core.clock import to_unix_ns
-from deltatap.core.vocab import Attr, TapEvent
+from deltatap.core.vocab import Attr, TapEvent, parse_stamp_bounds
 
 MS = 1_000_000
 SSE_TAIL = "first_ms=40&gap_ms=5&n=5"
@@ -129,6 +129,8 @@ async def test_many_concurrent_streams_on_one_connection(peer, make_tap, span_ex
     ids = {s.attributes[Attr.REQUEST_ID] for s in spans}
     assert ids == {dict(h)[b"x-request-id"].decode() for h in peer.log.requests} and len(ids) == n
     assert all(s.attributes[Attr.CONTENT_EVENTS] == 3 and TapEvent.FIRST_TOKEN_FORWARDED in event_times(s) for s in spans)
+    # every stamp's interval, where one is given, is a real one (a write that waited is bounded, never negative)
+    assert all(b >= 0 and f >= 0 for s in spans for b, f in parse_stamp_bounds(s.attributes.get(Attr.STAMP_BOUNDS, "")).values())
 
 
 async def test_large_bodies_trailers_and_103_both_ways(peer, make_tap, span_exporter, telemetry):
