@@ -61,7 +61,7 @@ class TapCounters:
 
     __slots__ = ("requests", "upstream_errors", "in_flight", "request_bytes", "response_bytes",
                  "overhead_request", "overhead_first_token", "upstream_ttft", "unparsed", "connections", "upstream_connections",
-                 "connections_refused", "header_timeouts", "ws_malformed", "tls_handshake_failures", "not_http2")
+                 "connections_refused", "header_timeouts", "ws_malformed", "tls_handshake_failures", "not_http2", "stale_retries")
 
     def __init__(self) -> None:
         self.requests: dict[str, int] = {}  # outcome -> count
@@ -80,6 +80,7 @@ class TapCounters:
         self.ws_malformed = 0  # WebSocket directions whose frames broke RFC 6455: relayed on, unwatched from there
         self.tls_handshake_failures = 0  # downstream TLS handshakes that failed (plain HTTP to a TLS tap included)
         self.not_http2 = 0  # --protocol grpc: connections closed because they did not open with HTTP/2's preface
+        self.stale_retries = 0  # requests sent again on a fresh connection: the pooled one closed before answering
 
 
 class _TapCollector(Collector):
@@ -121,7 +122,10 @@ class _TapCollector(Collector):
         noth2 = CounterMetricFamily("deltatap_tap_not_http2", "Downstream connections closed because they did not open "
                                     "with HTTP/2's preface (--protocol grpc)", labels=["link"])
         noth2.add_metric([link], c.not_http2)
-        yield from (req, inflight, errs, unparsed, conns, upconns, refused, htimeouts, wsbad, tlsbad, noth2)
+        stale = CounterMetricFamily("deltatap_tap_stale_retries", "Times a pooled upstream connection closed before any byte of an "
+                                    "answer and what was sent on it went again on a fresh connection", labels=["link"])
+        stale.add_metric([link], c.stale_retries)
+        yield from (req, inflight, errs, unparsed, conns, upconns, refused, htimeouts, wsbad, tlsbad, noth2, stale)
         yield c.overhead_request.family(
             "deltatap_tap_overhead_request_seconds", "Tap overhead on the request: last byte read -> last byte written upstream", link)
         yield c.overhead_first_token.family(

@@ -53,6 +53,9 @@ POOL_MAX = 256  # idle upstream connections kept for reuse
 # SYNs the engine's full backlog dropped and the kernel retried; direct, the same connects succeeded). --timeout-s
 # bounds the whole exchange when a user wants a bound.
 UPSTREAM_CONNECT_TIMEOUT_S: float | None = None
+# what is kept of the bytes sent on a pooled upstream connection until it answers, to send again if it turns out
+# closed (Downstream.retry_stale); a request larger than this is not sent again (its client gets the close)
+REPLAY_MAX_BYTES = 1 << 20
 
 
 class Exchange:
@@ -125,6 +128,10 @@ class Downstream(_Side):
         self.peer: str | None = None
         self.head_timer: asyncio.TimerHandle | None = None  # closes a connection that sends no whole head in time
         self.sniff: bytes | None = b""  # the connection's first bytes while they may still be HTTP/2's preface
+        # what was sent on an upstream connection taken from the pool, until the first byte of an answer on it: the
+        # upstream may have closed that connection while it was idle, and then it is sent again on a fresh one
+        self.replay: list[bytes] | None = None
+        self.replay_size = 0
 
     # ---- connection ----------------------------------------------------------------------
     def on_made(self) -> None:
@@ -352,9 +359,10 @@ class Downstream(_Side):
         return new_head
 
     # ---- upstream connection ---------------------------------------------------------------
-    async def _connect(self) -> None:
+    async def _connect(self, fresh: bool = False) -> None:
         tap = self.tap
-        up = tap.pool_take()
+        up = None if fresh else tap.pool_take()
+        self.replay, self.replay_size = ([] if up is not None else None), 0
         if up is None:
             tap.counters.upstream_connections += 1
             try:
@@ -411,6 +419,13 @@ class Downstream(_Side):
     def _send_up(self, payload: bytes, ended: Any) -> None:
         up = self.up
         assert up is not None
+        replay = self.replay
+        if replay is not None:
+            self.replay_size += len(payload)
+            if self.replay_size > REPLAY_MAX_BYTES:
+                self.replay = None
+            else:
+                replay.append(payload)
         t, bound = up.send(payload)
         if ended and up.unplaced is not None:
             t, bound = up.place(up.unplaced, t, bound)
@@ -426,6 +441,26 @@ class Downstream(_Side):
             stamp = (up.last_write_mono or mono(), up.last_write_bound)
         ex.rec.forwarded = stamp[0]
         ex.rec.bounds[TapEvent.REQUEST_FORWARDED] = (0, stamp[1])
+
+    def retry_stale(self, up: Upstream) -> bool:
+        """``up``, taken from the pool, closed or reset before any byte of an answer: the upstream ended that idle
+        connection as the tap reused it, which a direct client (on a connection of its own) would never have met.
+        Send what went on it again, once, on a fresh connection; the requests' forwarded stamps become the resend's.
+        False (nothing done) when that cannot be the same as without the tap."""
+        replay, self.replay = self.replay, None
+        if replay is None or self.closed or self.opaque or not self.exchanges or any(ex.response_started for ex in self.exchanges):
+            return False
+        self.tap.counters.stale_retries += 1
+        log.debug("tap %s: a pooled upstream connection closed before answering; sending again on a fresh one", self.tap.o.link)
+        up.down = None
+        self.up = None
+        self.expect_methods = [ex.method for ex in self.exchanges]
+        self.to_up[:0] = replay
+        for ex in self.exchanges:
+            if ex.request_done:
+                ex.forward_pending = True
+        self.connecting = asyncio.ensure_future(self._connect(fresh=True))
+        return True
 
     # ---- tap-made answers ------------------------------------------------------------------
     def _answer(self, ex: Exchange, failure: Failure) -> None:
@@ -527,6 +562,8 @@ class Upstream(_Side):
             return
         tw, bw = d.send(data)  # forwarded first: watching comes after
         self.last_read = (t, bound)
+        if d.replay is not None:
+            d.replay = None  # (an answer began on this connection: it was not stale)
         if self.reader.opaque:
             if d.tunnel is not None:
                 d.tunnel.rec.ws.server.feed(data, t, bound, tw, bw)
@@ -545,6 +582,7 @@ class Upstream(_Side):
             self.transport.close()
             return
         tw, bw = d.send(data)
+        d.replay = None
         for start, end, t, bound in pieces:
             self.last_read = (t, bound)
             piece = data[start:end]
@@ -714,8 +752,10 @@ class Upstream(_Side):
 
     # ---- end of the connection -------------------------------------------------------------
     def on_eof(self) -> bool:
-        self.eof = True
         d = self.down
+        if d is not None and d.replay is not None and d.retry_stale(self):
+            return False
+        self.eof = True
         if d is not None and d.tunnel is not None:
             d.tunnel.rec.ws.connection_closed("server")
         events = self.reader.feed_eof()
@@ -733,7 +773,7 @@ class Upstream(_Side):
     def on_lost(self, exc: BaseException | None) -> None:
         self.tap.pool_discard(self)
         d = self.down
-        if d is None:
+        if d is None or (d.replay is not None and d.retry_stale(self)):
             return
         self.down = None
         d.up = None
@@ -756,13 +796,10 @@ class Upstream(_Side):
                 d.exchanges.remove(ex)
                 d._complete(ex)
                 continue
-            if not ex.response_started and not d.opaque:
-                d.exchanges.remove(ex)
-                d._answer(ex, _RESET if self.reset_by_peer else _CLOSED)
-                continue
+            # before or after the response began, the client meets the close (or the reset) as it would without the tap
             rec = ex.rec
             if rec.failure is None and not d.opaque:
-                rec.failure = _RESET if self.reset_by_peer else _BROKE
+                rec.failure = _RESET if self.reset_by_peer else _BROKE if ex.response_started else _CLOSED
                 self.tap.count_upstream_error(rec.failure.error_type)
             rec.upstream_closed = self.lost_mono_ns or mono()
             d.exchanges.remove(ex)

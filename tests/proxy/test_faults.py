@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import socket
+import struct
 import time
 
 import aiohttp
 import pytest
+from raw_peer import raw_exchange
 from tap_helpers import event_times, free_port, wait_spans
 
 from deltatap.telemetry.tracer import setup_telemetry
@@ -158,3 +162,97 @@ async def test_close_cuts_streams_after_grace(upstream, make_tap):
             break
         await asyncio.sleep(0.01)
     assert upstream.log.cancelled
+
+
+class _ClosesOnReuse:
+    """A raw upstream whose keep-alive ends just as a connection is reused: it answers the first request of each
+    connection and closes (FIN, or an RST with ``rst``) the connection when a second request comes on it. A direct
+    client opening a connection per request never meets that; a tap that pools idle upstream connections does."""
+
+    RESP = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
+
+    def __init__(self, rst: bool) -> None:
+        self.rst = rst
+        self.requests: list[tuple[int, int, bytes]] = []  # (connection, request number on it, head)
+        self.writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = len(self.writers)
+        self.writers.append(writer)
+        try:
+            for n in itertools.count(1):
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+                self.requests.append((conn, n, head))
+                if n > 1:
+                    if self.rst:
+                        writer.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        writer.transport.abort()
+                    else:
+                        writer.close()
+                    return
+                writer.write(self.RESP)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
+            writer.close()
+
+    async def close(self) -> None:
+        self.server.close()
+        for w in self.writers:
+            w.transport.abort()
+        await self.server.wait_closed()
+
+
+async def _metric(url: str, name: str) -> float:
+    async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as m:
+        for line in (await m.text()).splitlines():
+            if line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+@pytest.mark.parametrize("rst", [False, True], ids=["fin", "rst"])
+async def test_a_pooled_connection_closed_by_the_upstream_is_retried_on_a_fresh_one(make_tap, span_exporter, telemetry, rst):
+    up = _ClosesOnReuse(rst)
+    tap = await make_tap(await up.start())
+    port = int(tap.url.rsplit(":", 1)[1])
+    req = b"GET /v1/models HTTP/1.1\r\nHost: m\r\n\r\n"
+    try:
+        first = await raw_exchange(port, [req], expect=len(up.RESP))  # its connection ends: the upstream one is pooled
+        assert first.received == up.RESP
+        for _ in range(100):  # (the tap sees the client's close and pools the upstream connection)
+            if tap.tap._pool:
+                break
+            await asyncio.sleep(0.01)
+        second = await raw_exchange(port, [req], expect=len(up.RESP))
+        assert second.received == up.RESP, second  # what a client with a connection of its own gets: the answer
+        c = up.requests[0][0]  # (the tap's start-up probe of its upstream may have been a connection before)
+        assert [(c0 - c, n) for c0, n, _ in up.requests] == [(0, 1), (0, 2), (1, 1)]  # on the stale one, then again
+        assert up.requests[1][2] == up.requests[2][2]  # the same bytes
+        assert await _metric(tap.admin_url, "deltatap_tap_stale_retries_total") == 1
+        spans = await wait_spans(span_exporter, telemetry, 2)
+        assert [s.attributes[Attr.OUTCOME] for s in spans] == ["ok", "ok"]
+    finally:
+        await up.close()
+
+
+@pytest.mark.parametrize("rst", [False, True], ids=["fin", "rst"])
+async def test_an_upstream_closing_before_the_response_reaches_the_client_as_that_close(make_tap, span_exporter, telemetry, rst):
+    """On a connection that was not pooled (the client's own pairing), the close is the client's to see, as directly."""
+    up = _ClosesOnReuse(rst)
+    tap = await make_tap(await up.start())
+    port = int(tap.url.rsplit(":", 1)[1])
+    req = b"GET /v1/models HTTP/1.1\r\nHost: m\r\n\r\n"
+    try:
+        got = await raw_exchange(port, [req, req], pause_s=0.05, expect=2 * len(up.RESP), timeout_s=3)
+        assert got.received == up.RESP and got.end == ("rst" if rst else "fin"), got  # no 502 of the tap's
+        spans = await wait_spans(span_exporter, telemetry, 2)
+        failed = [s for s in spans if s.attributes[Attr.OUTCOME] != "ok"]
+        assert len(failed) == 1 and failed[0].attributes[Attr.ERROR_TYPE] == ("upstream_reset" if rst else "upstream_closed")
+        assert Attr.HTTP_STATUS not in failed[0].attributes
+        assert await _metric(tap.admin_url, "deltatap_tap_stale_retries_total") == 0
+    finally:
+        await up.close()
