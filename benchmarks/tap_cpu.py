@@ -64,6 +64,14 @@ async def drive(url: str, concurrency: int, n: int, body: bytes = BODY) -> int:
     return ok
 
 
+def proc_detail(pid: int) -> dict[str, float]:
+    """User and system CPU seconds of a process so far (/proc/PID/stat): how a proxy's CPU divides between its own
+    code (user) and the kernel's work for its sockets (system)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return {"user_s": int(fields[11]) / tick, "sys_s": int(fields[12]) / tick}
+
+
 async def measure(urls: dict[str, str], pids: dict[str, int], args: argparse.Namespace) -> dict:
     """Per concurrency and path: CPU us per request of the path's proxy and of the upstream, median of
     ``--rounds`` rounds (paths interleaved in a shuffled order each round)."""
@@ -81,11 +89,16 @@ async def measure(urls: dict[str, str], pids: dict[str, int], args: argparse.Nam
             for path in order:
                 watched = {"upstream": pids["upstream"]} | ({path: pids[path]} if path in pids else {})
                 before = {k: cpu_s(p) for k, p in watched.items()}
+                detail0 = proc_detail(pids[path]) if path in pids else None
                 t = time.monotonic()
                 ok = await drive(urls[path] + q, conc, args.requests, body)
                 wall = time.monotonic() - t
                 used = {k: (cpu_s(p) - before[k]) / args.requests * 1e6 for k, p in watched.items()}
-                runs[path].append({"ok": ok, "wall_s": wall, "upstream": used["upstream"], "proxy": used.get(path)})
+                detail = None
+                if detail0 is not None:
+                    d1 = proc_detail(pids[path])
+                    detail = {k: (d1[k] - detail0[k]) / args.requests * 1e6 for k in d1}
+                runs[path].append({"ok": ok, "wall_s": wall, "upstream": used["upstream"], "proxy": used.get(path), "detail": detail})
         lvl: dict = {}
         for path, rs in runs.items():
             row = {
@@ -97,6 +110,8 @@ async def measure(urls: dict[str, str], pids: dict[str, int], args: argparse.Nam
             if rs[0]["proxy"] is not None:
                 row["cpu_us_per_request"] = round(statistics.median(r["proxy"] for r in rs), 1)
                 row["cpu_us_per_request_rounds"] = [round(r["proxy"], 1) for r in rs]
+                for k, name in (("user_s", "user_us_per_request"), ("sys_s", "sys_us_per_request")):
+                    row[name] = round(statistics.median(r["detail"][k] for r in rs), 1)
             lvl[path] = row
             print(f"c={conc} {path}: {row}", flush=True)
         out[str(conc)] = lvl
