@@ -18,6 +18,7 @@ that could not be opened, ended early or were answered with an error are counted
 
     .venv/bin/python benchmarks/soak.py                                  # 10,000 streams, 120 s per phase
     .venv/bin/python benchmarks/soak.py --streams 2000 --duration 30     # a quicker look
+    .venv/bin/python benchmarks/soak.py --tap-workers 2                  # the tap as 2 processes on its one port
 
 Writes benchmarks/results/soak.json (``--out``).
 """
@@ -205,7 +206,19 @@ def client_main(port: int, streams: int, ramp_rate: float, duration: float, out:
 
 # ---- the orchestrator -------------------------------------------------------------------------------------
 def _proc_stat(pid: int) -> tuple[float, float]:
-    """(RSS MB, CPU seconds user+system)."""
+    """(RSS MB, CPU seconds user+system) of a process and its children (a tap's ``--workers``)."""
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        kids = []
+    rss, cpu = _one_stat(pid)
+    for kid in kids:
+        r, c = _proc_stat(int(kid))
+        rss, cpu = rss + r, cpu + c
+    return rss, cpu
+
+
+def _one_stat(pid: int) -> tuple[float, float]:
     try:
         rss = next(int(ln.split()[1]) / 1024 for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("VmRSS:"))
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -264,7 +277,7 @@ def run_phase(name: str, args, work: Path) -> dict:
             procs["tap"] = subprocess.Popen(
                 [sys.executable, "-m", "deltatap.app.cli", "tap", "--link", "edge", "--listen", f"127.0.0.1:{target}",
                  "--admin", f"127.0.0.1:{admin}", "--upstream", f"http://127.0.0.1:{engine_port}", "--otlp", "none",
-                 "--max-connections", str(args.streams + 100), "--grace-s", "1"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+                 "--max-connections", str(args.streams + 100), "--grace-s", "1", "--workers", str(args.tap_workers)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
             _wait_tcp(target, procs["tap"])
         out = work / f"{name}-client.json"
         procs["client"] = subprocess.Popen([*me, "--role", "client", "--port", str(target), "--streams", str(args.streams),
@@ -316,6 +329,7 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=120.0, help="seconds per phase, ramp included (default 120)")
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between two events of one stream (default 1)")
     ap.add_argument("--ramp-rate", type=float, default=1000.0, help="streams opened per second (default 1000)")
+    ap.add_argument("--tap-workers", type=int, default=1, help="the tap's --workers: processes on its one port (default 1)")
     ap.add_argument("--phases", default="direct,tap", help="comma-separated: direct, tap (default both)")
     ap.add_argument("--out", default=str(RESULTS), help=f"result JSON (default {RESULTS.relative_to(ROOT)})")
     ap.add_argument("--role", choices=["engine", "client"], help=argparse.SUPPRESS)
@@ -345,7 +359,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     result = {
         "benchmark": "soak", "streams": args.streams, "duration_s": args.duration, "interval_s": args.interval,
-        "ramp_rate": args.ramp_rate, "nofile": nofile,
+        "ramp_rate": args.ramp_rate, "tap_workers": args.tap_workers, "nofile": nofile,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                     "loadavg_start": os.getloadavg()},
         "phases": {},
