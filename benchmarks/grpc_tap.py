@@ -153,15 +153,21 @@ async def run(args: argparse.Namespace, targets: dict[str, str], pids: dict[str,
     return result
 
 
-def tap_spans(path: Path) -> dict:
-    """What the tap's spans say: how many, their outcomes and first-token sources, self-reported first-token overhead."""
+def tap_spans(path: Path, levels: list[str]) -> dict:
+    """What the tap's spans say: how many, their outcomes, messages per span, and per concurrency level the tap's
+    self-reported overheads (request read -> forwarded, first message read -> written downstream), p50 in µs."""
     spans = [a for a in read_spans(path) if str(a.get("deltatap.request_id", "")).startswith("tap-")]
-    ft = [float(a["deltatap.overhead.first_token_ns"]) for a in spans if "deltatap.overhead.first_token_ns" in a]
     outcomes: dict[str, int] = {}
     for a in spans:
         outcomes[str(a.get("deltatap.outcome"))] = outcomes.get(str(a.get("deltatap.outcome")), 0) + 1
-    return {"spans": len(spans), "outcomes": outcomes,
-            "first_token_overhead_p50_us": pct(ft, 50) / 1e3 if ft else None,
+    self_reported = {}
+    for c in levels:
+        mine = [a for a in spans if str(a.get("deltatap.request_id", "")).startswith(f"tap-{c}-")]
+        req = [float(a["deltatap.overhead.request_ns"]) for a in mine if "deltatap.overhead.request_ns" in a]
+        ft = [float(a["deltatap.overhead.first_token_ns"]) for a in mine if "deltatap.overhead.first_token_ns" in a]
+        self_reported[c] = {"request_p50_us": pct(req, 50) / 1e3 if req else None, "first_message_p50_us": pct(ft, 50) / 1e3 if ft else None,
+                            "spans": len(mine)}
+    return {"spans": len(spans), "outcomes": outcomes, "self_reported_overhead": self_reported,
             "messages_per_span": sorted({a.get("deltatap.stream.events") for a in spans} - {None})}
 
 
@@ -220,7 +226,7 @@ def main() -> int:
         result["wall_s"] = time.monotonic() - t_start
         tap.terminate()
         tap.wait(30)
-        result["tap_spans"] = tap_spans(spans)
+        result["tap_spans"] = tap_spans(spans, list(result["levels"]))
     finally:
         stop_all(procs)
     lv = result["levels"]
