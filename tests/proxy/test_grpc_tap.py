@@ -40,6 +40,8 @@ class Server:
 
     async def unary(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         self.metadata.append(list(context.invocation_metadata() or ()))
+        if request == b"fail-now":  # no metadata sent first: a trailers-only answer (one HEADERS frame)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "no")
         await context.send_initial_metadata((("x-initial", "i-1"), ("x-initial-bin", b"\x00\xff")))
         if request.startswith(b"fail"):
             context.set_trailing_metadata((("x-why", "asked"),))
@@ -202,6 +204,21 @@ async def test_non_ok_status_passed_through_and_recorded(tapped, span_exporter, 
     a = span.attributes
     assert a[Attr.RPC_GRPC_STATUS] == 3 and a[Attr.ERROR_TYPE] == "INVALID_ARGUMENT"
     assert a[Attr.OUTCOME] == Outcome.HTTP_ERROR and a[Attr.EVENTS] == 0
+    assert TapEvent.RESPONSE_TRAILERS in event_times(span)
+
+
+async def test_trailers_only_answer(tapped, span_exporter, telemetry):
+    _server, direct, via = tapped
+    codes = []
+    for ch in (direct, via):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await _call(ch, "unary_unary", "Unary")(b"fail-now", timeout=10)
+        codes.append((info.value.code(), info.value.details()))
+    assert codes[1] == codes[0] == (grpc.StatusCode.PERMISSION_DENIED, "no")
+    (span,) = await wait_spans(span_exporter, telemetry, 1)
+    a, ev = span.attributes, event_times(span)
+    assert a[Attr.RPC_GRPC_STATUS] == 7 and a[Attr.ERROR_TYPE] == "PERMISSION_DENIED" and a[Attr.OUTCOME] == Outcome.HTTP_ERROR
+    assert TapEvent.RESPONSE_HEADERS in ev and TapEvent.RESPONSE_TRAILERS not in ev  # the status came in the headers
 
 
 async def test_client_and_bidi_streaming(tapped, span_exporter, telemetry):
