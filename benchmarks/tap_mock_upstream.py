@@ -53,7 +53,13 @@ async def main(args: argparse.Namespace) -> None:
     app.router.add_post("/v1/chat/completions", chat)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", args.port, backlog=2048).start()
+    ctx = None
+    if args.tls_cert:  # (benchmarks/tap_tls_ws.py: a direct TLS path to compare a TLS tap with)
+        import ssl
+
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(args.tls_cert, args.tls_key)
+    await web.TCPSite(runner, "127.0.0.1", args.port, backlog=2048, ssl_context=ctx).start()
     print("ready", flush=True)
     await asyncio.Event().wait()
 
@@ -64,4 +70,6 @@ if __name__ == "__main__":
     p.add_argument("--first-ms", type=float, default=20)
     p.add_argument("--gap-ms", type=float, default=2)
     p.add_argument("--tokens", type=int, default=4)
+    p.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate (with --tls-key)")
+    p.add_argument("--tls-key")
     aio.run(main(p.parse_args()))

@@ -3,9 +3,10 @@
 One run, paths interleaved round by round, every server and tap in its own process:
 
 * TTFT (request sent -> first content token read by the client) against the streaming mock upstream
-  (benchmarks/tap_mock_upstream.py) on one kept-alive connection: ``direct``, through a plain ``tap``, and through a
-  ``tap-tls`` (``--tls-cert/--tls-key``, a self-signed certificate made here; the client trusts it). The TLS
-  figure includes the client's own TLS work, which a direct plain-HTTP client does not do.
+  (benchmarks/tap_mock_upstream.py) on one kept-alive connection: ``direct``, through a plain ``tap``,
+  ``direct-tls`` (the same mock serving HTTPS itself) and through a ``tap-tls`` (``--tls-cert/--tls-key``, a
+  self-signed certificate made here; the client trusts it) in front of the plain mock. A TLS tap is compared with
+  ``direct-tls`` (the client's TLS work is on both paths), a plain tap with ``direct``.
 * The same on a new connection per request (TCP connect + TLS handshake + TTFT).
 * WebSocket: round-trip time of small messages (one in flight) to a ``websockets`` echo server, ``direct`` and
   through a tap (frames watched both ways); the tap's span is read back from its ``--otlp file:`` output to
@@ -137,21 +138,23 @@ async def run(args: argparse.Namespace) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="deltatap-tlsws-"))
     cert, key = self_signed(tmp)
     ctx = ssl.create_default_context(cafile=str(cert))
-    up, tp, tt, echo, tw = (free_port() for _ in range(5))
+    up, upt, tp, tt, echo, tw = (free_port() for _ in range(6))
     procs: dict[str, subprocess.Popen] = {}
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
         procs["upstream"] = subprocess.Popen([sys.executable, str(HERE / "tap_mock_upstream.py"), "--port", str(up)], env=env)
+        procs["upstream-tls"] = subprocess.Popen([sys.executable, str(HERE / "tap_mock_upstream.py"), "--port", str(upt),
+                                                  "--tls-cert", str(cert), "--tls-key", str(key)], env=env)
         procs["echo"] = subprocess.Popen([sys.executable, "-c", ECHO, str(echo)], env=env)
         procs["tap"] = subprocess.Popen(tap_cmd("edge", tp, f"http://127.0.0.1:{up}", tmp / "tap.jsonl"), env=env, stdout=subprocess.DEVNULL)
         procs["tap-tls"] = subprocess.Popen(tap_cmd("edge", tt, f"http://127.0.0.1:{up}", tmp / "tls.jsonl", "--tls-cert", str(cert),
                                                     "--tls-key", str(key)), env=env, stdout=subprocess.DEVNULL)
         procs["tap-ws"] = subprocess.Popen(tap_cmd("edge", tw, f"http://127.0.0.1:{echo}", tmp / "ws.jsonl"), env=env,
                                            stdout=subprocess.DEVNULL)
-        for port in (up, tp, tt, echo, tw):
+        for port in (up, upt, tp, tt, echo, tw):
             await wait_port(port)
         paths = {"direct": (f"http://127.0.0.1:{up}", None), "tap": (f"http://127.0.0.1:{tp}", None),
-                 "tap-tls": (f"https://127.0.0.1:{tt}", ctx)}
+                 "direct-tls": (f"https://127.0.0.1:{upt}", ctx), "tap-tls": (f"https://127.0.0.1:{tt}", ctx)}
         out: dict = {}
 
         # TTFT on a kept-alive connection
@@ -171,7 +174,8 @@ async def run(args: argparse.Namespace) -> dict:
         for s in sessions.values():
             await s.close()
         ka = {p: stats(v) for p, v in got.items()}
-        out["keepalive_ttft"] = {"paths": ka, "added_over_direct": {p: added(ka[p], ka["direct"]) for p in ("tap", "tap-tls")},
+        out["keepalive_ttft"] = {"paths": ka, "added_over_direct": {"tap": added(ka["tap"], ka["direct"]),
+                                                                    "tap-tls": added(ka["tap-tls"], ka["direct-tls"])},
                                  "tls_minus_plain_tap": added(ka["tap-tls"], ka["tap"]),
                                  "tap_cpu_us_per_request": {p: round(v, 1) for p, v in cpu.items()},
                                  "tap_idle_cpu_share": {p: round(v, 4) for p, v in idle.items()}}
@@ -183,7 +187,9 @@ async def run(args: argparse.Namespace) -> dict:
                 async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1, force_close=True)) as s:
                     got[p].append(await ttft(s, url, c))
         nc = {p: stats(v) for p, v in got.items()}
-        out["new_connection_ttft"] = {"paths": nc, "tls_minus_plain_tap": added(nc["tap-tls"], nc["tap"])}
+        out["new_connection_ttft"] = {"paths": nc, "tls_minus_plain_tap": added(nc["tap-tls"], nc["tap"]),
+                                      "added_over_direct": {"tap": added(nc["tap"], nc["direct"]),
+                                                            "tap-tls": added(nc["tap-tls"], nc["direct-tls"])}}
 
         # WebSocket round trips, one message in flight
         from websockets.asyncio.client import connect
