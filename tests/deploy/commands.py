@@ -51,20 +51,32 @@ def check_tap(args: argparse.Namespace) -> None:
     if args.config:
         args.config = str(repo_path(args.config))
     if args.tls_cert and args.tls_key and not Path(args.tls_cert).exists():
-        # the docs make the pair with openssl first (docs/tap.md "TLS toward the client"): the same, here
-        args.tls_cert, args.tls_key = _openssl_pair(args.tls_cert, args.tls_key)
+        # the docs make the pair with openssl first (docs/tap.md "TLS toward the client"): one like it, here
+        args.tls_cert, args.tls_key = _doc_tls_pair(args.tls_cert, args.tls_key)
     build_options(args)
     _check_otlp(args.otlp)
 
 
-def _openssl_pair(cert: str, key: str) -> tuple[str, str]:
-    import subprocess
+def _doc_tls_pair(cert: str, key: str) -> tuple[str, str]:
+    """A self-signed pair under the names the doc's openssl line gives them (made with ``cryptography``)."""
+    import datetime
     import tempfile
 
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    k = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    c = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(k.public_key())
+         .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+         .sign(k, hashes.SHA256()))
     d = Path(tempfile.mkdtemp(prefix="deltatap-doc-tls-"))
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
-                    "-subj", "/CN=localhost", "-keyout", str(d / Path(key).name), "-out", str(d / Path(cert).name)],
-                   check=True, capture_output=True, timeout=30)
+    (d / Path(cert).name).write_bytes(c.public_bytes(serialization.Encoding.PEM))
+    (d / Path(key).name).write_bytes(k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                     serialization.NoEncryption()))
     return str(d / Path(cert).name), str(d / Path(key).name)
 
 
