@@ -128,7 +128,7 @@ class Tap:
 
     def _accept(self) -> Downstream | TlsServer:
         self.counters.connections += 1
-        if self.tls_context is not None:
+        if self.tls_context is not None and len(self.connections) < self.o.max_connections:  # (else refused at accept, below)
             return TlsServer(self.tls_context, lambda _alpn: Downstream(self), handshake_timeout_s=self.o.header_timeout_s,
                              on_failure=self._tls_failed)
         return Downstream(self)

@@ -155,6 +155,20 @@ async def test_a_client_that_never_handshakes_is_closed_after_the_header_timeout
     assert tls_tap.tap.counters.tls_handshake_failures == 1
 
 
+async def test_max_connections_refuses_at_accept_before_any_handshake(upstream, make_tap, self_signed, client_ctx):
+    tap = await make_tap(upstream.url, link="edge", tls_cert=str(self_signed[0]), tls_key=str(self_signed[1]), max_connections=1)
+    host, port = tap.url.removeprefix("https://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port), ssl=client_ctx, server_hostname="localhost")
+    writer.write(b"GET /status/200 HTTP/1.1\r\nHost: x\r\n\r\n")  # kept alive: the one connection allowed
+    assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)).startswith(b"HTTP/1.1 200")
+    r2, w2 = await asyncio.open_connection(host, int(port))  # plain TCP: closed at accept, no ServerHello comes
+    w2.write(b"\x16\x03\x01\x00\x05hello")
+    assert await asyncio.wait_for(r2.read(), 10) == b""
+    w2.close()
+    writer.close()
+    assert tap.tap.counters.connections_refused == 1 and tap.tap.counters.tls_handshake_failures == 0
+
+
 async def test_websocket_over_tls_through_the_tap(make_tap, self_signed, client_ctx, span_exporter, telemetry):
     async def echo(ws):
         async for msg in ws:
