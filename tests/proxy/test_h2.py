@@ -294,7 +294,7 @@ async def test_streams_beyond_the_upstreams_concurrency_limit_wait_for_it(make_t
 
 
 async def test_tap_timeout_answers_504_or_resets_both_sides(peer, make_tap, span_exporter, telemetry):
-    tap = await make_tap(peer.url, timeout_s=0.3)
+    tap = await make_tap(peer.url, timeout_s=1.0)
     c = await H2Client().connect("127.0.0.1", tap.port)
     try:
         silent, begun = c.request(req(tap.port, "/silent")), c.request(req(tap.port, "/hang"))
@@ -396,7 +396,7 @@ async def test_tap_shutdown_sends_goaway_and_lets_streams_in_flight_finish(peer,
     tap = await make_tap(peer.url)
     c = await H2Client().connect("127.0.0.1", tap.port)
     try:
-        sid = c.request(req(tap.port, "/v1/chat/completions?first_ms=300&gap_ms=5&n=3"))
+        sid = c.request(req(tap.port, "/v1/chat/completions?first_ms=1000&gap_ms=5&n=3"))
         for _ in range(200):
             await asyncio.sleep(0.01)
             if c.replies[sid].headers is not None:
