@@ -392,6 +392,8 @@ class H2Downstream(StampedProtocol):
             self._forget(s)
         elif isinstance(ev, E.WindowUpdated):
             if ev.stream_id == 0:
+                if self.up is not None:
+                    _mirror_window(self.conn, self.up.conn)
                 for s in list(self.streams.values()):
                     if s.to_down.buf or s.to_down.end:
                         self._drain_down(s)
@@ -691,6 +693,24 @@ class _NotH2(Exception):
     pass
 
 
+_WINDOW_SEEN: weakref.WeakKeyDictionary[h2.connection.H2Connection, int] = weakref.WeakKeyDictionary()
+
+
+def _mirror_window(sender: h2.connection.H2Connection, other: h2.connection.H2Connection) -> None:
+    """A peer enlarged its connection-level receive window (a WINDOW_UPDATE on stream 0 beyond what it ever allowed,
+    as clients such as curl do at the start): the tap's own receive window toward the other peer grows by as much,
+    so the two hops together allow what the direct connection would. Credit given back as bytes are forwarded is not
+    mirrored (the relay gives that back itself)."""
+    seen = _WINDOW_SEEN.get(sender, 65_535)  # (every connection's window starts at 65,535: RFC 9113 section 6.9.2)
+    now = sender.outbound_flow_control_window
+    if now > seen:
+        _WINDOW_SEEN[sender] = now
+        try:
+            other.increment_flow_control_window(now - seen)
+        except h2.exceptions.H2Error:  # (past HTTP/2's 2^31 - 1)
+            pass
+
+
 def _reopen(conn: h2.connection.H2Connection) -> None:
     """h2 closes its connection state machine at a GOAWAY, sent or received, and then refuses every frame; HTTP/2
     lets the streams up to the GOAWAY's last stream id run to their end (RFC 9113 section 6.8), so the relay puts
@@ -864,6 +884,7 @@ class H2Upstream(StampedProtocol):
             d.open_waiting()
         elif isinstance(ev, E.WindowUpdated):
             if ev.stream_id == 0:
+                _mirror_window(self.conn, d.conn)
                 for s in list(d.by_up.values()):
                     if s.to_up.buf or (s.to_up.end and not s.to_up.closed):
                         d._drain_up(s)

@@ -14,7 +14,7 @@ Routes (by ``:path``):
 * ``/silent``: no answer at all.
 * ``/close``: the server closes the whole connection (every stream on it breaks).
 
-``max_streams``: the server's SETTINGS_MAX_CONCURRENT_STREAMS.
+``max_streams``: the server's SETTINGS_MAX_CONCURRENT_STREAMS; ``window``: its connection-level receive window.
 """
 
 from __future__ import annotations
@@ -47,10 +47,12 @@ class PeerLog:
     resets: list[tuple[int, int]] = field(default_factory=list)  # (error code, mono) of RST_STREAM received
     connections: int = 0  # connections that carried a request (the tap's start-up TCP probe carries none)
     echo_sent: list[int] = field(default_factory=list)  # body bytes each /echo stream handed to the connection so far
+    send_window: list[int] = field(default_factory=list)  # at each request: what the connection lets the server send
 
 
 class _Conn(StampedProtocol):
-    def __init__(self, log: PeerLog, max_streams: int) -> None:
+    def __init__(self, log: PeerLog, max_streams: int, window: int) -> None:
+        self.window = window
         self.log = log
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None,
                                                                           normalize_inbound_headers=False))
@@ -66,6 +68,8 @@ class _Conn(StampedProtocol):
 
     def on_made(self) -> None:
         self.conn.initiate_connection()
+        if self.window > 65_535:
+            self.conn.increment_flow_control_window(self.window - 65_535)
         self.flush()
 
     def flush(self) -> tuple[int, int]:
@@ -87,6 +91,7 @@ class _Conn(StampedProtocol):
                     self.counted = True
                     self.log.connections += 1
                 self.log.requests.append(list(ev.headers))
+                self.log.send_window.append(self.conn.outbound_flow_control_window)
                 self.bodies[ev.stream_id] = []
                 if ev.stream_ended:
                     self._respond(ev.stream_id, list(ev.headers), None)
@@ -213,13 +218,13 @@ class H2Peer:
         self.server.close()
 
 
-async def start_h2_peer(ssl_context=None, max_streams: int = 100, port: int = 0) -> H2Peer:
+async def start_h2_peer(ssl_context=None, max_streams: int = 100, port: int = 0, window: int = 65_535) -> H2Peer:
     """The server on 127.0.0.1 (``port`` 0: a free one); with ``ssl_context`` (ALPN h2 set on it here), over TLS.
     (benchmarks/h2_overhead.py runs it as its upstream too.)"""
     log = PeerLog()
     if ssl_context is not None:
         ssl_context.set_alpn_protocols(["h2"])
-    server = await start_server(lambda: _Conn(log, max_streams), "127.0.0.1", port, ssl=ssl_context)
+    server = await start_server(lambda: _Conn(log, max_streams, window), "127.0.0.1", port, ssl=ssl_context)
     port = server.sockets[0].getsockname()[1]
     return H2Peer(f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}", port, log, server)
 
@@ -256,11 +261,14 @@ class H2Client:
         self.closed = asyncio.Event()
         self.window = asyncio.Event()  # set at each WINDOW_UPDATE
 
-    async def connect(self, host: str, port: int, ssl_context=None) -> H2Client:
+    async def connect(self, host: str, port: int, ssl_context=None, window: int = 65_535) -> H2Client:
+        """Connect; ``window``: the connection-level receive window to allow the server (enlarged at once, as curl does)."""
         if ssl_context is not None:
             ssl_context.set_alpn_protocols(["h2"])
         self.reader, self.writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=ssl_context), 5)
         self.conn.initiate_connection()
+        if window > 65_535:
+            self.conn.increment_flow_control_window(window - 65_535)
         self._flush()
         self.task = asyncio.ensure_future(self._read())
         return self

@@ -433,3 +433,24 @@ async def test_a_client_that_breaks_the_protocol_gets_goaway_and_one_log_line(pe
     assert [r.getMessage() for r in caplog.records if "broke the protocol" in r.getMessage()] and \
         not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL") or r.exc_info]
     assert peer.log.connections == 0  # nothing reached the upstream
+
+
+async def test_connection_windows_enlarged_by_a_peer_are_mirrored_to_the_other(make_tap):
+    p = await start_h2_peer(window=4 << 20)  # the upstream lets its client send 4 MiB on the connection
+    try:
+        tap = await make_tap(p.url)
+        c = await H2Client().connect("127.0.0.1", tap.port, window=8 << 20)  # the client lets its server send 8 MiB
+        try:
+            r = await c.wait(c.request(req(tap.port, "/v1/chat/completions?first_ms=1&gap_ms=1&n=1")))
+            for _ in range(100):  # (the upstream's WINDOW_UPDATE reaches the client through the tap)
+                if c.conn.outbound_flow_control_window >= 4 << 20:
+                    break
+                await asyncio.sleep(0.01)
+            client_may_send = c.conn.outbound_flow_control_window
+        finally:
+            await c.close()
+    finally:
+        await p.close()
+    assert r.status == 200
+    assert p.log.send_window[0] >= 8 << 20  # what the tap lets the upstream send: the client's 8 MiB, as directly
+    assert client_may_send >= 4 << 20  # what the tap lets the client send: the upstream's 4 MiB
