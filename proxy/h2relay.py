@@ -642,26 +642,24 @@ class H2Downstream(StampedProtocol):
                 up.transport.close()
 
     def upstream_lost(self, up: H2Upstream) -> None:
-        """The upstream connection closed (or reset): unanswered streams get the tap's 502, the others are reset."""
+        """The upstream connection closed (or reset): the client's connection ends the same way, as it would directly
+        (the tap answers for no stream); each stream that was not over is recorded as broken by the upstream."""
         self.up = None
-        failure = _RESET if up.reset_by_peer else None
+        t = up.lost_mono_ns or mono()
         for s in list(self.streams.values()):
             if s.done:
                 continue
-            if not s.response_started:
-                self._answer(s, failure or _CLOSED)
-                continue
-            s.rec.failure = failure or _BROKE
-            s.rec.upstream_closed = up.lost_mono_ns or mono()
-            self.tap.count_upstream_error(s.rec.failure.error_type)
-            self.reset_stream(s, h2.errors.ErrorCodes.INTERNAL_ERROR if failure is None else h2.errors.ErrorCodes.CONNECT_ERROR)
-        self.failure = failure or _CLOSED  # (new streams on this connection: answered by the tap)
-        try:
-            self.conn.close_connection(h2.errors.ErrorCodes.NO_ERROR, last_stream_id=max(self.streams, default=0))
-        except h2.exceptions.H2Error:
-            pass
+            rec = s.rec
+            rec.failure = _RESET if up.reset_by_peer else _BROKE if s.response_started else _CLOSED
+            rec.upstream_closed = t
+            self.tap.count_upstream_error(rec.failure.error_type)
+            s.reset = True
+            self._complete(s)
+        self.failure = _RESET if up.reset_by_peer else _CLOSED  # (streams still read before the close: answered)
         self._flush()
-        if not self.transport.is_closing():
+        if up.reset_by_peer:
+            reset(self.transport)
+        elif not self.transport.is_closing():
             self.transport.close()
 
     def _complete(self, s: Stream) -> None:
