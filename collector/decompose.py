@@ -6,8 +6,11 @@ when the chosen end and start points come from different observers but some sing
 both, that observer's pair is used instead (within-observer deltas are preferred, DESIGN section 4);
 otherwise the delta's error bound is the sum of both observers' clock uncertainties. Missing points
 leave the delta missing. The arithmetic is on integer ns (Python ints: exact, a dozen deltas per
-row, cheaper than numpy on arrays that small). What depends only on the topology (delta names, the
-links around each intermediary, the observer order) is worked out once per topology object.
+row, cheaper than numpy on arrays that small). A :class:`Decomposer`, one per topology (the pipeline
+owns it), holds everything worked out once: what depends only on the topology (delta names, the links
+around each intermediary, the observer order), the compiled reader of every span layout
+(:mod:`deltatap.collector.kinds.compile`) and the row plan of every sequence of span Shapes. Nothing is
+cached at module level.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""What the extractors of the span kinds of :mod:`deltatap.collector.kinds` produce: observations of points (:class:`Obs`) and the facts
-of one request (:class:`Extracted`), with the small readers every extractor shares.
+"""What the compiled readers of the span kinds (:mod:`deltatap.collector.kinds`) produce: observations of points
+(:class:`Obs`) and the facts of one request (:class:`Extracted`), with the small value readers they share.
 
 ``rank`` orders sources when several observe one point: a component's own stamp (0) beats engine
 telemetry (1) beats a tap (2); a component's approximate stamp (3, e.g. LiteLLM's start of its upstream
@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from deltatap.collector.rows import LinkGaps
-from deltatap.collector.spans import SpanRecord
-from deltatap.core.vocab import Attr
 
 RANK_COMPONENT, RANK_TELEMETRY, RANK_TAP, RANK_FALLBACK = 0, 1, 2, 3
 
@@ -67,8 +65,3 @@ def as_float(v: Any) -> float | None:
         return None if v is None else float(v)
     except (TypeError, ValueError):
         return None
-
-
-def clock(span: SpanRecord) -> tuple[int, int]:
-    """(clock offset, uncertainty) ns the observer stated on its span (0, 0 when it did not)."""
-    return as_int(span.attrs.get(Attr.CLOCK_OFFSET_NS)) or 0, max(0, as_int(span.attrs.get(Attr.CLOCK_UNCERTAINTY_NS)) or 0)
