@@ -1,7 +1,8 @@
 """Migration guard (issue 16): the span kinds of collector/kinds give the rows the old extractors gave.
 
 Hypothesis generates requests over random topologies (a chain of 2-5 components, links tapped or not)
-with missing points, retries, clock offsets, stripped link attributes, stamp bounds, component spans,
+with missing points, retries, clock offsets, stripped trace headers (the inner taps in a trace of their own),
+stripped link attributes, stamp bounds, component spans,
 vLLM's ``gen_ai.latency.*``, LiteLLM's guardrail and upstream-call spans (also under a renamed service)
 and llama.cpp timings. Every request is built three ways: plain ``SpanRecord``s, and compact spans decoded
 from the wire three times over (the first span of a layout, then the compiled fast path). Every one must
@@ -109,7 +110,10 @@ def requests(draw) -> tuple[Topology, list]:
         ts = list(events.values())
         sp = make_span(tid, "deltatap.client", min(ts), max(ts), {str(k): v for k, v in events.items()}, a)
         spans.append((draw(st.sampled_from(["loadgen", "aiperf"])), sp))
-    for link in topo.links:
+    split = draw(st.integers(0, len(topo.links)))  # a component that strips traceparent: the taps inward start a new trace
+    for i, link in enumerate(topo.links):
+        if i == split:
+            tid = os.urandom(16)
         if draw(st.integers(0, 3)):  # most links tapped
             spans += [("deltatap-tap", s) for s in draw(tap_spans(topo, link, tid, rid))]
     for comp in topo.components[1:]:
