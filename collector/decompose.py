@@ -21,6 +21,7 @@ from typing import Any
 
 from deltatap.collector import kinds as _kinds
 from deltatap.collector.compact import CompactSpan
+from deltatap.collector.deltas import RESIDUAL, SYSTEM_TTFT, TAP, delta_name
 from deltatap.collector.kinds.compile import Program, Shape, compile_site, skip_program
 from deltatap.collector.kinds.model import SpanKind, SpanView
 from deltatap.collector.observations import Extracted, Obs
@@ -122,7 +123,7 @@ def _any_bounded(spans: Sequence[SpanRecord]) -> bool:
 
 def _tap_names(link: str) -> tuple[str, str]:
     """The names of a link's two tap-overhead deltas."""
-    return (f"tap_{link}_request", f"tap_{link}_first_token")
+    return (delta_name("tap_request", link), delta_name("tap_first_token", link))
 
 
 _CACHE_MAX = 4096
@@ -145,8 +146,9 @@ class Decomposer:
         self.point_defs = [(d.name, d.end, d.start) for d in defs if d.end]
         # (link it answers on, link it calls out on, names of its mean, p99 and max ITL deltas) per intermediary
         self.mid_links = [(next((x.name for x in topo.links if x.upstream == m), None), next((x.name for x in topo.links if x.downstream == m), None),
-                           f"{m}_itl_added_mean", f"{m}_itl_added_p99", f"{m}_max_pause_added") for m in intermediaries(topo)]
-        self.residual_terms = [d.name for d in defs if d.contributes and d.phase != "tap"]
+                           delta_name("itl_added_mean", m), delta_name("itl_added_p99", m), delta_name("max_pause_added", m))
+                          for m in intermediaries(topo)]
+        self.residual_terms = [d.name for d in defs if d.contributes and d.phase != TAP]
         self.tap_names = {x.name: _tap_names(x.name) for x in topo.links}
         self.residual_taps = [(x.name, *self.tap_names[x.name]) for x in topo.links]
         self.order = [f"tap:{x.name}" for x in topo.links] + [f"component:{c.name}" for c in topo.components]
@@ -281,7 +283,7 @@ class Decomposer:
 
     def _residual(self, deltas: dict[str, DeltaValue], ex: Extracted) -> DeltaValue | None:
         """system_ttft minus every term of the TTFT path (the tap overheads of the links that were tapped)."""
-        total = deltas.get("system_ttft")
+        total = deltas.get(SYSTEM_TTFT)
         if total is None:
             return None
         terms = list(self.residual_terms)
@@ -321,12 +323,12 @@ class Decomposer:
             self._itl_added(ex, deltas)
         res = self._residual(deltas, ex)
         if res is not None:
-            deltas["residual"] = res
+            deltas[RESIDUAL] = res
             if delta_bounds:
-                b = delta_bounds.get("system_ttft", 0) + sum(delta_bounds.get(n, 0) for n in tp.residual_terms)
+                b = delta_bounds.get(SYSTEM_TTFT, 0) + sum(delta_bounds.get(n, 0) for n in tp.residual_terms)
                 b += sum(delta_bounds.get(n, 0) for link, r, f in tp.residual_taps if ex.attempts.get(link, 0) for n in (r, f))
                 if b:
-                    delta_bounds["residual"] = b
+                    delta_bounds[RESIDUAL] = b
 
         # outermost observer first: the client, then taps from the edge inwards, then components
         # (the client observers in the order they first appear in http_status, then in outcome)

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deltatap.collector.deltas import RESIDUAL, SYSTEM_TTFT, TAP
 from deltatap.collector.rows import DeltaValue, PointObs, Row, TokenSource, delta_defs
 from deltatap.collector.sinks import ROW_FORMATS, read_rows
 from deltatap.collector.sketches import SKETCH_FORMAT, Aggregator
@@ -474,13 +475,13 @@ def _join_into_row(row: Row, rec: dict[str, Any], topo: Topology, offset_ns: int
             e, s = row.points[d.end], row.points[d.start]
             same = e.observer == s.observer
             row.deltas[d.name] = DeltaValue(e.unix_ns - s.unix_ns, 0 if same else e.uncertainty_ns + s.uncertainty_ns, same)
-    total = row.deltas.get("system_ttft")
+    total = row.deltas.get(SYSTEM_TTFT)
     if total is not None:
-        row.deltas.pop("residual", None)
-        terms = [row.deltas.get(d.name) for d in defs if d.contributes and d.phase != "tap"]
-        terms += [v for k, v in row.deltas.items() if k.startswith("tap_") and k.endswith(("_request", "_first_token"))]
+        row.deltas.pop(RESIDUAL, None)
+        terms = [row.deltas.get(d.name) for d in defs if d.contributes and d.phase != TAP]
+        terms += [row.deltas[d.name] for d in defs if d.phase == TAP and d.name in row.deltas]
         if all(t is not None for t in terms):
-            row.deltas["residual"] = DeltaValue(total.ns - sum(t.ns for t in terms), total.error_bound_ns + sum(t.error_bound_ns for t in terms), False)
+            row.deltas[RESIDUAL] = DeltaValue(total.ns - sum(t.ns for t in terms), total.error_bound_ns + sum(t.error_bound_ns for t in terms), False)
     if row.tokens_out is None and rec.get("output_tokens") is not None:
         row.tokens_out, row.tokens_source = int(rec["output_tokens"]), TokenSource.TOKENIZER
     if row.tokens_in is None and rec.get("input_tokens") is not None:
