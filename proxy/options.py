@@ -9,14 +9,14 @@ from yarl import URL
 from deltatap.core.config import ConfigError
 from deltatap.core.redact import parse_keep
 from deltatap.core.topology import Topology, parse_hostport
-from deltatap.core.vocab import DEFAULT_COMPONENTS, DEFAULT_CORRELATION_HEADER, ComponentKind, default_link
+from deltatap.core.vocab import (DEFAULT_COMPONENTS, DEFAULT_CORRELATION_HEADER, DEFAULT_TAP_PROTOCOL, TAP_PROTOCOLS, ComponentKind,
+                                 default_link)
 
 _DEFAULT_KINDS = {name: kind for name, kind in DEFAULT_COMPONENTS}
-# --protocol: what the tap expects from its clients (docs/tap.md). ``http``: HTTP/1.1, a connection that opens with
-# HTTP/2's preface (or negotiates ALPN h2) relayed as HTTP/2; ``grpc``: HTTP/2 only (a gRPC tap), any other
-# connection closed at its first bytes and counted. Streams are observed by content type either way
-# (deltatap.proxy.h2relay.observer_for: application/grpc by deltatap.proxy.grpc.GrpcObserver).
-PROTOCOLS = ("http", "grpc")
+# --protocol / links[].tap.protocol: deltatap.core.vocab.TAP_PROTOCOLS (what the tap expects from its clients).
+# Streams are observed by content type either way (deltatap.proxy.h2relay.observer_for: application/grpc by
+# deltatap.proxy.grpc.GrpcObserver).
+PROTOCOLS = TAP_PROTOCOLS
 
 
 @dataclass
@@ -52,7 +52,7 @@ class TapOptions:
     query_keep: frozenset[str] = frozenset()  # url.query keys whose values stay as sent (the others are hashed)
     tls_cert: str | None = None  # PEM certificate (chain): the tap speaks TLS toward its downstream (deltatap.proxy.tls)
     tls_key: str | None = None  # its PEM private key
-    protocol: str = "http"  # http: HTTP/1.1, and HTTP/2 where a client speaks it; grpc: HTTP/2 only (PROTOCOLS)
+    protocol: str = DEFAULT_TAP_PROTOCOL  # http: HTTP/1.1, and HTTP/2 where a client speaks it; grpc: HTTP/2 only (PROTOCOLS)
 
     def __post_init__(self) -> None:
         self.upstream_url = check_upstream(self.upstream)
@@ -116,6 +116,18 @@ def split_listen(value: str, what: str) -> tuple[str, int]:
         raise ConfigError(str(exc)) from None
 
 
+def require_http_tap(topology: Topology | None, link_name: str, what: str = "the reference stack") -> None:
+    """``what`` relays HTTP between its components (the reference gateway, firewall and engine speak HTTP, not gRPC):
+    a topology that asks for a gRPC tap on one of its links gets one line saying so, before anything starts."""
+    link = next((x for x in topology.links if x.name == link_name), None) if topology is not None else None
+    if link is not None and link.tap is not None and link.tap.protocol != "http":
+        raise ConfigError(
+            f"topology {topology.name!r}, links[{link_name}].tap.protocol is {link.tap.protocol!r}, but {what} speaks HTTP "
+            f"between its components; drop the protocol there, or run `deltatap tap --config FILE --link {link_name}` in front "
+            f"of a gRPC server"
+        )
+
+
 def options_from_topology(topology: Topology, link_name: str, **overrides) -> TapOptions:
     """TapOptions for ``link_name`` of ``topology``; keyword overrides win (None values ignored)."""
     link = topology.link(link_name)
@@ -146,5 +158,6 @@ def options_from_topology(topology: Topology, link_name: str, **overrides) -> Ta
         kw["verify_tls"] = tap.verify_tls
         kw["tls_cert"] = tap.tls_cert
         kw["tls_key"] = tap.tls_key
+        kw["protocol"] = tap.protocol
     kw.update({k: v for k, v in overrides.items() if v is not None})
     return TapOptions(**kw)

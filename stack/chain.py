@@ -102,6 +102,9 @@ async def _start_tap(link: str, upstream: str, cfg: StackConfig, telemetry: Tele
         from deltatap.proxy import TapOptions, start_tap
     except ImportError as exc:  # pragma: no cover - the tap ships in the same distribution
         raise ConfigError(f"--taps needs deltatap's tap package (proxy): {exc}") from None
+    from deltatap.proxy.options import require_http_tap
+
+    require_http_tap(cfg.topology, link, "deltatap stack --taps")
     host, port, admin = _tap_listen(cfg.topology, link, ephemeral)
     return await start_tap(TapOptions(link=link, upstream=upstream, listen_host=host, listen_port=port, admin_port=admin, clock_sync=clock_sync), telemetry)
 

@@ -117,11 +117,14 @@ async def launch_reference_stack(topo: Topology, gw_cfg: Any, fw_cfg: Any, en_cf
     from deltatap.collector.pipeline import PipelineOptions
     from deltatap.collector.service import CollectorOptions, start_collector
     from deltatap.proxy import TapOptions, start_tap
+    from deltatap.proxy.options import require_http_tap
     from deltatap.stack.engine.app import start_engine
     from deltatap.stack.firewall.app import start_firewall
     from deltatap.stack.gateway.app import start_gateway
     from deltatap.telemetry.tracer import setup_telemetry
 
+    for link in topo.links:  # (before anything starts)
+        require_http_tap(topo, link.name, "the reference stack")
     collector = await start_collector(CollectorOptions(otlp_grpc=None, otlp_http="127.0.0.1:0", topology=topo, out_dir=out, rows_format="parquet",
                                                        pipeline=PipelineOptions(grace_s=grace_s)))
     otlp = collector.otlp_http_url

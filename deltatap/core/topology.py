@@ -24,7 +24,8 @@ from typing import Any
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from deltatap.core.config import ConfigError, StrictModel, load_yaml, read_yaml, validate
-from deltatap.core.vocab import DEFAULT_COMPONENTS, DEFAULT_CORRELATION_HEADER, DEFAULT_LINKS, ComponentKind
+from deltatap.core.vocab import (DEFAULT_COMPONENTS, DEFAULT_CORRELATION_HEADER, DEFAULT_LINKS, DEFAULT_TAP_PROTOCOL, TAP_PROTOCOLS,
+                                 ComponentKind)
 
 
 def parse_hostport(value: str, what: str = "listen address") -> tuple[str, int]:
@@ -67,6 +68,15 @@ class TapSpec(_Frozen):
     verify_tls: bool = Field(default=True, description="verify the upstream's TLS certificate (https upstreams)")
     tls_cert: str | None = Field(default=None, description="PEM certificate: the tap speaks TLS toward its downstream (with tls_key)")
     tls_key: str | None = Field(default=None, description="PEM private key of tls_cert")
+    protocol: str = Field(default=DEFAULT_TAP_PROTOCOL, description="http: HTTP/1.1, and HTTP/2 where a client speaks it; "
+                          "grpc: a gRPC tap, HTTP/2 only (one of " + ", ".join(TAP_PROTOCOLS) + ")")
+
+    @field_validator("protocol")
+    @classmethod
+    def _protocol(cls, v: str) -> str:
+        if v not in TAP_PROTOCOLS:
+            raise ValueError(f"must be one of {', '.join(TAP_PROTOCOLS)}")
+        return v
 
     @field_validator("listen", "admin")
     @classmethod

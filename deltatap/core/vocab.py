@@ -125,6 +125,10 @@ class TapEvent(StrEnum):
     FIRST_MESSAGE_RECEIVED = "first_message.received"  # gRPC: first response message read from upstream
     LAST_MESSAGE_RECEIVED = "last_message.received"  # gRPC: last response message
     RESPONSE_TRAILERS = "response.trailers"  # gRPC: trailers (grpc-status) read, or a trailers-only response
+    FIRST_REQUEST_MESSAGE_RECEIVED = "first_request_message.received"  # gRPC: read that completed the first request message
+    FIRST_REQUEST_MESSAGE_FORWARDED = "first_request_message.forwarded"  # ... the write that carried it upstream
+    LAST_REQUEST_MESSAGE_RECEIVED = "last_request_message.received"  # gRPC: the last request message (client streaming)
+    LAST_REQUEST_MESSAGE_FORWARDED = "last_request_message.forwarded"
     DOWNSTREAM_CLOSED = "downstream.closed"  # client went away before the end
     UPSTREAM_CLOSED = "upstream.closed"  # upstream closed before the end
     UPSTREAM_ERROR = "upstream.error"
@@ -295,6 +299,8 @@ class Attr:
     GRPC_MESSAGE_BYTES = "deltatap.grpc.message_bytes"  # response message payload bytes, without the 5-byte prefixes
     GRPC_UNDECODABLE = "deltatap.grpc.undecodable"  # messages of a decoded method that could not be read
     GRPC_COMPRESSED = "deltatap.grpc.compressed_messages"  # response messages with the compressed flag (grpc-encoding)
+    GRPC_REQUEST_MESSAGES = "deltatap.grpc.request_messages"  # request messages the client sent (client/bidi streaming: many)
+    GRPC_REQUEST_MESSAGE_BYTES = "deltatap.grpc.request_message_bytes"  # their payload bytes, without the 5-byte prefixes
     CONTENT_EVENTS = "deltatap.stream.content_events"  # events carrying content tokens
     GAP_COUNT = "deltatap.stream.gap.count"  # inter-content-event gaps (upstream side)
     GAP_MEAN_MS = "deltatap.stream.gap.mean_ms"
@@ -386,6 +392,12 @@ class Outcome(StrEnum):
 
 # Correlation header propagated (created if absent) by every tap and sent by the load generator.
 DEFAULT_CORRELATION_HEADER = "x-request-id"
+
+# What a tap expects from its clients (``deltatap tap --protocol``, a topology's ``links[].tap.protocol``;
+# docs/tap.md). ``http``: HTTP/1.1, a connection that opens with HTTP/2's preface (or negotiates ALPN h2) relayed as
+# HTTP/2; ``grpc``: HTTP/2 only (a gRPC tap), any other connection closed at its first bytes and counted.
+TAP_PROTOCOLS: tuple[str, ...] = ("http", "grpc")
+DEFAULT_TAP_PROTOCOL = "http"
 
 # --------------------------------------------------------------------------------------------
 # The default topology: client -> gateway -> firewall -> engine, tapped on edge, gw-fw, fw-engine

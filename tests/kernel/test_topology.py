@@ -50,3 +50,33 @@ def test_bad_topologies_name_the_key(tmp_path, text, needle):
 def test_missing_file_is_clear(tmp_path):
     with pytest.raises(ConfigError, match="file not found"):
         load_topology(tmp_path / "nope.yaml")
+
+
+def test_tap_protocol_in_the_topology(tmp_path):
+    from deltatap.core.vocab import TAP_PROTOCOLS
+
+    t = load_topology(write(tmp_path, """
+components:
+  - {name: c, kind: client}
+  - {name: triton, kind: engine, url: "http://127.0.0.1:8001"}
+links:
+  - {name: l, downstream: c, upstream: triton, tap: {listen: "127.0.0.1:9001", protocol: grpc}}
+"""))
+    assert t.link("l").tap.protocol == "grpc"
+    assert default_topology().links[0].tap is None
+    assert load_topology(write(tmp_path, """
+components: [{name: c, kind: client}, {name: e, kind: engine}]
+links: [{name: l, downstream: c, upstream: e, tap: {listen: "127.0.0.1:9001"}}]
+""")).link("l").tap.protocol == TAP_PROTOCOLS[0] == "http"
+
+
+def test_unknown_tap_protocol_is_one_problem_line_naming_the_key_and_the_values(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_topology(write(tmp_path, """
+components: [{name: c, kind: client}, {name: e, kind: engine}]
+links: [{name: l, downstream: c, upstream: e, tap: {listen: "127.0.0.1:9001", protocol: h2c}}]
+"""))
+    msg = str(err.value)
+    assert "t.yaml" in msg
+    (problem,) = [line for line in msg.splitlines() if line.startswith("  - ")]  # (the file's heading line, then one per problem)
+    assert "links.0.tap.protocol" in problem and "must be one of http, grpc" in problem and "'h2c'" in problem
