@@ -19,6 +19,12 @@ the frame was written downstream, and hands the trailers (or a trailers-only res
     content: the first-content-token rule is :meth:`ContentStream.count`, written once for SSE and gRPC. Any
     other method: every response message is one content unit (``first_token_source = "message"`` on the span).
 
+``GrpcRequestObserver()``
+    The request side of the same stream (client streaming, bidi; a unary call's one message too): each request
+    message's arrival from downstream and the write that carried it upstream, the first and the last, their count
+    and payload bytes. The relay feeds each request DATA frame as read (``feed``) and calls ``forwarded`` with the
+    write stamp once that frame's bytes went upstream.
+
 Status (``grpc-status``, ``grpc-message``) maps onto the span's :class:`~deltatap.core.vocab.Outcome` through
 :func:`outcome_for_status`.
 """
@@ -38,7 +44,7 @@ from deltatap.core.vocab import Attr, Outcome, TapEvent
 
 __all__ = [
     "DECODERS", "FIRST_TOKEN_CONTENT", "FIRST_TOKEN_MESSAGE", "GRPC_STATUS_NAMES", "MAX_ARRIVALS", "GrpcFramer",
-    "GrpcMessage", "GrpcObserver", "grpc_timeout_ns", "is_grpc", "kserve_v2_infer_response", "outcome_for_status", "register_decoder",
+    "GrpcMessage", "GrpcObserver", "GrpcRequestObserver", "grpc_timeout_ns", "is_grpc", "kserve_v2_infer_response", "outcome_for_status", "register_decoder",
 ]
 
 FIRST_TOKEN_CONTENT = "content"  # the first token is the first message whose decoded content is not blank
@@ -447,4 +453,90 @@ class GrpcObserver(StreamObserver):
             a[Attr.GRPC_UNDECODABLE] = self.undecodable
         if self.compressed_messages:
             a[Attr.GRPC_COMPRESSED] = self.compressed_messages
+        return a
+
+
+class GrpcRequestObserver:
+    """The request messages of one gRPC stream as the tap relays them upstream (see the module docstring). Stamps are
+    ``(mono_ns, bound_ns)``: a read's (its bytes arrived at most ``bound`` earlier) or a write's (they left at most
+    ``bound`` later)."""
+
+    __slots__ = ("framer", "messages", "message_bytes", "first_received", "last_received", "first_forwarded", "last_forwarded",
+                 "forwarded_messages", "last_forwarded_received", "answered")
+
+    def __init__(self) -> None:
+        self.framer = GrpcFramer()
+        self.messages = 0
+        self.message_bytes = 0
+        self.first_received: tuple[int, int] | None = None
+        self.last_received: tuple[int, int] | None = None
+        self.first_forwarded: tuple[int, int] | None = None
+        self.last_forwarded: tuple[int, int] | None = None
+        self.forwarded_messages = 0  # messages whose last byte was written upstream
+        self.last_forwarded_received: tuple[int, int] | None = None  # the read stamp of the last message forwarded
+        # the request the first response message answers, while the client's stream was still open (bidi): (the read
+        # and the write stamp of the last request message forwarded before it); see answer()
+        self.answered: tuple[tuple[int, int], tuple[int, int]] | None = None
+
+    def feed(self, data: bytes | memoryview, t_mono_ns: int, bound_ns: int = 0) -> int:
+        """A request DATA frame's payload read at ``t_mono_ns``: the number of messages it completed (the caller then
+        calls :meth:`forwarded` with ``messages`` once the frame was written upstream)."""
+        got = self.framer.feed(data)
+        if got:
+            self.messages += len(got)
+            self.message_bytes += sum(len(m.data) for m in got)
+            if self.first_received is None:
+                self.first_received = (t_mono_ns, bound_ns)
+            self.last_received = (t_mono_ns, bound_ns)
+        return len(got)
+
+    def forwarded(self, upto: int, read: tuple[int, int], t_mono_ns: int, bound_ns: int) -> None:
+        """The write at ``t_mono_ns`` carried the request's bytes upstream up to the end of message number ``upto``
+        (read at ``read``: ``(mono_ns, bound_ns)``)."""
+        if upto <= self.forwarded_messages:
+            return
+        if self.forwarded_messages == 0:
+            self.first_forwarded = (t_mono_ns, bound_ns)
+        self.forwarded_messages = upto
+        self.last_forwarded = (t_mono_ns, bound_ns)
+        self.last_forwarded_received = read
+
+    def answer(self) -> tuple[tuple[int, int], tuple[int, int]] | None:
+        """The first response message arrived while the request stream is still open (bidi streaming: the client ends
+        its stream when it is done, after the answers): the request it answers is the messages forwarded so far. Their
+        last one's read and write stamps are kept (once) and returned, for the span's ``request.body_received`` and
+        ``request.forwarded`` (the engine's request point), or None when no message went upstream yet."""
+        if self.answered is None and self.last_forwarded is not None and self.last_forwarded_received is not None:
+            self.answered = (self.last_forwarded_received, self.last_forwarded)
+        return self.answered
+
+    def span_events(self) -> list[tuple[str, int]]:
+        out: list[tuple[str, int]] = []
+        for name, st in ((TapEvent.FIRST_REQUEST_MESSAGE_RECEIVED, self.first_received),
+                         (TapEvent.FIRST_REQUEST_MESSAGE_FORWARDED, self.first_forwarded),
+                         (TapEvent.LAST_REQUEST_MESSAGE_RECEIVED, self.last_received),
+                         (TapEvent.LAST_REQUEST_MESSAGE_FORWARDED, self._last_forwarded())):
+            if st is not None:
+                out.append((str(name), st[0]))
+        return out
+
+    def _last_forwarded(self) -> tuple[int, int] | None:
+        # (only once every message read went upstream: a stream cut short has no last message forwarded)
+        return self.last_forwarded if self.forwarded_messages and self.forwarded_messages == self.messages else None
+
+    def span_bounds(self) -> dict[str, tuple[int, int]]:
+        out: dict[str, tuple[int, int]] = {}
+        if self.first_received is not None and self.last_received is not None:
+            out[TapEvent.FIRST_REQUEST_MESSAGE_RECEIVED] = (self.first_received[1], 0)
+            out[TapEvent.LAST_REQUEST_MESSAGE_RECEIVED] = (self.last_received[1], 0)
+        if self.first_forwarded is not None:
+            out[TapEvent.FIRST_REQUEST_MESSAGE_FORWARDED] = (0, max(0, self.first_forwarded[1]))
+        last = self._last_forwarded()
+        if last is not None:
+            out[TapEvent.LAST_REQUEST_MESSAGE_FORWARDED] = (0, max(0, last[1]))
+        return out
+
+    def span_attributes(self, a: dict[str, Any]) -> dict[str, Any]:
+        a[Attr.GRPC_REQUEST_MESSAGES] = self.messages
+        a[Attr.GRPC_REQUEST_MESSAGE_BYTES] = self.message_bytes
         return a

@@ -54,7 +54,7 @@ from deltatap.net.conn import StampedProtocol, open_connection, reset
 from deltatap.net.h1 import Head
 from deltatap.proxy.errors import TAP_TIMEOUT, Failure, classify, connect_failure
 from deltatap.proxy.headers import rewrite_request_headers, trace_context
-from deltatap.proxy.grpc import GrpcObserver, grpc_timeout_ns, is_grpc
+from deltatap.proxy.grpc import GrpcObserver, GrpcRequestObserver, grpc_timeout_ns, is_grpc
 from deltatap.proxy.record import TapRecord
 from deltatap.proxy.spans import SpanStart, begin
 
@@ -241,6 +241,11 @@ class H2Downstream(StampedProtocol):
         self.going_away = False  # the upstream sent GOAWAY: new streams are refused
         self.closed = False
         self.marks: list[Callable[[int, int], None]] = []  # stamps to set from the next downstream write
+        # --header-timeout-s on HTTP/2: the client's preface and SETTINGS must come within it, and a connection with
+        # no stream open that long gets GOAWAY NO_ERROR and is closed (see _idle_check)
+        self.settled = False  # the client's SETTINGS (after its preface) was read
+        self.idle_since: float | None = None  # loop time since when no stream is open (None: one is)
+        self.idle_timer: asyncio.TimerHandle | None = None
 
     # (what the tap's shutdown reads of a connection: see deltatap.proxy.server.Tap.close)
     @property
@@ -251,6 +256,9 @@ class H2Downstream(StampedProtocol):
 
     # ---- start ------------------------------------------------------------------------------
     def start(self, data: bytes, t: int, bound: int) -> None:
+        loop = asyncio.get_running_loop()
+        self.idle_since = loop.time()
+        self.idle_timer = loop.call_later(self.tap.o.header_timeout_s, self._idle_check)
         self.conn.initiate_connection()
         self._flush()
         self.held.append((data, t, bound))
@@ -356,10 +364,14 @@ class H2Downstream(StampedProtocol):
                 cap += data
                 if len(cap) > self.tap.o.max_capture_bytes:
                     s.capture = None
+            gq = rec.grpc_request
+            done = gq.feed(data, t, bound) if gq is not None else 0
             if self.failure is not None:  # (answered by the tap: the body goes nowhere)
                 self.conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
                 return
             s.to_up.buf.append([data, ev.flow_controlled_length])
+            if done:  # (the write that carries this frame's last byte upstream forwarded the messages it completed)
+                s.to_up.on_drained.append(lambda tw, bw, gq=gq, n=gq.messages, r=(t, bound): gq.forwarded(n, r, tw, bw))
             self._drain_up(s)
         elif isinstance(ev, E.RequestReceived):
             self._request(ev, t, bound)
@@ -367,8 +379,9 @@ class H2Downstream(StampedProtocol):
             s = self.streams.get(ev.stream_id)
             if s is None or s.reset:
                 return
-            s.rec.body_received = t
-            s.rec.bounds[TapEvent.REQUEST_BODY_RECEIVED] = (bound, 0)
+            if s.rec.grpc_request is None or s.rec.grpc_request.answered is None:  # (else: see H2Upstream._answered)
+                s.rec.body_received = t
+                s.rec.bounds[TapEvent.REQUEST_BODY_RECEIVED] = (bound, 0)
             if self.failure is not None:
                 return
             s.to_up.end = True
@@ -402,6 +415,7 @@ class H2Downstream(StampedProtocol):
                 if s is not None:
                     self._drain_down(s)
         elif isinstance(ev, E.RemoteSettingsChanged):
+            self.settled = True
             if self.up is not None:
                 self.up.mirror(ev.changed_settings)
         elif isinstance(ev, E.ConnectionTerminated):
@@ -416,12 +430,15 @@ class H2Downstream(StampedProtocol):
                         query=query.partition("#")[0], client_address=self.peer)
         rec.bounds[TapEvent.REQUEST_RECEIVED] = (bound, 0)
         rec.deadline_ns = grpc_timeout_ns(_get(headers, b"grpc-timeout"))
+        if is_grpc(headers):
+            rec.grpc_request = GrpcRequestObserver()
         span = begin(trace_context(Head(b"", b"", b"", b"HTTP/2", 0, b"", headers)))
         out, rec.request_id, rec.request_id_created = rewrite_request_headers(
             headers, correlation_header=tap.correlation_header, trace_headers=span.trace_headers, host_header=tap.host_header,
             target_prefix=tap.target_prefix)
         s = Stream(ev.stream_id, rec, span, Fingerprinter(tap.fp_key), out)
         self.streams[ev.stream_id] = s
+        self.idle_since = None
         tap.exchange_started()
         if tap.o.timeout_s is not None:
             s.timer = asyncio.get_running_loop().call_later(tap.o.timeout_s, self._timed_out, s)
@@ -472,6 +489,8 @@ class H2Downstream(StampedProtocol):
 
     @staticmethod
     def _forwarded(s: Stream, tw: int, bw: int) -> None:
+        if s.rec.grpc_request is not None and s.rec.grpc_request.answered is not None:
+            return  # (the request point is the one the first answer responded to: H2Upstream._answered)
         s.rec.forwarded = tw
         s.rec.bounds[TapEvent.REQUEST_FORWARDED] = (0, bw)  # (-1: it waited behind earlier bytes; bounded at the response)
 
@@ -481,7 +500,11 @@ class H2Downstream(StampedProtocol):
         if up is None or not s.opened or s.reset or s.up_id is None:
             return
         was = s.to_up.closed
-        if _drain(up.conn, s.up_id, s.to_up, self.conn, s.down_id):
+        p = s.to_up
+        if _drain(up.conn, s.up_id, p, self.conn, s.down_id):
+            if p.on_drained:
+                cbs, p.on_drained = p.on_drained, []
+                up.marks.extend(cbs)
             if s.to_up.closed and not was:
                 up.marks.append(lambda tw, bw, s=s: self._forwarded(s, tw, bw))
                 self._forget(s)
@@ -614,6 +637,30 @@ class H2Downstream(StampedProtocol):
         self._flush()
         self.send(_goaway_frame(self.conn.highest_inbound_stream_id, h2.errors.ErrorCodes.NO_ERROR, b""))
 
+    def _idle_check(self) -> None:
+        """``--header-timeout-s`` passed since the connection began or since its last stream ended: a client that has
+        not sent its preface and SETTINGS by now is closed; one with no stream open since then gets GOAWAY NO_ERROR
+        (naming the last stream it opened) and is closed. Both are counted as header timeouts, as on HTTP/1.1."""
+        self.idle_timer = None
+        if self.closed or self.transport is None or self.transport.is_closing():
+            return
+        timeout = self.tap.o.header_timeout_s
+        loop = asyncio.get_running_loop()
+        if self.settled:
+            if self.streams or self.waiting_open or self.idle_since is None:
+                self.idle_timer = loop.call_later(timeout, self._idle_check)  # (busy: look again a timeout later)
+                return
+            left = self.idle_since + timeout - loop.time()
+            if left > 0:
+                self.idle_timer = loop.call_later(left, self._idle_check)
+                return
+        self.tap.counters.header_timeouts += 1
+        log.debug("tap %s: HTTP/2 connection from %s %s for %.0f s; closing", self.tap.o.link, self.peer,
+                  "idle" if self.settled else "sent no preface and SETTINGS", timeout)
+        if self.settled:
+            self.go_away()
+        self.transport.close()
+
     def _refuse(self, s: Stream) -> None:
         s.rec.failure = _REFUSED
         self.tap.count_upstream_error(_REFUSED.error_type)
@@ -625,6 +672,9 @@ class H2Downstream(StampedProtocol):
 
     def on_lost(self, exc: BaseException | None) -> None:
         self.closed = True
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
         self.tap.connections.discard(self)  # type: ignore[arg-type]
         if self.connecting is not None:
             self.connecting.cancel()
@@ -685,6 +735,8 @@ class H2Downstream(StampedProtocol):
             self.streams.pop(s.down_id, None)
             if s.up_id is not None:
                 self.by_up.pop(s.up_id, None)
+            if not self.streams and self.idle_since is None:
+                self.idle_since = asyncio.get_running_loop().time()
 
 
 class _NotH2(Exception):
@@ -833,6 +885,9 @@ class H2Upstream(StampedProtocol):
             obs = rec.stream
             if obs is not None:
                 obs.feed(data, t, bound)
+                if rec.forwarded is None and rec.grpc_request is not None and isinstance(obs, GrpcObserver) \
+                        and obs.first_message_mono_ns is not None and rec.grpc_request.answered is None:
+                    self._answered(rec)
             elif s.capture_out is not None:
                 s.capture_out += data
                 if len(s.capture_out) > d.tap.o.max_capture_bytes:
@@ -929,6 +984,19 @@ class H2Upstream(StampedProtocol):
             rec.response_end = t
             rec.bounds[TapEvent.RESPONSE_END] = (bound, 0)
             d.marks.append(lambda tw, bw, s=s: d._response_done(s, tw, bw))
+
+    @staticmethod
+    def _answered(rec: TapRecord) -> None:
+        """The first response message of a gRPC stream whose request is still open (bidi): the request it answers
+        is what went upstream so far, so the span's request points are that (the end of the client's stream stays on
+        ``last_request_message.*``); a request point after the first token would make the engine's TTFT negative."""
+        got = rec.grpc_request.answer() if rec.grpc_request is not None else None
+        if got is None:
+            return
+        (tr, br), (tw, bw) = got
+        rec.body_received, rec.forwarded = tr, tw
+        rec.bounds[TapEvent.REQUEST_BODY_RECEIVED] = (br, 0)
+        rec.bounds[TapEvent.REQUEST_FORWARDED] = (0, max(0, bw))
 
     @staticmethod
     def _headers_forwarded(s: Stream, tw: int, bw: int) -> None:

@@ -17,7 +17,7 @@ from deltatap.core.redact import redact_query
 from deltatap.core.sse import StreamFacts, StreamObserver
 from deltatap.core.vocab import Attr, Observer, Outcome, TapEvent, format_stamp_bounds
 from deltatap.proxy.errors import Failure
-from deltatap.proxy.grpc import DEADLINE_SLACK_NS, GrpcObserver
+from deltatap.proxy.grpc import DEADLINE_SLACK_NS, GrpcObserver, GrpcRequestObserver
 from deltatap.proxy.websocket import WsTunnel
 
 # request path suffix -> gen_ai.operation.name
@@ -74,6 +74,7 @@ class TapRecord:
     # the socket; writes: bytes may have left later). The stream's own are on ``stream``; see bounds().
     bounds: dict[str, tuple[int, int]] = field(default_factory=dict)
     deadline_ns: int | None = None  # the request's own deadline, from its arrival (gRPC: grpc-timeout)
+    grpc_request: GrpcRequestObserver | None = None  # a gRPC request's messages (HTTP/2 relay), as read and forwarded
 
     def final_outcome(self) -> Outcome:
         if self.outcome is not None:
@@ -111,6 +112,8 @@ def bounds(rec: TapRecord) -> dict[str, tuple[int, int]]:
     s = rec.stream
     if isinstance(s, GrpcObserver):
         out.update(s.span_bounds())
+    if rec.grpc_request is not None:
+        out.update(rec.grpc_request.span_bounds())
     if s is not None:
         if s.first_token_mono_ns is not None:
             out[TapEvent.FIRST_TOKEN_RECEIVED] = (s.first_token_bound_ns, 0)
@@ -143,6 +146,8 @@ def events(rec: TapRecord) -> list[tuple[str, int]]:
     ]
     if isinstance(s, GrpcObserver):
         pairs += s.span_events()
+    if rec.grpc_request is not None:
+        pairs += rec.grpc_request.span_events()
     present = [(str(name), t) for name, t in pairs if t is not None]
     return sorted(present, key=lambda p: p[1])  # stable: equal stamps keep the order above
 
@@ -291,6 +296,8 @@ def attributes(rec: TapRecord, *, link: str, downstream: str, downstream_kind: s
         rec.ws.attributes(a)
     if isinstance(s, GrpcObserver):
         s.span_attributes(a)
+    if rec.grpc_request is not None:
+        rec.grpc_request.span_attributes(a)
     for k, v in labels.items():
         a[Attr.LABEL_PREFIX + k] = v
     return a

@@ -35,6 +35,7 @@ class Server:
         self.metadata: list[list[tuple[str, str | bytes]]] = []
         self.sent: list[list[int]] = []  # per server-streaming call: mono_ns just before each message was written
         self.cancelled: list[int] = []
+        self.got: list[list[int]] = []  # per client-streaming call: mono_ns as each request message was handed over
         self.server: grpc.aio.Server | None = None
         self.port = 0
 
@@ -71,6 +72,15 @@ class Server:
         parts = [r async for r in requests]
         return b"%d:" % len(parts) + b"|".join(parts)
 
+    async def collect_timed(self, requests, context: grpc.aio.ServicerContext) -> bytes:
+        got: list[int] = []
+        self.got.append(got)
+        n = 0
+        async for r in requests:
+            got.append(mono_ns())
+            n += len(r)
+        return b"%d" % n
+
     async def bidi(self, requests, context: grpc.aio.ServicerContext):
         async for r in requests:
             yield b"pong:" + r
@@ -97,6 +107,7 @@ class Server:
             "Stream": h.unary_stream_rpc_method_handler(self.stream, _ident, _ident),
             "Slow": h.unary_stream_rpc_method_handler(self.slow, _ident, _ident),
             "Collect": h.stream_unary_rpc_method_handler(self.collect, _ident, _ident),
+            "CollectTimed": h.stream_unary_rpc_method_handler(self.collect_timed, _ident, _ident),
             "Bidi": h.stream_stream_rpc_method_handler(self.bidi, _ident, _ident),
         })
         kserve = h.method_handlers_generic_handler("inference.GRPCInferenceService", {
@@ -323,3 +334,157 @@ async def test_http1_to_a_grpc_tap_is_closed_and_counted(server, make_tap, span_
     writer.close()
     assert tap.tap.counters.not_http2 == 1
     assert await wait_spans(span_exporter, telemetry, 1, timeout_s=0.2) == []
+
+
+async def test_client_streaming_request_messages_stamped(tapped, span_exporter, telemetry):
+    """Each request message's arrival and forwarding: the first and the last lie between the client's send and the
+    server's receipt of that message (causal order only: no timing figure), with the count and payload bytes."""
+    server, _direct, via = tapped
+    msgs = [b"x" * 10, b"y" * 2000, b"z" * 30, b"w" * 7]
+    sent: list[int] = []
+
+    async def requests():
+        for i, m in enumerate(msgs):
+            if i:
+                await asyncio.sleep(0.03)
+            sent.append(mono_ns())
+            yield m
+
+    reply = await _call(via, "stream_unary", "CollectTimed")(requests(), timeout=10)
+    assert reply == b"%d" % sum(map(len, msgs))
+    (span,) = await wait_spans(span_exporter, telemetry, 1)
+    ev, a, got = event_times(span), span.attributes, server.got[-1]
+    assert a[Attr.GRPC_REQUEST_MESSAGES] == len(msgs) and a[Attr.GRPC_REQUEST_MESSAGE_BYTES] == sum(map(len, msgs))
+    assert len(got) == len(msgs)
+    first = (TapEvent.FIRST_REQUEST_MESSAGE_RECEIVED, TapEvent.FIRST_REQUEST_MESSAGE_FORWARDED)
+    last = (TapEvent.LAST_REQUEST_MESSAGE_RECEIVED, TapEvent.LAST_REQUEST_MESSAGE_FORWARDED)
+    for (rcv, fwd), t_sent, t_got in ((first, sent[0], got[0]), (last, sent[-1], got[-1])):
+        assert to_unix_ns(t_sent) <= ev[rcv] <= ev[fwd] <= to_unix_ns(t_got), (rcv, [(ev[x] - to_unix_ns(t_sent)) / MS for x in (rcv, fwd)])
+    # the request phase spans the client's sending: its last message came after its first, the sleeps apart
+    assert ev[TapEvent.LAST_REQUEST_MESSAGE_RECEIVED] - ev[TapEvent.FIRST_REQUEST_MESSAGE_RECEIVED] >= sent[-1] - got[0]
+    assert ev[TapEvent.LAST_REQUEST_MESSAGE_FORWARDED] <= ev[TapEvent.RESPONSE_HEADERS]
+    assert a[Attr.OUTCOME] == Outcome.OK
+
+
+async def test_bidi_request_messages_counted_and_unary_has_one(tapped, span_exporter, telemetry):
+    _server, _direct, via = tapped
+    assert await _call(via, "unary_unary", "Unary")(b"hello", timeout=10) == b"echo:hello"
+    call = _call(via, "stream_stream", "Bidi")(timeout=10)
+    for i in range(3):
+        await call.write(b"p%d" % i)
+        assert await call.read() == b"pong:p%d" % i
+    await call.done_writing()
+    assert await call.read() == grpc.aio.EOF
+    by = {s.attributes[Attr.RPC_METHOD]: s for s in await wait_spans(span_exporter, telemetry, 2)}
+    u, b = by["Unary"].attributes, by["Bidi"].attributes
+    assert (u[Attr.GRPC_REQUEST_MESSAGES], u[Attr.GRPC_REQUEST_MESSAGE_BYTES]) == (1, 5)
+    assert (b[Attr.GRPC_REQUEST_MESSAGES], b[Attr.GRPC_REQUEST_MESSAGE_BYTES]) == (3, 6)
+    ev = event_times(by["Bidi"])
+    # bidi: the last request message went after the first response message came back (one at a time above)
+    assert ev[TapEvent.FIRST_REQUEST_MESSAGE_FORWARDED] <= ev[TapEvent.FIRST_MESSAGE_RECEIVED] <= ev[TapEvent.LAST_REQUEST_MESSAGE_RECEIVED]
+
+
+async def test_grpc_spans_through_collect_and_report(server, tmp_path):
+    """A gRPC tap's spans exported over OTLP to a collector in this process (``deltatap collect``'s service), then its
+    output directory through ``deltatap report``: each call is a row with the engine's first token and the outcome
+    its grpc-status gives."""
+    import json
+    import subprocess
+    import sys
+
+    from deltatap.collector.pipeline import PipelineOptions
+    from deltatap.collector.service import CollectorOptions, start_collector
+    from deltatap.proxy import TapOptions, start_tap
+    from deltatap.telemetry.tracer import setup_telemetry
+
+    topo = default_topology()
+    out = tmp_path / "collect"
+    collector = await start_collector(CollectorOptions(otlp_grpc=None, otlp_http="127.0.0.1:0", metrics=None, topology=topo, out_dir=out,
+                                                       rows_format="jsonl", pipeline=PipelineOptions(grace_s=0.3)))
+    tel = setup_telemetry("deltatap-tap-fw-engine", otlp=collector.otlp_http_url)
+    tap = None
+    try:
+        tap = await start_tap(TapOptions(link="fw-engine", upstream=f"http://127.0.0.1:{server.port}", listen_port=0, admin_port=None,
+                                         protocol="grpc"), tel)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{tap.port}") as ch:
+            call = ch.stream_stream(STREAM_INFER, request_serializer=_ident, response_deserializer=_ident)(timeout=10)
+            await call.write(b"")
+            assert len([await call.read() for _ in range(6)]) == 6
+            await call.done_writing()
+            assert await call.read() == grpc.aio.EOF
+            with pytest.raises(grpc.aio.AioRpcError):
+                await _call(ch, "unary_unary", "Unary")(b"fail", timeout=10)
+        await tap.close(1)
+        tap = None
+        await asyncio.to_thread(tel.processor.force_flush, 5_000)
+        for _ in range(200):
+            if len(collector.rows()) >= 2:
+                break
+            await asyncio.sleep(0.05)
+        rows = collector.rows()
+    finally:
+        if tap is not None:
+            await tap.close(0)
+        await asyncio.to_thread(tel.shutdown)
+        files = await collector.close()
+    assert len(rows) == 2, rows
+    by = {r.outcome: r for r in rows}
+    ok, bad = by[Outcome.OK], by[Outcome.HTTP_ERROR]
+    sent = server.sent[-1]
+    t7 = ok.t("t7")
+    assert t7 is not None and 0 <= t7.unix_ns - to_unix_ns(sent[3]) <= TOL_NS  # the first *content* message ("Hello")
+    assert ok.t("t6") is not None and ok.t("t6").unix_ns <= to_unix_ns(sent[0]) <= t7.unix_ns
+    assert ok.t("t8") is not None and ok.t("t9") is not None and ok.tokens_out == 3
+    assert ok.deltas, ok  # engine-side deltas from the one tap (firewall outbound first token...)
+    assert bad.t("t7") is None and bad.http_status == 200  # an error status: no token, the HTTP status of a gRPC answer
+    # the collector's output directory through `deltatap report`: the same two requests, by outcome
+    assert files
+    proc = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "deltatap.app.cli", "report", "--from", str(out), "--format", "json"],
+                                   capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads(proc.stdout)
+    assert rep["tap_fw-engine_request"]["count"] == 2 and rep["tap_fw-engine_first_token"]["count"] == 1
+    # the bidi call's request point is the request message the answers respond to, not the client's end of stream
+    # (after the answers): the engine's TTFT and time to last token are not negative
+    assert rep["engine_ttft"]["count"] == 1 and rep["engine_ttft"]["min_ms"] >= 0 and rep["engine_ttlt"]["min_ms"] >= 0
+
+
+async def test_a_topology_file_starts_a_grpc_tap(server, tmp_path, telemetry, span_exporter, capsys):
+    """``links[].tap.protocol: grpc`` in a topology file: the tap it starts (``deltatap tap --config FILE --link L``'s
+    options) is a gRPC tap; a bad value is one line from the CLI, as is a gRPC tap asked of the reference stack."""
+    from deltatap.app.cli import main
+    from deltatap.core.topology import load_topology
+    from deltatap.proxy import options_from_topology, start_tap
+    from deltatap.proxy.options import require_http_tap
+
+    cfg = tmp_path / "grpc.yaml"
+    cfg.write_text(f"""
+components:
+  - {{name: client, kind: client}}
+  - {{name: triton, kind: engine, url: "http://127.0.0.1:{server.port}"}}
+links:
+  - {{name: edge, downstream: client, upstream: triton, tap: {{listen: "127.0.0.1:0", protocol: grpc}}}}
+""")
+    topo = load_topology(cfg)
+    opts = options_from_topology(topo, "edge", admin_port=None)
+    assert opts.protocol == "grpc"
+    tap = await start_tap(opts, telemetry)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{tap.port}") as ch:
+            assert await _call(ch, "unary_unary", "Unary")(b"hi", timeout=10) == b"echo:hi"
+        reader, writer = await asyncio.open_connection("127.0.0.1", tap.port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # an HTTP/1.1 client: closed, as --protocol grpc does
+        writer.close()
+        assert tap.tap.counters.not_http2 == 1
+    finally:
+        await tap.close(1)
+    (span,) = await wait_spans(span_exporter, telemetry, 1)
+    assert span.attributes[Attr.RPC_METHOD] == "Unary" and span.attributes[Attr.LINK] == "edge"
+    with pytest.raises(Exception, match="links\\[edge\\].tap.protocol is 'grpc'.*speaks HTTP"):
+        require_http_tap(topo, "edge")
+    cfg.write_text(cfg.read_text().replace("protocol: grpc", "protocol: grcp"))
+    capsys.readouterr()
+    assert main(["tap", "--config", str(cfg), "--link", "edge", "--no-admin"]) == 2
+    err = capsys.readouterr().err
+    assert "links.0.tap.protocol: Value error, must be one of http, grpc (got 'grcp')" in err and "Traceback" not in err

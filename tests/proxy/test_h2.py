@@ -459,3 +459,45 @@ async def test_connection_windows_enlarged_by_a_peer_are_mirrored_to_the_other(m
     assert r.status == 200
     assert p.log.send_window[0] >= 8 << 20  # what the tap lets the upstream send: the client's 8 MiB, as directly
     assert client_may_send >= 4 << 20  # what the tap lets the client send: the upstream's 4 MiB
+
+
+async def test_idle_h2_connection_gets_goaway_and_is_closed_after_the_header_timeout(peer, make_tap):
+    """--header-timeout-s on HTTP/2: a connection with a stream open stays (however long the stream), one with no
+    stream open that long gets GOAWAY NO_ERROR naming its last stream and is closed; counted as a header timeout."""
+    tap = await make_tap(peer.url, header_timeout_s=0.5)
+    c = await H2Client().connect("127.0.0.1", tap.port)
+    try:
+        sid = c.request(req(tap.port, "/v1/chat/completions?first_ms=1200&gap_ms=5&n=3"))  # (open longer than the timeout)
+        r = await asyncio.wait_for(c.wait(sid), 10)
+        assert r.reset is None and r.data.endswith(b"data: [DONE]\n\n") and c.goaway is None
+        await asyncio.wait_for(c.closed.wait(), 10)
+    finally:
+        await c.close()
+    assert (c.goaway, c.goaway_last) == (h2.errors.ErrorCodes.NO_ERROR, sid)
+    assert tap.tap.counters.header_timeouts == 1 and not tap.tap.connections
+
+
+async def test_h2_preface_without_settings_is_closed_at_the_header_timeout(peer, make_tap):
+    tap = await make_tap(peer.url, header_timeout_s=0.5)
+    reader, writer = await asyncio.open_connection("127.0.0.1", tap.port)
+    try:
+        writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")  # the preface, and never the SETTINGS frame that must follow
+        t0 = asyncio.get_running_loop().time()
+        await asyncio.wait_for(reader.read(), 10)  # (the tap's own SETTINGS, then the close)
+        assert asyncio.get_running_loop().time() - t0 >= 0.4
+    finally:
+        writer.close()
+    assert tap.tap.counters.header_timeouts == 1
+
+
+async def test_tap_shutdown_does_not_wait_on_idle_h2_connections(peer, make_tap):
+    tap = await make_tap(peer.url)
+    c = await H2Client().connect("127.0.0.1", tap.port)
+    try:
+        sid = c.request(req(tap.port, "/v1/chat/completions?first_ms=1&gap_ms=1&n=1"))
+        await asyncio.wait_for(c.wait(sid), 10)
+        await asyncio.wait_for(tap.close(grace_s=30), 10)  # (done long before the grace period: nothing in flight)
+        await asyncio.wait_for(c.closed.wait(), 10)
+    finally:
+        await c.close()
+    assert c.goaway == h2.errors.ErrorCodes.NO_ERROR
