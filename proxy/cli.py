@@ -64,8 +64,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate (chain): speak TLS toward the downstream (with --tls-key)")
     p.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
     p.add_argument("--protocol", choices=PROTOCOLS, default=None,
-                   help="http (default): HTTP/1.1, and HTTP/2 where a client speaks it; grpc: a gRPC tap, HTTP/2 only "
-                        "(h2c, or TLS with ALPN h2 toward an https:// upstream), other connections closed")
+                   help="http (default, or the topology's links[].tap.protocol): HTTP/1.1, and HTTP/2 where a client speaks it; "
+                        "grpc: a gRPC tap, HTTP/2 only (h2c, or TLS with ALPN h2 toward an https:// upstream), other connections closed")
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="run N tap processes on the listen port (SO_REUSEPORT); the admin port sums their metrics (default 1)")
     p.set_defaults(func=run)

@@ -111,7 +111,8 @@ class _TapCollector(Collector):
                                       "--max-connections were open", labels=["link"])
         refused.add_metric([link], c.connections_refused)
         htimeouts = CounterMetricFamily("deltatap_tap_header_timeouts", "Downstream connections closed for sending no whole request "
-                                        "head within --header-timeout-s (idle keep-alive included)", labels=["link"])
+                                        "head within --header-timeout-s (idle keep-alive included; HTTP/2: no preface/SETTINGS, or no stream "
+                                        "open, that long)", labels=["link"])
         htimeouts.add_metric([link], c.header_timeouts)
         wsbad = CounterMetricFamily("deltatap_tap_websocket_malformed", "WebSocket directions whose frames broke RFC 6455; "
                                     "their bytes were relayed on, unwatched", labels=["link"])
