@@ -102,9 +102,6 @@ async def _start_tap(link: str, upstream: str, cfg: StackConfig, telemetry: Tele
         from deltatap.proxy import TapOptions, start_tap
     except ImportError as exc:  # pragma: no cover - the tap ships in the same distribution
         raise ConfigError(f"--taps needs deltatap's tap package (proxy): {exc}") from None
-    from deltatap.proxy.options import require_http_tap
-
-    require_http_tap(cfg.topology, link, "deltatap stack --taps")
     host, port, admin = _tap_listen(cfg.topology, link, ephemeral)
     return await start_tap(TapOptions(link=link, upstream=upstream, listen_host=host, listen_port=port, admin_port=admin, clock_sync=clock_sync), telemetry)
 
@@ -119,6 +116,11 @@ async def start_stack(
 ) -> RunningStack:
     """Start engine, firewall and gateway chained, with taps when ``taps``; ``clock_sync`` (a collector's
     base URL, ``GET /v1/clock``) makes every tap estimate its clock offset to that collector."""
+    if taps and cfg.topology is not None:  # (before anything starts: the components speak HTTP to each other)
+        from deltatap.proxy.options import require_http_tap
+
+        for link in cfg.topology.links:
+            require_http_tap(cfg.topology, link.name, "deltatap stack --taps")
     started: list[Any] = []
     try:
         listen = (lambda c: EPHEMERAL) if ephemeral else (lambda c: c.listen)

@@ -488,3 +488,19 @@ links:
     assert main(["tap", "--config", str(cfg), "--link", "edge", "--no-admin"]) == 2
     err = capsys.readouterr().err
     assert "links.0.tap.protocol: Value error, must be one of http, grpc (got 'grcp')" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["stack", "all", "--taps", "--ephemeral", "--config"], ["demo", "--out", "{out}", "--config"]])
+def test_the_reference_stack_refuses_a_grpc_tap_in_one_line(argv, tmp_path, capsys):
+    """``deltatap stack all --taps`` and ``deltatap demo`` put taps between HTTP components: a topology asking for a gRPC
+    tap there is one line and exit status 2, before anything starts."""
+    from deltatap.app.cli import main
+    from deltatap.core.config import find_config
+
+    text = find_config("demo").read_text()
+    assert text.count('tap: {listen: "127.0.0.1:9300"') == 1
+    cfg = tmp_path / "demo.yaml"
+    cfg.write_text(text.replace('tap: {listen: "127.0.0.1:9300"', 'tap: {protocol: grpc, listen: "127.0.0.1:9300"'))
+    assert main([a.replace("{out}", str(tmp_path / "out")) for a in argv] + [str(cfg)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "links[fw-engine].tap.protocol is 'grpc'" in err and "speaks HTTP" in err and len(err.splitlines()) == 1, err
