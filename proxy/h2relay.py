@@ -21,11 +21,15 @@ Stream ids differ between the two sides (each side numbers its own); :class:`Str
 byte-identical to a direct connection: HPACK re-encodes the header block (the header list is the same), frame
 boundaries of DATA may differ (the bytes are the same), and PING/SETTINGS are per hop.
 
+``--header-timeout-s`` holds for the connection: its preface and SETTINGS must come within it, and a connection with no
+stream open that long gets GOAWAY NO_ERROR and is closed (:meth:`H2Downstream._idle_check`).
+
 Each stream is one exchange: a :class:`deltatap.proxy.record.TapRecord` and a span exactly like an HTTP/1.1
 exchange's, with its stamps from the reads (``(t, bound)`` of the read that carried the frame) and writes
 (:meth:`deltatap.net.conn.StampedProtocol.send`) of the two connections; the response's content is watched by
 the observer :func:`observer_for` picks (the SSE :class:`deltatap.core.sse.StreamObserver` for
-``text/event-stream``), fed DATA frame by DATA frame.
+``text/event-stream``), fed DATA frame by DATA frame. A gRPC request's messages are watched on the way up as well
+(:class:`deltatap.proxy.grpc.GrpcRequestObserver`).
 """
 
 from __future__ import annotations
@@ -646,6 +650,9 @@ class H2Downstream(StampedProtocol):
             return
         timeout = self.tap.o.header_timeout_s
         loop = asyncio.get_running_loop()
+        if not self.settled and (self.connecting is not None or self.held):
+            self.idle_timer = loop.call_later(timeout, self._idle_check)  # (what it sent waits for the upstream connection)
+            return
         if self.settled:
             if self.streams or self.waiting_open or self.idle_since is None:
                 self.idle_timer = loop.call_later(timeout, self._idle_check)  # (busy: look again a timeout later)
