@@ -41,11 +41,16 @@ def is_complete(row: Row) -> bool:
 
 def exclusion_reason(row: Row, d: DeltaDef) -> str | None:
     """Why delta ``d`` of ``row`` is not a latency of that request, or None when it is."""
+    return _reason(d, is_refused(row), is_complete(row))
+
+
+def _reason(d: DeltaDef, refused: bool, complete: bool) -> str | None:
+    """:func:`exclusion_reason` for a row that is (not) refused and (not) complete: nothing else of the row counts."""
     if d.refused_only:
-        return None if is_refused(row) else "not_blocked"
-    if is_refused(row):
+        return None if refused else "not_blocked"
+    if refused:
         return "refused"
-    if d.phase in (LAST, ITL) and not is_complete(row):
+    if d.phase in (LAST, ITL) and not complete:
         return "cut"
     return None
 
@@ -63,6 +68,17 @@ def applicable_deltas(row: Row, defs: Sequence[DeltaDef]) -> dict:
         if d is None or d.phase == TAP or exclusion_reason(row, d) is None:
             out[k] = v
     return out
+
+
+def applicable_keys(keys: Sequence[str], refused: bool, complete: bool, by_name: dict[str, DeltaDef]) -> tuple[int, ...]:
+    """Positions of the deltas :func:`applicable_deltas` keeps among ``keys`` (a row's delta names, in order) of a
+    row that is (not) refused and (not) complete: the same for every such row, so a batch works it out once."""
+    out = []
+    for i, k in enumerate(keys):
+        d = by_name.get(k)
+        if d is None or d.phase == TAP or _reason(d, refused, complete) is None:
+            out.append(i)
+    return tuple(out)
 
 
 def applicable_rows(rows: Iterable[Row], defs: Sequence[DeltaDef]) -> list[Row]:

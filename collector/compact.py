@@ -189,6 +189,7 @@ def _follow_kinds() -> None:
         ATTRS_READ = kinds.attrs_read()
         _KEEP.clear()
         _KPLANS.clear()
+        _LAST_KEYS.clear()
         _SPLANS.clear()
 
 
@@ -370,6 +371,7 @@ class _KeyPlan:
 
 
 _KPLANS: dict[tuple[bytes, ...], _KeyPlan] = {}
+_LAST_KEYS: dict[str, tuple[list[bytes], tuple[bytes, ...], _KeyPlan]] = {}  # span name -> its last span's keys and their plan
 
 
 def _key_plan(raw_keys: tuple[bytes, ...]) -> _KeyPlan:
@@ -582,7 +584,7 @@ def _decode_slim(req: Any) -> list[CompactSpan]:
     out: list[CompactSpan] = []
     append = out.append
     tids: dict[bytes, str] = {}
-    kplans_get, splans_get, vals_get = _KPLANS.get, _SPLANS.get, _VALUES_RAW.get
+    kplans_get, splans_get, vals_get, last_keys_get, dbl = _KPLANS.get, _SPLANS.get, _VALUES_RAW.get, _LAST_KEYS.get, _S_DOUBLE.unpack_from
     for ri, rs in enumerate(req.resource_spans):
         res, service, res_key = _resource(rs)
         for si, ss in enumerate(rs.scope_spans):
@@ -591,15 +593,25 @@ def _decode_slim(req: Any) -> list[CompactSpan]:
                 if len(tid) != 16 or len(sid) != 8:
                     raise _bad_ids(ri, si, k, tid, sid)
                 a = sp.attributes
-                raw_keys = tuple(a.key)
+                name = sp.name
+                ak = a.key
+                last = last_keys_get(name)
+                if last is not None and ak == last[0]:  # the keys of this name's last span (compared in C, not copied)
+                    raw_keys, kp = last[1], last[2]
+                else:
+                    lk = ak[:]  # (a slice copies a repeated field faster than iterating it)
+                    raw_keys = tuple(lk)
+                    kp = kplans_get(raw_keys) or _key_plan(raw_keys)
+                    if len(_LAST_KEYS) >= 4096:
+                        _LAST_KEYS.clear()
+                    _LAST_KEYS[name] = (lk, raw_keys, kp)
                 vals = a.value
                 if len(vals) != len(raw_keys):
                     raise _Misaligned
-                kp = kplans_get(raw_keys) or _key_plan(raw_keys)
                 raws = kp.get_n(vals)
                 dn = list(map(vals_get, raws))
                 if None in dn:
-                    dn = [d or _value(r) for d, r in zip(dn, raws)]
+                    dn = [d or (("d", dbl(r, 1)[0], _SHAPE_DOUBLE) if len(r) == 9 and r[0] == 0x21 else _value(r)) for d, r in zip(dn, raws)]  # doubles inline
                 raws = kp.get_p(vals)
                 if raws:
                     dp = list(map(vals_get, raws))
@@ -609,12 +621,12 @@ def _decode_slim(req: Any) -> list[CompactSpan]:
                 else:
                     dp, ps = (), ()
                 ev = sp.events
-                raw_names = tuple(ev.name)
-                times = ev.time
+                raw_names = tuple(ev.name[:])
+                times = ev.time[:]
                 if len(times) != len(raw_names):
                     raise _Misaligned
                 parent = sp.parent_span_id
-                name, kind, status = sp.name, sp.kind, sp.status.code
+                kind, status = sp.kind, sp.status.code
                 key = (kp, res_key, name, kind, status, not parent, tuple(map(_SHAPE, dn)), ps, raw_names)
                 plan = splans_get(key)
                 if plan is None:

@@ -42,9 +42,10 @@ import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from deltatap.collector.applies import applicable_rows, is_signed
+from deltatap.collector.applies import applicable_keys, is_complete, is_refused, is_signed
 from deltatap.collector.deltas import METRIC_HISTOGRAM, METRIC_OBSERVATIONS, METRIC_QUANTILE, METRIC_SUM, DeltaDef
-from deltatap.collector.rows import Row, delta_columns
+from deltatap.collector.compact import tuple_getter
+from deltatap.collector.rows import DeltaColumns, Row
 from deltatap.collector.sketches import QUANTILES, Aggregator
 from deltatap.core.vocab import Outcome
 
@@ -71,12 +72,35 @@ class DeltaHistograms:
         self.hist_sums: dict[str, int] = {n: 0 for n in self.counts}  # the histograms' own, never falling
         self.n: dict[str, int] = {n: 0 for n in self.defs}
         self.sketches = Aggregator()
+        self._plans: dict[tuple, tuple] = {}  # (delta names, refused, complete) -> the applicable names, their getter, as a set
 
     def add_rows(self, rows: Iterable[Row], columns: Any = None) -> None:
         """Add rows (``columns``, the unfiltered delta columns some callers hold, is not needed: the
         values that do not describe their request are dropped first)."""
-        kept = applicable_rows(rows, self.def_list)
-        cols = delta_columns(kept)
+        rows = rows if isinstance(rows, list) else list(rows)
+        sk = self.sketches
+        sk.rows += len(rows)
+        outcomes = sk.outcomes
+        plans = self._plans
+        kept = DeltaColumns()  # the applicable deltas only (collector.applies), without copying any row
+        bounded: dict[str, list[int]] = {}
+        for r in rows:
+            outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
+            d = r.deltas
+            keys = tuple(d)
+            refused, complete = is_refused(r), is_complete(r)
+            plan = plans.get((keys, refused, complete))
+            if plan is None:
+                if len(plans) >= 4096:
+                    plans.clear()
+                idx = applicable_keys(keys, refused, complete, self.defs)
+                plan = plans[keys, refused, complete] = (tuple(keys[i] for i in idx), tuple_getter(idx), frozenset(keys[i] for i in idx))
+            kept.add_values(plan[0], plan[1](tuple(d.values())))
+            if r.delta_bounds:
+                for name, b in r.delta_bounds.items():
+                    if name in plan[2]:
+                        bounded.setdefault(name, []).append(b)
+        cols = kept.columns()
         for k, (v, _) in cols.items():
             arr = np.asarray(v, dtype=np.int64)
             self.sums[k] = self.sums.get(k, 0) + int(arr.sum())
@@ -89,7 +113,7 @@ class DeltaHistograms:
             arr = np.clip(arr, 0, None)  # a duration below 0 is clock error: in the first bucket, and _sum never falls
             c += np.bincount(np.searchsorted(_EDGES_NS, arr, side="left"), minlength=len(_EDGES_NS) + 1)  # value <= edge: that bucket
             self.hist_sums[k] = self.hist_sums.get(k, 0) + int(arr.sum())
-        self.sketches.add_rows(kept, cols)
+        sk.add_columns(cols, bounded)
 
 
 class CollectorMetrics:

@@ -368,11 +368,13 @@ class DeltaColumns:
 
     def add(self, row: Row) -> None:
         d = row.deltas
-        keys = tuple(d)
+        self.add_values(tuple(d), d.values())
+
+    def add_values(self, keys: tuple[str, ...], vals: Iterable[DeltaValue]) -> None:
+        """One row's deltas given as their names and values, in the same order."""
         if keys != self._keys:
             self._keys, self._ns, self._err = keys, [], []
             self._blocks.append((keys, self._ns, self._err))
-        vals = d.values()
         self._ns.extend(map(_NS, vals))
         self._err.extend(map(_ERR, vals))
 

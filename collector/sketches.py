@@ -200,17 +200,22 @@ class Aggregator:
         outcomes = self.outcomes
         for r in rows:
             outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
-        for name, (v, e) in (delta_columns(rows) if columns is None else columns).items():
-            sk = self.deltas.get(name)
-            if sk is None:
-                sk = self.deltas[name] = DeltaSketch(self.alpha)
-            sk.add_many(np.asarray(v, dtype=np.int64), np.asarray(e, dtype=np.int64))
         bounded: dict[str, list[int]] = {}
         for r in rows:
             if r.delta_bounds:
                 for name, b in r.delta_bounds.items():
                     if name in r.deltas:
                         bounded.setdefault(name, []).append(b)
+        self.add_columns(delta_columns(rows) if columns is None else columns, bounded)
+
+    def add_columns(self, columns: dict[str, tuple[Any, Any]], bounded: dict[str, list[int]]) -> None:
+        """The deltas of rows already counted in :attr:`rows` and :attr:`outcomes`: their columns
+        (``rows.delta_columns``) and, per delta, the bounds of its bounded values."""
+        for name, (v, e) in columns.items():
+            sk = self.deltas.get(name)
+            if sk is None:
+                sk = self.deltas[name] = DeltaSketch(self.alpha)
+            sk.add_many(np.asarray(v, dtype=np.int64), np.asarray(e, dtype=np.int64))
         for name, bs in bounded.items():
             if name in self.deltas:
                 self.deltas[name].add_bounds(bs)

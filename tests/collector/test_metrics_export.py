@@ -81,3 +81,40 @@ def test_a_histogram_sum_never_falls():
         now = _get(_samples(hist), "deltatap_collector_delta_seconds_sum", delta="gateway_outbound", component="gateway")
         assert now >= before
         before = now
+
+
+def test_batched_applicability_equals_the_row_by_row_rule():
+    """DeltaHistograms works out which deltas apply once per (delta names, refused, complete) and reuses it
+    across rows and batches; what it holds equals what the row-by-row rule (applies.applicable_rows) keeps."""
+    import random
+
+    from deltatap.collector.applies import applicable_rows
+    from deltatap.collector.rows import delta_columns
+    from deltatap.collector.sketches import Aggregator
+
+    defs = delta_defs(default_topology())
+    names = [d.name for d in defs] + ["not_a_registered_delta"]
+    rnd = random.Random(16)
+    rows = []
+    for i in range(400):
+        outcome = rnd.choice(["ok", "ok", "ok", "refused", "timeout", "http_error"])
+        decision = rnd.choice([None, "allow", "block_pattern"]) if outcome != "refused" else "block_pattern"
+        r = row(i, outcome=outcome, firewall_decision=decision,
+                deltas_ms={n: rnd.uniform(-5, 300) for n in rnd.sample(names, rnd.randint(0, len(names)))})
+        if r.deltas and rnd.random() < 0.2:
+            r.delta_bounds = {n: rnd.randint(1, 10**6) for n in list(r.deltas)[:3]}
+        rows.append(r)
+    hist = DeltaHistograms(defs)
+    for lo in range(0, len(rows), 37):  # several batches: plans made in one are reused in the next
+        hist.add_rows(rows[lo:lo + 37])
+
+    kept = applicable_rows(rows, defs)
+    ref = Aggregator()
+    ref.add_rows(kept)
+    assert hist.sketches.rows == ref.rows and hist.sketches.outcomes == ref.outcomes
+    assert hist.sketches.summaries() == ref.summaries()
+    cols = delta_columns(kept)
+    assert {k: v for k, v in hist.n.items() if v} == {k: len(v) for k, (v, _) in cols.items()}
+    assert {k: v for k, v in hist.sums.items() if hist.n[k]} == {k: int(np.sum(v)) for k, (v, _) in cols.items()}
+    excluded = sum(len(r.deltas) for r in rows) - sum(len(r.deltas) for r in kept)
+    assert excluded > 0  # the mix exercises the rule
