@@ -170,7 +170,8 @@ class _TapCollector(Collector):
         yield lag
         for metric, text, counts in (
             ("deltatap_process_merged_reads", "Reads that held several segments (per-packet stamps on): placed segment by segment from the "
-             "packet log, or not (fallback: merged packets keep the later stamp)", MERGED_READS),
+             "packet log, or not (fallback: merged packets keep the later stamp; out_of_reach: those of the fallbacks that came too late "
+             "for the log's search window, not searched)", MERGED_READS),
             ("deltatap_process_slow_sends", "Sends that took over 30 us (the write's stamp is taken before the send): departure placed from "
              "the packet log, or not (bounded: the stamp keeps the send's duration as its bound)", SLOW_SENDS),
         ):

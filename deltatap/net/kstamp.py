@@ -123,8 +123,9 @@ class ReadLag:
 READ_LAG = ReadLag()
 # reads that held more segments than arrivals (with the packet log on): placed segment by segment from the log,
 # or not (the log could not place the bytes: the read's stamps fall back to the kernel's, the later one for merged
-# packets). Process-wide, like READ_LAG; the tap exports both on /metrics.
-MERGED_READS = {"packets": 0, "fallback": 0}
+# packets; ``out_of_reach`` counts the fallbacks whose bytes arrived before the oldest frame a search reads, not searched
+# for at all). Process-wide, like READ_LAG; the tap exports both on /metrics.
+MERGED_READS = {"packets": 0, "fallback": 0, "out_of_reach": 0}
 # sends that took longer than _SLOW_SEND_NS: their departure placed from the packet log, or not (the write keeps the
 # stamp taken before the send, with the send's duration as its bound). Process-wide; the tap exports it.
 SLOW_SENDS = {"packets": 0, "bounded": 0}
@@ -457,7 +458,12 @@ class KernelStampTransport(asyncio.Transport):
     def _read_by_packets(self, view: memoryview, first: int) -> bool:
         """More than one segment arrived since the last read: peek what waits and hand it over one segment
         at a time, each with its arrival from the packet log (what the kernel merged in the socket's queue
-        is split there too). False (nothing taken in) when the log cannot place the bytes."""
+        is split there too). False (nothing taken in) when the log cannot place the bytes, at once when the first of
+        them arrived before anything a search would read (``first``: the stamp of their first buffer, no earlier than its
+        first byte's arrival)."""
+        if first and not self._plog.reaches(first, _SEARCH_FRAMES):  # type: ignore[union-attr]
+            MERGED_READS["out_of_reach"] += 1
+            return False
         t_read = _mono()
         r = self._recv(view, _PEEK)
         if r is None:

@@ -255,6 +255,18 @@ class PacketLog:
             head += 1
         self._head = head
 
+    def reaches(self, wall_ns: int, limit: int = _FRAMES) -> bool:
+        """Whether a search ``limit`` frames back from the newest would reach a packet that arrived at ``wall_ns``: the
+        oldest frame it reads came no later. A read whose bytes arrived before that cannot be placed, and searching
+        for them would read the whole window in vain (the later a read, the more such searches cost: at 10,000 streams
+        that spiral is what saturated a tap)."""
+        newest = self._newest()
+        oldest = max(self._head, newest - limit)
+        if newest <= oldest:
+            return False
+        sec, nsec = _TP2.unpack_from(self._mv, self._at(oldest))[5:]
+        return sec * 1_000_000_000 + nsec <= wall_ns
+
     def _matches(self, key: tuple[bytes, int, bytes, int], limit: int):
         """Frames holding a segment toward ``key``, newest first: ``(frame offset, IP header offset)``.
 

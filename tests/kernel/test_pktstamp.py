@@ -114,3 +114,25 @@ def test_a_filter_for_many_ports_takes_their_range():
     prog_many = pktstamp._filter(list(range(30000, 30000 + pktstamp._MAX_LISTED_PORTS + 1)))
     assert len(prog_many) < len(prog_few) + 8 * pktstamp._INSN.size  # two comparisons, not one per port
     assert pktstamp._filter([]) == pktstamp._INSN.pack(pktstamp._RET, 0, 0, 0)  # nothing watched: drop all
+
+
+def test_reaches_says_whether_a_search_window_goes_back_to_an_arrival():
+    log = packet_log()
+    c, s = _pair()
+    try:
+        log.watch(s.getsockname()[1])
+        for i in range(3):
+            c.send(b"r" * 9)
+            time.sleep(0.002)
+        time.sleep(0.01)
+        newest = log.newest_segment(_key(c, s))
+        assert newest is not None
+        wall = newest[2]
+        # a window of one frame holds only the newest packet: it reaches back to that packet's arrival, not before
+        assert log.reaches(wall, limit=1) and not log.reaches(wall - 1, limit=1)
+        assert log.reaches(wall - 1, limit=3)  # three frames: the earlier writes, 2 ms before, are in reach
+        assert not log.reaches(wall - 10**9, limit=3)  # a read whose bytes came a second earlier is out of reach
+    finally:
+        log.unwatch(s.getsockname()[1])
+        c.close()
+        s.close()
