@@ -284,7 +284,9 @@ def _bad_ids(ri: int, si: int, k: int, tid: bytes, sid: bytes) -> OtlpDecodeErro
 # attributes arrive as two parallel lists (every key, every raw AnyValue) and its events as two
 # (every time, every name), built in C. What depends only on the span's shape (which keys are kept,
 # where they go, the Layout) is worked out once per shape and cached; per span only the raw values of
-# kept attributes are decoded (through a bounded cache: most repeat). A field left out on the wire
+# kept attributes are decoded (through a bounded cache: most repeat). The keys of a span are compared
+# (in C) with those of the last span of the same name, whose key plan is reused when they are equal:
+# materializing them as Python bytes costs more than the comparison. A field left out on the wire
 # (a KeyValue without value, an event without name) would misalign the parallel lists: their lengths
 # are checked, and a request where they differ is decoded by :func:`decode_request_compact` instead.
 # What the lengths cannot show is two such omissions that cancel out in one span: a KeyValue with an
