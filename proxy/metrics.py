@@ -99,45 +99,37 @@ class _TapCollector(Collector):
         errs = CounterMetricFamily("deltatap_tap_upstream_errors", "Upstream failures, by cause", labels=["link", "cause"])
         for cause, n in sorted(c.upstream_errors.items()):
             errs.add_metric([link, cause], n)
-        unparsed = CounterMetricFamily("deltatap_tap_unparsed", "Messages the tap could not frame as HTTP/1.1; the rest of their "
-                                       "connection was passed on as bytes, unwatched", labels=["link"])
-        unparsed.add_metric([link], c.unparsed)
-        conns = CounterMetricFamily("deltatap_tap_connections", "Downstream connections accepted", labels=["link"])
-        conns.add_metric([link], c.connections)
-        upconns = CounterMetricFamily("deltatap_tap_upstream_connections", "Upstream connections opened (each downstream connection "
-                                      "is paired with one; idle ones are pooled and reused)", labels=["link"])
-        upconns.add_metric([link], c.upstream_connections)
-        refused = CounterMetricFamily("deltatap_tap_connections_refused", "Downstream connections closed at accept because "
-                                      "--max-connections were open", labels=["link"])
-        refused.add_metric([link], c.connections_refused)
-        htimeouts = CounterMetricFamily("deltatap_tap_header_timeouts", "Downstream connections closed for sending no whole request "
-                                        "head within --header-timeout-s (idle keep-alive included; HTTP/2: no preface/SETTINGS, or no stream "
-                                        "open, that long)", labels=["link"])
-        htimeouts.add_metric([link], c.header_timeouts)
-        wsbad = CounterMetricFamily("deltatap_tap_websocket_malformed", "WebSocket directions whose frames broke RFC 6455; "
-                                    "their bytes were relayed on, unwatched", labels=["link"])
-        wsbad.add_metric([link], c.ws_malformed)
-        tlsbad = CounterMetricFamily("deltatap_tap_tls_handshake_failures", "Downstream TLS handshakes that failed (--tls-cert; "
-                                     "plain HTTP sent to the TLS port included)", labels=["link"])
-        tlsbad.add_metric([link], c.tls_handshake_failures)
-        noth2 = CounterMetricFamily("deltatap_tap_not_http2", "Downstream connections closed because they did not open "
-                                    "with HTTP/2's preface (--protocol grpc)", labels=["link"])
-        noth2.add_metric([link], c.not_http2)
-        stale = CounterMetricFamily("deltatap_tap_stale_retries", "Times a pooled upstream connection closed before any byte of an "
-                                    "answer and what was sent on it went again on a fresh connection", labels=["link"])
-        stale.add_metric([link], c.stale_retries)
-        yield from (req, inflight, errs, unparsed, conns, upconns, refused, htimeouts, wsbad, tlsbad, noth2, stale)
+        yield from (req, inflight, errs)
+        for name, doc, value in (
+            ("deltatap_tap_unparsed", "Messages the tap could not frame as HTTP/1.1; the rest of their connection was passed on "
+             "as bytes, unwatched", c.unparsed),
+            ("deltatap_tap_connections", "Downstream connections accepted", c.connections),
+            ("deltatap_tap_upstream_connections", "Upstream connections opened (each downstream connection is paired with one; idle "
+             "ones are pooled and reused)", c.upstream_connections),
+            ("deltatap_tap_connections_refused", "Downstream connections closed at accept because --max-connections were open",
+             c.connections_refused),
+            ("deltatap_tap_header_timeouts", "Downstream connections closed for sending no whole request head within "
+             "--header-timeout-s (idle keep-alive included; HTTP/2: no preface/SETTINGS, or no stream open, that long)", c.header_timeouts),
+            ("deltatap_tap_websocket_malformed", "WebSocket directions whose frames broke RFC 6455; their bytes were relayed on, "
+             "unwatched", c.ws_malformed),
+            ("deltatap_tap_tls_handshake_failures", "Downstream TLS handshakes that failed (--tls-cert; plain HTTP sent to the TLS "
+             "port included)", c.tls_handshake_failures),
+            ("deltatap_tap_not_http2", "Downstream connections closed because they did not open with HTTP/2's preface "
+             "(--protocol grpc)", c.not_http2),
+            ("deltatap_tap_stale_retries", "Times a pooled upstream connection closed before any byte of an answer and what was "
+             "sent on it went again on a fresh connection", c.stale_retries),
+            ("deltatap_tap_request_bytes", "Request body bytes forwarded upstream", c.request_bytes),
+            ("deltatap_tap_response_bytes", "Response body bytes forwarded downstream", c.response_bytes),
+        ):
+            fam = CounterMetricFamily(name, doc, labels=["link"])
+            fam.add_metric([link], value)
+            yield fam
         yield c.overhead_request.family(
             "deltatap_tap_overhead_request_seconds", "Tap overhead on the request: last byte read -> last byte written upstream", link)
         yield c.overhead_first_token.family(
             "deltatap_tap_overhead_first_token_seconds", "Tap overhead on the first content token: read -> written downstream", link)
         yield c.upstream_ttft.family(
             "deltatap_tap_upstream_first_token_seconds", "Request forwarded -> first content token received (the upstream side's TTFT)", link)
-        for name, doc, value in (("deltatap_tap_request_bytes", "Request body bytes forwarded upstream", c.request_bytes),
-                                 ("deltatap_tap_response_bytes", "Response body bytes forwarded downstream", c.response_bytes)):
-            fam = CounterMetricFamily(name, doc, labels=["link"])
-            fam.add_metric([link], value)
-            yield fam
         spans = s.snapshot()  # one consistent reading: ended == exported + dropped + queued
         ended = CounterMetricFamily("deltatap_tap_spans_ended", "Spans handed to the export queue: exported + dropped + queued", labels=["link"])
         ended.add_metric([link], spans.ended)
