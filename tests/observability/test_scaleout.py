@@ -278,7 +278,10 @@ def measured(rows: list[dict]) -> list[dict]:
 
 
 def test_a_shard_killed_mid_run_loses_only_its_requests_and_the_loss_is_counted(otelcol_bin: Path, tmp_path: Path) -> None:
-    per_kind = 4
+    # requests per kind before and after the kill. A plain request (one trace) is lost when the load balancer routes
+    # its trace to the killed shard, 1 in 3: with 4 plain requests after the kill none was, 1 run in 5; with 16,
+    # 1 in 650 (fewer still with the other kinds, whose traces must all go there)
+    per_kind, after = 4, 16
     tier = Tier(otelcol_bin, tmp_path, retry_s=2)
     victim = tier.shards[0]
 
@@ -288,9 +291,9 @@ def test_a_shard_killed_mid_run_loses_only_its_requests_and_the_loss_is_counted(
         victim.kill()
 
     try:
-        records = asyncio.run(drive(f"grpc://127.0.0.1:{tier.grpc_port}", tmp_path / "load", [per_kind, per_kind], kill_victim))
-        assert len(records) == 6 * per_kind
-        tier.wait_rows([tier.single], 6 * per_kind)
+        records = asyncio.run(drive(f"grpc://127.0.0.1:{tier.grpc_port}", tmp_path / "load", [per_kind, after], kill_victim))
+        assert len(records) == 3 * (per_kind + after)
+        tier.wait_rows([tier.single], 3 * (per_kind + after))
         time.sleep(5.0)  # retries to the dead shard give up (2 s), hand-offs settle
         otel_metrics = http_text(tier.otelcol_metrics_url)
     finally:
@@ -298,7 +301,7 @@ def test_a_shard_killed_mid_run_loses_only_its_requests_and_the_loss_is_counted(
     single = by_traces(measured(read_rows(tier.single.out)))  # type: ignore[attr-defined]
     every = [r for s in tier.shards for r in read_rows(s.out)] + read_rows(tier.joiner.out)  # type: ignore[attr-defined]
     merged = by_traces(measured(every))
-    assert len(single) == 6 * per_kind
+    assert len(single) == 3 * (per_kind + after)
 
     # the loss is counted: by the OTel Collector (the spans it dropped after retrying the dead shard) ...
     assert dropped_by_otelcol(tier.otelcol) > 0, tier.otelcol.tail()
