@@ -228,7 +228,28 @@ def _upstream_ssl(tap: Tap) -> _ssl.SSLContext | None:
     return ctx
 
 
-class H2Downstream(StampedProtocol):
+class _H2Side(StampedProtocol):
+    """What both h2 connections of a pair share: writing what their h2 state has to send, and giving that write's
+    stamp to the stamps that wait for it (:attr:`marks`)."""
+
+    conn: h2.connection.H2Connection
+    marks: list[Callable[[int, int], None]]
+
+    def flush(self) -> None:
+        """Write what this side's h2 connection has to send; the stamps that wait for this write get it."""
+        out = self.conn.data_to_send()
+        if not out:
+            return
+        if self.transport is None or self.transport.is_closing():  # (the connection's loss completes its streams)
+            self.marks.clear()
+            return
+        tw, bw = self.send(out)
+        marks, self.marks = self.marks, []
+        for m in marks:
+            m(tw, bw)
+
+
+class H2Downstream(_H2Side):
     """One HTTP/2 client connection (adopted from :class:`deltatap.proxy.relay.Downstream`) and its upstream."""
 
     def __init__(self, tap: Tap, peer: str | None) -> None:
@@ -264,7 +285,7 @@ class H2Downstream(StampedProtocol):
         self.idle_since = loop.time()
         self.idle_timer = loop.call_later(self.tap.o.header_timeout_s, self._idle_check)
         self.conn.initiate_connection()
-        self._flush()
+        self.flush()
         self.held.append((data, t, bound))
         self.transport.pause_reading()
         self.connecting = asyncio.ensure_future(self._connect())
@@ -311,7 +332,7 @@ class H2Downstream(StampedProtocol):
             return
         if self._feed(data, t, bound):
             self._flush_up()
-            self._flush()
+            self.flush()
 
     def cuts_received(self, data: bytes, pieces: list[tuple[int, int, int, int]]) -> None:
         """A late read the kernel-stamped transport split at packet arrivals: each packet's frames watched with its own
@@ -323,7 +344,7 @@ class H2Downstream(StampedProtocol):
             if not self._feed(data[a:b], t, bound):
                 return
         self._flush_up()
-        self._flush()
+        self.flush()
 
     def _feed(self, data: bytes, t: int, bound: int) -> bool:
         try:
@@ -331,7 +352,7 @@ class H2Downstream(StampedProtocol):
         except h2.exceptions.ProtocolError as exc:
             log.info("tap %s: an HTTP/2 client (%s) broke the protocol (%s); closing its connection", self.tap.o.link, self.peer,
                      type(exc).__name__)
-            self._flush()
+            self.flush()
             self.transport.close()
             return False
         for ev in events:
@@ -532,19 +553,6 @@ class H2Downstream(StampedProtocol):
         self._complete(s)
 
     # ---- writes -----------------------------------------------------------------------------
-    def _flush(self) -> None:
-        """Write what the downstream h2 connection has to send; the stamps that wait for this write get it."""
-        out = self.conn.data_to_send()
-        if not out:
-            return
-        if self.transport is None or self.transport.is_closing():  # (the connection's loss completes its streams)
-            self.marks.clear()
-            return
-        tw, bw = self.send(out)
-        marks, self.marks = self.marks, []
-        for m in marks:
-            m(tw, bw)
-
     def _flush_up(self) -> None:
         if self.up is not None:
             self.up.flush()
@@ -594,7 +602,7 @@ class H2Downstream(StampedProtocol):
             s.rec.timeout = mono()
             self.tap.count_upstream_error(TAP_TIMEOUT.error_type)
             self.reset_stream(s, h2.errors.ErrorCodes.CANCEL)
-        self._flush()
+        self.flush()
 
     def reset_stream(self, s: Stream, code: int) -> None:
         s.reset = True
@@ -628,7 +636,7 @@ class H2Downstream(StampedProtocol):
             self._refuse(s)
         self.waiting_open.clear()
         self.going_away = True
-        self._flush()
+        self.flush()
         if not self.transport.is_closing():
             self.send(_goaway_frame(max(0, last_down), ev.error_code, ev.additional_data))
 
@@ -638,7 +646,7 @@ class H2Downstream(StampedProtocol):
         if self.closed or self.going_away or self.transport.is_closing():
             return
         self.going_away = True
-        self._flush()
+        self.flush()
         self.send(_goaway_frame(self.conn.highest_inbound_stream_id, h2.errors.ErrorCodes.NO_ERROR, b""))
 
     def _idle_check(self) -> None:
@@ -713,7 +721,7 @@ class H2Downstream(StampedProtocol):
             s.reset = True
             self._complete(s)
         self.failure = _RESET if up.reset_by_peer else _CLOSED  # (streams still read before the close: answered)
-        self._flush()
+        self.flush()
         if up.reset_by_peer:
             reset(self.transport)
         elif not self.transport.is_closing():
@@ -783,7 +791,7 @@ def _goaway_frame(last_stream_id: int, error_code: int, additional_data: bytes |
                                         additional_data=additional_data or b"").serialize()
 
 
-class H2Upstream(StampedProtocol):
+class H2Upstream(_H2Side):
     """The tap's h2 client connection to its upstream, for one :class:`H2Downstream`."""
 
     def __init__(self, down: H2Downstream) -> None:
@@ -804,18 +812,6 @@ class H2Upstream(StampedProtocol):
         new = {code: c.new_value for code, c in changed.items() if code in _MIRRORED}
         if new:
             self.conn.update_settings(new)
-
-    def flush(self) -> None:
-        out = self.conn.data_to_send()
-        if not out:
-            return
-        if self.transport is None or self.transport.is_closing():  # (the connection's loss completes its streams)
-            self.marks.clear()
-            return
-        tw, bw = self.send(out)
-        marks, self.marks = self.marks, []
-        for m in marks:
-            m(tw, bw)
 
     def goaway_out(self, last_stream_id: int, error_code: int, additional_data: bytes | None) -> None:
         """Pass a client's GOAWAY on (after what waits to be written)."""
@@ -847,7 +843,7 @@ class H2Upstream(StampedProtocol):
             self.transport.close()
             return
         if self._feed(d, data, t, bound):
-            d._flush()
+            d.flush()
             self.flush()
 
     def cuts_received(self, data: bytes, pieces: list[tuple[int, int, int, int]]) -> None:
@@ -860,7 +856,7 @@ class H2Upstream(StampedProtocol):
         for a, b, t, bound in pieces:
             if not self._feed(d, data[a:b], t, bound):
                 return
-        d._flush()
+        d.flush()
         self.flush()
 
     def _feed(self, d: H2Downstream, data: bytes, t: int, bound: int) -> bool:
