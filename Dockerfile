@@ -11,6 +11,8 @@ ARG PYTHON_VERSION=3.12
 
 FROM python:${PYTHON_VERSION}-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# a C compiler for deltatap's accelerators (setup.py: every _*.c); the runtime image needs none
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/deltatap/venv
 ENV PATH=/opt/deltatap/venv/bin:$PATH
 WORKDIR /src
@@ -25,7 +27,7 @@ COPY loadgen ./loadgen
 COPY collector ./collector
 COPY stack ./stack
 COPY configs ./configs
-RUN pip install --no-deps . && deltatap --version
+RUN pip install --no-deps . && deltatap --version && python -m deltatap.core.native /src
 
 FROM python:${PYTHON_VERSION}-slim
 LABEL org.opencontainers.image.title="deltatap" \

@@ -56,3 +56,46 @@ def status() -> dict[str, str]:
             built = False
         out[module] = ("used" if _wanted(module) else "off") if built else "not built"
     return out
+
+
+
+def extensions(source_root: str) -> list[tuple[str, str]]:
+    """``(module, source file)`` of every accelerator the setup.py in ``source_root`` builds (setup.py is the one
+    place that names them)."""
+    import runpy
+
+    import setuptools
+
+    got: dict = {}
+    real, cwd = setuptools.setup, os.getcwd()
+    setuptools.setup = lambda **kw: got.update(kw)
+    try:
+        os.chdir(source_root)
+        runpy.run_path(os.path.join(source_root, "setup.py"), run_name="__setup__")
+    finally:
+        os.chdir(cwd)
+        setuptools.setup = real
+    return [(e.name, os.path.join(source_root, e.sources[0])) for e in got.get("ext_modules", [])]
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """``python -m deltatap.core.native SOURCE_ROOT``: whether each accelerator the source tree's setup.py builds is
+    built and used here; exit 1 when one is not built (an image or CI that must not run the references)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m deltatap.core.native", description=_main.__doc__)
+    ap.add_argument("source_root", help="the deltatap source tree (where setup.py is)")
+    args = ap.parse_args(argv)
+    missing = 0
+    for name, _src in extensions(os.path.abspath(args.source_root)):
+        try:
+            importlib.import_module(name)
+            state = "used" if _wanted(name) else "built, off (DELTATAP_NATIVE)"
+        except ImportError as exc:
+            state, missing = f"NOT BUILT ({exc})", missing + 1
+        print(f"{name}: {state}")
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

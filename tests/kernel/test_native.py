@@ -15,23 +15,21 @@ import pytest
 from deltatap.core import native
 
 ROOT = Path(__file__).resolve().parents[2]
-FOLDERS = {"proxy": "deltatap.proxy", "loadgen": "deltatap.loadgen", "collector": "deltatap.collector", "stack": "deltatap.stack"}
 
 
 def _sources() -> list[tuple[str, Path]]:
-    """(module name, source) of every accelerator source in the tree, named as setup.py names them."""
-    out = []
-    for src in sorted(ROOT.glob("**/_*.c")):
-        rel = src.relative_to(ROOT)
-        if rel.parts[0] in (".venv", "build", "tests", "benchmarks"):
-            continue
-        top = FOLDERS.get(rel.parts[0], rel.parts[0])
-        out.append((".".join([top, *rel.parts[1:-1], src.stem]), src))
-    return out
+    """(module name, source) of every accelerator setup.py builds (read from setup.py itself)."""
+    return [(m, Path(src)) for m, src in native.extensions(str(ROOT))]
 
 
-def test_there_are_accelerators() -> None:
-    assert _sources(), "no _*.c accelerator sources found"
+def test_setup_builds_every_accelerator_source() -> None:
+    """Every ``_*.c`` in a package folder is in setup.py's extension list, named after its package."""
+    sources = _sources()
+    assert sources, "setup.py builds no accelerator"
+    found = {p.relative_to(ROOT) for p in ROOT.glob("**/_*.c") if p.relative_to(ROOT).parts[0] not in (".venv", "build", "tests", "benchmarks")}
+    assert {src.relative_to(ROOT) for _, src in sources} == found
+    for module, src in sources:
+        assert module.startswith("deltatap.") and module.endswith("." + src.stem)
 
 
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler: the references run")
@@ -70,3 +68,12 @@ def test_status_reports_each_loaded_accelerator() -> None:
     native.load(built[0], "tests.kernel.test_native")
     assert native.status()[built[0]] in ("used", "off")
     assert native.ACCELERATORS[built[0]] == "tests.kernel.test_native"
+
+
+def test_the_check_command_names_each_accelerator() -> None:
+    """``python -m deltatap.core.native SOURCE_ROOT`` (the Dockerfile's build check) lists every accelerator."""
+    proc = subprocess.run([sys.executable, "-m", "deltatap.core.native", str(ROOT)], capture_output=True, text=True, timeout=60)
+    for module, _ in _sources():
+        assert module in proc.stdout
+    built = all(importlib.util.find_spec(m) is not None for m, _ in _sources())
+    assert proc.returncode == (0 if built else 1), proc.stdout + proc.stderr
