@@ -59,14 +59,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from deltatap.net.pktstamp import PacketLog, packet_log, tcp_counters, tcp_notsent
+from deltatap.net.pktstamp import _ANCBUF, SO_TIMESTAMPING, PacketLog, packet_log, recv_stamped, tcp_counters, tcp_notsent
+from deltatap.net.pktstamp import kernel_ns as _kernel_ns
 
 __all__ = ["KernelStampServer", "KernelStampTransport", "connect", "enabled", "stamp_source", "start_server"]
 
 log = logging.getLogger("deltatap.net.kstamp")
 
 _LINUX = sys.platform.startswith("linux")
-SO_TIMESTAMPING = getattr(socket, "SO_TIMESTAMPING", 37 if _LINUX else None)
 # linux/net_tstamp.h: software receive stamps, reported
 SOF_TIMESTAMPING_RX_SOFTWARE = 1 << 3
 SOF_TIMESTAMPING_SOFTWARE = 1 << 4
@@ -76,8 +76,6 @@ _PEEK_NOCOPY = socket.MSG_PEEK | socket.MSG_TRUNC  # TCP: report, do not copy
 _DISCARD = socket.MSG_TRUNC  # TCP: take bytes in without copying them (they were peeked)
 _SPLIT_PROBES = 24  # peeks spent per read on finding where its arrivals change
 _PROMPT_NS = 30_000  # a read this soon after its first packet arrived is not split (others came within it)
-_TIMESPEC = struct.Struct("@qq")
-_ANCBUF = socket.CMSG_SPACE(3 * _TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0  # scm_timestamping
 _READ_SIZE = 256 * 1024  # one read takes up to this much (what asyncio and uvloop read at once)
 _PLACEMENT_TOL_NS = 50_000  # a packet-log placement whose last segment is further from the read's stamp is wrong
 # Frames of the packet log searched back from the newest for one connection's segments (256 B each: 512 KiB at
@@ -150,15 +148,6 @@ def _read_view() -> memoryview:
     if view is None:
         view = _local.view = memoryview(bytearray(_READ_SIZE))
     return view
-
-
-def _kernel_ns(ancdata: list[tuple[int, int, bytes]]) -> int:
-    """The software receive stamp (``CLOCK_REALTIME`` ns) in a read's ``ancdata``; 0 if none."""
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(data) >= _TIMESPEC.size:
-            sec, nsec = _TIMESPEC.unpack_from(data)
-            return sec * 1_000_000_000 + nsec
-    return 0
 
 
 _OFFSET_EVERY_NS = 200_000_000  # the wall-minus-monotonic offset is measured again this often
@@ -320,7 +309,7 @@ class KernelStampTransport(asyncio.Transport):
         if not r[0]:  # end of stream from the peer
             self._peer_eof()
             return
-        first = _kernel_ns(r[1])
+        first = r[1]
         lag = _wall() - first if first else 0
         if first:
             READ_LAG.add(lag)
@@ -341,7 +330,7 @@ class KernelStampTransport(asyncio.Transport):
             t_read = _mono()
             r = self._recv(view, 0)
             if r is not None:
-                n, k = r[0], _kernel_ns(r[1])
+                n, k = r
                 if segments == 1 and k and tcp_counters(self._sock) != counts:
                     segments = 2  # (another segment came while this was read: it may be in the read)
                 self._hand_over_read(view, n, [(n, k)], segments, t_read, taken=True)
@@ -350,7 +339,7 @@ class KernelStampTransport(asyncio.Transport):
         r = self._recv(view, _PEEK)
         if r is None:
             return
-        n, last = r[0], _kernel_ns(r[1])
+        n, last = r
         cuts = self._arrivals(n, first, last) if n > 1 and last and first != last else [(n, last or first)]
         if segments > 0 and segments <= len(cuts) and tcp_counters(self._sock) != counts:
             segments = len(cuts) + 1
@@ -374,11 +363,10 @@ class KernelStampTransport(asyncio.Transport):
         r = self._recv(view, 0)
         if r is None:
             return True
-        n = r[0]
+        n, k = r
         if not n:
             self._peer_eof()
             return True
-        k = _kernel_ns(r[1])
         if k:
             READ_LAG.add(_wall() - k)
         if n != counts[1] - self._rx_off:  # (bytes came after the count: the read may hold another segment)
@@ -468,7 +456,7 @@ class KernelStampTransport(asyncio.Transport):
         r = self._recv(view, _PEEK)
         if r is None:
             return True  # (nothing there after all, or the socket failed: handled)
-        n, last = r[0], _kernel_ns(r[1])
+        n, last = r
         cuts = self._checked_cuts(n, last, first)
         if cuts is None and self._irs1 is not None:
             self._irs1 = None  # the anchor may be stale (found once, when a copy of a segment was the newest): once more
@@ -503,33 +491,12 @@ class KernelStampTransport(asyncio.Transport):
             if self._irs1 is None:
                 log.debug("packet path: no anchor for %s", self._extra.get("peername"))
                 return None
-        self._unlogged_tail = False
         base = (self._irs1 + self._rx_off) & 0xFFFFFFFF  # sequence number of the first waiting byte
-        segs = plog.segments_since(key, base, limit=_SEARCH_FRAMES)
-        cuts: list[tuple[int, int]] = []
-        pos = 0
-        for seq, end, wall in segs:
-            rel_end = (end - base) & 0xFFFFFFFF
-            if rel_end <= pos:
-                continue  # a copy of bytes already placed (a retransmission)
-            rel_start = (seq - base) & 0xFFFFFFFF
-            if pos < rel_start <= 0x7FFFFFFF:
-                log.debug("packet path: %d waiting bytes, the log's segments start %d bytes in (%d found)", n, rel_start - pos, len(segs))
-                return None  # a segment the log missed: cannot place the bytes
-            if rel_end >= n:
-                if rel_end > n and n < _READ_SIZE:
-                    # the waiting bytes end inside a segment: TCP queues whole segments, so the anchor is off
-                    log.debug("packet path: the log's segment ends %d bytes past the waiting bytes", rel_end - n)
-                    return None
-                cuts.append((n, wall))
-                return cuts
-            cuts.append((rel_end, wall))
-            pos = rel_end
-        if not cuts:
-            log.debug("packet path: %d waiting bytes, no segment of them in the log", n)
-            return None
-        cuts.append((n, last_ns))  # (bytes the log has not seen yet)
-        self._unlogged_tail = True
+        # (a segment the log missed, or the waiting bytes ending inside a segment - TCP queues whole segments, so the
+        # anchor is off -, or none found: the bytes are not placed)
+        cuts, self._unlogged_tail, why = plog.cuts(key, base, n, last_ns, _SEARCH_FRAMES, _READ_SIZE)
+        if cuts is None:
+            log.debug("%s", why)
         return cuts
 
     def _anchor(self) -> int | None:
@@ -601,16 +568,16 @@ class KernelStampTransport(asyncio.Transport):
                 return (newest[1] - (self._tx_off - notsent)) & 0xFFFFFFFF
         return None
 
-    def _recv(self, buf: memoryview, flags: int) -> tuple[int, list[tuple[int, int, bytes]]] | None:
-        """``recvmsg_into`` (bytes, ancillary data); None when there is nothing (or the socket failed)."""
+    def _recv(self, buf: memoryview, flags: int) -> tuple[int, int] | None:
+        """``recvmsg`` into ``buf`` -> (bytes, kernel receive stamp ns or 0: :func:`~deltatap.net.pktstamp.recv_stamped`);
+        None when there is nothing (or the socket failed)."""
         try:
-            n, anc, _flags, _addr = self._sock.recvmsg_into((buf,), _ANCBUF, flags)
+            return recv_stamped(self._sock, buf, flags)
         except (BlockingIOError, InterruptedError):
             return None
         except _SOCKET_ERRORS as exc:
             self._fatal(exc)
             return None
-        return n, anc
 
     def _deliver(self, data: bytes, t_mono: int, bound_ns: int = 0) -> bool:
         """Hand ``data`` to the protocol read at ``t_mono`` (0: no kernel stamp, now)."""
@@ -661,10 +628,9 @@ class KernelStampTransport(asyncio.Transport):
 
     def _peek_stamp(self, length: int) -> int:
         try:
-            _n, anc, _f, _a = self._sock.recvmsg_into((_read_view()[:length],), _ANCBUF, _PEEK_NOCOPY)
+            return recv_stamped(self._sock, _read_view()[:length], _PEEK_NOCOPY)[1]
         except OSError:
             return 0
-        return _kernel_ns(anc)
 
     def pause_reading(self) -> None:
         if self._closing or self._paused:

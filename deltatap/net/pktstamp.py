@@ -24,6 +24,10 @@ connection (a packet socket gets each arriving packet before TCP counts it, in t
 
 Falls back (returns ``None`` from :func:`packet_log`) without ``CAP_NET_RAW``, off Linux, or with
 ``DELTATAP_PACKET_STAMPS=0``; IPv6 connections are not watched. Then a merged read keeps the later stamp.
+
+The per-read work here (the ring's search, ``getsockopt(TCP_INFO)``, the stamped ``recvmsg`` of
+:func:`recv_stamped`) has a C twin, ``deltatap/net/_pktring.c``, used where it is built (:mod:`deltatap.core.native`;
+``DELTATAP_NATIVE=0`` runs the Python here, which stays the definition: tests/kernel/test_pktring.py compares the two).
 """
 
 from __future__ import annotations
@@ -36,8 +40,11 @@ import socket
 import struct
 import sys
 import time
+from typing import Any
 
-__all__ = ["PacketLog", "packet_log", "tcp_counters", "tcp_notsent"]
+from deltatap.core import native
+
+__all__ = ["PacketLog", "packet_log", "recv_stamped", "tcp_counters", "tcp_notsent"]
 
 log = logging.getLogger("deltatap.net.pktstamp")
 
@@ -68,6 +75,14 @@ _TCP_INFO_LEN = 160
 _BYTES_RECEIVED_AT = 128  # struct tcp_info: tcpi_bytes_received (u64), Linux >= 4.1
 _NOTSENT_AT = 144  # struct tcp_info: tcpi_notsent_bytes (u32), Linux >= 4.6
 _DATA_SEGS_IN_AT = 152  # struct tcp_info: tcpi_data_segs_in (u32), Linux >= 4.6
+SO_TIMESTAMPING = getattr(socket, "SO_TIMESTAMPING", 37 if _LINUX else None)
+_TIMESPEC = struct.Struct("@qq")
+_ANCBUF = socket.CMSG_SPACE(3 * _TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0  # scm_timestamping
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+
+_acc = native.load("deltatap.net._pktring", __name__)
+if _acc is not None and _acc.FRAME != _FRAME:  # (built from another layout: the reference runs)
+    _acc = None
 
 ETH_P_ALL = 0x0003
 _PACKET_OUTGOING = 4  # sll_pkttype of a packet this host sends
@@ -88,7 +103,7 @@ def _tcp_info(sock: socket.socket, need: int) -> bytes | None:
     return b if len(b) >= need else None
 
 
-def tcp_counters(sock: socket.socket) -> tuple[int, int] | None:
+def _tcp_counters(sock: socket.socket) -> tuple[int, int] | None:
     """``(tcpi_data_segs_in, tcpi_bytes_received)`` of a TCP socket; None if the kernel does not say."""
     b = _tcp_info(sock, _DATA_SEGS_IN_AT + 4)
     if b is None:
@@ -96,10 +111,32 @@ def tcp_counters(sock: socket.socket) -> tuple[int, int] | None:
     return struct.unpack_from("=I", b, _DATA_SEGS_IN_AT)[0], struct.unpack_from("=Q", b, _BYTES_RECEIVED_AT)[0]
 
 
-def tcp_notsent(sock: socket.socket) -> int | None:
+def _tcp_notsent(sock: socket.socket) -> int | None:
     """``tcpi_notsent_bytes`` of a TCP socket: bytes written to it that TCP has not sent yet; None if unknown."""
     b = _tcp_info(sock, _NOTSENT_AT + 4)
     return None if b is None else struct.unpack_from("=I", b, _NOTSENT_AT)[0]
+
+
+def kernel_ns(ancdata: list[tuple[int, int, bytes]]) -> int:
+    """The software receive stamp (``CLOCK_REALTIME`` ns) in a read's ``ancdata``; 0 if none."""
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(data) >= _TIMESPEC.size:
+            sec, nsec = _TIMESPEC.unpack_from(data)
+            return sec * 1_000_000_000 + nsec
+    return 0
+
+
+def _recv_stamped(sock: socket.socket, buf: memoryview, flags: int) -> tuple[int, int]:
+    """``recvmsg`` into ``buf`` (never waiting: ``MSG_DONTWAIT``) -> ``(bytes read, kernel receive stamp ns or 0)``;
+    raises what ``recvmsg_into`` raises (``BlockingIOError`` when nothing waits)."""
+    n, anc, _flags, _addr = sock.recvmsg_into((buf,), _ANCBUF, flags | _DONTWAIT)
+    return n, kernel_ns(anc)
+
+
+# the C twins where built (same arguments, same results)
+tcp_counters = _acc.tcp_counters if _acc is not None else _tcp_counters
+tcp_notsent = _acc.tcp_notsent if _acc is not None else _tcp_notsent
+recv_stamped = _acc.recv if _acc is not None else _recv_stamped
 
 
 def _port_tests(ports: list[int], keep: str, drop: str) -> list[tuple[int, str | None, str | None, int]]:
@@ -191,11 +228,31 @@ class PacketLog:
         sock.setsockopt(_SOL_PACKET, _PACKET_RX_RING, struct.pack("=IIII", _BLOCK, _BLOCKS, _FRAME, _FRAMES))
         self._ring = mmap.mmap(sock.fileno(), _BLOCK * _BLOCKS, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._mv = memoryview(self._ring)
+        self._frames = _FRAMES
         self._head = 0  # oldest frame not handed back (a frame number, not yet reduced modulo _FRAMES)
         self._last_maintain = 0
+        self._acc = _acc
         self._attach()
 
+    @classmethod
+    def over(cls, ring: bytearray, accelerator: Any = None) -> PacketLog:
+        """A packet log reading ``ring`` (frames laid out as the kernel's, e.g. built by a test; its length a multiple
+        of the frame size) instead of a packet socket's, with the C twin ``accelerator`` (``deltatap.net._pktring``)
+        or the Python reference (None). Watching ports is a no-op."""
+        self = cls.__new__(cls)
+        self._sock = None  # type: ignore[assignment]
+        self._ports = {}
+        self._ring = ring  # type: ignore[assignment]
+        self._mv = memoryview(ring)
+        self._frames = len(self._mv) // _FRAME
+        self._head = 0
+        self._last_maintain = 0
+        self._acc = accelerator
+        return self
+
     def _attach(self) -> None:
+        if self._sock is None:
+            return
         prog = _filter(sorted(self._ports))
         buf = ctypes.create_string_buffer(prog, len(prog))
         fprog = _FPROG.pack(len(prog) // _INSN.size, ctypes.addressof(buf))
@@ -221,16 +278,19 @@ class PacketLog:
             self._ports[local_port] = n - 1
 
     # ---- the ring ------------------------------------------------------------------------
-    @staticmethod
-    def _at(frame: int) -> int:
-        return (frame % _FRAMES) * _FRAME  # (a block holds _PER_BLOCK frames exactly: the frames are contiguous)
+    # Each method below that reads the ring per read has a C twin (deltatap/net/_pktring.c, self._acc): the Python
+    # after the dispatch is the reference it must match (tests/kernel/test_pktring.py).
+    def _at(self, frame: int) -> int:
+        return (frame % self._frames) * _FRAME  # (a block holds _PER_BLOCK frames exactly: the frames are contiguous)
 
     def _filled(self, frame: int) -> bool:
         return bool(_U32.unpack_from(self._mv, self._at(frame))[0] & _TP_STATUS_USER)
 
     def _newest(self) -> int:
         """One past the newest frame the kernel has filled: frames ``[head, end)`` are ours, the rest its own."""
-        lo, hi = self._head, self._head + _FRAMES  # filled(lo - 1 ...) / not filled(hi) invariant
+        if self._acc is not None:
+            return self._acc.ring_newest(self._mv, self._head)
+        lo, hi = self._head, self._head + self._frames  # filled(lo - 1 ...) / not filled(hi) invariant
         if not self._filled(lo):
             return lo
         while hi - lo > 1:
@@ -247,7 +307,10 @@ class PacketLog:
         if not force and now - self._last_maintain < _MAINTAIN_EVERY_NS:
             return
         self._last_maintain = now
-        end = self._newest() - _KEEP_FRAMES
+        end = self._newest() - self._frames // 2  # (_KEEP_FRAMES of the packet socket's ring)
+        if self._acc is not None:
+            self._head = self._acc.ring_release(self._mv, self._head, end)
+            return
         mv, at, zero = self._mv, self._at, _U32.pack_into
         head = self._head
         while head < end:
@@ -260,6 +323,8 @@ class PacketLog:
         oldest frame it reads came no later. A read whose bytes arrived before that cannot be placed, and searching
         for them would read the whole window in vain (the later a read, the more such searches cost: at 10,000 streams
         that spiral is what saturated a tap)."""
+        if self._acc is not None:
+            return self._acc.ring_reaches(self._mv, self._head, wall_ns, limit)
         newest = self._newest()
         oldest = max(self._head, newest - limit)
         if newest <= oldest:
@@ -273,14 +338,14 @@ class PacketLog:
         Found by ``mmap.rfind`` (C) of the 12 bytes an IPv4 header without options and its TCP header carry
         contiguously (source and destination address, source and destination port), each hit checked
         against its frame's own layout: the ring is read at C speed, not frame by frame in Python."""
-        pattern = key[0] + key[2] + _PORTS.pack(key[1], key[3])
+        pattern = _pattern(key)
         newest = self._newest()
         oldest = max(self._head, newest - limit)
         if newest <= oldest:
             return
         ring, hdr, frame_size = self._ring, _TP2, _FRAME
-        hi, lo = newest % _FRAMES, oldest % _FRAMES
-        spans = [(lo, hi)] if lo < hi else [(0, hi), (lo, _FRAMES)]  # newest part first
+        hi, lo = newest % self._frames, oldest % self._frames
+        spans = [(lo, hi)] if lo < hi else [(0, hi), (lo, self._frames)]  # newest part first
         for first, last in spans:
             end = last * frame_size
             start = first * frame_size
@@ -305,6 +370,8 @@ class PacketLog:
             return None
         vihl, _tos, total, _id, _frag, _ttl, _proto, _ck, _src, _dst = _IPV4.unpack_from(mv, ip)
         ihl = (vihl & 0xF) * 4
+        if ip + ihl + _TCP.size > len(mv):
+            return None  # (headers running past the ring's end: not a segment the kernel wrote)
         _sport, _dport, seq, _ack, doff = _TCP.unpack_from(mv, ip + ihl)
         payload = total - ihl - (doff >> 4) * 4
         if payload <= 0:
@@ -315,6 +382,8 @@ class PacketLog:
         """``[(seq, end_seq, wall_ns), ...]``, oldest first: the segments toward connection ``key`` (its
         (source ip, source port, local ip, local port)) from the one holding sequence number ``base_seq`` on,
         searched newest first in the ring. The search stops at that segment or ``limit`` frames back."""
+        if self._acc is not None:
+            return self._acc.ring_segments(self._mv, self._head, _pattern(key), base_seq, limit)
         out = []
         for off, ip in self._matches(key, limit):
             seg = self._segment_at(off, ip)
@@ -333,11 +402,51 @@ class PacketLog:
 
     def newest_segment(self, key: tuple[bytes, int, bytes, int], limit: int = _FRAMES) -> tuple[int, int, int] | None:
         """The newest ``(seq, end_seq, wall_ns)`` toward ``key`` still in the ring (data segments only)."""
+        if self._acc is not None:
+            return self._acc.ring_newest_segment(self._mv, self._head, _pattern(key), limit)
         for off, ip in self._matches(key, limit):
             seg = self._segment_at(off, ip)
             if seg is not None:
                 return seg
         return None
+
+    def cuts(
+        self, key: tuple[bytes, int, bytes, int], base: int, n: int, last_ns: int, limit: int, read_size: int
+    ) -> tuple[list[tuple[int, int]] | None, bool, str | None]:
+        """The ``n`` bytes waiting on connection ``key`` from sequence number ``base`` on, split at the segments the log
+        saw: ``([(end, wall_ns), ...], unlogged_tail, None)`` (``unlogged_tail``: the last cut holds bytes past the
+        newest logged segment, stamped ``last_ns``, the read's own stamp), or ``(None, False, why)`` when the log cannot
+        place them (a segment missed, a segment ending past the waiting bytes while ``n`` is under ``read_size``, the
+        read's buffer: an anchor off, or none found). ``limit``: frames searched back (:meth:`segments_since`)."""
+        if self._acc is not None:
+            return self._acc.ring_cuts(self._mv, self._head, _pattern(key), base, limit, n, last_ns, read_size)
+        segs = self.segments_since(key, base, limit)
+        cuts: list[tuple[int, int]] = []
+        pos = 0
+        for seq, end, wall in segs:
+            rel_end = (end - base) & 0xFFFFFFFF
+            if rel_end <= pos:
+                continue  # a copy of bytes already placed (a retransmission)
+            rel_start = (seq - base) & 0xFFFFFFFF
+            if pos < rel_start <= 0x7FFFFFFF:  # a segment the log missed: cannot place the bytes
+                return None, False, f"packet path: {n} waiting bytes, the log's segments start {rel_start - pos} bytes in ({len(segs)} found)"
+            if rel_end >= n:
+                if rel_end > n and n < read_size:  # the waiting bytes end inside a segment: TCP queues whole segments
+                    return None, False, f"packet path: the log's segment ends {rel_end - n} bytes past the waiting bytes"
+                cuts.append((n, wall))
+                return cuts, False, None
+            cuts.append((rel_end, wall))
+            pos = rel_end
+        if not cuts:
+            return None, False, f"packet path: {n} waiting bytes, no segment of them in the log"
+        cuts.append((n, last_ns))  # (bytes the log has not seen yet)
+        return cuts, True, None
+
+
+def _pattern(key: tuple[bytes, int, bytes, int]) -> bytes:
+    """The 12 bytes an IPv4 header without options and its TCP header carry contiguously for connection ``key``:
+    source and destination address, source and destination port."""
+    return key[0] + key[2] + _PORTS.pack(key[1], key[3])
 
 
 _log: PacketLog | None = None

@@ -1,0 +1,519 @@
+/* deltatap.net._pktring: the C twin of the stamped read path's per-read work (deltatap/net/pktstamp.py,
+ * deltatap/net/kstamp.py). Each function does exactly what its Python reference does, in one call:
+ *
+ *   tcp_counters(sock)            pktstamp.tcp_counters: (tcpi_data_segs_in, tcpi_bytes_received) or None
+ *   tcp_notsent(sock)             pktstamp.tcp_notsent: tcpi_notsent_bytes or None
+ *   recv(sock, buffer, flags)     kstamp._recv_stamped: recvmsg into a writable buffer, the software receive stamp
+ *                                 of its SO_TIMESTAMPING control message parsed here -> (n, kernel_ns or 0)
+ *   ring_newest(ring, head)       PacketLog._newest
+ *   ring_release(ring, head, end) PacketLog.maintain's loop: status words of frames [head, end) zeroed -> new head
+ *   ring_reaches(ring, head, wall_ns, limit)               PacketLog.reaches
+ *   ring_segments(ring, head, pattern, base_seq, limit)    PacketLog.segments_since
+ *   ring_newest_segment(ring, head, pattern, limit)        PacketLog.newest_segment
+ *   ring_cuts(ring, head, pattern, base, limit, n, last_ns, read_size)  PacketLog.cuts
+ *
+ * ``ring``: any buffer laid out as TPACKET_V2 frames of FRAME bytes (the packet log's mmap, or a bytearray in the
+ * tests); its length / FRAME is the number of frames. Every read from it is bounds-checked against its length:
+ * what the kernel wrote there is trusted no more than network input. ``pattern``: the 12 bytes PacketLog._pattern
+ * builds (source and destination address, source and destination port).
+ */
+#define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE
+#include <Python.h>
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#ifndef SO_TIMESTAMPING
+#define SO_TIMESTAMPING 37
+#endif
+
+#define FRAME 256
+#define PATTERN 12
+#define TCP_INFO_LEN 160
+#define BYTES_RECEIVED_AT 128
+#define NOTSENT_AT 144
+#define DATA_SEGS_IN_AT 152
+#define TP_STATUS_USER 1u
+
+/* ---- little readers (the caller has checked the bounds) ---------------------------------------------- */
+static inline uint32_t rd_u32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint16_t rd_u16(const unsigned char *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline uint32_t rd_be32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+static inline uint16_t rd_be16(const unsigned char *p) { return (uint16_t)(((unsigned)p[0] << 8) | p[1]); }
+
+/* ---- TCP_INFO ---------------------------------------------------------------------------------------- */
+/* struct tcp_info into buf; its length, or -1 (the Python: getsockopt raised OSError) */
+static int tcp_info(PyObject *sock, unsigned char *buf, int *fail) {
+    int fd = PyObject_AsFileDescriptor(sock);
+    *fail = 0;
+    if (fd < 0) {
+        /* sock.getsockopt on a closed socket raises OSError (EBADF): the reference returns None */
+        if (PyErr_ExceptionMatches(PyExc_ValueError) || PyErr_ExceptionMatches(PyExc_OSError)) {
+            PyErr_Clear();
+            return -1;
+        }
+        *fail = 1;
+        return -1;
+    }
+    socklen_t len = TCP_INFO_LEN;
+    memset(buf, 0, TCP_INFO_LEN);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, buf, &len) != 0) return -1;
+    return (int)len;
+}
+
+static PyObject *pk_tcp_counters(PyObject *self, PyObject *sock) {
+    unsigned char buf[TCP_INFO_LEN];
+    int fail;
+    int len = tcp_info(sock, buf, &fail);
+    if (fail) return NULL;
+    if (len < DATA_SEGS_IN_AT + 4) Py_RETURN_NONE;
+    uint32_t segs = rd_u32(buf + DATA_SEGS_IN_AT);
+    uint64_t got;
+    memcpy(&got, buf + BYTES_RECEIVED_AT, 8);
+    return Py_BuildValue("(kK)", (unsigned long)segs, (unsigned long long)got);
+}
+
+static PyObject *pk_tcp_notsent(PyObject *self, PyObject *sock) {
+    unsigned char buf[TCP_INFO_LEN];
+    int fail;
+    int len = tcp_info(sock, buf, &fail);
+    if (fail) return NULL;
+    if (len < NOTSENT_AT + 4) Py_RETURN_NONE;
+    return PyLong_FromUnsignedLong(rd_u32(buf + NOTSENT_AT));
+}
+
+/* ---- recvmsg with the receive stamp ------------------------------------------------------------------ */
+static PyObject *pk_recv(PyObject *self, PyObject *args) {
+    PyObject *sock;
+    Py_buffer view;
+    int flags;
+    if (!PyArg_ParseTuple(args, "Ow*i", &sock, &view, &flags)) return NULL;
+    int fd = PyObject_AsFileDescriptor(sock);
+    if (fd < 0) {
+        PyBuffer_Release(&view);
+        if (!PyErr_ExceptionMatches(PyExc_ValueError)) return NULL;
+        PyErr_Clear(); /* a closed socket (fileno -1): recvmsg_into raises OSError(EBADF) */
+        errno = EBADF;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    union {
+        struct cmsghdr align;
+        unsigned char raw[CMSG_SPACE(3 * 2 * sizeof(int64_t))];
+    } control;
+    struct iovec iov;
+    struct msghdr msg;
+    ssize_t n;
+    for (;;) {
+        iov.iov_base = view.buf;
+        iov.iov_len = (size_t)view.len;
+        memset(&msg, 0, sizeof msg);
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.raw;
+        msg.msg_controllen = sizeof control.raw;
+        /* never blocks (the GIL is held): kstamp's sockets are non-blocking, and the reference passes it too */
+        n = recvmsg(fd, &msg, flags | MSG_DONTWAIT);
+        if (n >= 0 || errno != EINTR) break;
+        if (PyErr_CheckSignals() != 0) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+    }
+    PyBuffer_Release(&view);
+    if (n < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    long long k = 0;
+    if (msg.msg_controllen > sizeof control.raw) msg.msg_controllen = sizeof control.raw;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
+        size_t at = (size_t)((unsigned char *)c - control.raw);
+        size_t room = msg.msg_controllen - at; /* what of this message is in the buffer */
+        size_t clen = c->cmsg_len < room ? c->cmsg_len : room;
+        if (clen < CMSG_LEN(0)) break;
+        size_t dlen = clen - CMSG_LEN(0);
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_TIMESTAMPING && dlen >= 2 * sizeof(int64_t)) {
+            int64_t ts[2];
+            memcpy(ts, CMSG_DATA(c), sizeof ts);
+            k = (long long)ts[0] * 1000000000LL + (long long)ts[1];
+            break;
+        }
+    }
+    return Py_BuildValue("(nL)", (Py_ssize_t)n, k);
+}
+
+/* ---- the ring ---------------------------------------------------------------------------------------- */
+typedef struct {
+    Py_buffer view;
+    const unsigned char *p;
+    Py_ssize_t len;
+    long long frames;
+} ring_t;
+
+static int ring_get(PyObject *obj, ring_t *r, int writable) {
+    if (PyObject_GetBuffer(obj, &r->view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) return -1;
+    r->p = (const unsigned char *)r->view.buf;
+    r->len = r->view.len;
+    r->frames = (long long)(r->len / FRAME);
+    if (r->frames <= 0) {
+        PyBuffer_Release(&r->view);
+        PyErr_SetString(PyExc_ValueError, "ring: shorter than one frame");
+        return -1;
+    }
+    return 0;
+}
+
+static inline long long pymod(long long a, long long b) {
+    long long m = a % b;
+    return m < 0 ? m + b : m;
+}
+static inline Py_ssize_t frame_at(const ring_t *r, long long frame) { return (Py_ssize_t)(pymod(frame, r->frames) * FRAME); }
+static inline int filled(const ring_t *r, long long frame) { return (rd_u32(r->p + frame_at(r, frame)) & TP_STATUS_USER) != 0; }
+
+static long long newest(const ring_t *r, long long head) {
+    long long lo = head, hi = head + r->frames;
+    if (!filled(r, lo)) return lo;
+    while (hi - lo > 1) {
+        long long mid = lo + ((hi - lo) >> 1);
+        if (filled(r, mid)) lo = mid;
+        else hi = mid;
+    }
+    return hi;
+}
+
+static PyObject *pk_ring_newest(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    long long head;
+    ring_t r;
+    if (!PyArg_ParseTuple(args, "OL", &obj, &head)) return NULL;
+    if (ring_get(obj, &r, 0) != 0) return NULL;
+    long long out = newest(&r, head);
+    PyBuffer_Release(&r.view);
+    return PyLong_FromLongLong(out);
+}
+
+static PyObject *pk_ring_release(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    long long head, end;
+    ring_t r;
+    if (!PyArg_ParseTuple(args, "OLL", &obj, &head, &end)) return NULL;
+    if (ring_get(obj, &r, 1) != 0) return NULL;
+    unsigned char *w = (unsigned char *)r.view.buf;
+    const uint32_t zero = 0;
+    for (; head < end; head++) memcpy(w + frame_at(&r, head), &zero, 4);
+    PyBuffer_Release(&r.view);
+    return PyLong_FromLongLong(head);
+}
+
+static PyObject *pk_ring_reaches(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    long long head, wall, limit;
+    ring_t r;
+    if (!PyArg_ParseTuple(args, "OLLL", &obj, &head, &wall, &limit)) return NULL;
+    if (ring_get(obj, &r, 0) != 0) return NULL;
+    long long nw = newest(&r, head);
+    long long oldest = nw - limit > head ? nw - limit : head;
+    int out = 0;
+    if (nw > oldest) {
+        const unsigned char *f = r.p + frame_at(&r, oldest);
+        long long t = (long long)rd_u32(f + 16) * 1000000000LL + (long long)rd_u32(f + 20);
+        out = t <= wall;
+    }
+    PyBuffer_Release(&r.view);
+    return PyBool_FromLong(out);
+}
+
+typedef struct {
+    uint32_t seq, end;
+    long long wall;
+} seg_t;
+
+/* PacketLog._segment_at: 1 and *s for a data segment, 0 for none */
+static int segment_at(const ring_t *r, Py_ssize_t off, Py_ssize_t ip, seg_t *s) {
+    const unsigned char *f = r->p + off;
+    if (rd_u32(f + 8) < 40) return 0; /* tp_snaplen */
+    if (ip < 0 || ip + 20 > r->len) return 0;
+    const unsigned char *iph = r->p + ip;
+    Py_ssize_t ihl = (Py_ssize_t)(iph[0] & 0xF) * 4;
+    long total = rd_be16(iph + 2);
+    if (ip + ihl + 13 > r->len) return 0; /* (the TCP header's fields read: past the ring's end, none) */
+    const unsigned char *tcp = iph + ihl;
+    uint32_t seq = rd_be32(tcp + 4);
+    long payload = total - (long)ihl - (long)(tcp[12] >> 4) * 4;
+    if (payload <= 0) return 0;
+    s->seq = seq;
+    s->end = (uint32_t)(seq + (uint32_t)payload);
+    s->wall = (long long)rd_u32(f + 16) * 1000000000LL + (long long)rd_u32(f + 20);
+    return 1;
+}
+
+/* PacketLog._matches, one step at a time: frames holding a segment toward the pattern, newest first.
+ * The reference finds them with mmap.rfind; a frame is a hit there exactly when the pattern sits at its own
+ * IP header + 12 (net + 12 inside the frame) and ends before the search's current end (the span's end, or
+ * the previous hit's frame), which is what this checks frame by frame. */
+typedef struct {
+    const ring_t *r;
+    const unsigned char *pat;
+    long long span[2][2]; /* [first, last) frames of each span, newest first */
+    int nspans, si;
+    long long frame;  /* next frame to look at in span si (counting down), */
+    Py_ssize_t end;   /* the search's end in bytes */
+} matcher_t;
+
+static int matcher_init(matcher_t *m, const ring_t *r, const unsigned char *pat, long long head, long long limit) {
+    long long nw = newest(r, head);
+    long long oldest = nw - limit > head ? nw - limit : head;
+    m->r = r;
+    m->pat = pat;
+    m->nspans = 0;
+    m->si = 0;
+    if (nw <= oldest) return 0;
+    long long hi = pymod(nw, r->frames), lo = pymod(oldest, r->frames);
+    if (lo < hi) {
+        m->span[0][0] = lo; m->span[0][1] = hi;
+        m->nspans = 1;
+    } else {
+        m->span[0][0] = 0; m->span[0][1] = hi;
+        m->span[1][0] = lo; m->span[1][1] = r->frames;
+        m->nspans = 2;
+    }
+    m->frame = m->span[0][1] - 1;
+    m->end = (Py_ssize_t)(m->span[0][1] * FRAME);
+    return 0;
+}
+
+/* the next hit: 1 with *off, *ip; 0 when done */
+static int matcher_next(matcher_t *m, Py_ssize_t *off, Py_ssize_t *ip) {
+    while (m->si < m->nspans) {
+        long long first = m->span[m->si][0];
+        for (; m->frame >= first; m->frame--) {
+            Py_ssize_t o = (Py_ssize_t)(m->frame * FRAME);
+            unsigned net = rd_u16(m->r->p + o + 14);
+            Py_ssize_t at = o + (Py_ssize_t)net + 12;
+            if (net + 12 >= FRAME || at + PATTERN > m->end) continue;
+            if (memcmp(m->r->p + at, m->pat, PATTERN) != 0) continue;
+            *off = o;
+            *ip = o + net;
+            m->end = o;
+            m->frame--;
+            return 1;
+        }
+        m->si++;
+        if (m->si < m->nspans) {
+            m->frame = m->span[m->si][1] - 1;
+            m->end = (Py_ssize_t)(m->span[m->si][1] * FRAME);
+        }
+    }
+    return 0;
+}
+
+static int parse_ring_pattern(PyObject *obj, Py_buffer *pat, ring_t *r) {
+    if (pat->len != PATTERN) {
+        PyErr_SetString(PyExc_ValueError, "pattern: 12 bytes (addresses and ports)");
+        return -1;
+    }
+    return ring_get(obj, r, 0);
+}
+
+/* segments toward the pattern from the one holding base on, oldest first, into a malloc'd array */
+static int collect(const ring_t *r, const unsigned char *pat, long long head, uint32_t base, long long limit, seg_t **out, Py_ssize_t *count) {
+    matcher_t m;
+    Py_ssize_t cap = 0, n = 0, off, ip;
+    seg_t *segs = NULL, s;
+    matcher_init(&m, r, pat, head, limit);
+    while (matcher_next(&m, &off, &ip)) {
+        if (!segment_at(r, off, ip, &s)) continue;
+        uint32_t rel_end = s.end - base;
+        if (rel_end == 0 || rel_end > 0x7FFFFFFFu) break;
+        if (n == cap) {
+            Py_ssize_t ncap = cap ? cap * 2 : 16;
+            seg_t *grown = PyMem_Realloc(segs, (size_t)ncap * sizeof(seg_t));
+            if (grown == NULL) {
+                PyMem_Free(segs);
+                PyErr_NoMemory();
+                return -1;
+            }
+            segs = grown;
+            cap = ncap;
+        }
+        segs[n++] = s;
+        uint32_t rel_start = s.seq - base;
+        if (rel_start == 0 || rel_start > 0x7FFFFFFFu) break;
+    }
+    for (Py_ssize_t i = 0; i < n / 2; i++) { /* oldest first */
+        seg_t t = segs[i];
+        segs[i] = segs[n - 1 - i];
+        segs[n - 1 - i] = t;
+    }
+    *out = segs;
+    *count = n;
+    return 0;
+}
+
+static PyObject *seg_tuple(const seg_t *s) {
+    return Py_BuildValue("(kkL)", (unsigned long)s->seq, (unsigned long)s->end, s->wall);
+}
+
+static PyObject *pk_ring_segments(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    Py_buffer pat;
+    long long head, base, limit;
+    ring_t r;
+    if (!PyArg_ParseTuple(args, "OLy*LL", &obj, &head, &pat, &base, &limit)) return NULL;
+    if (parse_ring_pattern(obj, &pat, &r) != 0) {
+        PyBuffer_Release(&pat);
+        return NULL;
+    }
+    seg_t *segs = NULL;
+    Py_ssize_t n = 0;
+    int rc = collect(&r, (const unsigned char *)pat.buf, head, (uint32_t)base, limit, &segs, &n);
+    PyBuffer_Release(&r.view);
+    PyBuffer_Release(&pat);
+    if (rc != 0) return NULL;
+    PyObject *list = PyList_New(n);
+    if (list == NULL) {
+        PyMem_Free(segs);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = seg_tuple(&segs[i]);
+        if (t == NULL) {
+            Py_DECREF(list);
+            PyMem_Free(segs);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, t);
+    }
+    PyMem_Free(segs);
+    return list;
+}
+
+static PyObject *pk_ring_newest_segment(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    Py_buffer pat;
+    long long head, limit;
+    ring_t r;
+    if (!PyArg_ParseTuple(args, "OLy*L", &obj, &head, &pat, &limit)) return NULL;
+    if (parse_ring_pattern(obj, &pat, &r) != 0) {
+        PyBuffer_Release(&pat);
+        return NULL;
+    }
+    matcher_t m;
+    Py_ssize_t off, ip;
+    seg_t s;
+    int found = 0;
+    matcher_init(&m, &r, (const unsigned char *)pat.buf, head, limit);
+    while (matcher_next(&m, &off, &ip)) {
+        if (segment_at(&r, off, ip, &s)) {
+            found = 1;
+            break;
+        }
+    }
+    PyBuffer_Release(&r.view);
+    PyBuffer_Release(&pat);
+    if (!found) Py_RETURN_NONE;
+    return seg_tuple(&s);
+}
+
+/* PacketLog.cuts: (cuts, unlogged_tail, None) or (None, False, why) */
+static PyObject *pk_ring_cuts(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    Py_buffer pat;
+    long long head, base_ll, limit, n, last_ns, read_size;
+    ring_t r;
+    if (!PyArg_ParseTuple(args, "OLy*LLLLL", &obj, &head, &pat, &base_ll, &limit, &n, &last_ns, &read_size)) return NULL;
+    if (parse_ring_pattern(obj, &pat, &r) != 0) {
+        PyBuffer_Release(&pat);
+        return NULL;
+    }
+    seg_t *segs = NULL;
+    Py_ssize_t count = 0;
+    uint32_t base = (uint32_t)base_ll;
+    int rc = collect(&r, (const unsigned char *)pat.buf, head, base, limit, &segs, &count);
+    PyBuffer_Release(&r.view);
+    PyBuffer_Release(&pat);
+    if (rc != 0) return NULL;
+    PyObject *cuts = PyList_New(0), *why = NULL, *item;
+    if (cuts == NULL) goto fail;
+    long long pos = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        long long rel_end = (long long)(uint32_t)(segs[i].end - base);
+        if (rel_end <= pos) continue; /* a copy of bytes already placed */
+        long long rel_start = (long long)(uint32_t)(segs[i].seq - base);
+        if (pos < rel_start && rel_start <= 0x7FFFFFFFLL) {
+            why = PyUnicode_FromFormat("packet path: %lld waiting bytes, the log's segments start %lld bytes in (%zd found)", n, rel_start - pos, count);
+            goto placed_none;
+        }
+        if (rel_end >= n) {
+            if (rel_end > n && n < read_size) {
+                why = PyUnicode_FromFormat("packet path: the log's segment ends %lld bytes past the waiting bytes", rel_end - n);
+                goto placed_none;
+            }
+            item = Py_BuildValue("(LL)", n, segs[i].wall);
+            if (item == NULL || PyList_Append(cuts, item) != 0) {
+                Py_XDECREF(item);
+                goto fail;
+            }
+            Py_DECREF(item);
+            PyMem_Free(segs);
+            return Py_BuildValue("(NOO)", cuts, Py_False, Py_None);
+        }
+        item = Py_BuildValue("(LL)", rel_end, segs[i].wall);
+        if (item == NULL || PyList_Append(cuts, item) != 0) {
+            Py_XDECREF(item);
+            goto fail;
+        }
+        Py_DECREF(item);
+        pos = rel_end;
+    }
+    if (PyList_GET_SIZE(cuts) == 0) {
+        why = PyUnicode_FromFormat("packet path: %lld waiting bytes, no segment of them in the log", n);
+        goto placed_none;
+    }
+    item = Py_BuildValue("(LL)", n, last_ns);
+    if (item == NULL || PyList_Append(cuts, item) != 0) {
+        Py_XDECREF(item);
+        goto fail;
+    }
+    Py_DECREF(item);
+    PyMem_Free(segs);
+    return Py_BuildValue("(NOO)", cuts, Py_True, Py_None);
+placed_none:
+    PyMem_Free(segs);
+    Py_DECREF(cuts);
+    if (why == NULL) return NULL;
+    return Py_BuildValue("(OON)", Py_None, Py_False, why);
+fail:
+    PyMem_Free(segs);
+    Py_XDECREF(cuts);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"tcp_counters", pk_tcp_counters, METH_O, "(tcpi_data_segs_in, tcpi_bytes_received) of a TCP socket, or None"},
+    {"tcp_notsent", pk_tcp_notsent, METH_O, "tcpi_notsent_bytes of a TCP socket, or None"},
+    {"recv", pk_recv, METH_VARARGS, "recv(sock, buffer, flags) -> (n, kernel_ns): recvmsg with its receive stamp"},
+    {"ring_newest", pk_ring_newest, METH_VARARGS, "one past the newest filled frame"},
+    {"ring_release", pk_ring_release, METH_VARARGS, "hand frames [head, end) back to the kernel -> new head"},
+    {"ring_reaches", pk_ring_reaches, METH_VARARGS, "PacketLog.reaches"},
+    {"ring_segments", pk_ring_segments, METH_VARARGS, "PacketLog.segments_since"},
+    {"ring_newest_segment", pk_ring_newest_segment, METH_VARARGS, "PacketLog.newest_segment"},
+    {"ring_cuts", pk_ring_cuts, METH_VARARGS, "PacketLog.cuts"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "_pktring", "C twin of the packet log ring and the stamped read", -1, methods};
+
+PyMODINIT_FUNC PyInit__pktring(void) {
+    PyObject *m = PyModule_Create(&mod);
+    if (m == NULL) return NULL;
+    if (PyModule_AddIntConstant(m, "FRAME", FRAME) != 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
