@@ -82,19 +82,9 @@ class Exchange:
 
 
 class _Side(StampedProtocol):
-    """What both sides of a pair share: writes remembered with their stamp, and a slow write's departure placed
-    only when its stamp matters (:attr:`deltatap.net.kstamp.KernelStampTransport.lazy_placement`)."""
-
-    last_write_mono: int | None = None
-    last_write_bound = 0
-    unplaced: tuple[int, int, int] | None = None  # the last write, if slow and its departure not looked up yet
-
-    def send(self, data: bytes | bytearray | memoryview) -> tuple[int, int]:
-        t, bound = super().send(data)
-        self.last_write_mono, self.last_write_bound = t, bound
-        k = self.kernel
-        self.unplaced = k.unplaced_write if k is not None else None
-        return t, bound
+    """What both sides of a pair share: a slow write's departure placed only when its stamp matters
+    (:attr:`deltatap.net.kstamp.KernelStampTransport.lazy_placement`; :meth:`StampedProtocol.send` keeps each write's
+    stamp, and in :attr:`~StampedProtocol.unplaced` the last write if slow and its departure not looked up yet)."""
 
     def on_made(self) -> None:
         if self.kernel is not None:
@@ -538,7 +528,11 @@ class Upstream(_Side):
         self.eof_sent = False
         self.eof = False
         self.keep_alive = True
-        self.last_read: tuple[int, int] = (0, 0)
+        self.last_read_t = 0  # the latest read's stamp and bound (a close-delimited body ends with that read)
+        self.last_read_bound = 0
+        # the response reader frames what comes (not opaque): it changes only in a read that held a head or an
+        # unframeable byte, which _watch's general path handles (a read of body bytes alone never changes it)
+        self.plain = True
 
     def reusable(self) -> bool:
         return (self.keep_alive and not self.eof and not self.eof_sent and self.reader.idle and not self.reader.opaque
@@ -555,13 +549,26 @@ class Upstream(_Side):
             d.transport.resume_reading()
 
     # ---- response bytes --------------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        """:meth:`on_data` for the usual read (kernel-stamped, framed bytes, paired, nothing kept to replay) in one
+        step: forwarded first, then framed and watched."""
+        k = self.kernel
+        d = self.down
+        if k is None or d is None or not self.plain or d.replay is not None or k.rx_mono_ns is None:
+            StampedProtocol.data_received(self, data)  # (→ on_data)
+            return
+        tw, bw = d.send(data)
+        t = self.last_read_t = k.rx_mono_ns
+        bound = self.last_read_bound = k.rx_bound_ns
+        self._watch(d, data, self.reader.feed(data), t, bound, tw, bw)
+
     def on_data(self, data: bytes, t: int, bound: int) -> None:
         d = self.down
         if d is None:  # idle in the pool: an upstream that talks unasked is not reusable
             self.transport.close()
             return
         tw, bw = d.send(data)  # forwarded first: watching comes after
-        self.last_read = (t, bound)
+        self.last_read_t, self.last_read_bound = t, bound
         if d.replay is not None:
             d.replay = None  # (an answer began on this connection: it was not stale)
         if self.reader.opaque:
@@ -583,23 +590,58 @@ class Upstream(_Side):
             return
         tw, bw = d.send(data)
         d.replay = None
+        reader = self.reader
         for start, end, t, bound in pieces:
-            self.last_read = (t, bound)
+            self.last_read_t, self.last_read_bound = t, bound
             piece = data[start:end]
-            if self.reader.opaque:
+            if not self.plain:
                 if d.tunnel is not None:
                     d.tunnel.rec.ws.server.feed(piece, t, bound, tw, bw)
                     d.tunnel.rec.end = tw
                 elif d.exchanges:
                     self._opaque_bytes(d, piece, t, bound, tw, bw)
                 continue
-            tw, bw = self._watch(d, piece, self.reader.feed(piece), t, bound, tw, bw)
+            tw, bw = self._watch(d, piece, reader.feed(piece), t, bound, tw, bw)
             if self.down is None:
                 return
 
     def _watch(self, d: Downstream, data: bytes, events: list[tuple], t: int, bound: int, tw: int, bw: int) -> tuple[int, int]:
         """Watch one read's events (its bytes already forwarded by the write ``(tw, bw)``); returns that write's stamp,
-        placed at its departure if a stamp that matters needed it."""
+        placed at its departure if a stamp that matters needed it. A read of body bytes alone is watched here
+        (what :meth:`_watch_events` does with one BODY event), any other in :meth:`_watch_events`."""
+        if len(events) == 1:
+            ev = events[0]
+            if ev[0] == BODY:
+                exs = d.exchanges
+                if not exs:
+                    return tw, bw
+                ex = exs[0]
+                rec = ex.rec
+                start, end = ev[1], ev[2]
+                rec.response_bytes += end - start
+                obs = rec.stream
+                n = 0
+                if obs is not None:
+                    n = obs.feed(data if end - start == len(data) else data[start:end], t, bound)
+                elif ex.capture_out is not None:
+                    ex.capture_out += memoryview(data)[start:end]
+                    if len(ex.capture_out) > self.tap.o.max_capture_bytes:
+                        ex.capture_out = None
+                rec.chunks += 1
+                rec.end = tw
+                if n:  # (a read that completed no content event has nothing to tell the observer: each read's are told)
+                    if d.unplaced is None:
+                        ex.last_unplaced = None
+                        obs.forwarded(tw, bw)  # type: ignore[union-attr]
+                    else:
+                        tw, bw = self._forward_tokens(d, ex, obs, tw, bw)  # type: ignore[arg-type]
+                return tw, bw
+        tw, bw = self._watch_events(d, data, events, t, bound, tw, bw)
+        self.plain = not self.reader.opaque
+        return tw, bw
+
+    def _watch_events(self, d: Downstream, data: bytes, events: list[tuple], t: int, bound: int, tw: int, bw: int) -> tuple[int, int]:
+        """:meth:`_watch` for a read with any events."""
         exs = d.exchanges
         ex = exs[0] if exs else None
         obs = ex.rec.stream if ex is not None else None
@@ -761,7 +803,7 @@ class Upstream(_Side):
         events = self.reader.feed_eof()
         if d is not None:
             if events and events[0][0] == END and d.exchanges:  # a close-delimited body ended with its last read
-                t, bound = self.last_read
+                t, bound = self.last_read_t, self.last_read_bound
                 self._watch(d, b"", events, t, bound, d.last_write_mono or mono(), d.last_write_bound)
             self._upstream_ended(d)
             if d.transport.can_write_eof() and not d.transport.is_closing():

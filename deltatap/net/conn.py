@@ -37,6 +37,11 @@ class StampedProtocol(asyncio.Protocol):
 
     transport: Any = None
     kernel: KernelStampTransport | None = None
+    # the latest send()'s stamp, and the kernel's record of it when it was a slow write left unplaced
+    # (:attr:`deltatap.net.kstamp.KernelStampTransport.unplaced_write`; a user clears it once it placed it)
+    last_write_mono: int | None = None
+    last_write_bound = 0
+    unplaced: tuple[int, int, int] | None = None
     lost_mono_ns: int | None = None
     lost_exc: BaseException | None = None
     _empty_mono = 0
@@ -97,19 +102,24 @@ class StampedProtocol(asyncio.Protocol):
 
     # ---- writing -----------------------------------------------------------------------
     def send(self, data: bytes | bytearray | memoryview) -> tuple[int, int]:
-        """Write ``data``; ``(t, bound)``: its last byte left in ``[t, t + bound]`` (-1: unknown, it waits)."""
+        """Write ``data``; ``(t, bound)``: its last byte left in ``[t, t + bound]`` (-1: unknown, it waits). Also kept
+        as :attr:`last_write_mono` and :attr:`last_write_bound` (and :attr:`unplaced`)."""
         k = self.kernel
         if k is not None:
             k.write(data)
-            return k.last_write_mono_ns or mono_ns(), k.last_write_bound_ns
-        tr = self.transport
-        waiting = tr.get_write_buffer_size()
-        t0 = mono_ns()
-        tr.write(data)
-        t1 = mono_ns()
-        if waiting or tr.get_write_buffer_size():
-            return t0, -1
-        return t0, t1 - t0
+            t = k.last_write_mono_ns or mono_ns()
+            bound = k.last_write_bound_ns
+            self.unplaced = k.unplaced_write
+        else:
+            tr = self.transport
+            waiting = tr.get_write_buffer_size()
+            t = mono_ns()
+            tr.write(data)
+            t1 = mono_ns()
+            bound = -1 if waiting or tr.get_write_buffer_size() else t1 - t
+        self.last_write_mono = t
+        self.last_write_bound = bound
+        return t, bound
 
     @property
     def reset_by_peer(self) -> bool:
