@@ -75,6 +75,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from deltatap.core import native
 from deltatap.core.gap_stats import GapStats
 from deltatap.core.stream_formats import (
     _NONE,
@@ -168,7 +169,7 @@ class SseParser:
             if m is None:
                 break
             end = m.start()
-            if m.end() == n and buf[end] == 0x0D:  # a lone "\r" at the end: maybe half of "\r\n"
+            if end + 1 == n and buf[end] == 0x0D:  # a lone "\r" at the end: maybe half of "\r\n" (not a whole "\r\n")
                 self._skip_lf = True
             self._line(bytes(buf[pos:end]), out)
             pos = m.end()
@@ -229,8 +230,15 @@ class SseParser:
             if "\0" not in value:
                 self._id = value
         elif name == "retry":
-            if value.isdigit():
+            if value.isascii() and value.isdigit() and len(value) <= 18:  # ASCII digits (WHATWG); a longer one is no delay
                 self._retry = int(value)
+
+
+_PySseParser = SseParser  # the reference (the differential test compares the accelerator with it)
+_acc = native.load("deltatap.core._sse", __name__)
+if _acc is not None:
+    _acc.setup(SseEvent)
+    SseParser = _acc.SseParser  # type: ignore[misc,assignment]  # the same parser in C: one call per read
 
 
 # --------------------------------------------------------------------------------------------

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from deltatap.core import native
+
 HEAD, BODY, END, ERROR = 1, 2, 3, 4
 
 _S_HEAD, _S_LENGTH, _S_CHUNK_SIZE, _S_CHUNK_DATA, _S_CHUNK_CRLF, _S_TRAILER, _S_CLOSE, _S_OPAQUE, _S_HELD, _S_ERROR = range(10)
@@ -98,6 +100,13 @@ class Head:
 
 def parse_head(raw: bytes, request: bool) -> Head:
     """Parse one complete head (ending in an empty line); raises ``ValueError`` with the reason."""
+    if _acc is not None:
+        return Head(raw, *_acc.parse_head(raw, request))
+    return _py_parse_head(raw, request)
+
+
+def _py_parse_head(raw: bytes, request: bool) -> Head:
+    """The definition of :func:`parse_head` (the C accelerator does exactly this)."""
     lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
@@ -240,9 +249,16 @@ class Reader:
         n = len(data)
         pos = 0
         self.pending_from = None
+        body = _body
         while pos < n:
             st = self._state
-            if st == _S_LENGTH:
+            if body is not None and st in _BODY_STATES:  # the C accelerator: the body states, one call per read
+                pos, self._state, self._remaining, self._buf, how, arg = body(data, pos, st, self._remaining, self._buf, out)
+                if how == 1:
+                    self._end(out, pos)
+                elif how == 2:
+                    pos = self._fail(out, arg[0], arg[1])
+            elif st == _S_LENGTH:
                 take = min(self._remaining, n - pos)
                 out.append((BODY, pos, pos + take))
                 pos += take
@@ -480,7 +496,7 @@ class Reader:
         return 1 << 62  # (past any data: the caller's loop ends)
 
 
-def _head_end(buf: bytes, start: int) -> int:
+def _py_head_end(buf: bytes, start: int) -> int:
     """Offset just past the empty line that ends the head in ``buf`` (``CRLFCRLF`` or bare ``LFLF``), or -1."""
     i = buf.find(b"\n", start)
     while i >= 0:
@@ -491,3 +507,12 @@ def _head_end(buf: bytes, start: int) -> int:
             return j + 2
         i = buf.find(b"\n", j)
     return -1
+
+
+_head_end = _py_head_end
+_BODY_STATES = frozenset({_S_LENGTH, _S_CHUNK_SIZE, _S_CHUNK_DATA, _S_CHUNK_CRLF, _S_TRAILER})
+_acc = native.load("deltatap.net._h1", __name__)  # parse_head, _head_end and the body states in C (h1.py is the definition)
+_body = None
+if _acc is not None:
+    _head_end = _acc.head_end
+    _body = _acc.body
