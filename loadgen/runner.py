@@ -4,8 +4,8 @@ A :class:`Runner` is shared by every load mode. Per request it: draws the client
 send wait), injects ``traceparent`` and the correlation header, sleeps until the planned instant, stamps and
 sends (:func:`deltatap.loadgen.client.execute`), then builds the finished span once — start = the planned
 send, timeline events (t0 = request written, t12 = first content token, ...) with their exact times — and
-hands it to the telemetry's processor (:func:`deltatap.telemetry.spans.emit_span`: no SDK span lives on the
-loop during the request). Sessions (chatbot) run their turns in order, think time after each answer, history
+hands it to the telemetry's processor as a plain :class:`deltatap.telemetry.spans.SpanRecord` (no SDK span, context
+or event object per request: the export thread encodes the record to OTLP directly). Sessions (chatbot) run their turns in order, think time after each answer, history
 in a sliding window of reference tokens.
 
 Request ids are ``RUN-<phase letter><n>``, ``n`` counting requests in the order they are sent; a runner that
@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from opentelemetry.trace import SpanContext, SpanKind
-
 from deltatap.core.clock import mono_ns, to_unix_ns
 from deltatap.core.clocksync import ClockEstimate
 from deltatap.core.config import ConfigError
@@ -35,13 +33,15 @@ from deltatap.core.vocab import SPAN_CLIENT, Attr, ClientEvent, Observer, Outcom
 from deltatap.loadgen.client import Target, execute
 from deltatap.loadgen.h1client import H1Pool
 from deltatap.loadgen.records import RequestRecord
-from deltatap.telemetry.spans import SAMPLED, emit_span, new_span_id, new_trace_id, traceparent
+from deltatap.telemetry.spans import KIND_CLIENT, SAMPLED, STATUS_UNSET, SpanRecord, new_span_id, new_trace_id, traceparent
 from deltatap.telemetry.tracer import Telemetry
 from deltatap.net.aio import sleep_until
 from deltatap.loadgen.tokens import Tokenizer
 from deltatap.loadgen.workloads.base import PlannedRequest
 
 
+_new_record = tuple.__new__
+_SAMPLED = int(SAMPLED)
 # the span's event names, read once (an enum member's .value is a descriptor call per use)
 _EV_SEND, _EV_FIRST, _EV_LAST = ClientEvent.SEND.value, ClientEvent.FIRST_TOKEN.value, ClientEvent.LAST_TOKEN.value
 _EV_CANCEL, _EV_ERROR, _EV_END = ClientEvent.CANCEL.value, ClientEvent.ERROR.value, ClientEvent.END.value
@@ -274,22 +274,25 @@ class Runner:
         stamp_bounds = format_stamp_bounds(rec.stamp_bounds)
         if stamp_bounds:
             attrs[Attr.STAMP_BOUNDS] = stamp_bounds
+        off = to_unix_ns(0)  # to_unix_ns(t) == t + off
         events: list[tuple[str, int, dict[str, Any] | None]] = []
         if rec.submit_mono_ns is not None:
-            events.append((_EV_SEND, to_unix_ns(rec.submit_mono_ns), None))
+            events.append((_EV_SEND, rec.submit_mono_ns + off, None))
         if rec.first_token_mono_ns is not None:
-            events.append((_EV_FIRST, to_unix_ns(rec.first_token_mono_ns), None))
+            events.append((_EV_FIRST, rec.first_token_mono_ns + off, None))
         if rec.last_token_mono_ns is not None:
-            events.append((_EV_LAST, to_unix_ns(rec.last_token_mono_ns), None))
-        end = to_unix_ns(rec.end_mono_ns if rec.end_mono_ns is not None else mono_ns())
+            events.append((_EV_LAST, rec.last_token_mono_ns + off, None))
+        end = (rec.end_mono_ns if rec.end_mono_ns is not None else mono_ns()) + off
         if rec.status == Outcome.CLIENT_CANCEL:
             events.append((_EV_CANCEL, end, None))
         elif rec.status != Outcome.OK:
             events.append((_EV_ERROR, end, {Attr.ERROR_CAUSE: rec.error_kind or ""}))
         events.append((_EV_END, end, None))
-        ctx = SpanContext(trace_id, span_id, is_remote=False, trace_flags=SAMPLED)
-        emit_span(self.telemetry, SPAN_CLIENT, SpanKind.CLIENT, ctx, attrs, events,
-                  to_unix_ns(rec.planned_mono_ns) if rec.planned_mono_ns is not None else end, end)
+        start = rec.planned_mono_ns + off if rec.planned_mono_ns is not None else end
+        tel = self.telemetry
+        tel.processor.on_end(_new_record(SpanRecord, (
+            tel.origin, SPAN_CLIENT, KIND_CLIENT, trace_id, span_id, "", None, False, _SAMPLED, attrs, events, start, end, STATUS_UNSET, None,
+        )))
 
     # ------------------------------------------------------------------ a unit: one request or one session
 

@@ -206,6 +206,26 @@ _TIMING_ATTRS = {
 }
 
 
+_REDACTED_MAX = 1024
+_redacted: dict[tuple[str, Collection[str], str | bytes | None], str] = {}
+
+
+def _redacted_query(query: str, keep: Collection[str], key: str | bytes | None) -> str:
+    """:func:`redact_query`, remembered for the last distinct queries (a client sends the same few again and again;
+    each value is an HMAC to compute)."""
+    try:
+        cache_key = (query, keep, key)
+        hit = _redacted.get(cache_key)
+    except TypeError:  # an unhashable keep collection
+        return redact_query(query, keep, key)
+    if hit is None:
+        hit = redact_query(query, keep, key)
+        if len(_redacted) >= _REDACTED_MAX:
+            _redacted.clear()
+        _redacted[cache_key] = hit
+    return hit
+
+
 def attributes(rec: TapRecord, *, link: str, downstream: str, downstream_kind: str, upstream: str, upstream_kind: str,
                upstream_host: str, upstream_port: int, correlation_header: str, clock: ClockEstimate | None,
                labels: dict[str, str], query_keep: Collection[str] = (), fingerprint_key: str | None = None) -> dict[str, Any]:
@@ -233,7 +253,7 @@ def attributes(rec: TapRecord, *, link: str, downstream: str, downstream_kind: s
         Attr.SERVER_PORT: upstream_port,
     }
     if rec.query:
-        a[Attr.URL_QUERY] = redact_query(rec.query, query_keep, fingerprint_key)
+        a[Attr.URL_QUERY] = _redacted_query(rec.query, query_keep, fingerprint_key)
     if rec.client_address:
         a[Attr.CLIENT_ADDRESS] = rec.client_address
     if rec.fingerprint:

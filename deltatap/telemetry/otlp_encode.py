@@ -13,6 +13,14 @@ serializes them; for a tap span (~38 attributes, 10-20 events) that was about a 
 CPU, spent in the export thread while it holds the GIL. Here the resource and scope are encoded once per
 object, attribute keys and event names once per string, and each attribute is a few byte-string joins.
 
+Spans come as SDK ``ReadableSpan`` objects or as :class:`deltatap.telemetry.spans.SpanRecord` tuples (what the
+tap and the load generator hand the processor: no SDK object per request); a record is encoded from its fields
+(:func:`_record_field`) into the bytes its ``readable()`` span gives. The spans of one scope are written in one
+call, :func:`_span_fields`, which the optional C accelerator ``deltatap.telemetry._otlpenc`` replaces (one C call
+per batch and scope; it writes records whose fields have the plain types and hands anything else back to the
+Python here, so the output is the same byte for byte: tests/kernel/test_span_record.py; ``DELTATAP_NATIVE=0``
+turns it off).
+
 The wire format in brief: every field is a varint key ``(field_number << 3) | wire_type`` followed by a
 varint (type 0), 8 little-endian bytes (type 1), 4 little-endian bytes (type 5), or a varint length and that
 many bytes (type 2: strings, bytes, nested messages).
@@ -27,6 +35,9 @@ from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
+
+from deltatap.core import native
+from deltatap.telemetry.spans import SpanRecord
 
 log = logging.getLogger("deltatap.telemetry.otlp_encode")
 
@@ -65,6 +76,8 @@ def _varint(n: int) -> bytes:
 
 # SpanKind -> Span field 6 (kind); the proto's enum is the API's value + 1 (0 is UNSPECIFIED)
 _KIND = {k: b"\x30" + _varint(k.value + 1) for k in SpanKind}
+_KIND_BY_VALUE = {k.value + 1: b"\x30" + _varint(k.value + 1) for k in SpanKind}  # a SpanRecord's kind (the proto's enum)
+_STATUS_CODE = {0: b"", 1: b"\x18\x01", 2: b"\x18\x02"}  # Status.code: UNSET (the default, left out), OK, ERROR
 # Span field 16 / Link field 6 (flags, fixed32): HAS_IS_REMOTE (0x100), plus IS_REMOTE (0x200) for a remote parent
 _FLAGS_LOCAL = b"\x85\x01" + _pack_i(0x100)
 _FLAGS_REMOTE = b"\x85\x01" + _pack_i(0x300)
@@ -340,32 +353,107 @@ def _span_field(span: ReadableSpan) -> bytes:
     return b"\x12" + _varint(len(buf)) + buf
 
 
-def encode_export_request(spans: Sequence[ReadableSpan]) -> bytes:
+def _record_field(rec: SpanRecord) -> bytes:
+    """One ScopeSpans.spans field for a :class:`SpanRecord`: the bytes :func:`_span_field` writes for
+    ``rec.readable()``, read from the record's fields directly (no SpanContext, Event or Status object)."""
+    _origin, name, kind, trace_id, span_id, ts, parent_id, remote, _flags, attrs, events, start, end, code, desc = rec
+    buf = bytearray(b"\x0a\x10")
+    buf += trace_id.to_bytes(16, "big")
+    buf += b"\x12\x08"
+    buf += span_id.to_bytes(8, "big")
+    if ts:
+        buf += _str_field(b"\x1a", ts)
+    if parent_id is not None:
+        buf += b"\x22\x08"
+        buf += parent_id.to_bytes(8, "big")
+    if name:
+        e = name.encode()
+        buf += b"\x2a" + _varint(len(e)) + e
+    buf += _KIND_BY_VALUE[kind]
+    if start:
+        buf += b"\x39" + _pack_q(start)
+    if end:
+        buf += b"\x41" + _pack_q(end)
+    if attrs:
+        _put_attributes(buf, _TAG_SPAN_ATTR, attrs)
+    if events:
+        heads = _events
+        for ev_name, t, ev_attrs in events:
+            if t and not ev_attrs:
+                pair = heads.get(ev_name) or _event_head(ev_name)
+                buf += pair[0] + _pack_q(t) + pair[1]
+            else:
+                buf += _event_tuple_field(ev_name, t, ev_attrs)
+    st = _str_field(b"\x12", desc) + _STATUS_CODE[code]
+    buf += b"\x7a" + _varint(len(st)) + st  # Span.status: present even when empty
+    buf += _FLAGS_REMOTE if parent_id is not None and remote else _FLAGS_LOCAL
+    return b"\x12" + _varint(len(buf)) + buf
+
+
+def _event_tuple_field(name: str, t: int, attrs: Mapping[str, Any] | None) -> bytes:
+    """Span.events field for a record's event ``(name, unix_ns, attributes)`` (as :func:`_event_field`)."""
+    buf = bytearray()
+    if t:
+        buf += b"\x09" + _pack_q(t)
+    buf += _str_field(b"\x12", name)
+    if attrs:
+        _put_attributes(buf, _TAG_EVENT_ATTR, attrs)
+    return b"\x5a" + _varint(len(buf)) + buf
+
+
+def _any_span_field(span: Any) -> bytes:
+    return _record_field(span) if type(span) is SpanRecord else _span_field(span)
+
+
+def _py_span_fields(spans: list) -> bytes:
+    """The ScopeSpans.spans fields of ``spans`` (records and ReadableSpans), joined (the accelerator's reference)."""
+    return b"".join([_record_field(s) if type(s) is SpanRecord else _span_field(s) for s in spans])
+
+
+def _attribute_fallback(tag: bytes, key: Any, value: Any) -> bytes:
+    """One attribute field as :func:`_put_attributes` writes it (b"" when it is left out, and logged): the
+    accelerator's way for a value it does not write itself (sequences, mappings, bytes, subclasses, errors)."""
+    buf = bytearray()
+    _put_attributes(buf, tag, {key: value})
+    return bytes(buf)
+
+
+_acc = native.load("deltatap.telemetry._otlpenc", __name__)
+if _acc is not None:
+    _acc.configure(SpanRecord, _any_span_field, _attribute_fallback, _attributes_bytes)
+_span_fields = _acc.span_fields if _acc is not None else _py_span_fields
+
+
+def encode_export_request(spans: Sequence[ReadableSpan | SpanRecord]) -> bytes:
     """A serialized ``ExportTraceServiceRequest`` holding ``spans`` (see the module docstring)."""
-    # resource -> scope -> encoded spans, grouped by equality as the SDK groups them; equality (and the
-    # Resource's costly hash) is asked once per distinct (resource, scope) object pair, then identity serves
-    groups: dict[Any, dict[Any, list[bytes]]] = {}
-    by_id: dict[tuple[int, int], list[bytes]] = {}
+    # resource -> scope -> spans, grouped by equality as the SDK groups them; equality (and the Resource's costly
+    # hash) is asked once per distinct (resource, scope) object pair, then identity serves
+    groups: dict[Any, dict[Any, list]] = {}
+    by_id: dict[tuple[int, int], list] = {}
+    record = SpanRecord
     for span in spans:
-        res = span.resource
-        scope = span.instrumentation_scope or None
+        if type(span) is record:
+            origin = span[0]
+            res, scope = origin.resource, origin.scope or None
+        else:
+            res, scope = span.resource, span.instrumentation_scope or None
         key = (id(res), id(scope))
         out = by_id.get(key)
         if out is None:
             out = groups.setdefault(res, {}).setdefault(scope, [])
             by_id[key] = out
-        out.append(_span_field(span))
+        out.append(span)
     # one join at the end: the lengths of nested messages are summed, never built by copying
     parts: list[bytes] = []
     for res, scopes in groups.items():
         res_head, res_tail = _resource_fields(res)
         rs: list[bytes] = [res_head]
-        for scope, encoded in scopes.items():
+        for scope, members in scopes.items():
             scope_head, scope_tail = _scope_fields(scope)
-            n = len(scope_head) + sum(map(len, encoded)) + len(scope_tail)
-            rs.append(b"\x12" + _varint(n))  # ResourceSpans.scope_spans
+            encoded = _span_fields(members)
+            rs.append(b"\x12" + _varint(len(scope_head) + len(encoded) + len(scope_tail)))  # ResourceSpans.scope_spans
             rs.append(scope_head)
-            rs += encoded
+            rs.append(encoded)
             rs.append(scope_tail)
         rs.append(res_tail)
         parts.append(b"\x0a" + _varint(sum(map(len, rs))))  # ExportTraceServiceRequest.resource_spans

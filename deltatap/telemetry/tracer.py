@@ -43,6 +43,7 @@ from opentelemetry.util.re import parse_env_headers
 
 from deltatap import __version__
 from deltatap.core.vocab import INSTRUMENTATION_SCOPE
+from deltatap.telemetry.spans import SpanOrigin
 
 log = logging.getLogger("deltatap.telemetry.tracer")
 
@@ -391,6 +392,10 @@ class Telemetry:
 
     provider: TracerProvider
     processor: BoundedSpanProcessor
+    origin: SpanOrigin = field(init=False)  # the resource and scope of the SpanRecords handed to the processor
+
+    def __post_init__(self) -> None:
+        self.origin = SpanOrigin(self.provider.resource)
 
     @property
     def tracer(self):
