@@ -1,6 +1,6 @@
 """Collector throughput and memory: spans/s ingested and joined over OTLP/gRPC on one core, and RSS with 100k open traces.
 
-    .venv/bin/python benchmarks/collector_throughput.py [--requests 40000] [--open-traces 100000]
+    .venv/bin/python benchmarks/collector_throughput.py [--requests 40000] [--open-traces 100000] [--compare-native 2]
 
 The collector (``deltatap.collector.start_collector``) runs in a child process pinned to one CPU; the parent,
 pinned to another, pre-builds realistic exports (a client span and three tap spans per request, with
@@ -13,6 +13,10 @@ CPU second: the figure other work on a shared machine distorts least). The child
 ``deltatap collect`` does (``deltatap.collector.service.tune_gc``). Memory: a fresh child receives the spans of 100k
 requests whose client (root) span never arrives, so all 100k traces stay open; RSS is read from
 /proc before and after. Writes benchmarks/results/collector_throughput.json.
+
+``--compare-native N`` runs the throughput phase 2N times, alternating a collector with the C accelerators turned
+off (``DELTATAP_NATIVE=0``: the pure-Python references) and on, and reports both (each run and the medians); the
+memory phase runs with them on (as ``deltatap collect`` does where they are built).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -131,7 +136,9 @@ def child(conn, cpu: int, max_open: int, orphan_wait_s: float) -> None:
     async def main():
         rc = await start_collector(CollectorOptions(otlp_grpc="127.0.0.1:0", otlp_http=None, tick_s=0.05,
                                                     pipeline=PipelineOptions(grace_s=0.2, join_hold_s=0.2, orphan_wait_s=orphan_wait_s, max_open_traces=max_open, keep_rows=0)))
-        conn.send({"endpoint": rc.otlp_grpc_endpoint, "rss": rss_bytes(), "cpu": time.process_time()})
+        from deltatap.core import native
+
+        conn.send({"endpoint": rc.otlp_grpc_endpoint, "rss": rss_bytes(), "cpu": time.process_time(), "native": native.status()})
         while True:
             if conn.poll():
                 cmd = conn.recv()
@@ -161,11 +168,22 @@ async def send_all(endpoint: str, exports: list[bytes], inflight: int = 4) -> No
     await ch.close()
 
 
-def run_phase(exports: list[bytes], spans_total: int, rows_total: int, max_open: int, orphan_wait_s: float, timeout_s: float) -> dict:
+def run_phase(exports: list[bytes], spans_total: int, rows_total: int, max_open: int, orphan_wait_s: float, timeout_s: float,
+              native: str | None = None) -> dict:
+    """One collector child (native: its DELTATAP_NATIVE, None: this process's) receiving ``exports``."""
     ctx = mp.get_context("spawn")
     parent_conn, child_conn = ctx.Pipe()
     proc = ctx.Process(target=child, args=(child_conn, 0, max_open, orphan_wait_s), daemon=True)
-    proc.start()
+    saved = os.environ.get("DELTATAP_NATIVE")
+    if native is not None:
+        os.environ["DELTATAP_NATIVE"] = native  # the spawned child reads it at import
+    try:
+        proc.start()
+    finally:
+        if saved is None:
+            os.environ.pop("DELTATAP_NATIVE", None)
+        else:
+            os.environ["DELTATAP_NATIVE"] = saved
     hello = parent_conn.recv()
     try:
         os.sched_setaffinity(0, {1 % (os.cpu_count() or 1)})
@@ -203,33 +221,59 @@ def run_phase(exports: list[bytes], spans_total: int, rows_total: int, max_open:
     proc.join(timeout=30)
     if proc.is_alive():
         proc.kill()
-    return {"t_start": t_start, "t_spans": t_spans, "t_rows": t_rows, "cpu_rows": cpu_rows, "last": last, "rss_start": hello["rss"]}
+    return {"t_start": t_start, "t_spans": t_spans, "t_rows": t_rows, "cpu_rows": cpu_rows, "last": last, "rss_start": hello["rss"], "native": hello["native"]}
+
+
+def throughput(r: dict, requests: int, spans: int) -> dict:
+    ingest_s = (r["t_spans"] - r["t_start"]) if r["t_spans"] else None
+    joined_s = (r["t_rows"] - r["t_start"]) if r["t_rows"] else None
+    return {
+        "requests": requests, "spans": spans, "spans_per_export": 200,
+        "ingest_s": ingest_s, "ingest_spans_per_s": spans / ingest_s if ingest_s else None,
+        "joined_s": joined_s, "joined_spans_per_s": spans / joined_s if joined_s else None,
+        "rows": r["last"].get("rows"), "joined": r["last"].get("joined"), "evicted": r["last"].get("evicted"),
+        # the collector's own CPU time until every row was out: what other work on a shared machine distorts least
+        "collector_cpu_s": r["cpu_rows"], "joined_spans_per_cpu_s": spans / r["cpu_rows"] if r["cpu_rows"] else None,
+        "accelerators": r["native"],
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=40_000)
     ap.add_argument("--open-traces", type=int, default=100_000)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "collector_throughput.json"))
+    ap.add_argument("--compare-native", type=int, default=0, metavar="N",
+                    help="run the throughput phase N times with DELTATAP_NATIVE=0 and N times with the accelerators, alternating")
+    ap.add_argument("--out", default=None, help="results file (default benchmarks/results/collector_throughput.json, "
+                                                 "collector_throughput_native.json with --compare-native)")
     args = ap.parse_args()
+    if args.requests <= 0 or args.open_traces <= 0 or args.compare_native < 0:
+        ap.error("--requests and --open-traces must be positive, --compare-native not negative")
+    out_name = "collector_throughput_native.json" if args.compare_native else "collector_throughput.json"
+    args.out = args.out or str(ROOT / "benchmarks" / "results" / out_name)
     load_start = os.getloadavg()
 
     t = time.monotonic()
     exports = build_exports(args.requests, 50, with_client=True)
     spans = args.requests * 4
     print(f"built {len(exports)} exports ({spans} spans) in {time.monotonic() - t:.1f}s", flush=True)
-    r = run_phase(exports, spans, args.requests, max_open=200_000, orphan_wait_s=10.0, timeout_s=600)
-    ingest_s = (r["t_spans"] - r["t_start"]) if r["t_spans"] else None
-    joined_s = (r["t_rows"] - r["t_start"]) if r["t_rows"] else None
-    thr = {
-        "requests": args.requests, "spans": spans, "spans_per_export": 200,
-        "ingest_s": ingest_s, "ingest_spans_per_s": spans / ingest_s if ingest_s else None,
-        "joined_s": joined_s, "joined_spans_per_s": spans / joined_s if joined_s else None,
-        "rows": r["last"].get("rows"), "joined": r["last"].get("joined"), "evicted": r["last"].get("evicted"),
-        # the collector's own CPU time until every row was out: what other work on a shared machine distorts least
-        "collector_cpu_s": r["cpu_rows"], "joined_spans_per_cpu_s": spans / r["cpu_rows"] if r["cpu_rows"] else None,
-    }
-    print(json.dumps(thr), flush=True)
+    compare = {}
+    if args.compare_native:
+        runs: dict[str, list[dict]] = {"python": [], "native": []}
+        for _ in range(args.compare_native):  # alternating: a change in the machine's load hits both alike
+            for label, setting in (("python", "0"), ("native", "1")):
+                t_ = throughput(run_phase(exports, spans, args.requests, max_open=200_000, orphan_wait_s=10.0, timeout_s=600, native=setting), args.requests, spans)
+                runs[label].append(t_)
+                print(label, json.dumps(t_), flush=True)
+        for label, rs in runs.items():
+            per_cpu = [t_["joined_spans_per_cpu_s"] for t_ in rs if t_["joined_spans_per_cpu_s"]]
+            wall = [t_["joined_spans_per_s"] for t_ in rs if t_["joined_spans_per_s"]]
+            compare[label] = {"runs": rs, "median_joined_spans_per_cpu_s": statistics.median(per_cpu) if per_cpu else None,
+                              "median_joined_spans_per_s": statistics.median(wall) if wall else None}
+        thr = runs["native"][-1]
+    else:
+        thr = throughput(run_phase(exports, spans, args.requests, max_open=200_000, orphan_wait_s=10.0, timeout_s=600), args.requests, spans)
+        print(json.dumps(thr), flush=True)
 
     t = time.monotonic()
     exports = build_exports(args.open_traces, 50, with_client=False)  # no root span: every trace stays open
@@ -244,9 +288,10 @@ def main() -> int:
         "benchmark": "collector_throughput", "command": "benchmarks/collector_throughput.py " + " ".join(sys.argv[1:]),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "collector_cpu": "one core (sched_setaffinity), sender on another",
-        "throughput": thr, "memory": mem,
+        "throughput": thr, "memory": mem, "compare_native": compare or None,
         "targets": {"spans_per_s": TARGET_SPANS_PER_S, "rss_mb_100k_open": 300},
         "met": {"throughput": bool(thr["joined_spans_per_s"] and thr["joined_spans_per_s"] >= TARGET_SPANS_PER_S),
+                "throughput_per_cpu_s": bool(thr["joined_spans_per_cpu_s"] and thr["joined_spans_per_cpu_s"] >= TARGET_SPANS_PER_S),
                 "memory": bool(mem["rss_with_open_traces_mb"] and mem["rss_with_open_traces_mb"] <= 300)},
         "load_average_at_start": load_start,
         "load_average_at_end": os.getloadavg(),

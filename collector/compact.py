@@ -25,6 +25,7 @@ The receivers call :func:`decode_compact` on the request bytes (the slim wire vi
 
 from __future__ import annotations
 
+import itertools
 import struct
 import sys
 from operator import itemgetter
@@ -35,7 +36,11 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from deltatap.collector import kinds
 from deltatap.collector.spans import OtlpDecodeError, _pb_value
+from deltatap.core import native
 from deltatap.core.vocab import Attr
+
+# the C decoder of the hot path (collector/_otlpdec.c); None: the Python below runs (it is the definition)
+_acc = native.load("deltatap.collector._otlpdec", __name__)
 
 # every attribute the collector reads: derived from the registered span kinds (collector.kinds.attrs_read)
 ATTRS_READ: frozenset[str] = kinds.attrs_read()
@@ -191,6 +196,9 @@ def _follow_kinds() -> None:
         _KPLANS.clear()
         _LAST_KEYS.clear()
         _SPLANS.clear()
+        _C_KPLANS.clear()
+        _C_RES.clear()
+        _C_PLANS.clear()
 
 
 def _keep(key: str) -> bool:
@@ -355,7 +363,7 @@ class _KeyPlan:
     shape-forming (their string values are part of the Layout) and per-span (request id, body
     fingerprint, decision, labels: their values are held per span)."""
 
-    __slots__ = ("keys", "get_n", "get_p", "n_norm")
+    __slots__ = ("keys", "get_n", "get_p", "n_norm", "norm_idx", "per_idx")
 
     def __init__(self, raw_keys: tuple[bytes, ...]) -> None:
         last: dict[str, int] = {}
@@ -368,8 +376,10 @@ class _KeyPlan:
         per = [(k, i) for k, i in last.items() if k in _PER_SPAN or k.startswith(_LABEL)]
         self.keys = tuple(k for k, _ in norm) + tuple(k for k, _ in per)
         self.n_norm = len(norm)
-        self.get_n = tuple_getter(tuple(i for _, i in norm))
-        self.get_p = tuple_getter(tuple(i for _, i in per))
+        self.norm_idx = tuple(i for _, i in norm)
+        self.per_idx = tuple(i for _, i in per)
+        self.get_n = tuple_getter(self.norm_idx)
+        self.get_p = tuple_getter(self.per_idx)
 
 
 _KPLANS: dict[tuple[bytes, ...], _KeyPlan] = {}
@@ -400,7 +410,7 @@ def _varint(b: bytes, i: int) -> tuple[int, int]:
         if c < 0x80:
             return v, i
         shift += 7
-        if shift > 63:
+        if shift > 63:  # (a 10-byte varint's value: its low 64 bits, as protobuf reads it; see _value's ints)
             raise OtlpDecodeError("varint longer than 10 bytes in an attribute value")
 
 
@@ -420,6 +430,7 @@ def _any_value(raw: bytes) -> tuple[str, Any, Any]:
         elif tag == 0x18:  # int_value (int64, two's complement)
             v, i = _varint(raw, 1)
             if i == n:
+                v &= 0xFFFF_FFFF_FFFF_FFFF  # (bits past 64 in a 10th byte: dropped, as protobuf does)
                 return ("q", v - (1 << 64) if v >= 1 << 63 else v, _SHAPE_INT)
         elif tag == 0x21 and n == 9:  # double_value
             return ("d", _S_DOUBLE.unpack_from(raw, 1)[0], _SHAPE_DOUBLE)
@@ -471,7 +482,7 @@ def _value(raw: bytes) -> tuple[str, Any, Any]:
                     return ("q", (b1 & 0x7F) | (raw[2] & 0x7F) << 7 | raw[3] << 14, _SHAPE_INT)
                 elif n == 5 and raw[2] >= 0x80 and raw[3] >= 0x80:
                     return ("q", (b1 & 0x7F) | (raw[2] & 0x7F) << 7 | (raw[3] & 0x7F) << 14 | raw[4] << 21, _SHAPE_INT)
-        elif tag == 0x0A and b1 == n - 2:  # string_value shorter than 128 bytes
+        elif tag == 0x0A and b1 == n - 2 and b1 < 0x80:  # string_value shorter than 128 bytes
             try:
                 st = _shared(raw[2:].decode("utf-8"))
                 got = ("", st, st)
@@ -490,10 +501,11 @@ def _value(raw: bytes) -> tuple[str, Any, Any]:
 class _SpanPlan:
     """Per span shape: its Layout and where its packed numbers and per-span values come from."""
 
-    __slots__ = ("layout", "get_packed", "get_other", "res_packed", "res_other")
+    __slots__ = ("layout", "get_packed", "get_other", "res_packed", "res_other", "packed_idx", "other_idx")
 
     def __init__(self, layout: Layout, packed_idx: tuple[int, ...], other_idx: tuple[int, ...], res_packed: tuple, res_other: tuple) -> None:
         self.layout = layout
+        self.packed_idx, self.other_idx = packed_idx, other_idx
         self.get_packed = tuple_getter(packed_idx)
         self.get_other = tuple_getter(other_idx)
         # the resource's numbers and non-scalar values: constants of this plan, held per span like the
@@ -544,9 +556,11 @@ def _span_plan(key: tuple, kp: _KeyPlan, res: tuple[tuple[str, str, Any], ...], 
             other_idx.append(i)
     names = tuple(_utf8(n, "event name") for n in raw_names)
     lay = _layout((name, service, kind, status, rooted, tuple(fixed), tuple(packed + res_packed), tuple(other + res_other_k), names))
-    if len(_SPLANS) >= _CACHE_MAX:
-        _SPLANS.clear()
-    sp = _SPLANS[key] = _SpanPlan(lay, tuple(packed_idx), tuple(other_idx), tuple(res_packed_v), tuple(res_other_v))
+    sp = _SpanPlan(lay, tuple(packed_idx), tuple(other_idx), tuple(res_packed_v), tuple(res_other_v))
+    if key is not None:
+        if len(_SPLANS) >= _CACHE_MAX:
+            _SPLANS.clear()
+        _SPLANS[key] = sp
     return sp
 
 
@@ -556,17 +570,34 @@ def _resource(rs: Any) -> tuple[tuple[tuple[str, str, Any], ...], str, tuple]:
     raw_keys, raw_vals = tuple(a.key), tuple(a.value)
     if len(raw_keys) != len(raw_vals):
         raise _Misaligned
+    items, service = _resource_items(raw_keys, raw_vals)
+    return items, service, (raw_keys, raw_vals)
+
+
+def _resource_items(raw_keys: tuple[bytes, ...], raw_vals: tuple[bytes, ...]) -> tuple[tuple[tuple[str, str, Any], ...], str]:
     kp = _KPLANS.get(raw_keys) or _key_plan(raw_keys)
     raws = kp.get_n(raw_vals) + kp.get_p(raw_vals)
     items = tuple((k, *_any_value(r)[:2]) for k, r in zip(kp.keys, raws))
     service = next((str(v) for k, _, v in items if k == "service.name"), "")
-    return items, service, (raw_keys, raw_vals)
+    return items, service
 
 
 def decode_compact(data: bytes) -> list[CompactSpan]:
     """Compact spans of one serialized ExportTraceServiceRequest (the receivers' hot path).
 
-    Raises :class:`OtlpDecodeError` when ``data`` is not a valid request."""
+    Raises :class:`OtlpDecodeError` when ``data`` is not a valid request. With the C decoder built
+    (collector/_otlpdec.c), it decodes; whatever it is not sure of (every malformed request among them) it
+    hands back to :func:`decode_compact_reference`, which is also what it must equal."""
+    if _acc is not None:
+        _follow_kinds()
+        got = _acc.decode(data)
+        if got is not None:
+            return got
+    return decode_compact_reference(data)
+
+
+def decode_compact_reference(data: bytes) -> list[CompactSpan]:
+    """:func:`decode_compact` in Python: the definition the C decoder is tested against."""
     try:
         req = _SlimRequest.FromString(data)
     except Exception as exc:
@@ -645,3 +676,38 @@ def _decode_slim(req: Any) -> list[CompactSpan]:
                     others += plan.res_other
                 append(CompactSpan(hx, plan.layout, packed, others))
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# the C decoder's side (collector/_otlpdec.c): it walks the wire and builds each span; what depends on a
+# shape is built here, by the functions above, on a cache miss, and cached in these dicts (keyed by bytes
+# the C side builds: the raw keys; the resource's raw keys and values; a span's whole plan signature)
+# --------------------------------------------------------------------------------------------
+
+_C_KPLANS: dict[bytes, tuple] = {}
+_C_RES: dict[bytes, tuple] = {}
+_C_PLANS: dict[bytes, tuple] = {}
+_SERIAL = itertools.count(1)  # names a key plan or a resource in a signature (never reused, unlike id())
+
+
+def _c_key_plan(raw_keys: tuple[bytes, ...]) -> tuple[_KeyPlan, int, tuple[int, ...], tuple[int, ...]]:
+    kp = _KPLANS.get(raw_keys) or _key_plan(raw_keys)
+    return kp, next(_SERIAL), kp.norm_idx, kp.per_idx
+
+
+def _c_resource(raw_keys: tuple[bytes, ...], raw_vals: tuple[bytes, ...]) -> tuple[int, tuple, str]:
+    items, service = _resource_items(raw_keys, raw_vals)
+    return next(_SERIAL), items, service
+
+
+def _c_span_plan(kp: _KeyPlan, res: tuple, service: str, name: str, kind: int, status: int, rooted: bool,
+                 dec: list[tuple[str, Any, Any]], raw_names: tuple[bytes, ...]) -> tuple:
+    plan = _span_plan(None, kp, res, service, name, kind, status, rooted, dec, raw_names)
+    lay = plan.layout
+    codes = lay.struct.format[len("<8s8s") + 2 + lay.n_events:].encode("ascii")  # the packed numbers' struct codes
+    return lay, plan.packed_idx, plan.other_idx, plan.res_packed, plan.res_other, codes
+
+
+if _acc is not None:
+    _acc.configure(CompactSpan, _C_KPLANS, _C_RES, _C_PLANS, _VALUES, _c_key_plan, _c_resource, _c_span_plan, _value,
+                   _SHAPE_INT, _SHAPE_DOUBLE, _SHAPE_BOOL, _OTHER, "", "q", "d", "?", OtlpDecodeError, _CACHE_MAX, 4096, _CACHE_MAX)
