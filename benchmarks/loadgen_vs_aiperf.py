@@ -235,7 +235,8 @@ def write_workload(tmp: Path, output_tokens: int) -> Path:
     return path
 
 
-STAMP_ENV = {"default": {}, "kernel": {"DELTATAP_PACKET_STAMPS": "0"}, "python": {"DELTATAP_KERNEL_STAMPS": "0"}}
+STAMP_ENV = {"default": {}, "kernel": {"DELTATAP_PACKET_STAMPS": "0"}, "python": {"DELTATAP_KERNEL_STAMPS": "0"},
+             "nonative": {"DELTATAP_NATIVE": "0"}}
 
 
 def run_deltatap(engine: Engine, sink: Sink, tmp: Path, workload: Path, name: str, shape: list[str], n: int, stamps: str = "default") -> dict:
@@ -349,7 +350,8 @@ def main() -> int:
     p.add_argument("--phases", default="closed,processes,open", help="which phases to run (comma-separated)")
     p.add_argument("--no-aiperf", action="store_true", help="measure deltatap alone")
     p.add_argument("--stamps", default="default", help="open loop: deltatap also with these stamp sources, comma-separated: "
-                   "default (kernel + packet stamps where available), kernel (DELTATAP_PACKET_STAMPS=0), python (DELTATAP_KERNEL_STAMPS=0)")
+                   "default (kernel + packet stamps where available), kernel (DELTATAP_PACKET_STAMPS=0), python (DELTATAP_KERNEL_STAMPS=0), "
+                   "nonative (DELTATAP_NATIVE=0: the Python references instead of the C accelerators)")
     p.add_argument("--out", default=str(RESULTS))
     a = p.parse_args()
     if a.engine:

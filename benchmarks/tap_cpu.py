@@ -11,6 +11,7 @@ the upstream is a plain aiohttp server doing the same HTTP work once; Envoy is a
 
     .venv/bin/python benchmarks/tap_cpu.py [--requests 3000] [--concurrency 1 32] [--otlp http file none]
     .venv/bin/python benchmarks/tap_cpu.py --profile /tmp/tap.prof    # cProfile of the tap process
+    .venv/bin/python benchmarks/tap_cpu.py --native 0 --out R.json    # also a tap without the C accelerators
 
 Writes benchmarks/results/tap_cpu.json (``cpu_us_per_request`` per path and concurrency).
 """
@@ -158,6 +159,9 @@ def main() -> int:
     p.add_argument("--no-packet-stamps", action="store_true",
                    help="also run a tap (first --otlp mode) with DELTATAP_PACKET_STAMPS=0: kernel read stamps without the "
                         "per-packet log (deltatap/net/pktstamp.py), to price it side by side")
+    p.add_argument("--native", metavar="SETTING", action="append", default=[],
+                   help="also run a tap (first --otlp mode) with DELTATAP_NATIVE=SETTING (0: no C accelerator; a list keeps only "
+                        "those), path tap-<mode>-native-<SETTING>: before and after an accelerator in the same run, interleaved")
     p.add_argument("--no-envoy", action="store_true")
     p.add_argument("--profile", metavar="PROF", help="run the (first) tap under cProfile and write its stats here (CPU figures then include the profiler)")
     p.add_argument("--out", default=str(HERE / "results" / "tap_cpu.json"))
@@ -183,6 +187,11 @@ def main() -> int:
             mode = args.otlp[0]
             urls[f"tap-{mode}-nopackets"], pids[f"tap-{mode}-nopackets"] = start_tap(
                 py, mode, up_port, tmp, procs, None, {"DELTATAP_PACKET_STAMPS": "0"}
+            )
+        for setting in args.native:
+            mode = args.otlp[0]
+            urls[f"tap-{mode}-native-{setting}"], pids[f"tap-{mode}-native-{setting}"] = start_tap(
+                py, mode, up_port, tmp, procs, None, {"DELTATAP_NATIVE": setting}
             )
         envoy = None if args.no_envoy else envoy_binary()
         if envoy is not None:

@@ -113,7 +113,21 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
-_decode_json = json.JSONDecoder().decode  # json.loads minus its per-call type checks
+_JSON = json.JSONDecoder()
+_scan_json = _JSON.scan_once  # the C scanner json's decode calls, without decode's two whitespace regex matches
+
+
+def _decode_json(text: str) -> object:
+    """``json.loads(text)``: the C scanner alone when the value fills ``text`` exactly (an event's data almost always
+    does); anything else (surrounding whitespace, extra data, not JSON) goes through the whole decoder, so the result
+    and the errors are json's own."""
+    try:
+        obj, end = _scan_json(text, 0)
+    except StopIteration:
+        return _JSON.decode(text)
+    if end != len(text):
+        return _JSON.decode(text)
+    return obj
 _BOM = b"\xef\xbb\xbf"
 
 

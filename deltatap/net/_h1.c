@@ -3,8 +3,8 @@
 h1.py is the definition; these functions do exactly what its Python does (tests/kernel/test_h1_native.py
 compares them on generated messages split at random points, malformed chunk sizes, oversize lines):
 
-* parse_head(raw, request) -> (method, target, version, status, reason, headers) or ValueError(reason):
-  h1.parse_head without building the Head;
+* parse_head(raw, request) -> (method, target, version, status, reason, headers, index) or ValueError(reason):
+  h1.parse_head without building the Head (index: what Head.values builds, lower-cased name -> values);
 * head_end(buf, start) -> int: h1._head_end;
 * body(data, pos, state, remaining, buf, out) -> (pos, state, remaining, buf, how, arg): Reader.feed's body
   states (Content-Length, chunk size / data / CRLF, trailers) stepped over the read until the message ends
@@ -241,7 +241,42 @@ static PyObject *h1_parse_head(PyObject *mod, PyObject *args) {
         if (nl == NULL) break;
         pos = stop + 1;
     }
-    result = Py_BuildValue("(OOOiOO)", method, target, version, status, reason, headers);
+    {
+        /* the Head's name index (Head.values): lower-cased name -> its values, in order */
+        PyObject *index = PyDict_New();
+        if (index == NULL) goto done;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(headers); i++) {
+            PyObject *pair = PyList_GET_ITEM(headers, i);
+            PyObject *name = PyTuple_GET_ITEM(pair, 0);
+            Py_ssize_t nn = PyBytes_GET_SIZE(name);
+            PyObject *lname = PyBytes_FromStringAndSize(NULL, nn);
+            if (lname == NULL) {
+                Py_DECREF(index);
+                goto done;
+            }
+            const char *src = PyBytes_AS_STRING(name);
+            char *dst = PyBytes_AS_STRING(lname);
+            for (Py_ssize_t k = 0; k < nn; k++) dst[k] = (src[k] >= 'A' && src[k] <= 'Z') ? (char)(src[k] + 32) : src[k];
+            PyObject *values = PyDict_GetItemWithError(index, lname); /* borrowed */
+            int rc;
+            if (values == NULL) {
+                if (PyErr_Occurred()) rc = -1;
+                else {
+                    values = PyList_New(0);
+                    rc = values == NULL ? -1 : PyDict_SetItem(index, lname, values);
+                    Py_XDECREF(values); /* the dict holds it */
+                }
+            } else
+                rc = 0;
+            Py_DECREF(lname);
+            if (rc == 0) rc = PyList_Append(values, PyTuple_GET_ITEM(pair, 1));
+            if (rc < 0) {
+                Py_DECREF(index);
+                goto done;
+            }
+        }
+        result = Py_BuildValue("(OOOiOON)", method, target, version, status, reason, headers, index);
+    }
 done:
     Py_XDECREF(method);
     Py_XDECREF(target);
@@ -510,7 +545,7 @@ fail_nobuf:
 }
 
 static PyMethodDef methods[] = {
-    {"parse_head", h1_parse_head, METH_VARARGS, "parse_head(raw, request) -> (method, target, version, status, reason, headers)"},
+    {"parse_head", h1_parse_head, METH_VARARGS, "parse_head(raw, request) -> (method, target, version, status, reason, headers, index)"},
     {"head_end", h1_head_end, METH_VARARGS, "head_end(buf, start) -> offset past the head's empty line, or -1"},
     {"body", (PyCFunction)(void (*)(void))body_impl, METH_FASTCALL, "body(data, pos, state, remaining, buf, out) -> (pos, state, remaining, buf, how, arg)"},
     {NULL, NULL, 0, NULL},

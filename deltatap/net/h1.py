@@ -101,7 +101,10 @@ class Head:
 def parse_head(raw: bytes, request: bool) -> Head:
     """Parse one complete head (ending in an empty line); raises ``ValueError`` with the reason."""
     if _acc is not None:
-        return Head(raw, *_acc.parse_head(raw, request))
+        method, target, version, status, reason, headers, index = _acc.parse_head(raw, request)
+        head = Head(raw, method, target, version, status, reason, headers)
+        head._index = index  # (what values() would build)
+        return head
     return _py_parse_head(raw, request)
 
 

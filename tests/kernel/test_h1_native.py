@@ -38,7 +38,8 @@ def reference():
 
 
 def head_fields(head: h1.Head) -> tuple:
-    return (head.raw, head.method, head.target, head.version, head.status, head.reason, head.headers)
+    index = {n.lower(): head.values(n.lower()) for n, _ in head.headers}
+    return (head.raw, head.method, head.target, head.version, head.status, head.reason, head.headers, index, head.keep_alive)
 
 
 def state(r: h1.Reader) -> tuple:

@@ -150,3 +150,27 @@ def test_a_read_ending_in_crlf_does_not_swallow_the_next_read_s_lf(parser):
     assert p.feed(b"data: a\r\n") == []
     assert [e.data for e in p.feed(b"\ndata: b\n")] == ["a"]
     assert p.feed(b"data: c\r") == [] and [e.data for e in p.feed(b"\n\n")] == ["b\nc"]
+
+
+JSON_TEXT = st.one_of(
+    st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                 lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=5), c, max_size=4), max_leaves=12).map(json.dumps),
+    st.text(alphabet=' \t\n\r{}[]",:0123456789.eE+-truefalsnNaIiy\\u', max_size=30),
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(JSON_TEXT, st.sampled_from(["", " ", "\n", "x", "{}"]), st.sampled_from(["", " ", "\t"]))
+def test_event_json_is_decoded_exactly_as_json_loads_does(text, tail, lead):
+    """sse decodes each event's data with json's C scanner alone when the value fills the text: the same object, or
+    the same error, as json.loads."""
+    text = lead + text + tail
+    try:
+        want = ("ok", json.dumps(json.loads(text)))
+    except ValueError as exc:
+        want = ("error", str(exc))
+    try:
+        got = ("ok", json.dumps(sse._decode_json(text)))
+    except ValueError as exc:
+        got = ("error", str(exc))
+    assert got == want
