@@ -1,0 +1,120 @@
+"""CPU time of one stamped read (deltatap/net/kstamp.py with the packet log), Python reference vs C accelerator.
+
+A loopback pair in one process, a :class:`~deltatap.net.kstamp.KernelStampTransport` on the receiving side (no event
+loop running: its read handler is called directly after each send), an SSE-sized event (100 bytes) per write:
+
+- ``one_segment``: one write, then one read (the packet log's fast path: ``TCP_INFO`` counters, one ``recvmsg``);
+- ``merged_4``: four writes, 0.1 ms, then one read holding all four (placed segment by segment from the packet log,
+  handed over at once to a protocol with ``cuts_received``, as the relay's).
+
+Each measurement runs in a child process, ``DELTATAP_NATIVE=0`` (the Python) and unset (the C twin,
+``deltatap/net/_pktring.c``), alternating, ``--rounds`` times; the figure is the CPU time (``thread_time``: user +
+system, the syscalls included) of the read handler per read. Needs CAP_NET_RAW (the packet log).
+
+    .venv/bin/python benchmarks/read_path_cpu.py [--reads 20000] [--rounds 3]
+
+Writes benchmarks/results/read_path_cpu.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+CHILD = r"""
+import asyncio, json, socket, sys, time
+from deltatap.net import kstamp, pktstamp
+if pktstamp.packet_log() is None:
+    print(json.dumps({"error": "no packet log (needs CAP_NET_RAW)"})); sys.exit(0)
+
+class P(asyncio.Protocol):
+    n = 0
+    def data_received(self, d): self.n += len(d)
+    def cuts_received(self, d, pieces): self.n += len(d)
+
+loop = asyncio.new_event_loop()
+ls = socket.create_server(("127.0.0.1", 0))
+c = socket.create_connection(ls.getsockname()); s, _ = ls.accept()
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+s.setsockopt(socket.SOL_SOCKET, kstamp.SO_TIMESTAMPING, kstamp.RX_FLAGS)
+p = P(); tr = kstamp.KernelStampTransport(loop, s, p)
+msg = b"data: " + b"x" * 90 + b"\n\n"
+N = int(sys.argv[1])
+out = {"accelerated": pktstamp._acc is not None}
+cost = 0
+for _ in range(N):
+    c.send(msg)
+    t = time.thread_time_ns(); tr._on_readable(); cost += time.thread_time_ns() - t
+out["one_segment_us"] = cost / N / 1000
+cost, M = 0, N // 4
+before = dict(kstamp.MERGED_READS)
+for _ in range(M):
+    for _ in range(4):
+        c.send(msg)
+    time.sleep(0.0001)
+    t = time.thread_time_ns(); tr._on_readable(); cost += time.thread_time_ns() - t
+out["merged_4_us"] = cost / M / 1000
+out["merged_reads_placed"] = kstamp.MERGED_READS["packets"] - before["packets"]
+out["merged_reads"] = M
+out["bytes_ok"] = p.n == (N + 4 * M) * len(msg)
+print(json.dumps(out))
+"""
+
+
+def child(native: bool, reads: int) -> dict:
+    env = dict(os.environ)
+    env.pop("DELTATAP_NATIVE", None)
+    if not native:
+        env["DELTATAP_NATIVE"] = "0"
+    r = subprocess.run([sys.executable, "-c", CHILD, str(reads)], env=env, capture_output=True, text=True, timeout=600, check=False)
+    if r.returncode != 0:
+        raise SystemExit(f"read_path_cpu: the measuring process failed: {r.stderr.strip().splitlines()[-1:] or r.returncode}")
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    if "error" in got:
+        raise SystemExit(f"read_path_cpu: {got['error']}")
+    return got
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reads", type=int, default=20000, help="one-segment reads per process (a quarter as many merged reads)")
+    ap.add_argument("--rounds", type=int, default=3, help="processes per mode, alternating")
+    ap.add_argument("--out", default=str(HERE / "results" / "read_path_cpu.json"))
+    args = ap.parse_args()
+    if args.reads < 4 or args.rounds < 1:
+        raise SystemExit("read_path_cpu: --reads must be at least 4 and --rounds at least 1")
+    runs: dict[str, list[dict]] = {"python": [], "c": []}
+    for _ in range(args.rounds):
+        runs["python"].append(child(False, args.reads))
+        runs["c"].append(child(True, args.reads))
+    if not all(r["accelerated"] for r in runs["c"]):
+        raise SystemExit("read_path_cpu: deltatap.net._pktring is not built (rebuild: .venv/bin/pip install -e '.[test]')")
+    summary = {
+        mode: {k: round(statistics.median(r[k] for r in rs), 2) for k in ("one_segment_us", "merged_4_us")} for mode, rs in runs.items()
+    }
+    result = {
+        "command": "python benchmarks/read_path_cpu.py " + " ".join(sys.argv[1:]),
+        "what": "CPU us (thread_time, syscalls included) of one stamped read with the packet log: one segment, and four "
+                "merged segments placed from the log; Python reference (DELTATAP_NATIVE=0) vs C accelerator; median of the rounds",
+        "loadavg_1m_before": os.getloadavg()[0],
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "summary": summary,
+        "runs": runs,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
