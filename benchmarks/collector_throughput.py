@@ -17,6 +17,10 @@ requests whose client (root) span never arrives, so all 100k traces stay open; R
 ``--compare-native N`` runs the throughput phase 2N times, alternating a collector with the C accelerators turned
 off (``DELTATAP_NATIVE=0``: the pure-Python references) and on, and reports both (each run and the medians); the
 memory phase runs with them on (as ``deltatap collect`` does where they are built).
+
+``--stages N`` instead measures where the CPU goes, in-process and without gRPC: N requests' exports decoded,
+assembled, joined and turned into rows (ticks as at 60k spans/s every 50 ms), the CPU time of each stage per span,
+in one child process with ``DELTATAP_NATIVE=0`` and one with the accelerators.
 """
 
 from __future__ import annotations
@@ -238,19 +242,98 @@ def throughput(r: dict, requests: int, spans: int) -> dict:
     }
 
 
+def stages(n_requests: int) -> dict:
+    """CPU µs per span of each stage (decode, assemble, join, rows), in this process (see --stages)."""
+    from deltatap.collector.compact import decode_compact
+    from deltatap.collector.pipeline import Pipeline, PipelineOptions
+    from deltatap.collector.service import tune_gc
+    from deltatap.core import native
+
+    exports = build_exports(n_requests, 50, with_client=True)
+    tune_gc()
+    p = Pipeline(options=PipelineOptions(grace_s=0.2, join_hold_s=0.2, orphan_wait_s=10.0, keep_rows=0))
+    cpu = {"decode": 0.0, "assemble": 0.0, "join": 0.0, "rows": 0.0}
+    clock = time.process_time
+    now, rows = 0.0, 0
+
+    def join(frags: list, t: float) -> None:
+        for f in frags:
+            p.joiner.add(f, t)
+
+    for i, data in enumerate(exports):
+        t = clock()
+        spans = decode_compact(data)
+        t1 = clock()
+        frags = p.assembler.add(spans, now)
+        t2 = clock()
+        join(frags, now)
+        t3 = clock()
+        cpu["decode"] += t1 - t
+        cpu["assemble"] += t2 - t1
+        cpu["join"] += t3 - t2
+        now += len(spans) / TARGET_SPANS_PER_S
+        last = i == len(exports) - 1
+        if i % 15 == 14 or last:  # a tick every 50 ms at 60k spans/s (15 exports of 200 spans)
+            t = clock()
+            frags = p.assembler.flush(now) if last else p.assembler.poll(now)
+            t1 = clock()
+            join(frags, now)
+            groups = p.joiner.flush() if last else p.joiner.poll(now)
+            t2 = clock()
+            rows += len(p._rows(groups))
+            cpu["assemble"] += t1 - t
+            cpu["join"] += t2 - t1
+            cpu["rows"] += clock() - t2
+    n_spans = n_requests * 4
+    total = sum(cpu.values())
+    return {"requests": n_requests, "rows": rows, "accelerators": native.status(),
+            "us_per_span": {k: v / n_spans * 1e6 for k, v in cpu.items()}, "total_us_per_span": total / n_spans * 1e6,
+            "spans_per_cpu_s": n_spans / total}
+
+
+def _stages_child(conn, n_requests: int) -> None:
+    try:
+        os.sched_setaffinity(0, {0})
+    except (AttributeError, OSError):
+        pass
+    conn.send(stages(n_requests))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=40_000)
     ap.add_argument("--open-traces", type=int, default=100_000)
     ap.add_argument("--compare-native", type=int, default=0, metavar="N",
                     help="run the throughput phase N times with DELTATAP_NATIVE=0 and N times with the accelerators, alternating")
+    ap.add_argument("--stages", type=int, default=0, metavar="N",
+                    help="only measure the CPU per span of each stage, in-process, on N requests (with and without the accelerators)")
     ap.add_argument("--out", default=None, help="results file (default benchmarks/results/collector_throughput.json, "
                                                  "collector_throughput_native.json with --compare-native)")
     args = ap.parse_args()
     if args.requests <= 0 or args.open_traces <= 0 or args.compare_native < 0:
         ap.error("--requests and --open-traces must be positive, --compare-native not negative")
-    out_name = "collector_throughput_native.json" if args.compare_native else "collector_throughput.json"
+    if args.stages < 0:
+        ap.error("--stages must be positive")
+    out_name = "collector_stages.json" if args.stages else "collector_throughput_native.json" if args.compare_native else "collector_throughput.json"
     args.out = args.out or str(ROOT / "benchmarks" / "results" / out_name)
+    if args.stages:
+        got = {}
+        ctx = mp.get_context("spawn")
+        for label, setting in (("python", "0"), ("native", "1")):
+            parent_conn, child_conn = ctx.Pipe()
+            os.environ["DELTATAP_NATIVE"] = setting  # read by the spawned child at import
+            proc = ctx.Process(target=_stages_child, args=(child_conn, args.stages), daemon=True)
+            proc.start()
+            got[label] = parent_conn.recv()
+            proc.join(timeout=60)
+            print(label, json.dumps(got[label]), flush=True)
+        os.environ.pop("DELTATAP_NATIVE", None)
+        result = {"benchmark": "collector_stages", "command": "benchmarks/collector_throughput.py " + " ".join(sys.argv[1:]),
+                  "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "stages": got, "load_average": os.getloadavg()}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.out}")
+        return 0
     load_start = os.getloadavg()
 
     t = time.monotonic()

@@ -252,6 +252,31 @@ static PyObject *code_obj(char c) {
     }
 }
 
+/* ---- a few recent signatures and what they found, compared byte-wise before a dict lookup ------------ */
+#define MEMO 8
+typedef struct { char *sig; Py_ssize_t n; PyObject *entry; } memo_t;
+static memo_t g_kmemo[MEMO], g_pmemo[MEMO];
+static int g_knext, g_pnext;
+
+static PyObject *memo_find(memo_t *m, const char *sig, Py_ssize_t n) {
+    for (int i = 0; i < MEMO; i++)
+        if (m[i].entry && m[i].n == n && memcmp(m[i].sig, sig, (size_t)n) == 0) return m[i].entry;  /* borrowed */
+    return NULL;
+}
+static void memo_put(memo_t *m, int *next, const char *sig, Py_ssize_t n, PyObject *entry) {
+    char *copy = PyMem_Malloc((size_t)(n ? n : 1));
+    if (!copy) return;  /* (a memo is optional: the dict has it) */
+    if (n) memcpy(copy, sig, (size_t)n);
+    memo_t *e = &m[*next];
+    *next = (*next + 1) % MEMO;
+    PyMem_Free(e->sig);
+    Py_XSETREF(e->entry, Py_NewRef(entry));
+    e->sig = copy; e->n = n;
+}
+static void memo_clear(memo_t *m) {
+    for (int i = 0; i < MEMO; i++) { PyMem_Free(m[i].sig); m[i].sig = NULL; m[i].n = 0; Py_CLEAR(m[i].entry); }
+}
+
 /* ---- bounded caches ------------------------------------------------------------------------------ */
 static int cache_put(PyObject *d, PyObject *k, PyObject *v, Py_ssize_t max) {
     if (PyDict_GET_SIZE(d) >= max) PyDict_Clear(d);
@@ -309,10 +334,12 @@ static PyObject *key_plan(dec_t *d, const svec *keys, PyObject **hold) {
     d->ksig.n = 0;
     for (Py_ssize_t i = 0; i < keys->n; i++)
         if (cbuf_lp(&d->ksig, keys->a[i].p, keys->a[i].n) < 0) return NULL;
+    PyObject *e = memo_find(g_kmemo, d->ksig.a ? d->ksig.a : "", d->ksig.n);
+    if (e) { Py_INCREF(e); *hold = e; goto check; }
     PyObject *k = PyBytes_FromStringAndSize(d->ksig.a ? d->ksig.a : "", d->ksig.n);
     if (!k) return NULL;
-    PyObject *e = PyDict_GetItemWithError(g_kplans, k);
-    if (e) { Py_INCREF(e); Py_DECREF(k); *hold = e; goto check; }
+    e = PyDict_GetItemWithError(g_kplans, k);
+    if (e) { Py_INCREF(e); Py_DECREF(k); *hold = e; memo_put(g_kmemo, &g_knext, d->ksig.a ? d->ksig.a : "", d->ksig.n, e); goto check; }
     if (PyErr_Occurred()) { Py_DECREF(k); return NULL; }
     PyObject *raw = tuple_of_slices(keys->a, keys->n);
     if (!raw) { Py_DECREF(k); return NULL; }
@@ -322,6 +349,7 @@ static PyObject *key_plan(dec_t *d, const svec *keys, PyObject **hold) {
     if (cache_put(g_kplans, k, e, g_max_kplans) < 0) { Py_DECREF(k); Py_DECREF(e); return NULL; }
     Py_DECREF(k);
     *hold = e;
+    memo_put(g_kmemo, &g_knext, d->ksig.a ? d->ksig.a : "", d->ksig.n, e);
 check:
     if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 4 || !PyTuple_Check(PyTuple_GET_ITEM(e, 2)) || !PyTuple_Check(PyTuple_GET_ITEM(e, 3))) {
         Py_CLEAR(*hold);
@@ -445,11 +473,13 @@ static int do_span(dec_t *d, const uint8_t *p, const uint8_t *end, PyObject *res
     if (cbuf_u64(s, (uint64_t)d->enames.n) < 0) goto done;
     for (Py_ssize_t i = 0; i < d->enames.n; i++)
         if (cbuf_lp(s, d->enames.a[i].p, d->enames.a[i].n) < 0) goto done;
-    sigb = PyBytes_FromStringAndSize(s->a, s->n);
-    if (!sigb) goto done;
-    plan = PyDict_GetItemWithError(g_plans, sigb);
+    plan = memo_find(g_pmemo, s->a, s->n);
     if (plan) Py_INCREF(plan);
-    else {
+    else if (!(sigb = PyBytes_FromStringAndSize(s->a, s->n))) goto done;
+    else if ((plan = PyDict_GetItemWithError(g_plans, sigb))) {
+        Py_INCREF(plan);
+        memo_put(g_pmemo, &g_pnext, s->a, s->n, plan);
+    } else {
         if (PyErr_Occurred()) goto done;
         PyObject *dec = PyList_New(nv), *nm = NULL, *rn = NULL;
         if (!dec) goto done;
@@ -473,6 +503,7 @@ static int do_span(dec_t *d, const uint8_t *p, const uint8_t *end, PyObject *res
             goto done;
         }
         if (cache_put(g_plans, sigb, plan, g_max_plans) < 0) goto done;
+        memo_put(g_pmemo, &g_pnext, s->a, s->n, plan);
     }
     {
         PyObject *layout = PyTuple_GET_ITEM(plan, 0), *pidx = PyTuple_GET_ITEM(plan, 1), *oidx = PyTuple_GET_ITEM(plan, 2);
@@ -652,7 +683,14 @@ static PyObject *otlp_configure(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *otlp_reset(PyObject *self, PyObject *unused) {
+    memo_clear(g_kmemo);
+    memo_clear(g_pmemo);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"reset", otlp_reset, METH_NOARGS, "reset(): forget the recent signatures (compact clears its caches: the span kinds changed)"},
     {"decode", otlp_decode, METH_O, "decode(data) -> list of CompactSpan, or None: the reference decides"},
     {"configure", otlp_configure, METH_VARARGS, "configure(...): the caches, callbacks and markers of collector.compact"},
     {NULL, NULL, 0, NULL},

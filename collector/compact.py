@@ -199,6 +199,8 @@ def _follow_kinds() -> None:
         _C_KPLANS.clear()
         _C_RES.clear()
         _C_PLANS.clear()
+        if _acc is not None:
+            _acc.reset()
 
 
 def _keep(key: str) -> bool:
