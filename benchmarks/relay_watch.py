@@ -1,0 +1,120 @@
+"""CPU the tap's relay spends watching one response read (in-process, no sockets): the hot path
+(:meth:`deltatap.proxy.relay.Upstream._watch` on a read of body bytes alone) against the general loop it replaced
+(:meth:`Upstream._watch_events`, the relay's watch step before the hot path, kept as the reference).
+
+Each response is the stream benchmarks/tap_mock_upstream.py writes (aiohttp, chunked: the head, a role event,
+``--tokens`` content events, a usage event, [DONE], the last chunk), read one write per read. Only the body reads
+between the head and the last chunk are timed (process CPU time), through the same framing reader and stream
+observer either way, so the difference is the relay's own Python. Paths alternate each round (shuffled);
+figures are the median of the rounds.
+
+    .venv/bin/python benchmarks/relay_watch.py [--responses 20000] [--rounds 5] [--tokens 8]
+
+Writes benchmarks/results/relay_watch.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from deltatap.core.fingerprint import Fingerprinter
+from deltatap.proxy import TapOptions
+from deltatap.proxy.record import TapRecord
+from deltatap.proxy.relay import Downstream, Exchange, Upstream
+from deltatap.proxy.server import Tap
+from deltatap.proxy.spans import begin
+from deltatap.telemetry.tracer import setup_telemetry
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from tap_mock_upstream import DONE, ROLE, token  # noqa: E402
+
+
+def reads(tokens: int) -> list[bytes]:
+    """The mock upstream's response, one read per write (aiohttp frames each write as one chunk)."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
+    usage = b'data: {"object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":8,"completion_tokens":%d}}\n\n' % tokens
+    events = [ROLE, *(token(i) for i in range(tokens)), usage, DONE]
+    return [head, *(b"%x\r\n" % len(e) + e + b"\r\n" for e in events), b"0\r\n\r\n"]
+
+
+def run(tap: Tap, stream: list[bytes], responses: int, hot: bool) -> float:
+    """CPU seconds spent watching the body reads of ``responses`` responses."""
+    spent = 0.0
+    t = 1_000_000
+    for _ in range(responses):
+        d = Downstream(tap)
+        d.closed = True  # (no socket: no head timer)
+        up = Upstream(tap)
+        up.down, d.up = d, up
+        ex = Exchange(TapRecord(received=t, method="POST", path="/v1/chat/completions"), begin({}), Fingerprinter(tap.fp_key), b"POST")
+        ex.request_done = True
+        tap.exchange_started()
+        d.exchanges.append(ex)
+        reader = up.reader
+        reader.expect(b"POST")
+        watch = up._watch if hot else up._watch_events
+        up._watch(d, stream[0], reader.feed(stream[0]), t, 0, t + 10, 0)  # the head (untimed)
+        c0 = time.process_time()
+        for data in stream[1:-1]:
+            t += 1_000_000
+            watch(d, data, reader.feed(data), t, 0, t + 10, 0)
+        spent += time.process_time() - c0
+        up._watch(d, stream[-1], reader.feed(stream[-1]), t, 0, t + 10, 0)  # the end (untimed: the span is built)
+        assert ex.done and ex.rec.stream is not None and ex.rec.stream.tokens == len(stream) - 5
+    return spent
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--responses", type=int, default=20000, help="responses per path per round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--tokens", type=int, default=8)
+    p.add_argument("--out", default=str(HERE / "results" / "relay_watch.json"))
+    args = p.parse_args()
+    telemetry = setup_telemetry("deltatap-bench", exporter=InMemorySpanExporter())
+    tap = Tap(TapOptions(upstream="http://127.0.0.1:9", link="fw-engine"), telemetry)
+    stream = reads(args.tokens)
+    body_reads = len(stream) - 2
+    per_read: dict[str, list[float]] = {"hot": [], "reference": []}
+    run(tap, stream, 200, True)  # warm-up
+    run(tap, stream, 200, False)
+    for rnd in range(args.rounds):
+        order = ["hot", "reference"]
+        random.Random(rnd).shuffle(order)
+        for path in order:
+            s = run(tap, stream, args.responses, path == "hot")
+            per_read[path].append(s / (args.responses * body_reads) * 1e6)
+    telemetry.shutdown()
+    med = {k: round(statistics.median(v), 3) for k, v in per_read.items()}
+    result = {
+        "command": "python benchmarks/relay_watch.py " + " ".join(sys.argv[1:]),
+        "what": "process CPU microseconds per response body read spent in the relay's watch step (framing reader and stream "
+                "observer included, the same in both): hot = Upstream._watch, reference = Upstream._watch_events (the loop "
+                "every read went through before); median of the rounds",
+        "tokens_per_stream": args.tokens,
+        "body_reads_per_response": body_reads,
+        "responses_per_round": args.responses,
+        "us_per_read": med,
+        "us_per_read_rounds": {k: [round(x, 3) for x in v] for k, v in per_read.items()},
+        "saved_us_per_response": round((med["reference"] - med["hot"]) * body_reads, 2),
+        "machine": {"python": platform.python_version(), "platform": platform.platform()},
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({"us_per_read": med, "saved_us_per_response": result["saved_us_per_response"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
