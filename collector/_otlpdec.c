@@ -639,7 +639,11 @@ static int do_resource_spans(dec_t *d, const uint8_t *p, const uint8_t *end) {
 static PyObject *otlp_decode(PyObject *self, PyObject *arg) {
     if (!g_ready) { PyErr_SetString(PyExc_RuntimeError, "_otlpdec.configure() was not called"); return NULL; }
     Py_buffer buf;
-    if (PyObject_GetBuffer(arg, &buf, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(arg, &buf, PyBUF_SIMPLE) < 0) {  /* not bytes-like: the reference says what it is */
+        if (!PyErr_ExceptionMatches(PyExc_TypeError) && !PyErr_ExceptionMatches(PyExc_BufferError)) return NULL;
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
     dec_t d;
     memset(&d, 0, sizeof d);
     int rc = -1;

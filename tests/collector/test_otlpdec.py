@@ -225,7 +225,7 @@ def test_hand_built_encodings(data):
 def test_edge_cases():
     spans, _ = default_stack()
     good = request(spans).SerializeToString()
-    for data in (b"", b"\x0a\x00", good[: len(good) // 2], good + b"\x0a", good + b"\xff" * 11, b"\x0a\xff\xff\xff",
+    for data in (b"", b"\x0a\x00", bytearray(good), memoryview(good), "not bytes", None, good[: len(good) // 2], good + b"\x0a", good + b"\xff" * 11, b"\x0a\xff\xff\xff",
                  good.replace(b"deltatap", b"delta\xfftap", 1)):
         assert_same(data)
     # KeyValues split oddly: a key without a value beside an empty key (the slim view's one blind spot) stays equal too
