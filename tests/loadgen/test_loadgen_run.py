@@ -181,11 +181,12 @@ async def test_completions_endpoint(sse_server, telemetry):
 
 async def test_duration_ends_the_run_and_cancels_what_is_still_in_flight(sse_server, telemetry):
     state, url = sse_server
-    state.first_ms, state.interval_ms, state.tokens = 2000.0, 1.0, 2  # answers outlast the run
+    state.first_ms, state.interval_ms, state.tokens = 6000.0, 1.0, 2  # answers far outlast the run
     t0 = asyncio.get_running_loop().time()
     res = await run_load(opts(url, concurrency=3, duration_s=0.5, drain_s=0.2), telemetry)
     elapsed = asyncio.get_running_loop().time() - t0
-    assert elapsed < 1.8  # 0.5 s + 0.2 s drain + start-up, not the 2 s answers
+    # 0.5 s + 0.2 s drain + start-up (seconds on a loaded machine), never the 6 s answers
+    assert elapsed < 5
     assert res.summary["status_counts"] == {"client_cancel": 3}
     assert res.summary["error_kinds"] == {"cancelled": 3}
     assert all(r["end_unix_ns"] and r["send_unix_ns"] for r in res.records)
