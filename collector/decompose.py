@@ -27,11 +27,32 @@ from deltatap.collector.kinds.model import SpanKind, SpanView
 from deltatap.collector.observations import Extracted, Obs
 from deltatap.collector.rows import Cascade, DeltaValue, JoinMethod, PointObs, Row, TokenSource, delta_defs, intermediaries
 from deltatap.collector.spans import SpanRecord
+from deltatap.core import native
 from deltatap.core.topology import Topology
 from deltatap.core.vocab import Attr, Outcome, Role, delta_bound, point
 
 
 _new = tuple.__new__  # builds a NamedTuple (PointObs, DeltaValue) without its Python-level __new__
+_acc = native.load("deltatap.collector._rows", __name__)
+
+
+def _plan_values(vals: list, uncs: list, points: list[tuple[str, int, int, str, str]],
+                 deltas: list[tuple[str, int, int, int, int, bool]]) -> tuple[dict[str, PointObs], dict[str, DeltaValue]]:
+    """A row plan's points and deltas from the observations' times and the spans' clock uncertainties
+    (:class:`_RowPlan`). The definition: ``collector/_rows.c`` builds the same dicts in one call."""
+    return ({p: _new(PointObs, (vals[i], uncs[si], observer, source)) for p, i, si, observer, source in points},
+            {name: _new(DeltaValue, (vals[e] - vals[s], 0 if same else uncs[es] + uncs[ss], same)) for name, e, s, es, ss, same in deltas})
+
+
+if _acc is None:
+    plan_values = _plan_values
+else:
+    _acc_plan = _acc.plan_values
+
+    def plan_values(vals: list, uncs: list, points: list, deltas: list) -> tuple[dict[str, PointObs], dict[str, DeltaValue]]:
+        """:func:`_plan_values`, through the accelerator (which answers None for what it does not take)."""
+        got = _acc_plan(vals, uncs, points, deltas, PointObs, DeltaValue)
+        return _plan_values(vals, uncs, points, deltas) if got is None else got
 
 
 def _best_first(o: Obs) -> tuple[int, int]:
@@ -159,6 +180,7 @@ class Decomposer:
         self._by_layout: dict[Any, Program | None] = {}  # compact span layout -> its reader (None: read the plain way)
         self._by_shape: dict[tuple, Program] = {}  # (kind, name, service, events, keys, shape values) -> reader
         self._rows: dict[tuple[Shape, ...], _RowPlan | None] = {}  # row plans by the Shapes of a request's spans
+        self._terms: dict[tuple[str, ...], list[str]] = {}  # the residual's terms by the links tapped, in attempt order
 
     # ---- spans -> readers ------------------------------------------------------------------------
     def _kind(self, view: SpanView) -> SpanKind | None:
@@ -253,8 +275,7 @@ class Decomposer:
                 self._rows.clear()
             rp = self._rows[shapes] = _row_plan(shapes, self.point_defs)
         if rp is not None:
-            points = {p: _new(PointObs, (vals[i], uncs[si], observer, source)) for p, i, si, observer, source in rp.points}  # type: ignore[union-attr]
-            deltas = {name: _new(DeltaValue, (vals[e] - vals[s], 0 if same else uncs[es] + uncs[ss], same)) for name, e, s, es, ss, same in rp.deltas}  # type: ignore[union-attr]
+            points, deltas = plan_values(vals, uncs, rp.points, rp.deltas)  # type: ignore[union-attr]
             return ex, points, deltas, point_bounds, delta_bounds
         ex.obs = _observations(vals, uncs, shapes, srcs)
         by = choose_points(ex.obs)
@@ -272,25 +293,44 @@ class Decomposer:
         gaps = ex.gaps
         for link_out, link_in, n_mean, n_p99, n_max in self.mid_links:
             g = gaps.get(link_out)  # type: ignore[arg-type]
-            g_out = None if g is None else g.up
-            g = gaps.get(link_in)  # type: ignore[arg-type]
-            g_in = None if g is None else g.down
-            if g_out is None or g_in is None:
+            if g is None or g[0] is None:  # LinkGaps: (up, down)
                 continue
-            for name, a, b in ((n_mean, g_out[1], g_in[1]), (n_p99, g_out[2], g_in[2]), (n_max, g_out[3], g_in[3])):
-                if a is not None and b is not None:
-                    out[name] = _new(DeltaValue, (int(a) - int(b), 0, False))
+            g_out = g[0]
+            g = gaps.get(link_in)  # type: ignore[arg-type]
+            if g is None or g[1] is None:
+                continue
+            g_in = g[1]  # GapStats: (count, mean, p99, max)
+            a, b = g_out[1], g_in[1]
+            if a is not None and b is not None:
+                out[n_mean] = _new(DeltaValue, (int(a) - int(b), 0, False))
+            a, b = g_out[2], g_in[2]
+            if a is not None and b is not None:
+                out[n_p99] = _new(DeltaValue, (int(a) - int(b), 0, False))
+            a, b = g_out[3], g_in[3]
+            if a is not None and b is not None:
+                out[n_max] = _new(DeltaValue, (int(a) - int(b), 0, False))
+
+    def _residual_terms(self, attempts: dict[str, int]) -> list[str]:
+        """The residual's terms for the links that were tapped (``attempts``: link -> attempts, never 0), worked
+        out once per set of tapped links."""
+        key = tuple(attempts)
+        terms = self._terms.get(key)
+        if terms is None:
+            terms = list(self.residual_terms)
+            for link, n_req, n_ft in self.residual_taps:
+                if attempts.get(link, 0):  # an untapped link costs nothing
+                    terms += (n_req, n_ft)
+            if len(self._terms) >= _CACHE_MAX:
+                self._terms.clear()
+            self._terms[key] = terms
+        return terms
 
     def _residual(self, deltas: dict[str, DeltaValue], ex: Extracted) -> DeltaValue | None:
         """system_ttft minus every term of the TTFT path (the tap overheads of the links that were tapped)."""
         total = deltas.get(SYSTEM_TTFT)
         if total is None:
             return None
-        terms = list(self.residual_terms)
-        attempts = ex.attempts
-        for link, n_req, n_ft in self.residual_taps:
-            if attempts.get(link, 0):  # an untapped link costs nothing
-                terms += (n_req, n_ft)
+        terms = self._residual_terms(ex.attempts)
         ns = err = 0
         for n in terms:
             d = deltas.get(n)

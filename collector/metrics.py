@@ -74,33 +74,96 @@ class DeltaHistograms:
         self.sketches = Aggregator()
         self._plans: dict[tuple, tuple] = {}  # (delta names, refused, complete) -> the applicable names, their getter, as a set
 
-    def add_rows(self, rows: Iterable[Row], columns: Any = None) -> None:
-        """Add rows (``columns``, the unfiltered delta columns some callers hold, is not needed: the
-        values that do not describe their request are dropped first)."""
-        rows = rows if isinstance(rows, list) else list(rows)
+    def _plan(self, keys: tuple[str, ...], refused: bool, complete: bool) -> tuple:
+        """(the applicable names among ``keys``, their getter, as a set) for a row with those deltas."""
+        plans = self._plans
+        plan = plans.get((keys, refused, complete))
+        if plan is None:
+            if len(plans) >= 4096:
+                plans.clear()
+            idx = applicable_keys(keys, refused, complete, self.defs)
+            plan = plans[keys, refused, complete] = (tuple(keys[i] for i in idx), tuple_getter(idx), frozenset(keys[i] for i in idx))
+        return plan
+
+    def _kept_columns(self, rows: list[Row], columns: dict[str, Any]) -> tuple[dict[str, Any], dict[str, list[int]]] | None:
+        """The applicable deltas' columns cut out of the batch's unfiltered ``columns`` (numpy masks per delta,
+        nothing per value in Python), in the order :class:`DeltaColumns` would give them, and the bounds of
+        bounded ones; counts the rows and outcomes. None (nothing counted) when ``columns`` are not int64
+        arrays that hold exactly these rows' deltas: the caller collects them row by row."""
+        if not all(v.__class__ is np.ndarray and e.__class__ is np.ndarray for v, e in columns.values()):
+            return None
+        which: dict[tuple, int] = {}  # (delta names, refused, complete) -> index in plans
+        plans: list[tuple[tuple[str, ...], tuple]] = []
+        pids: list[int] = []
+        seen: dict[str, int] = {}  # outcomes in first-seen order, counted
+        bounded: dict[str, list[int]] = {}
+        for r in rows:
+            o = r.outcome
+            seen[o] = seen.get(o, 0) + 1
+            d = r.deltas
+            key = (tuple(d), is_refused(r), is_complete(r))
+            j = which.get(key)
+            if j is None:
+                j = which[key] = len(plans)
+                plans.append((key[0], self._plan(*key)))
+            pids.append(j)
+            if r.delta_bounds:
+                app = plans[j][1][2]
+                for name, b in r.delta_bounds.items():
+                    if name in app:
+                        bounded.setdefault(name, []).append(b)
+        per_plan = np.bincount(np.asarray(pids, dtype=np.intp), minlength=len(plans))
+        counts: dict[str, int] = {}
+        for (keys, _), n in zip(plans, per_plan.tolist(), strict=True):
+            for k in keys:
+                counts[k] = counts.get(k, 0) + n
+        if counts.keys() != columns.keys() or any(len(columns[k][0]) != n or len(columns[k][1]) != n for k, n in counts.items()):
+            return None
         sk = self.sketches
         sk.rows += len(rows)
         outcomes = sk.outcomes
-        plans = self._plans
-        kept = DeltaColumns()  # the applicable deltas only (collector.applies), without copying any row
-        bounded: dict[str, list[int]] = {}
-        for r in rows:
-            outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
-            d = r.deltas
-            keys = tuple(d)
-            refused, complete = is_refused(r), is_complete(r)
-            plan = plans.get((keys, refused, complete))
-            if plan is None:
-                if len(plans) >= 4096:
-                    plans.clear()
-                idx = applicable_keys(keys, refused, complete, self.defs)
-                plan = plans[keys, refused, complete] = (tuple(keys[i] for i in idx), tuple_getter(idx), frozenset(keys[i] for i in idx))
-            kept.add_values(plan[0], plan[1](tuple(d.values())))
-            if r.delta_bounds:
-                for name, b in r.delta_bounds.items():
-                    if name in plan[2]:
-                        bounded.setdefault(name, []).append(b)
-        cols = kept.columns()
+        for o, n in seen.items():
+            outcomes[o] = outcomes.get(o, 0) + n
+        if all(len(plan[0]) == len(keys) for keys, plan in plans):  # every delta applies (the usual batch)
+            return columns, bounded
+        pid = np.asarray(pids, dtype=np.intp)
+        found: list[tuple[int, int, str, Any]] = []  # (first row it applies to, its place in that row, name, columns)
+        for name, (v, e) in columns.items():
+            has = np.array([name in keys for keys, _ in plans], dtype=bool)[pid]  # rows holding the delta
+            app = np.array([name in plan[2] for _, plan in plans], dtype=bool)[pid]  # rows where it applies
+            first = np.flatnonzero(app)
+            if not first.size:
+                continue
+            sel = app[has]
+            row0 = int(first[0])
+            found.append((row0, plans[pids[row0]][1][0].index(name), name, (v, e) if sel.all() else (v[sel], e[sel])))
+        found.sort(key=lambda x: (x[0], x[1]))
+        return {name: ve for _, _, name, ve in found}, bounded
+
+    def add_rows(self, rows: Iterable[Row], columns: Any = None) -> None:
+        """Add rows (``columns``: the batch's unfiltered delta columns (:class:`DeltaColumns`) when the caller
+        holds them, else collected here; either way the values that do not describe their request are dropped
+        first)."""
+        rows = rows if isinstance(rows, list) else list(rows)
+        sk = self.sketches
+        got = None if columns is None else self._kept_columns(rows, columns)
+        if got is not None:
+            cols, bounded = got
+        else:
+            sk.rows += len(rows)
+            outcomes = sk.outcomes
+            kept = DeltaColumns()  # the applicable deltas only (collector.applies), without copying any row
+            bounded = {}
+            for r in rows:
+                outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
+                d = r.deltas
+                plan = self._plan(tuple(d), is_refused(r), is_complete(r))
+                kept.add_values(plan[0], plan[1](tuple(d.values())))
+                if r.delta_bounds:
+                    for name, b in r.delta_bounds.items():
+                        if name in plan[2]:
+                            bounded.setdefault(name, []).append(b)
+            cols = kept.columns()
         for k, (v, _) in cols.items():
             arr = np.asarray(v, dtype=np.int64)
             self.sums[k] = self.sums.get(k, 0) + int(arr.sum())

@@ -84,7 +84,7 @@ def _gap_count(cnt: Any) -> int:
 
 
 _new = tuple.__new__
-_ENV = {"as_int": as_int, "as_float": as_float, "_new": _new, "LinkGaps": LinkGaps, "_gap": _gap, "_gap_count": _gap_count,
+_ENV = {"as_int": as_int, "as_float": as_float, "_new": _new, "LinkGaps": LinkGaps, "GapStats": GapStats, "_gap": _gap, "_gap_count": _gap_count,
         "parse_stamp_bounds": parse_stamp_bounds, "delta_bound": delta_bound}
 
 
@@ -247,10 +247,17 @@ def compile_site(kind: str, kind_facts: tuple[Fact, ...], common: bool, site: Si
         up, down = g[Into.GAP_UP_MEAN] is not None, g[Into.GAP_DOWN_MEAN] is not None
         if up or down:
             r = lambda into: f"src[{none if g[into] is None else g[into]}]"  # noqa: E731
-            w(f"        cnt = _gap_count({r(Into.GAP_COUNT)})")
-            ups = f"_gap(cnt, {r(Into.GAP_UP_MEAN)}, {r(Into.GAP_UP_P99)}, {r(Into.GAP_UP_MAX)})" if up else "None"
-            downs = f"_gap(cnt, {r(Into.GAP_DOWN_MEAN)}, {r(Into.GAP_DOWN_P99)}, {r(Into.GAP_DOWN_MAX)})" if down else "None"
-            w(f"        up, down = {ups}, {downs}")
+            w(f"        cnt = {r(Into.GAP_COUNT)}")
+            w("        if cnt.__class__ is not int: cnt = _gap_count(cnt)")
+            for var, on, stats in (("up", up, (Into.GAP_UP_MEAN, Into.GAP_UP_P99, Into.GAP_UP_MAX)),
+                                   ("down", down, (Into.GAP_DOWN_MEAN, Into.GAP_DOWN_P99, Into.GAP_DOWN_MAX))):
+                if not on:
+                    w(f"        {var} = None")
+                    continue
+                w(f"        gm, gp, gx = {', '.join(r(i) for i in stats)}")
+                # all three in float milliseconds (the usual case): _gap's arithmetic inline, else _gap itself
+                w(f"        {var} = _new(GapStats, (cnt, round(gm * 1e6), round(gp * 1e6), round(gx * 1e6))) "
+                  "if gm.__class__ is float and gp.__class__ is float and gx.__class__ is float else _gap(cnt, gm, gp, gx)")
             w(f"        if up or down: ex.gaps[{link}] = _new(LinkGaps, (up, down))")
         f = link_facts.get(Into.CONTENT_EVENTS)
         if f is not None and at(f.attr) is not None:
