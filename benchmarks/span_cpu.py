@@ -206,31 +206,11 @@ def client_records(n: int, tokens: int) -> list:
 
 def sdk_client_span(runner, trace_id: int, span_id: int, rec) -> ReadableSpan:
     """loadgen/runner.py's _emit_span before records (its attributes as now): SpanContext, Event and ReadableSpan objects."""
-    from deltatap.core.vocab import SPAN_CLIENT, Attr, ClientEvent, format_stamp_bounds
+    from deltatap.core.vocab import SPAN_CLIENT, ClientEvent
 
-    attrs = dict(runner._static_attrs)
-    attrs[Attr.REQUEST_ID] = rec.request_id
-    attrs[Attr.OUTCOME] = str(rec.status)
-    attrs[Attr.GENAI_REQUEST_MAX_TOKENS] = rec.max_tokens
-    attrs[Attr.CHUNKS] = rec.transport_chunks
-    attrs[Attr.EVENTS] = rec.sse_events
-    attrs[Attr.CONTENT_EVENTS] = rec.content_events
-    if rec.http_status is not None:
-        attrs[Attr.HTTP_STATUS] = rec.http_status
-    if rec.stream_format:
-        attrs[Attr.STREAM_FORMAT] = rec.stream_format
-    if rec.usage_input_tokens is not None:
-        attrs[Attr.GENAI_INPUT_TOKENS] = rec.usage_input_tokens
-    if rec.usage_output_tokens is not None:
-        attrs[Attr.GENAI_OUTPUT_TOKENS] = rec.usage_output_tokens
-    if rec.finish_reason:
-        attrs[Attr.GENAI_FINISH_REASONS] = tuple(rec.finish_reason.split(","))
-    for k, v in rec.labels.items():
-        attrs[Attr.LABEL_PREFIX + k] = v
-    attrs[Attr.LABEL_PREFIX + "phase"] = rec.phase
-    stamp_bounds = format_stamp_bounds(rec.stamp_bounds)
-    if stamp_bounds:
-        attrs[Attr.STAMP_BOUNDS] = stamp_bounds
+    from deltatap.loadgen.runner import Runner
+
+    attrs = Runner._span_attributes(runner, rec)  # the same attributes either way
     events = [(ClientEvent.SEND.value, to_unix_ns(rec.submit_mono_ns), None), (ClientEvent.FIRST_TOKEN.value, to_unix_ns(rec.first_token_mono_ns), None),
               (ClientEvent.LAST_TOKEN.value, to_unix_ns(rec.last_token_mono_ns), None)]
     end = to_unix_ns(rec.end_mono_ns)
@@ -309,11 +289,13 @@ def main() -> int:
     from types import SimpleNamespace
 
     from deltatap.core.vocab import Attr, Observer
+    from deltatap.loadgen.runner import Runner
 
     runner = SimpleNamespace(telemetry=tel, _static_attrs={
         Attr.OBSERVER: Observer.CLIENT.value, Attr.RUN_ID: "RUN", Attr.CORRELATION_HEADER: "x-request-id", Attr.HTTP_METHOD: "POST",
         Attr.URL_PATH: "/v1/chat/completions", Attr.SERVER_ADDRESS: "127.0.0.1", Attr.SERVER_PORT: 8000, Attr.GENAI_OPERATION: "chat",
         Attr.GENAI_REQUEST_MODEL: "mock", Attr.STREAMING: True, Attr.CLOCK_OFFSET_NS: -1234, Attr.CLOCK_UNCERTAINTY_NS: 5678})
+    runner._span_attributes = lambda rec: Runner._span_attributes(runner, rec)
     recs = client_records(len(got), args.tokens)
     cfirst = {path: run_client_path(path, recs, runner, args.batch)[2] for path in paths}
     assert len(set(cfirst.values())) == 1, "the client paths encode different bytes"

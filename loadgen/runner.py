@@ -246,7 +246,8 @@ class Runner:
             self._emit_span(tid, sid, rec)
         return rec
 
-    def _emit_span(self, trace_id: int, span_id: int, rec: RequestRecord) -> None:
+    def _span_attributes(self, rec: RequestRecord) -> dict[str, Any]:
+        """The client span's attributes for ``rec``."""
         attrs = dict(self._static_attrs)
         attrs[Attr.REQUEST_ID] = rec.request_id
         attrs[Attr.OUTCOME] = str(rec.status)
@@ -274,6 +275,10 @@ class Runner:
         stamp_bounds = format_stamp_bounds(rec.stamp_bounds)
         if stamp_bounds:
             attrs[Attr.STAMP_BOUNDS] = stamp_bounds
+        return attrs
+
+    def _emit_span(self, trace_id: int, span_id: int, rec: RequestRecord) -> None:
+        attrs = self._span_attributes(rec)
         off = to_unix_ns(0)  # to_unix_ns(t) == t + off
         events: list[tuple[str, int, dict[str, Any] | None]] = []
         if rec.submit_mono_ns is not None:
