@@ -110,14 +110,16 @@ async def test_guardrail_overhead_and_cascade_match_the_stack(tmp_path, quiet_co
         # and never less than its configured cost (how much more depends on the firewall's own parse and
         # forward work and on how loaded this shared machine is: ~1.4 ms when quiet)
         assert by_decision[decision] >= ms - 0.2, (decision, by_decision[decision], ms)
-    # the configured deep-analysis cost shows in the time to decision (t4 - t3) at P50, on both the allow and
-    # the block path: never less than it (less 1 ms of timer slack), and not a whole second stage more (a
-    # decision point taken from the wrong event). How close it comes (within 0.1 ms on a quiet machine) is
-    # not asserted: load inflates the two paths' P50s differently.
+    # the configured costs show in the time to decision (t4 - t3) at P50, on both the allow and the block path:
+    # each request's decision waits its whole configured cost (the firewall's wait is exact), so the P50 is never
+    # less than it; and the deep path is not a whole second stage more than the fast one (a decision point taken
+    # from the wrong event). The difference of the two P50s is not bounded from below: they are P50s of different
+    # requests, and load inflates them differently (seen at load 8-9: 10.98 ms for a configured 12).
     decision = {r["decision"]: r["decision_p50_ms"] for r in res.report.section("guardrails").table("firewall_by_decision").records()}
     print({k: round(v, 3) for k, v in by_decision.items()}, {k: round(v, 3) for k, v in decision.items()})
     for slow, fast in (("allow (flagged, deep analysis)", "allow"), ("block (semantic analysis)", "block (pattern match)")):
-        assert deep - 1.0 <= decision[slow] - decision[fast] <= deep + fixed + 5.0, (slow, decision)
+        assert decision[slow] >= fixed + deep - 0.2 and decision[fast] >= fixed - 0.2, (slow, fast, decision)
+        assert decision[slow] - decision[fast] <= deep + fixed + 5.0, (slow, decision)
 
     # cascades: the engine's own span says how long it worked on each request (gen_ai.latency.e2e: queue -> end)
     cases = {r["request_id"]: r for r in res.report.section("cascades").table("cascade_timelines").records()}
