@@ -617,19 +617,11 @@ class Upstream(_Side):
                     return tw, bw
                 ex = exs[0]
                 rec = ex.rec
-                start, end = ev[1], ev[2]
-                rec.response_bytes += end - start
-                obs = rec.stream
-                n = 0
-                if obs is not None:
-                    n = obs.feed(data if end - start == len(data) else data[start:end], t, bound)
-                elif ex.capture_out is not None:
-                    ex.capture_out += memoryview(data)[start:end]
-                    if len(ex.capture_out) > self.tap.o.max_capture_bytes:
-                        ex.capture_out = None
+                n = self._body(ex, data, ev[1], ev[2], t, bound)
                 rec.chunks += 1
                 rec.end = tw
-                if n:  # (a read that completed no content event has nothing to tell the observer: each read's are told)
+                if n > 0:  # (a read that completed no content event has nothing to tell the observer: each read's are told)
+                    obs = rec.stream
                     if d.unplaced is None:
                         ex.last_unplaced = None
                         obs.forwarded(tw, bw)  # type: ignore[union-attr]
@@ -639,6 +631,20 @@ class Upstream(_Side):
         tw, bw = self._watch_events(d, data, events, t, bound, tw, bw)
         self.plain = not self.reader.opaque
         return tw, bw
+
+    def _body(self, ex: Exchange, data: bytes, start: int, end: int, t: int, bound: int) -> int:
+        """One BODY piece ``data[start:end]`` of ``ex``'s response: counted, then fed to its stream observer (returns
+        the content events that completed) or captured (returns -1: no observer)."""
+        rec = ex.rec
+        rec.response_bytes += end - start
+        obs = rec.stream
+        if obs is not None:
+            return obs.feed(data if end - start == len(data) else data[start:end], t, bound)
+        if ex.capture_out is not None:
+            ex.capture_out += memoryview(data)[start:end]
+            if len(ex.capture_out) > self.tap.o.max_capture_bytes:
+                ex.capture_out = None
+        return -1
 
     def _watch_events(self, d: Downstream, data: bytes, events: list[tuple], t: int, bound: int, tw: int, bw: int) -> tuple[int, int]:
         """:meth:`_watch` for a read with any events."""
@@ -652,17 +658,9 @@ class Upstream(_Side):
             if kind == BODY:
                 if ex is None:
                     continue
-                rec = ex.rec
-                n = ev[2] - ev[1]
-                rec.response_bytes += n
                 seen = True
-                if obs is not None:
-                    obs.feed(memoryview(data)[ev[1] : ev[2]], t, bound)
+                if self._body(ex, data, ev[1], ev[2], t, bound) >= 0:
                     fed = True
-                elif ex.capture_out is not None:
-                    ex.capture_out += memoryview(data)[ev[1] : ev[2]]
-                    if len(ex.capture_out) > self.tap.o.max_capture_bytes:
-                        ex.capture_out = None
             elif kind == HEAD:
                 head = ev[3]
                 if ex is None:
