@@ -369,14 +369,9 @@ class KernelStampTransport(asyncio.Transport):
             return True
         if k:
             READ_LAG.add(_wall() - k)
-        # one cut, taken: what _hand_over_read(view, n, [(n, k)], segments, t_read, taken=True) does, without its loop.
-        # Exact (bound 0) when TCP counted at most one segment and no bytes came after the count (else another
-        # segment may be in the read): back to the last moment the queue was seen empty otherwise.
-        t = _to_mono(k) if k else t_read
-        bound = 0 if k and 0 < segments and n == counts[1] - self._rx_off else max(0, t - self._empty_mono)
-        if n < len(view):
-            self._empty_mono = t_read
-        self._deliver(bytes(view[:n]), t if k else 0, bound)
+        if n != counts[1] - self._rx_off:  # (bytes came after the count: the read may hold another segment)
+            segments = 2
+        self._hand_over_read(view, n, [(n, k)], segments, t_read, taken=True)
         return True
 
     def _peer_eof(self) -> None:
