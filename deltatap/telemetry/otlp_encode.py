@@ -75,8 +75,8 @@ def _varint(n: int) -> bytes:
 
 
 # SpanKind -> Span field 6 (kind); the proto's enum is the API's value + 1 (0 is UNSPECIFIED)
-_KIND = {k: b"\x30" + _varint(k.value + 1) for k in SpanKind}
 _KIND_BY_VALUE = {k.value + 1: b"\x30" + _varint(k.value + 1) for k in SpanKind}  # a SpanRecord's kind (the proto's enum)
+_KIND = {k: _KIND_BY_VALUE[k.value + 1] for k in SpanKind}
 _STATUS_CODE = {0: b"", 1: b"\x18\x01", 2: b"\x18\x02"}  # Status.code: UNSET (the default, left out), OK, ERROR
 # Span field 16 / Link field 6 (flags, fixed32): HAS_IS_REMOTE (0x100), plus IS_REMOTE (0x200) for a remote parent
 _FLAGS_LOCAL = b"\x85\x01" + _pack_i(0x100)
@@ -407,7 +407,7 @@ def _any_span_field(span: Any) -> bytes:
 
 def _py_span_fields(spans: list) -> bytes:
     """The ScopeSpans.spans fields of ``spans`` (records and ReadableSpans), joined (the accelerator's reference)."""
-    return b"".join([_record_field(s) if type(s) is SpanRecord else _span_field(s) for s in spans])
+    return b"".join([_any_span_field(s) for s in spans])
 
 
 def _attribute_fallback(tag: bytes, key: Any, value: Any) -> bytes:

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -32,18 +32,14 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from deltatap import __version__
 from deltatap.core.vocab import INSTRUMENTATION_SCOPE
 
-if TYPE_CHECKING:
-    from deltatap.telemetry.tracer import Telemetry
-
 __all__ = [
-    "SAMPLED", "SCOPE", "SpanOrigin", "SpanRecord", "emit_span", "new_span_id", "new_trace_id", "span_record", "traceparent",
+    "SAMPLED", "SCOPE", "SpanOrigin", "SpanRecord", "new_span_id", "new_trace_id", "span_record", "traceparent",
 ]
 
 _rand = random.Random(os.urandom(32))
 os.register_at_fork(after_in_child=lambda: _rand.seed(os.urandom(32)))
 SCOPE = InstrumentationScope(INSTRUMENTATION_SCOPE, __version__)
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_UNSET = Status(StatusCode.UNSET)
 
 # SpanKind -> the OTLP enum (Span.kind): the API's value + 1 (0 is UNSPECIFIED)
 KIND_SERVER, KIND_CLIENT = SpanKind.SERVER.value + 1, SpanKind.CLIENT.value + 1
@@ -188,25 +184,3 @@ def span_record(
     return _new(SpanRecord, (origin, name, kind, trace_id, span_id, trace_state, parent_span_id, parent_remote, trace_flags,
                              attributes, events, start_unix_ns, end_unix_ns, status_code, status_description))
 
-
-def emit_span(
-    telemetry: Telemetry,
-    name: str,
-    kind: SpanKind,
-    context: SpanContext,
-    attributes: Mapping[str, Any],
-    events: Iterable[tuple[str, int, Mapping[str, Any] | None]],
-    start_unix_ns: int,
-    end_unix_ns: int,
-    parent: SpanContext | None = None,
-    status: Status = _UNSET,
-) -> None:
-    """Hand the finished span (events as ``(name, unix_ns, attributes or None)``) to the telemetry's span processor as
-    a :class:`SpanRecord` (never blocks: a full export queue drops it and counts it). For callers holding SDK
-    context objects; the tap and the load generator build their records with :func:`span_record` directly."""
-    ts = context.trace_state
-    telemetry.processor.on_end(span_record(
-        telemetry.origin, name, kind.value + 1, context.trace_id, context.span_id, dict(attributes), tuple(events),
-        start_unix_ns, end_unix_ns, ts.to_header() if ts else "", parent.span_id if parent is not None else None,
-        bool(parent is not None and parent.is_remote), int(context.trace_flags), status.status_code.value, status.description,
-    ))

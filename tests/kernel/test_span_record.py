@@ -29,7 +29,7 @@ from deltatap.proxy.record import TapRecord, events
 from deltatap.proxy.spans import _incoming, begin, emit
 from deltatap.telemetry import otlp_encode
 from deltatap.telemetry.otlp_encode import _py_span_fields, encode_export_request
-from deltatap.telemetry.spans import SCOPE, SpanOrigin, SpanRecord, emit_span, span_record
+from deltatap.telemetry.spans import SCOPE, SpanOrigin, SpanRecord, span_record
 from deltatap.telemetry.tracer import setup_telemetry
 from otlp_spans import tap_spans, varied_spans
 
@@ -324,24 +324,6 @@ def test_respect_sampling_records_nothing_under_an_unsampled_parent():
         emit(tel, "t", begin({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}), rec, {}, respect_sampling=True)
         tel.processor.force_flush()
         assert len(mem.get_finished_spans()) == 1 and tel.stats.spans_ended == 1
-    finally:
-        tel.shutdown()
-
-
-def test_emit_span_hands_a_record_equal_to_the_sdk_span():
-    mem = InMemorySpanExporter()
-    tel = setup_telemetry("deltatap-loadgen", exporter=mem)
-    try:
-        ctx = SpanContext(5, 6, is_remote=False, trace_flags=TraceFlags(1))
-        parent = SpanContext(5, 9, is_remote=True, trace_flags=TraceFlags(1))
-        emit_span(tel, "deltatap.client", SpanKind.CLIENT, ctx, {"a": "b"}, [("x", 3, None), ("y", 4, {"e": 1})], 1, 5, parent=parent,
-                  status=Status(StatusCode.ERROR, "boom"))
-        tel.processor.force_flush()
-        (got,) = mem.get_finished_spans()
-        ref = ReadableSpan(name="deltatap.client", context=ctx, parent=parent, resource=tel.provider.resource, attributes={"a": "b"},
-                           events=(Event("x", None, 3), Event("y", {"e": 1}, 4)), kind=SpanKind.CLIENT, status=Status(StatusCode.ERROR, "boom"),
-                           start_time=1, end_time=5, instrumentation_scope=SCOPE)
-        assert encode_export_request([got]) == sdk_bytes([ref])
     finally:
         tel.shutdown()
 
