@@ -293,22 +293,14 @@ class Decomposer:
         gaps = ex.gaps
         for link_out, link_in, n_mean, n_p99, n_max in self.mid_links:
             g = gaps.get(link_out)  # type: ignore[arg-type]
-            if g is None or g[0] is None:  # LinkGaps: (up, down)
-                continue
-            g_out = g[0]
+            g_out = None if g is None else g.up
             g = gaps.get(link_in)  # type: ignore[arg-type]
-            if g is None or g[1] is None:
+            g_in = None if g is None else g.down
+            if g_out is None or g_in is None:
                 continue
-            g_in = g[1]  # GapStats: (count, mean, p99, max)
-            a, b = g_out[1], g_in[1]
-            if a is not None and b is not None:
-                out[n_mean] = _new(DeltaValue, (int(a) - int(b), 0, False))
-            a, b = g_out[2], g_in[2]
-            if a is not None and b is not None:
-                out[n_p99] = _new(DeltaValue, (int(a) - int(b), 0, False))
-            a, b = g_out[3], g_in[3]
-            if a is not None and b is not None:
-                out[n_max] = _new(DeltaValue, (int(a) - int(b), 0, False))
+            for name, a, b in ((n_mean, g_out[1], g_in[1]), (n_p99, g_out[2], g_in[2]), (n_max, g_out[3], g_in[3])):
+                if a is not None and b is not None:
+                    out[name] = _new(DeltaValue, (int(a) - int(b), 0, False))
 
     def _residual_terms(self, attempts: dict[str, int]) -> list[str]:
         """The residual's terms for the links that were tapped (``attempts``: link -> attempts, never 0), worked
