@@ -122,6 +122,7 @@ def client_main(port: int, streams: int, ramp_rate: float, duration: float, out:
     import numpy as np
 
     delays: list[int] = []
+    at: list[int] = []  # when each delay was taken (monotonic ns), for the per-second timeline
     state = {"measuring": False, "opened": 0, "failed_connect": 0, "ended_early": 0, "bad_status": 0, "events": 0}
     body = b'{"model":"m","stream":true,"messages":[{"role":"user","content":"soak"}]}'
     request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -154,6 +155,7 @@ def client_main(port: int, streams: int, ramp_rate: float, duration: float, out:
                     break
                 if state["measuring"]:
                     delays.append(now - int(self.buf[k + 4 : e]))
+                    at.append(now)
                     state["events"] += 1
                 pos = e
             self.buf = self.buf[pos:] if pos else self.buf[-4096:]
@@ -177,6 +179,7 @@ def client_main(port: int, streams: int, ramp_rate: float, duration: float, out:
                 state["connect_errors"][type(exc).__name__ + f" {exc.errno}"] += 1
 
         t0 = loop.time()
+        t0_ns = time.monotonic_ns()
         batch = max(1, int(ramp_rate / 20))
         pending = []
         for i in range(0, streams, batch):
@@ -199,6 +202,14 @@ def client_main(port: int, streams: int, ramp_rate: float, duration: float, out:
         res.update(ramp_s=round(ramp_s, 2), measured_s=round(measured_s, 2), events_per_s=round(state["events"] / measured_s, 1),
                    delay_ms={q: round(float(np.percentile(d, p)), 3) for q, p in (("p50", 50), ("p90", 90), ("p99", 99), ("p999", 99.9))}
                    | {"max": round(float(d.max()), 3), "mean": round(float(d.mean()), 3)})
+        # per second of the run (seconds since the client started, as the orchestrator's samples): events, p50, p99, max
+        if delays:
+            sec = (np.array(at, dtype=np.int64) - t0_ns) // 1_000_000_000
+            timeline = []
+            for s_ in np.unique(sec):
+                x = d[sec == s_]
+                timeline.append([int(s_), int(x.size), round(float(np.percentile(x, 50)), 3), round(float(np.percentile(x, 99)), 3), round(float(x.max()), 3)])
+            res["delay_timeline"] = timeline
         Path(out).write_text(json.dumps(res))
 
     asyncio.run(main())
@@ -225,6 +236,32 @@ def _one_stat(pid: int) -> tuple[float, float]:
         return rss, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, StopIteration, IndexError, ValueError):
         return 0.0, 0.0
+
+
+_SCRAPED = ("deltatap_process_gc_collections_total", "deltatap_process_gc_pause_seconds_total", "deltatap_process_gc_pause_max_seconds",
+            "deltatap_process_merged_reads_total", "deltatap_process_slow_sends_total", "deltatap_process_read_lag_seconds_count",
+            "deltatap_process_read_lag_seconds_sum")
+
+
+def _scrape(admin: int) -> dict[str, float]:
+    """The tap's own counters from its ``/metrics`` (garbage-collection pauses, read lag, merged reads, slow sends:
+    docs/tap.md), keyed ``name{label=value,...}`` without the link label; empty when it does not answer in 2 s."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if smp.name in _SCRAPED:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(smp.labels.items()) if k != "link")
+                out[f"{smp.name}{{{labels}}}" if labels else smp.name] = smp.value
+    return out
 
 
 def _wait_port(path: Path, proc: subprocess.Popen, timeout_s: float = 30) -> int:
@@ -270,6 +307,7 @@ def run_phase(name: str, args, work: Path) -> dict:
         procs["engine"] = subprocess.Popen([*me, "--role", "engine", "--port-file", str(port_file), "--interval", str(args.interval)])
         engine_port = _wait_port(port_file, procs["engine"])
         target = engine_port
+        res_metrics: dict[str, float] = {}
         if name == "tap":
             target, admin = _free_port(), _free_port()
             log = open(work / "tap.log", "wb")
@@ -283,6 +321,7 @@ def run_phase(name: str, args, work: Path) -> dict:
         procs["client"] = subprocess.Popen([*me, "--role", "client", "--port", str(target), "--streams", str(args.streams),
                                             "--ramp-rate", str(args.ramp_rate), "--duration", str(args.duration), "--client-out", str(out)])
         samples = {k: [] for k in procs}
+        gc_curve = []  # (seconds since the client started, full collections, their total pause s, longest s)
         t0 = time.monotonic()
         while procs["client"].poll() is None:
             if time.monotonic() - t0 > args.duration + 120:
@@ -291,6 +330,13 @@ def run_phase(name: str, args, work: Path) -> dict:
             for k, p in procs.items():
                 rss, cpu = _proc_stat(p.pid)
                 samples[k].append((round(time.monotonic() - t0, 1), round(rss, 1), round(cpu, 2)))
+            if name == "tap":
+                m = _scrape(admin)
+                if m:
+                    gc_curve.append((round(time.monotonic() - t0, 1), m.get('deltatap_process_gc_collections_total{generation=2}'),
+                                     round(m.get('deltatap_process_gc_pause_seconds_total{generation=2}', 0.0), 3),
+                                     round(m.get('deltatap_process_gc_pause_max_seconds{generation=2}', 0.0), 3)))
+                    res_metrics = m
             time.sleep(1.0)
         if procs["client"].returncode != 0 or not out.is_file():
             raise SystemExit(f"soak: the {name} phase's client failed (rc {procs['client'].returncode})")
@@ -308,6 +354,8 @@ def run_phase(name: str, args, work: Path) -> dict:
             m = re.search(r"read stamps: (\w+)", (work / "tap.log").read_text(errors="replace"))
             res["tap_stamp_source"] = m.group(1) if m else None  # packet, kernel or process (docs/tap.md)
             res["tap_rss_curve"] = [[t, rss] for t, rss, _ in samples["tap"]]  # (seconds since the client started, MB)
+            res["tap_gc_full_curve"] = gc_curve
+            res["tap_metrics_last"] = res_metrics
         return res
     finally:
         for k in ("client", "tap", "engine"):
