@@ -11,7 +11,12 @@ as its own monotonic clock minus that stamp (one host, one clock), from the mome
 ``--ramp-rate`` streams/s) to the end of ``--duration``. Phases: ``direct`` (client -> engine), then ``tap``
 (client -> tap -> engine), each ``--duration`` long.
 
-Memory (VmRSS) and CPU of the tap are sampled every second, the engine's and the client's too. The open-file
+Memory (VmRSS) and CPU of the tap are sampled every second, the engine's and the client's too; each process's CPU
+per event (user + system over the measured window, divided by the events the client took) is in ``processes``. The
+client also keeps the delay quantiles of every second (``delay_timeline``: a tail from one stall shows as one bad
+second, a tap that cannot keep up as a rising run), and the tap's own counters are read from its ``/metrics`` every
+2 s (``tap_gc_full_curve``: full garbage collections and their pauses; ``tap_metrics_last``: those, the read lag,
+merged reads and slow sends, read after the client's end). The open-file
 limit is raised to what the streams need (2 per stream for the tap, plus slack) where the hard limit allows; where
 it does not, the soft limit goes to the hard limit and the JSON says how many streams that leaves room for. Streams
 that could not be opened, ended early or were answered with an error are counted.
@@ -34,6 +39,7 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -243,15 +249,15 @@ _SCRAPED = ("deltatap_process_gc_collections_total", "deltatap_process_gc_pause_
             "deltatap_process_read_lag_seconds_sum")
 
 
-def _scrape(admin: int) -> dict[str, float]:
+def _scrape(admin: int, timeout: float = 5.0) -> dict[str, float]:
     """The tap's own counters from its ``/metrics`` (garbage-collection pauses, read lag, merged reads, slow sends:
-    docs/tap.md), keyed ``name{label=value,...}`` without the link label; empty when it does not answer in 2 s."""
+    docs/tap.md), keyed ``name{label=value,...}`` without the link label; empty when it does not answer in ``timeout`` s."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=2) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=timeout) as r:
             text = r.read().decode()
     except OSError:
         return {}
@@ -323,6 +329,20 @@ def run_phase(name: str, args, work: Path) -> dict:
         samples = {k: [] for k in procs}
         gc_curve = []  # (seconds since the client started, full collections, their total pause s, longest s)
         t0 = time.monotonic()
+        scraping = threading.Event()
+        if name == "tap":  # (its own thread: a tap far behind answers late, and the samples must not wait for it)
+            def scrape_loop() -> None:
+                while not scraping.wait(2.0):
+                    m = _scrape(admin)
+                    if m:
+                        gc_curve.append((round(time.monotonic() - t0, 1), m.get("deltatap_process_gc_collections_total{generation=2}"),
+                                         round(m.get("deltatap_process_gc_pause_seconds_total{generation=2}", 0.0), 3),
+                                         round(m.get("deltatap_process_gc_pause_max_seconds{generation=2}", 0.0), 3)))
+                        res_metrics.clear()
+                        res_metrics.update(m)
+
+            scraper = threading.Thread(target=scrape_loop, daemon=True)
+            scraper.start()
         while procs["client"].poll() is None:
             if time.monotonic() - t0 > args.duration + 120:
                 procs["client"].kill()
@@ -330,14 +350,14 @@ def run_phase(name: str, args, work: Path) -> dict:
             for k, p in procs.items():
                 rss, cpu = _proc_stat(p.pid)
                 samples[k].append((round(time.monotonic() - t0, 1), round(rss, 1), round(cpu, 2)))
-            if name == "tap":
-                m = _scrape(admin)
-                if m:
-                    gc_curve.append((round(time.monotonic() - t0, 1), m.get('deltatap_process_gc_collections_total{generation=2}'),
-                                     round(m.get('deltatap_process_gc_pause_seconds_total{generation=2}', 0.0), 3),
-                                     round(m.get('deltatap_process_gc_pause_max_seconds{generation=2}', 0.0), 3)))
-                    res_metrics = m
             time.sleep(1.0)
+        scraping.set()
+        if name == "tap":
+            scraper.join(15)
+            m = _scrape(admin, timeout=10)  # (after the client's end: the tap's counters over the whole phase)
+            if m:
+                res_metrics.clear()
+                res_metrics.update(m)
         if procs["client"].returncode != 0 or not out.is_file():
             raise SystemExit(f"soak: the {name} phase's client failed (rc {procs['client'].returncode})")
         res = json.loads(out.read_text())
@@ -348,6 +368,14 @@ def run_phase(name: str, args, work: Path) -> dict:
             span = s[-1][0] - s[0][0] or 1.0
             res["processes"][k] = {"rss_max_mb": max(x[1] for x in s), "rss_last_mb": s[-1][1],
                                    "cpu_share": round((s[-1][2] - s[0][2]) / span, 3)}
+            # CPU per event while the client measured (from 2 s after the ramp for measured_s): user + system
+            lo, hi = res["ramp_s"] + 2.0, res["ramp_s"] + 2.0 + res["measured_s"]
+            win = [x for x in s if lo <= x[0] <= hi]
+            if len(win) >= 2 and res["events"]:
+                per_s = res["events"] / res["measured_s"]
+                res["processes"][k]["cpu_share_measured"] = round((win[-1][2] - win[0][2]) / (win[-1][0] - win[0][0]), 3)
+                res["processes"][k]["cpu_us_per_event"] = round((win[-1][2] - win[0][2]) / (win[-1][0] - win[0][0]) / per_s * 1e6, 1)
+            res["processes"][k]["cpu_curve"] = [[t, c] for t, _, c in s]  # (seconds since the client started, CPU s so far)
         if "tap" in samples:
             import re
 
