@@ -12,7 +12,11 @@ Phases (a fresh process per run, the tools alternating run by run, ``--repeat`` 
 * closed loop at each ``--concurrency`` for ``--closed-requests`` requests, deltatap vs AIPerf: completed
   requests / (last end - first send); the best median over the concurrencies is the tool's "max rate";
 * ``--processes``: deltatap's closed loop at ``--max-concurrency`` with ``--processes 1`` and ``2`` (max rate of
-  one process vs two);
+  one process vs two) against a second, light engine (``--processes-tokens`` tokens, no delays: its requests end as
+  soon as it has read them), so that the rate is the load generator's; the CPU of the load generator (every
+  process), the engine and the span sink is reported as a share of a core, and the load generator's event loop
+  threads' wait for a CPU (``send_phase_cpu_wait_s``): on a host with fewer free cores than processes, a second
+  process finds no core of its own;
 * open loop Poisson at each ``--rates`` for ``--seconds`` s: achieved rate as the engine counted arrivals vs the
   seeded plan's, send lag (actual send - planned instant on deltatap's absolute timeline; AIPerf:
   ``request_start_ns - credit_issued_ns``), first-token receive delay (the tool's first-token stamp minus the
@@ -21,6 +25,10 @@ Phases (a fresh process per run, the tools alternating run by run, ``--repeat`` 
 deltatap exports its client spans over OTLP/HTTP to a span sink in its own process (benchmarks/tap_sink.py);
 its CPU per request is reported for the whole process (start-up included) and for the send phase alone
 (``run.json``'s ``send_phase_cpu_us_per_request``: the CPU of every thread, the span export included).
+
+``--tree NAME=DIR`` (twice or more) runs deltatap from each source tree instead of the installed checkout, the
+trees alternating run by run (tool ``deltatap@NAME``; benchmarks/tap_cpu_ab.py's shim: the tree's own ``deltatap``,
+its C accelerators where built there): before/after figures of one change, taken under the same load.
 
 AIPerf is not a project dependency: pass ``--aiperf PATH`` or have it at
 ``~/.cache/deltatap/realstack-venv/bin/aiperf`` (``pip install aiperf==0.13.0`` into any venv). It runs offline
@@ -214,6 +222,15 @@ class Sink:
         self.proc.terminate()
         self.proc.wait(10)
 
+    def cpu_s(self) -> float:
+        return proc_cpu_s(self.proc.pid)
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
 
 def tiktoken_cache(tmp: Path) -> Path:
     import tiktoken_ext
@@ -228,8 +245,8 @@ def tiktoken_cache(tmp: Path) -> Path:
 # ------------------------------------------------------------------------------------- deltatap
 
 
-def write_workload(tmp: Path, output_tokens: int) -> Path:
-    path = tmp / "workload.yaml"
+def write_workload(tmp: Path, output_tokens: int, name: str = "workload") -> Path:
+    path = tmp / f"{name}.yaml"
     path.write_text("workload: synthetic-uniform\ndescription: fixed lengths for the load-generator benchmark\n"
                     f"params:\n  input: {{dist: fixed, value: {INPUT_TOKENS}}}\n  output: {{dist: fixed, value: {output_tokens}}}\n")
     return path
@@ -239,14 +256,18 @@ STAMP_ENV = {"default": {}, "kernel": {"DELTATAP_PACKET_STAMPS": "0"}, "python":
              "nonative": {"DELTATAP_NATIVE": "0"}}
 
 
-def run_deltatap(engine: Engine, sink: Sink, tmp: Path, workload: Path, name: str, shape: list[str], n: int, stamps: str = "default") -> dict:
+def run_deltatap(engine: Engine, sink: Sink, tmp: Path, workload: Path, name: str, shape: list[str], n: int, stamps: str = "default",
+                 shim_path: Path | None = None) -> dict:
     out = tmp / f"deltatap-{name}"
     argv = [PY, "-m", "deltatap.app.cli", "load", "--target", engine.url, "--model", "engine", "--requests", str(n),
             "--workload", str(workload), "--no-progress", "--no-gpu", "--otlp", sink.url, "--out", str(out), "--seed", "1", *shape]
-    engine_cpu0, cpu0, t0 = engine.cpu_s(), children_cpu(), time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=600, env=dict(os.environ, **STAMP_ENV[stamps]))
+    engine_cpu0, sink_cpu0, cpu0, t0 = engine.cpu_s(), sink.cpu_s(), children_cpu(), time.perf_counter()
+    env = dict(os.environ, **STAMP_ENV[stamps])
+    if shim_path is not None:  # (run from tmp: python -m puts the working directory first, a checkout there would win)
+        env["PYTHONPATH"] = str(shim_path)
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp if shim_path is not None else ROOT, timeout=600, env=env)
     wall, cpu = time.perf_counter() - t0, children_cpu() - cpu0
-    engine_cpu = engine.cpu_s() - engine_cpu0
+    engine_cpu, sink_cpu = engine.cpu_s() - engine_cpu0, sink.cpu_s() - sink_cpu0
     if proc.returncode != 0:
         raise RuntimeError(f"deltatap load failed: {proc.stderr[-2000:]}")
     truth = engine.truth()
@@ -262,8 +283,11 @@ def run_deltatap(engine: Engine, sink: Sink, tmp: Path, workload: Path, name: st
         "requests": len(recs), "ok": len(ok), "process_wall_s": wall, "process_cpu_s": cpu,
         "process_cpu_us_per_request": cpu * 1e6 / len(recs) if recs else None,
         "send_phase_cpu_us_per_request": run.get("send_phase_cpu_us_per_request"),
+        "send_phase_cpu_s": run.get("send_phase_cpu_s"), "send_phase_cpu_wait_s": run.get("send_phase_cpu_wait_s"),
+        "loadgen_cpu_share_of_a_core": run["send_phase_cpu_s"] / span_s if span_s and run.get("send_phase_cpu_s") is not None else None,
         "processes": run.get("processes", 1), "spans": run.get("spans"),
         "engine_cpu_s": engine_cpu, "engine_cpu_share_of_a_core": engine_cpu / span_s if span_s else None,
+        "sink_cpu_s": sink_cpu, "sink_cpu_share_of_a_core": sink_cpu / span_s if span_s else None,
         "completed_rate": len(ok) / span_s if span_s else None,
         "send_rate_client": rate_of(sends),
         "planned_rate": rate_of([r["planned_send_unix_ns"] for r in recs]),
@@ -347,11 +371,14 @@ def main() -> int:
     p.add_argument("--first-ms", type=float, default=2.0)
     p.add_argument("--interval-ms", type=float, default=3.0)
     p.add_argument("--tokens", type=int, default=4, help="max_tokens of every request (the engine honours it)")
+    p.add_argument("--processes-tokens", type=int, default=1, help="max_tokens in the --processes phase (its engine has no delays)")
     p.add_argument("--phases", default="closed,processes,open", help="which phases to run (comma-separated)")
     p.add_argument("--no-aiperf", action="store_true", help="measure deltatap alone")
     p.add_argument("--stamps", default="default", help="open loop: deltatap also with these stamp sources, comma-separated: "
                    "default (kernel + packet stamps where available), kernel (DELTATAP_PACKET_STAMPS=0), python (DELTATAP_KERNEL_STAMPS=0), "
                    "nonative (DELTATAP_NATIVE=0: the Python references instead of the C accelerators)")
+    p.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
+                   help="run deltatap from this source tree (twice or more: the trees alternate; tool deltatap@NAME)")
     p.add_argument("--out", default=str(RESULTS))
     a = p.parse_args()
     if a.engine:
@@ -366,7 +393,16 @@ def main() -> int:
     concs = [int(x) for x in a.concurrency.split(",")]
     phases = set(a.phases.split(","))
     aiperf = None if a.no_aiperf else find_aiperf(a.aiperf)
-    tools = ["deltatap"] + (["aiperf"] if aiperf else [])
+    trees: dict[str, Path] = {}
+    for spec in a.tree:
+        tname, _, folder = spec.partition("=")
+        tree = Path(folder or ".").resolve()
+        if not tname or not (tree / "setup.py").is_file() or not (tree / "deltatap").is_dir():
+            p.error(f"--tree {spec}: give NAME=DIR with DIR a deltatap source tree (setup.py and deltatap/ in it)")
+        trees[tname] = tree
+    dts = [f"deltatap@{t}" for t in trees] or ["deltatap"]
+    main_dt = dts[-1]  # the targets are judged on the last tree's figures
+    tools = dts + (["aiperf"] if aiperf else [])
     result: dict = {
         "benchmark": "loadgen_vs_aiperf", "when_unix_s": time.time(), "host": platform.node(), "cpus": os.cpu_count(),
         "load_average_start": os.getloadavg(), "phases": sorted(phases),
@@ -375,6 +411,7 @@ def main() -> int:
                    "interval_ms": a.interval_ms, "max_tokens": a.tokens, "input_tokens": INPUT_TOKENS},
         "span_export": "OTLP/HTTP to benchmarks/tap_sink.py in its own process",
         "aiperf": aiperf or "not found: deltatap measured alone", "closed": {}, "processes": {}, "open": {},
+        "trees": {t: str(d) for t, d in trees.items()},
     }
     with tempfile.TemporaryDirectory(prefix="lg-bench-") as td:
         tmp = Path(td)
@@ -382,11 +419,25 @@ def main() -> int:
         workload = write_workload(tmp, a.tokens)
         engine = Engine(a.first_ms, a.interval_ms)
         sink = Sink(tmp)
+        light: Engine | None = None
+        shims: dict[str, Path] = {}
+        if trees:
+            from tap_cpu_ab import shim
 
-        def run(tool: str, name: str, shape_d: list[str], shape_a: list[str], n: int) -> dict:
+            for tname, tree in trees.items():
+                shims[tname] = shim(tree, tmp / f"shim-{tname}")
+                check = subprocess.run([PY, "-c", "import deltatap.loadgen.runner as r; print(r.__file__)"], capture_output=True,
+                                       text=True, env={**os.environ, "PYTHONPATH": str(shims[tname])}, cwd=tmp, check=True)
+                if not Path(check.stdout.strip()).resolve().is_relative_to(tree.resolve() / "loadgen"):
+                    p.error(f"--tree {tname}: deltatap.loadgen would come from {check.stdout.strip()}, not {tree}")
+
+        def run(tool: str, name: str, shape_d: list[str], shape_a: list[str], n: int, eng: Engine | None = None,
+                wl: Path | None = None) -> dict:
             if tool.startswith("deltatap"):
-                stamps = tool.partition(":")[2] or "default"
-                return run_deltatap(engine, sink, tmp, workload, name + stamps, shape_d, n, stamps)
+                base, _, stamps = tool.partition(":")
+                tname = base.partition("@")[2]
+                return run_deltatap(eng or engine, sink, tmp, wl or workload, name + (stamps or "default") + tname, shape_d, n,
+                                    stamps or "default", shims.get(tname))
             return run_aiperf(aiperf, engine, tmp, cache, a.tokens, name, shape_a, n)
 
         def show(what: str, tool: str, r: dict) -> None:
@@ -394,7 +445,9 @@ def main() -> int:
             print(f"{what:<16} {tool:<8} done {r['completed_rate'] or 0:7.1f}/s  engine saw {r['arrival_rate_server'] or 0:7.1f}/s"
                   f" (plan {r['planned_rate'] or 0:7.1f}/s)  lag p50/p99 {lag.get('p50', float('nan')):.3f}/{lag.get('p99', float('nan')):.2f} ms"
                   f"  first-token delay p99 {fd.get('p99', float('nan')):.2f} ms  cpu/req {r['process_cpu_us_per_request'] or 0:.0f} us"
-                  f" (send phase {r.get('send_phase_cpu_us_per_request') or 0:.0f})  engine {100 * (r['engine_cpu_share_of_a_core'] or 0):.0f} %"
+                  f" (send phase {r.get('send_phase_cpu_us_per_request') or 0:.0f}, {100 * (r.get('loadgen_cpu_share_of_a_core') or 0):.0f} %"
+                  f" of a core, waited {r.get('send_phase_cpu_wait_s') or 0:.2f} s for one)"
+                  f"  engine {100 * (r['engine_cpu_share_of_a_core'] or 0):.0f} %  sink {100 * (r.get('sink_cpu_share_of_a_core') or 0):.0f} %"
                   f"  load {os.getloadavg()[0]:.1f}", flush=True)
 
         try:
@@ -406,13 +459,20 @@ def main() -> int:
                         r = run(tool, f"c{c}-{rep}", shape, shape, a.closed_requests)
                         result["closed"].setdefault(str(c), {}).setdefault(tool, {"runs": []})["runs"].append(r)
                         show(f"closed c={c}", tool, r)
+            if "processes" in phases:
+                light = Engine(0.0, 0.0)
+                light_wl = write_workload(tmp, a.processes_tokens, "light")
+                result["processes_engine"] = {"first_ms": 0.0, "interval_ms": 0.0, "max_tokens": a.processes_tokens,
+                                              "max_concurrency": a.max_concurrency, "requests": a.closed_requests * 2}
             for rep in range(a.repeat if "processes" in phases else 0):
                 for procs in (1, 2):
-                    r = run("deltatap", f"p{procs}-{rep}", ["--concurrency", str(a.max_concurrency), "--processes", str(procs)], [],
-                            a.closed_requests * 2)
-                    result["processes"].setdefault(str(procs), {"runs": []})["runs"].append(r)
-                    show(f"--processes {procs}", "deltatap", r)
-            extra = [f"deltatap:{x}" for x in a.stamps.split(",") if x != "default"]
+                    for tool in dts:
+                        r = run(tool, f"p{procs}-{rep}", ["--concurrency", str(a.max_concurrency), "--processes", str(procs)], [],
+                                a.closed_requests * 2, light, light_wl)
+                        key = str(procs) if tool == main_dt else f"{procs}{tool[8:]}"
+                        result["processes"].setdefault(key, {"runs": []})["runs"].append(r)
+                        show(f"--processes {procs}", tool, r)
+            extra = [f"{dt}:{x}" for dt in dts for x in a.stamps.split(",") if x != "default"]
             for rate in rates if "open" in phases else []:
                 n = int(rate * a.seconds)
                 for rep in range(a.repeat):
@@ -425,12 +485,17 @@ def main() -> int:
         finally:
             engine.stop()
             sink.stop()
+            if light is not None:
+                light.stop()
     for per_c in result["closed"].values():
         for t in per_c.values():
             t["median_completed_rate"] = med(t["runs"], "completed_rate")
             t["median_process_cpu_us_per_request"] = med(t["runs"], "process_cpu_us_per_request")
     for t in result["processes"].values():
         t["median_completed_rate"] = med(t["runs"], "completed_rate")
+        for k in ("loadgen_cpu_share_of_a_core", "engine_cpu_share_of_a_core", "sink_cpu_share_of_a_core", "send_phase_cpu_us_per_request",
+                  "send_phase_cpu_wait_s"):
+            t[f"median_{k}"] = med(t["runs"], k)
     for per_rate in result["open"].values():
         for t in per_rate.values():
             runs = t["runs"]
@@ -443,6 +508,7 @@ def main() -> int:
                 "first_token_delay_p99_ms": med(runs, "first_token_receive_delay_ms", "p99"),
                 "process_cpu_us_per_request": med(runs, "process_cpu_us_per_request"),
                 "send_phase_cpu_us_per_request": med(runs, "send_phase_cpu_us_per_request"),
+                "send_phase_cpu_wait_s": med(runs, "send_phase_cpu_wait_s"),
                 "engine_cpu_share_of_a_core": med(runs, "engine_cpu_share_of_a_core"),
             }
     best = {t: max(result["closed"][str(c)][t]["median_completed_rate"] or 0 for c in concs) for t in tools} if result["closed"] else {}
@@ -451,7 +517,7 @@ def main() -> int:
         p1, p2 = (result["processes"][k]["median_completed_rate"] or 0 for k in ("1", "2"))
         result["processes_2_vs_1"] = p2 / p1 if p1 else None
     top = f"{max(rates):g}"
-    d = result["open"][top]["deltatap"]["median"] if result["open"] else {}
+    d = result["open"][top][main_dt]["median"] if result["open"] else {}
     targets: dict = {}
     if d:
         targets["send_phase_cpu_le_250us_per_request"] = (d["send_phase_cpu_us_per_request"] or 1e9) <= 250
@@ -460,7 +526,7 @@ def main() -> int:
         targets[f"send_lag_p99_le_1ms_at_{top}"] = (d["send_lag_p99_ms"] or 1e9) <= 1.0
         targets[f"first_token_delay_p99_le_1ms_at_{top}"] = (d["first_token_delay_p99_ms"] or 1e9) <= 1.0
     if "aiperf" in best:
-        targets["closed_loop_ge_4x_aiperf"] = best["deltatap"] >= 4 * best["aiperf"]
+        targets["closed_loop_ge_4x_aiperf"] = best[main_dt] >= 4 * best["aiperf"]
     if result.get("processes_2_vs_1") is not None:
         targets["processes_2_ge_1_8x_one"] = result["processes_2_vs_1"] >= 1.8
     result["targets"] = targets

@@ -86,7 +86,7 @@ def main(args: argparse.Namespace) -> int:
 
     from deltatap.net import aio
     from deltatap.core.config import format_validation_error
-    from deltatap.telemetry.tracer import TelemetryConfigError, setup_telemetry
+    from deltatap.telemetry.tracer import TelemetryConfigError
     from deltatap.loadgen.options import LoadOptions
 
     fields = {k: getattr(args, k) for k in (
@@ -106,7 +106,9 @@ def main(args: argparse.Namespace) -> int:
     if args.plan_only:
         return _plan_only(options)
     try:
-        telemetry = setup_telemetry("deltatap-loadgen", otlp=args.otlp)
+        from deltatap.loadgen.runner import load_telemetry
+
+        telemetry = load_telemetry(args.otlp)
     except TelemetryConfigError as exc:
         raise ConfigError(str(exc)) from None
     from deltatap.loadgen.progress import print_summary

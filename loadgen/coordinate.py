@@ -282,15 +282,12 @@ def child_main(pipe: Any, index: int, otlp: str | None, progress: Any, anchor: c
 
 
 async def _child(pipe: Any, index: int, otlp: str | None, progress: Any) -> None:
-    import gc
-
     from deltatap.loadgen.modes import MODES, ModeConfig, open_sessions, preconnect
-    from deltatap.loadgen.run import process_cpu_s
-    from deltatap.loadgen.runner import Runner
-    from deltatap.telemetry.tracer import setup_telemetry
+    from deltatap.loadgen.run import loop_wait_s, process_cpu_s
+    from deltatap.loadgen.runner import Runner, load_telemetry, send_phase_gc
 
     loop = asyncio.get_running_loop()
-    telemetry = setup_telemetry("deltatap-loadgen", otlp=otlp)
+    telemetry = load_telemetry(otlp)
     try:
         plan = await loop.run_in_executor(None, pipe.recv)
         runner = Runner(plan["target"], None, telemetry, plan["run_id"], plan["clock"], spin_ns=plan["spin_ns"])  # type: ignore[arg-type]
@@ -305,15 +302,14 @@ async def _child(pipe: Any, index: int, otlp: str | None, progress: Any) -> None
             pipe.send(("ready", index))
             _tag, cfg.start_mono_ns = await loop.run_in_executor(None, pipe.recv)
             ticker = asyncio.create_task(_publish_progress(runner, progress, index))
-            gc.collect()
-            gc.freeze()
-            cpu0 = process_cpu_s()
             try:
-                await MODES[plan["mode"]](runner, cfg, sessions)
-                cpu_s = process_cpu_s() - cpu0
+                with send_phase_gc():
+                    cpu0, wait0 = process_cpu_s(), loop_wait_s()
+                    await MODES[plan["mode"]](runner, cfg, sessions)
+                    cpu_s, wait1 = process_cpu_s() - cpu0, loop_wait_s()
+                    wait_s = wait1 - wait0 if wait0 is not None and wait1 is not None else None
             finally:
                 ticker.cancel()
-                gc.unfreeze()
         finally:
             for s in sessions:
                 await s.close()
@@ -324,7 +320,7 @@ async def _child(pipe: Any, index: int, otlp: str | None, progress: Any) -> None
         telemetry.processor.force_flush(10_000)
         st = telemetry.stats
         await loop.run_in_executor(None, pipe.send, {
-            "records": runner.records, "max_in_flight": c.max_in_flight, "cpu_s": cpu_s,
+            "records": runner.records, "max_in_flight": c.max_in_flight, "cpu_s": cpu_s, "wait_s": wait_s,
             "spans": {"ended": st.spans_ended, "exported": st.spans_exported, "dropped": st.spans_dropped},
         })
     finally:

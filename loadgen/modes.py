@@ -1,8 +1,9 @@
 """Load modes, registered by name: open loop, closed loop, barrier-synchronised batches.
 
 * ``open``   - unit k is planned at ``t_start + offsets[k]`` (an absolute timeline from the arrival
-  process); a dispatcher hands each unit to its own task ``lead`` before that instant, and the
-  task sleeps precisely until it. Nothing waits on an earlier response (methodology 4.2.3/4.2.5).
+  process); a dispatcher hands each unit to its own task at least ``lead`` before that instant (it
+  wakes once per ``dispatch`` window and starts every task of that window, not one timer per unit),
+  and the task sleeps precisely until it (the runner's :class:`~deltatap.loadgen.runner.SendClock`). Nothing waits on an earlier response (methodology 4.2.3/4.2.5).
   Requests are spread round-robin over ``workers`` sessions.
 * ``closed`` - ``concurrency`` workers, each with its own session, take the next unit as soon as
   their previous one ended: exactly C requests in flight (4.2.4). A session unit (chatbot) keeps
@@ -38,7 +39,8 @@ class ModeConfig:
     workers: int = 4
     duration_s: float | None = None
     drain_s: float = 30.0
-    lead_ns: int = 5_000_000
+    lead_ns: int = 5_000_000  # open loop: a unit's task starts at least this long before its planned send
+    dispatch_ns: int = 20_000_000  # open loop: each wake of the dispatcher starts the tasks of this much of the plan
     start_delay_ns: int = 20_000_000
     cycle: bool = False  # closed loop / batch with a duration: start the plan again when it runs out
     start_mono_ns: int | None = None  # several hosts (loadgen/coordinate.py): the shared start, on this host's clock
@@ -81,13 +83,17 @@ async def open_loop(runner: Runner, cfg: ModeConfig, sessions: list[H1Pool]) -> 
     assert cfg.offsets_ns is not None
     t_start = cfg.start_mono_ns if cfg.start_mono_ns is not None else mono_ns() + cfg.start_delay_ns
     stop = t_start + int(cfg.duration_s * 1e9) if cfg.duration_s else None
+    horizon = 0  # every unit planned before horizon + lead has its task
     tasks: set[asyncio.Task] = set()
+    n = len(sessions)
     for k, unit in enumerate(cfg.units):
         t_k = t_start + cfg.offsets_ns[k]
         if stop is not None and t_k >= stop:
             break
-        await sleep_coarse_until(t_k - cfg.lead_ns)  # yields even when already late: reads keep flowing
-        task = asyncio.create_task(runner.unit(sessions[k % len(sessions)], unit, t_k, k % len(sessions), stop))
+        if t_k - cfg.lead_ns > horizon:  # wake once per dispatch window and start every unit planned in it
+            await sleep_coarse_until(t_k - cfg.lead_ns)  # yields even when already late: reads keep flowing
+            horizon = mono_ns() + cfg.dispatch_ns
+        task = asyncio.create_task(runner.unit(sessions[k % n], unit, t_k, k % n, stop))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
     await _finish(set(tasks), cfg.drain_s)

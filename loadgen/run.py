@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import platform
@@ -26,7 +25,7 @@ from deltatap.loadgen.coordinate import Assignment, Coordinator, ProcessGroup, j
 from deltatap.loadgen.modes import MODES, ModeConfig, open_sessions, preconnect, sessions_needed
 from deltatap.loadgen.options import DEFAULT_MODEL, LoadOptions
 from deltatap.loadgen.records import RecordWriter, RequestRecord
-from deltatap.loadgen.runner import Counters, LoadAborted, Runner, new_run_id
+from deltatap.loadgen.runner import Counters, LoadAborted, Runner, new_run_id, send_phase_gc
 from deltatap.loadgen.summary import summarize
 from deltatap.loadgen.tokens import reference_tokenizer
 from deltatap.loadgen.workloads.base import PlannedRequest, WorkloadSpec, load_workload, spec_from_mapping, write_requests
@@ -154,6 +153,7 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
     assignment: Assignment | None = None
     child_spans: list[dict[str, int]] = []
     send_cpu_s = 0.0
+    send_wait_s: float | None = None
     try:
         if procs > 1:
             group = ProcessGroup(procs, otlp)  # (they start their interpreters during the warm-up)
@@ -205,22 +205,24 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
             counters: Any = runner.counters if group is None else _SummedCounters(runner.counters, group)
             progress = LiveProgress(counters, total)
             progress.start()
-        gc.collect()
-        gc.freeze()  # the plan, bodies and libraries move out of the collector's scans: shorter pauses mid-run
-        cpu0 = process_cpu_s()
-        await MODES[options.mode](runner, cfg, sessions)
-        send_cpu_s = process_cpu_s() - cpu0
+        with send_phase_gc():
+            cpu0, wait0 = process_cpu_s(), loop_wait_s()
+            await MODES[options.mode](runner, cfg, sessions)
+            send_cpu_s, wait1 = process_cpu_s() - cpu0, loop_wait_s()
+            if wait0 is not None and wait1 is not None:
+                send_wait_s = wait1 - wait0
         if group is not None:
             for res in await group.results():
                 runner.records.extend(res["records"])
                 child_spans.append(res["spans"])
                 send_cpu_s += res["cpu_s"]
+                if send_wait_s is not None:
+                    send_wait_s = send_wait_s + res["wait_s"] if res.get("wait_s") is not None else None
     finally:
         if group is not None:
             await group.close()
         if coordinator is not None:
             await coordinator.close()
-        gc.unfreeze()
         if progress is not None:
             await progress.stop()
         if gpu is not None:
@@ -257,6 +259,9 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
     # CPU (user + system, every thread: spans are exported from their own) of the process(es) while sending
     summary["run"]["send_phase_cpu_s"] = send_cpu_s
     summary["run"]["send_phase_cpu_us_per_request"] = send_cpu_s * 1e6 / len(measured) if measured else None
+    # how long the event loop's thread (every process's) was ready to run but waited for a CPU while sending:
+    # what other work on the host took from the run (a send planned in such a wait is late by it)
+    summary["run"]["send_phase_cpu_wait_s"] = send_wait_s
     for spans in child_spans:  # several processes: every process's spans
         for k in ("ended", "exported", "dropped"):
             summary["run"]["spans"][k] += spans[k]
@@ -272,6 +277,16 @@ def process_cpu_s() -> float:
     """This process's CPU time so far (user + system, all threads), seconds."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
+
+
+def loop_wait_s() -> float | None:
+    """Seconds the calling thread has spent runnable but waiting for a CPU (Linux ``/proc/thread-self/schedstat``,
+    the scheduler's run-queue wait); None where the system does not say."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _process_plan(options: LoadOptions, cfg: ModeConfig, runner: Runner, target: Target, run_id: str,
