@@ -40,7 +40,8 @@ class ModeConfig:
     duration_s: float | None = None
     drain_s: float = 30.0
     lead_ns: int = 5_000_000  # open loop: a unit's task starts at least this long before its planned send
-    dispatch_ns: int = 20_000_000  # open loop: each wake of the dispatcher starts the tasks of this much of the plan
+    dispatch_ns: int = 5_000_000  # open loop: each wake of the dispatcher starts the tasks of this much of the plan
+    dispatch_burst: int = 8  # open loop: tasks started between two yields to the loop (a send due meanwhile waits)
     start_delay_ns: int = 20_000_000
     cycle: bool = False  # closed loop / batch with a duration: start the plan again when it runs out
     start_mono_ns: int | None = None  # several hosts (loadgen/coordinate.py): the shared start, on this host's clock
@@ -84,6 +85,7 @@ async def open_loop(runner: Runner, cfg: ModeConfig, sessions: list[H1Pool]) -> 
     t_start = cfg.start_mono_ns if cfg.start_mono_ns is not None else mono_ns() + cfg.start_delay_ns
     stop = t_start + int(cfg.duration_s * 1e9) if cfg.duration_s else None
     horizon = 0  # every unit planned before horizon + lead has its task
+    burst = 0
     tasks: set[asyncio.Task] = set()
     n = len(sessions)
     for k, unit in enumerate(cfg.units):
@@ -93,6 +95,11 @@ async def open_loop(runner: Runner, cfg: ModeConfig, sessions: list[H1Pool]) -> 
         if t_k - cfg.lead_ns > horizon:  # wake once per dispatch window and start every unit planned in it
             await sleep_coarse_until(t_k - cfg.lead_ns)  # yields even when already late: reads keep flowing
             horizon = mono_ns() + cfg.dispatch_ns
+            burst = 0
+        elif burst >= cfg.dispatch_burst:  # each new task's first step (ids, record, headers) runs before a due send
+            await asyncio.sleep(0)
+            burst = 0
+        burst += 1
         task = asyncio.create_task(runner.unit(sessions[k % n], unit, t_k, k % n, stop))
         tasks.add(task)
         task.add_done_callback(tasks.discard)

@@ -76,10 +76,10 @@ async def test_open_loop_dispatcher_wakes_once_per_window(sse_server, telemetry,
         await real(t_mono_ns)
 
     monkeypatch.setattr(modes, "sleep_coarse_until", counted)
-    n, rate = 400, 2000.0  # 0.2 s of plan: ~10 dispatch windows of 20 ms
+    n, rate = 400, 2000.0  # 0.2 s of plan: ~40 dispatch windows of 5 ms
     res = await run_load(opts(url, rate=rate, requests=n, arrival="poisson"), telemetry)
     assert res.summary["request_count"] == n
-    assert len(wakes) <= n // 10, f"{len(wakes)} dispatcher wakes for {n} requests"
+    assert len(wakes) <= n // 5, f"{len(wakes)} dispatcher wakes for {n} requests"
     lag = np.array([r["schedule_lag_ns"] for r in res.records])
     assert (lag >= 0).all()  # every task existed before its instant and waited for it
 
