@@ -3,7 +3,9 @@
 POST /v1/chat/completions answers an OpenAI-style SSE stream as ordinary servers write it: a role-only event at
 once, the first content token ``--first-ms`` later, the rest every ``--gap-ms``, a usage event, [DONE]. It
 honours the request's ``max_tokens`` (``--tokens`` when the body has none). Query parameters ``first_ms``,
-``gap_ms`` and ``tokens`` override per request.
+``gap_ms`` and ``tokens`` override per request. The usage event also says how long the engine itself took from
+having read the request to writing the first token (``"mock_ttft_ns"``, its monotonic clock), so that a client can
+take the engine's own time (its timer's millisecond granularity included) out of each TTFT it measures.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 
 from aiohttp import web
 
@@ -27,6 +30,7 @@ def token(i: int) -> bytes:
 async def main(args: argparse.Namespace) -> None:
     async def chat(request: web.Request) -> web.StreamResponse:
         raw = await request.read()
+        t_in = time.monotonic_ns()
         q = request.query
         first_ms = float(q.get("first_ms", args.first_ms))
         gap_ms = float(q.get("gap_ms", args.gap_ms))
@@ -40,11 +44,16 @@ async def main(args: argparse.Namespace) -> None:
         await resp.write(ROLE)
         if first_ms:
             await asyncio.sleep(first_ms / 1000)
+        t_first = None
         for i in range(n):
             if i and gap_ms:
                 await asyncio.sleep(gap_ms / 1000)
+            if t_first is None:
+                t_first = time.monotonic_ns()
             await resp.write(token(i))
-        await resp.write(b'data: {"object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":8,"completion_tokens":%d}}\n\n' % n)
+        ttft = -1 if t_first is None else t_first - t_in
+        await resp.write(b'data: {"object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":8,"completion_tokens":%d},'
+                         b'"mock_ttft_ns":%d}\n\n' % (n, ttft))
         await resp.write(DONE)
         await resp.write_eof()
         return resp

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from deltatap.core.clocksync import ClockEstimate
@@ -35,6 +36,22 @@ _MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "
 def operation_for_path(path: str) -> str | None:
     p = path.rstrip("/")
     return next((op for suffix, op in _OPERATIONS if p.endswith(suffix)), None)
+
+
+_PATH_OPS_MAX = 1024
+_path_ops: dict[str, str | None] = {}
+
+
+def _operation(path: str) -> str | None:
+    """:func:`operation_for_path`, remembered for the last distinct paths (a client sends the same few)."""
+    try:
+        return _path_ops[path]
+    except KeyError:
+        op = operation_for_path(path)
+        if len(_path_ops) >= _PATH_OPS_MAX:
+            _path_ops.clear()
+        _path_ops[path] = op
+        return op
 
 
 @dataclass(slots=True)
@@ -105,6 +122,24 @@ class TapRecord:
             return None
         return max(0, s.first_token_forwarded_mono_ns - s.first_token_mono_ns)
 
+    @property
+    def overhead_hop_ns(self) -> int | None:
+        """What the two overhead figures cannot stamp, bounded: how long the tap's two forwarding writes (the request's
+        last byte upstream, the first token downstream) took to hand their bytes on — on loopback, ``send`` returns
+        once the bytes sit in the next socket, so this bounds the kernel's delivery of the extra hop a tap inserts,
+        one transit each way. The tap's added latency lies in ``[request + first_token, request + first_token +
+        hop]`` (plus the propagation of a link that is not loopback). None unless both writes' bounds are known
+        (a write that waited behind others and was placed at its departure from the packet log counts 0: its stamp
+        already is its departure)."""
+        s = self.stream
+        if s is None or s.first_token_forwarded_mono_ns is None or self.forwarded is None:
+            return None
+        req = self.bounds.get(TapEvent.REQUEST_FORWARDED)
+        ft = s.first_token_forwarded_bound_ns
+        if req is None or req[1] < 0 or ft is None or ft < 0:
+            return None
+        return req[1] + ft
+
 
 def bounds(rec: TapRecord) -> dict[str, tuple[int, int]]:
     """Every event's interval ``(before_ns, after_ns)`` that is known, the stream's included."""
@@ -149,7 +184,10 @@ def events(rec: TapRecord) -> list[tuple[str, int]]:
     if rec.grpc_request is not None:
         pairs += rec.grpc_request.span_events()
     present = [(str(name), t) for name, t in pairs if t is not None]
-    return sorted(present, key=lambda p: p[1])  # stable: equal stamps keep the order above
+    return sorted(present, key=_stamp)  # stable: equal stamps keep the order above
+
+
+_stamp = itemgetter(1)
 
 
 def _parse_json(buf: bytearray | None) -> Any:
@@ -226,34 +264,61 @@ def _redacted_query(query: str, keep: Collection[str], key: str | bytes | None) 
     return hit
 
 
-def attributes(rec: TapRecord, *, link: str, downstream: str, downstream_kind: str, upstream: str, upstream_kind: str,
-               upstream_host: str, upstream_port: int, correlation_header: str, clock: ClockEstimate | None,
-               labels: dict[str, str], query_keep: Collection[str] = (), fingerprint_key: str | None = None) -> dict[str, Any]:
-    """The span's attributes: names from :class:`deltatap.vocab.Attr`, never any content or secret. ``url.query``
-    keeps its keys; each value is a keyed hash (:func:`deltatap.core.redact.redact_query`, the body fingerprint's
-    key) except the values of the keys in ``query_keep`` (``--query-keep``)."""
-    outcome = rec.final_outcome()
-    a: dict[str, Any] = {
+@dataclass(frozen=True, slots=True)
+class SpanConstants:
+    """What every span of one tap carries the same (:func:`span_constants`, made once per tap)."""
+
+    head: dict[str, Any]  # the attributes that open each span's dict
+    labels: dict[str, Any]  # deltatap.label.* (closing it)
+    query_keep: Collection[str]
+    fingerprint_key: str | None
+
+
+def span_constants(*, link: str, downstream: str, downstream_kind: str, upstream: str, upstream_kind: str, upstream_host: str,
+                   upstream_port: int, correlation_header: str, labels: dict[str, str], query_keep: Collection[str] = (),
+                   fingerprint_key: str | None = None) -> SpanConstants:
+    head = {
         Attr.OBSERVER: Observer.TAP.value,
         Attr.LINK: link,
         Attr.DOWNSTREAM: downstream,
         Attr.DOWNSTREAM_KIND: downstream_kind,
         Attr.UPSTREAM: upstream,
         Attr.UPSTREAM_KIND: upstream_kind,
-        Attr.REQUEST_ID: rec.request_id,
         Attr.CORRELATION_HEADER: correlation_header,
-        Attr.BODY_BYTES_IN: rec.request_bytes,
-        Attr.BODY_BYTES_OUT: rec.response_bytes,
-        Attr.CHUNKS: rec.chunks,
-        Attr.STREAMING: rec.stream is not None,
-        Attr.OUTCOME: outcome.value,
-        Attr.HTTP_METHOD: rec.method,
-        Attr.URL_PATH: rec.path,
         Attr.SERVER_ADDRESS: upstream_host,
         Attr.SERVER_PORT: upstream_port,
     }
+    return SpanConstants(head, {Attr.LABEL_PREFIX + k: v for k, v in labels.items()}, query_keep, fingerprint_key)
+
+
+def attributes(rec: TapRecord, *, link: str, downstream: str, downstream_kind: str, upstream: str, upstream_kind: str,
+               upstream_host: str, upstream_port: int, correlation_header: str, clock: ClockEstimate | None,
+               labels: dict[str, str], query_keep: Collection[str] = (), fingerprint_key: str | None = None) -> dict[str, Any]:
+    """The span's attributes: names from :class:`deltatap.vocab.Attr`, never any content or secret. ``url.query``
+    keeps its keys; each value is a keyed hash (:func:`deltatap.core.redact.redact_query`, the body fingerprint's
+    key) except the values of the keys in ``query_keep`` (``--query-keep``). (A tap makes its constants once and calls
+    :func:`record_attributes`.)"""
+    consts = span_constants(link=link, downstream=downstream, downstream_kind=downstream_kind, upstream=upstream,
+                            upstream_kind=upstream_kind, upstream_host=upstream_host, upstream_port=upstream_port,
+                            correlation_header=correlation_header, labels=labels, query_keep=query_keep,
+                            fingerprint_key=fingerprint_key)
+    return record_attributes(rec, consts, clock, rec.final_outcome())
+
+
+def record_attributes(rec: TapRecord, consts: SpanConstants, clock: ClockEstimate | None, outcome: Outcome) -> dict[str, Any]:
+    """:func:`attributes` with the tap's constants made once and the record's outcome (:meth:`TapRecord.final_outcome`)
+    known."""
+    a: dict[str, Any] = consts.head.copy()
+    a[Attr.REQUEST_ID] = rec.request_id
+    a[Attr.BODY_BYTES_IN] = rec.request_bytes
+    a[Attr.BODY_BYTES_OUT] = rec.response_bytes
+    a[Attr.CHUNKS] = rec.chunks
+    a[Attr.STREAMING] = rec.stream is not None
+    a[Attr.OUTCOME] = outcome.value
+    a[Attr.HTTP_METHOD] = rec.method
+    a[Attr.URL_PATH] = rec.path
     if rec.query:
-        a[Attr.URL_QUERY] = _redacted_query(rec.query, query_keep, fingerprint_key)
+        a[Attr.URL_QUERY] = _redacted_query(rec.query, consts.query_keep, consts.fingerprint_key)
     if rec.client_address:
         a[Attr.CLIENT_ADDRESS] = rec.client_address
     if rec.fingerprint:
@@ -265,7 +330,8 @@ def attributes(rec: TapRecord, *, link: str, downstream: str, downstream_kind: s
         a[Attr.ERROR_CAUSE] = rec.failure.cause
     elif rec.status is not None and rec.status >= 500:
         a[Attr.ERROR_TYPE] = str(rec.status)
-    for name, value in ((Attr.OVERHEAD_REQUEST_NS, rec.overhead_request_ns), (Attr.OVERHEAD_FIRST_TOKEN_NS, rec.overhead_first_token_ns)):
+    for name, value in ((Attr.OVERHEAD_REQUEST_NS, rec.overhead_request_ns), (Attr.OVERHEAD_FIRST_TOKEN_NS, rec.overhead_first_token_ns),
+                        (Attr.OVERHEAD_HOP_NS, rec.overhead_hop_ns)):
         if value is not None:
             a[name] = value
     if clock is not None:
@@ -291,7 +357,7 @@ def attributes(rec: TapRecord, *, link: str, downstream: str, downstream_kind: s
             a[Attr.GAP_FWD_P99_MS] = gf.p99_ns() / 1e6
     else:
         a[Attr.STREAM_FORMAT] = "none"
-    op = operation_for_path(rec.path)
+    op = _operation(rec.path)
     if op:
         a[Attr.GENAI_OPERATION] = op
         a[Attr.GENAI_SYSTEM] = "anthropic" if s is not None and s.format == "anthropic" else "openai"
@@ -318,6 +384,6 @@ def attributes(rec: TapRecord, *, link: str, downstream: str, downstream_kind: s
         s.span_attributes(a)
     if rec.grpc_request is not None:
         rec.grpc_request.span_attributes(a)
-    for k, v in labels.items():
-        a[Attr.LABEL_PREFIX + k] = v
+    if consts.labels:
+        a.update(consts.labels)
     return a

@@ -252,11 +252,81 @@ class Downstream(_Side):
         self.transport.close()
 
     def _process(self, data: bytes, events: list[tuple], t: int, bound: int) -> None:
+        """One read's request events: forwarded first, accounted after. Before the upstream write only what the write
+        needs (each head rewritten with its trace-context child and correlation header, a pooled connection when the
+        pair has none); the records, timers, fingerprints, captures and stamps come after it (:meth:`_account`)."""
         out: list[bytes] = []
         pos = 0
-        ended: list[Exchange] = []
+        heads: list[tuple] = []  # per HEAD event, in order: what _begin needs of the forwarding pass
+        ended = False  # the read holds a request's end (its forwarded stamp is the write's)
+        n = len(events)
+        for i, ev in enumerate(events):
+            kind = ev[0]
+            if kind == HEAD:
+                start, end, head = ev[1], ev[2], ev[3]
+                if start > pos:
+                    out.append(data[pos:start])
+                first = self.head_first if start < 0 and self.head_first is not None else (t, bound)
+                self.head_first = None
+                self.withheld.clear()
+                if self.up is None and self.connecting is None and not self.opaque:
+                    self._take_pooled()
+                span = begin(trace_context(head))
+                tap = self.tap
+                new_head, rid, created = rewrite_request_head(
+                    head, correlation_header=tap.correlation_header, trace_headers=span.trace_headers,
+                    host_header=tap.host_header, target_prefix=tap.target_prefix)
+                heads.append((head, first, span, rid, created))
+                out.append(new_head)
+                pos = end
+            elif kind == END:
+                ended = True
+            elif kind == ERROR:  # not HTTP the reader can frame: pass the rest of the connection on unparsed
+                if self.withheld:  # (the unframeable head began in an earlier read: those bytes first)
+                    out[:0] = self.withheld
+                    self.withheld.clear()
+                out.append(data[pos:])
+                pos = len(data)
+                self.opaque = True
+                n = i + 1
+                break
+        reader = self.reader
+        if not self.opaque:
+            stop = reader.pending_from
+            if stop is None:
+                stop = len(data)
+            elif not reader.held:
+                if self.head_first is None:
+                    self.head_first = (t, bound)
+                self.withheld.append(data[stop:])
+            if stop > pos:
+                out.append(data[pos:stop])
+        # the write: on the pair's upstream connection now, else queued for the one being opened
+        stamp: tuple[int, int] | None = None
+        queued = False
+        payload = (out[0] if len(out) == 1 else b"".join(out)) if out else b""
+        if payload:
+            if self.up is not None:
+                stamp = self._send_up(payload, ended)
+            else:
+                queued = True
+                self.to_up.append(payload)
+        self._account(data, events, n, heads, t, bound, stamp, queued)
+        if queued:
+            if self.connecting is None and self.opaque:
+                self.connecting = asyncio.ensure_future(self._connect())
+            if sum(map(len, self.to_up)) > 1 << 20:
+                self.transport.pause_reading()  # (resumed once connected)
+
+    def _account(self, data: bytes, events: list[tuple], n: int, heads: list[tuple], t: int, bound: int,
+                 stamp: tuple[int, int] | None, queued: bool) -> None:
+        """What :meth:`_process` does after a read's bytes went upstream (or were queued for it): the exchanges begun,
+        their body bytes fingerprinted and captured, their ends stamped; ``stamp``: the write that carried the read."""
         tap = self.tap
-        for ev in events:
+        ended: list[Exchange] = []
+        h = 0
+        for j in range(n):
+            ev = events[j]
             kind = ev[0]
             if kind == BODY:
                 ex = self.current
@@ -270,17 +340,11 @@ class Downstream(_Side):
                         if len(cap) > tap.o.max_capture_bytes:
                             ex.capture = None
             elif kind == HEAD:
-                start, end, head = ev[1], ev[2], ev[3]
-                if start > pos:
-                    out.append(data[pos:start])
-                first = self.head_first if start < 0 and self.head_first is not None else (t, bound)
-                self.head_first = None
                 if self.head_timer is not None:
                     self.head_timer.cancel()
                     self.head_timer = None
-                self.withheld.clear()
-                out.append(self._begin(head, first, (t, bound)))
-                pos = end
+                self._begin(heads[h], (t, bound))
+                h += 1
             elif kind == END:
                 ex = self.current
                 self.current = None
@@ -289,37 +353,25 @@ class Downstream(_Side):
                     ex.rec.body_received = t
                     ex.rec.bounds[TapEvent.REQUEST_BODY_RECEIVED] = (bound, 0)
                     ended.append(ex)
-            else:  # ERROR: not HTTP the reader can frame: pass the rest of the connection on unparsed
+            else:  # ERROR (the bytes went on unparsed: the connection is opaque from here)
                 tap.metrics.counters.unparsed += 1
                 log.info("tap %s: a request from %s is not HTTP/1.1 the tap can frame (%s); passing the connection on unparsed",
                          tap.o.link, self.peer, ev[2])
-                if self.withheld:  # (the unframeable head began in an earlier read: those bytes first)
-                    out[:0] = self.withheld
-                    self.withheld.clear()
-                out.append(data[pos:])
-                pos = len(data)
-                self.opaque = True
-                break
-        reader = self.reader
-        if not self.opaque:
-            stop = reader.pending_from
-            if stop is None:
-                stop = len(data)
-            elif not reader.held:
-                if self.head_first is None:
-                    self.head_first = (t, bound)
-                self.withheld.append(data[stop:])
-            if stop > pos:
-                out.append(data[pos:stop])
-        if out:
-            payload = out[0] if len(out) == 1 else b"".join(out)
-            if payload:
-                self._to_upstream(payload, ended)
-                return
-        for ex in ended:  # (nothing to write: the request's end came in bytes already sent)
-            self._forwarded(ex, None)
+        if not ended:
+            return
+        if stamp is not None:
+            for ex in ended:
+                self._forwarded(ex, stamp)
+        elif queued:
+            for ex in ended:
+                ex.forward_pending = True
+        else:
+            for ex in ended:  # (nothing to write: the request's end came in bytes already sent)
+                self._forwarded(ex, None)
 
-    def _begin(self, head: h1.Head, first: tuple[int, int], at: tuple[int, int]) -> bytes:
+    def _begin(self, begun: tuple, at: tuple[int, int]) -> None:
+        """The exchange of a request head already forwarded (``begun``: what the forwarding pass made of it)."""
+        head, first, span, request_id, created = begun
         tap = self.tap
         o = tap.o
         target = head.target.decode("latin-1")
@@ -328,12 +380,8 @@ class Downstream(_Side):
         if "://" in path:  # absolute-form: the path part
             path = "/" + path.split("://", 1)[1].partition("/")[2]
         rec = TapRecord(received=first[0], head=at[0], method=head.method.decode("latin-1"), path=path, query=query.partition("#")[0],
-                        client_address=self.peer)
+                        client_address=self.peer, request_id=request_id, request_id_created=created)
         rec.bounds[TapEvent.REQUEST_RECEIVED] = (first[1], 0)
-        span = begin(trace_context(head))
-        new_head, rec.request_id, rec.request_id_created = rewrite_request_head(
-            head, correlation_header=tap.correlation_header, trace_headers=span.trace_headers, host_header=tap.host_header,
-            target_prefix=tap.target_prefix)
         ex = Exchange(rec, span, Fingerprinter(tap.fp_key), head.method)
         self.current = ex
         self.exchanges.append(ex)
@@ -346,7 +394,6 @@ class Downstream(_Side):
             self.up.reader.expect(head.method)
         else:
             self.expect_methods.append(head.method)
-        return new_head
 
     # ---- upstream connection ---------------------------------------------------------------
     async def _connect(self, fresh: bool = False) -> None:
@@ -369,6 +416,18 @@ class Downstream(_Side):
         if self.closed:
             tap.pool_put(up)  # (it closes one that is not reusable)
             return
+        self._attach(up)
+
+    def _take_pooled(self) -> None:
+        """Pair with an idle pooled upstream connection now, if the tap has one (a request head arrived on a connection
+        without one): its bytes go out in this read's write rather than after a task's turn of the loop."""
+        up = self.tap.pool_take()
+        if up is not None:
+            self.replay, self.replay_size = [], 0
+            self._attach(up)
+
+    def _attach(self, up: Upstream) -> None:
+        """Pair with ``up`` (opened, or taken from the pool): what waited for it goes out."""
         self.up = up
         up.down = self
         for method in self.expect_methods:
@@ -377,7 +436,10 @@ class Downstream(_Side):
         pending, self.to_up = self.to_up, []
         waiting = [ex for ex in self.exchanges if ex.forward_pending]
         if pending:
-            self._send_up(b"".join(pending), waiting)
+            stamp = self._send_up(b"".join(pending), bool(waiting))
+            for ex in waiting:
+                ex.forward_pending = False
+                self._forwarded(ex, stamp)
         if self.eof and up.transport.can_write_eof():
             up.eof_sent = True
             up.transport.write_eof()
@@ -394,19 +456,18 @@ class Downstream(_Side):
             self._answer(ex, failure)
         self.to_up.clear()
 
-    def _to_upstream(self, payload: bytes, ended: list[Exchange] | None = None) -> None:
+    def _to_upstream(self, payload: bytes) -> None:
         if self.up is not None:
-            self._send_up(payload, ended or ())
+            self._send_up(payload, False)
             return
         self.to_up.append(payload)
-        for ex in ended or ():
-            ex.forward_pending = True
         if self.connecting is None and self.opaque:
             self.connecting = asyncio.ensure_future(self._connect())
         if sum(map(len, self.to_up)) > 1 << 20:
             self.transport.pause_reading()  # (resumed once connected)
 
-    def _send_up(self, payload: bytes, ended: Any) -> None:
+    def _send_up(self, payload: bytes, ended: bool) -> tuple[int, int]:
+        """Write ``payload`` upstream; its stamp, placed at its departure when it carried a request's end (``ended``)."""
         up = self.up
         assert up is not None
         replay = self.replay
@@ -419,9 +480,7 @@ class Downstream(_Side):
         t, bound = up.send(payload)
         if ended and up.unplaced is not None:
             t, bound = up.place(up.unplaced, t, bound)
-        for ex in ended:
-            ex.forward_pending = False
-            self._forwarded(ex, (t, bound))
+        return t, bound
 
     def _forwarded(self, ex: Exchange, stamp: tuple[int, int] | None) -> None:
         if stamp is None:

@@ -23,7 +23,7 @@ from deltatap.net import conn, kstamp
 from deltatap.proxy.errors import Failure
 from deltatap.proxy.metrics import TapMetrics, admin_app
 from deltatap.proxy.options import TapOptions
-from deltatap.proxy.record import TapRecord, attributes
+from deltatap.proxy.record import TapRecord, record_attributes, span_constants
 from deltatap.proxy.relay import POOL_MAX, Downstream, Upstream, ssl_context
 from deltatap.proxy.spans import SpanStart, emit
 from deltatap.proxy import h2relay
@@ -69,6 +69,11 @@ class Tap:
         self.correlation_header = options.correlation_header.lower().encode("latin-1")
         self.host_header = options.host_header.encode("latin-1") if options.host_header else None
         self.span_name = tap_span_name(options.link)
+        o = options  # what every span carries the same
+        self.span_constants = span_constants(
+            link=o.link, downstream=o.downstream, downstream_kind=o.downstream_kind, upstream=o.upstream_name,
+            upstream_kind=o.upstream_kind, upstream_host=self.upstream_host, upstream_port=self.upstream_port,
+            correlation_header=o.correlation_header, labels=o.labels, query_keep=o.query_keep, fingerprint_key=self.fp_key)
         self.reuse_port = reuse_port
         self.in_flight = 0
         self.draining = False
@@ -280,8 +285,8 @@ class Tap:
                     if not d.exchanges and d.current is None and getattr(d, "tunnel", None) is None:
                         d.transport.close()
         try:
-            o = self.o
-            _bump(c.requests, rec.final_outcome().value)
+            outcome = rec.outcome = rec.final_outcome()  # (settled: the record is over)
+            _bump(c.requests, outcome.value)
             over = rec.overhead_request_ns
             if over is not None:
                 c.overhead_request.observe_ns(over)
@@ -293,13 +298,8 @@ class Tap:
                 c.upstream_ttft.observe_ns(max(0, s.first_token_mono_ns - rec.forwarded))
             c.request_bytes += rec.request_bytes
             c.response_bytes += rec.response_bytes
-            attrs = attributes(
-                rec, link=o.link, downstream=o.downstream, downstream_kind=o.downstream_kind, upstream=o.upstream_name,
-                upstream_kind=o.upstream_kind, upstream_host=self.upstream_host, upstream_port=self.upstream_port,
-                correlation_header=o.correlation_header, clock=self.clock, labels=o.labels, query_keep=o.query_keep,
-                fingerprint_key=self.fp_key,
-            )
-            emit(self.telemetry, self.span_name, span, rec, attrs, o.respect_sampling)
+            emit(self.telemetry, self.span_name, span, rec, record_attributes(rec, self.span_constants, self.clock, outcome),
+                 self.o.respect_sampling)
         except Exception:  # pragma: no cover - a bug here must not break traffic
             log.exception("tap %s: failed to record a span", self.o.link)
 

@@ -311,6 +311,7 @@ class Attr:
     GAP_FWD_P99_MS = "deltatap.stream.gap_forwarded.p99_ms"
     OVERHEAD_REQUEST_NS = "deltatap.overhead.request_ns"  # received -> forwarded inside the tap
     OVERHEAD_FIRST_TOKEN_NS = "deltatap.overhead.first_token_ns"
+    OVERHEAD_HOP_NS = "deltatap.overhead.hop_ns"  # bound on the extra hop's delivery, which the two above cannot stamp
     CLOCK_OFFSET_NS = "deltatap.clock.offset_ns"  # observer clock minus collector clock
     CLOCK_UNCERTAINTY_NS = "deltatap.clock.uncertainty_ns"
     STAMP_SOURCE = "deltatap.stamp.source"  # resource: where read stamps come from (deltatap.net.kstamp.stamp_source)
