@@ -6,7 +6,18 @@ as bytes (the partial line, the event's joined data lines) and decoded (UTF-8, e
 event is dispatched: decoding is local to ASCII bytes (a line end, a colon, a space always decode to
 themselves and end any broken sequence), so decoding the joined bytes equals joining the decoded lines.
 Every read is bounds-checked against the buffer's length; buffers grow on the heap (never a fixed stack
-buffer); every CPython call is checked and references are released on every path. */
+buffer); every CPython call is checked and references are released on every path.
+
+deltatap/core/_content.c builds this parser again, as deltatap.core._content, with the stream observer's one call
+per read (SseParser.observe): it defines SSE_OBSERVER (what a dispatched event does while observe() runs) and the
+names below before it includes this file. */
+#ifndef SSE_MODULE
+#define SSE_MODULE "_sse"
+#define SSE_INIT PyInit__sse
+#define SSE_MODULE_METHODS
+#define SSE_PARSER_METHODS
+#define SSE_MODULE_INIT(m) 0
+#endif
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
@@ -67,6 +78,7 @@ typedef struct {
     Py_ssize_t comments;
     Py_ssize_t events;
     char truncated;
+    void *ctx;       /* _content.c: the observer an observe() call feeds (NULL otherwise) */
 } Parser;
 
 static void parser_reset(Parser *self) {
@@ -78,31 +90,44 @@ static void parser_reset(Parser *self) {
 
 static PyObject *decode(const char *s, Py_ssize_t n) { return PyUnicode_DecodeUTF8(s, n, "replace"); }
 
-static int dispatch(Parser *self, PyObject *out) {
+/* the SseEvent of the event the parser holds */
+static PyObject *make_event(Parser *self) {
     PyObject *data = decode(self->data.p ? self->data.p : "", self->data.len);
-    if (data == NULL) return -1;
+    if (data == NULL) return NULL;
     PyTypeObject *tp = (PyTypeObject *)EventType;
     PyObject *empty = PyTuple_New(0);
     if (empty == NULL) {
         Py_DECREF(data);
-        return -1;
+        return NULL;
     }
     PyObject *ev = tp->tp_new(tp, empty, NULL);
     Py_DECREF(empty);
     if (ev == NULL) {
         Py_DECREF(data);
-        return -1;
+        return NULL;
     }
     int rc = PyObject_SetAttr(ev, S_data, data);
     Py_DECREF(data);
     if (rc == 0) rc = PyObject_SetAttr(ev, S_event, self->event ? self->event : EmptyStr);
     if (rc == 0) rc = PyObject_SetAttr(ev, S_id, self->id ? self->id : Py_None);
     if (rc == 0) rc = PyObject_SetAttr(ev, S_retry, self->retry ? self->retry : Py_None);
-    if (rc == 0) rc = PyList_Append(out, ev);
-    Py_DECREF(ev);
-    if (rc < 0) return -1;
+    if (rc < 0) {
+        Py_DECREF(ev);
+        return NULL;
+    }
+    return ev;
+}
+
+static int dispatch(Parser *self, PyObject *out) {
     self->events++;
-    return 0;
+#ifdef SSE_OBSERVER
+    if (self->ctx != NULL) return SSE_OBSERVER(self);
+#endif
+    PyObject *ev = make_event(self);
+    if (ev == NULL) return -1;
+    int rc = PyList_Append(out, ev);
+    Py_DECREF(ev);
+    return rc;
 }
 
 static int add_data(Parser *self, const char *v, Py_ssize_t n) {
@@ -292,6 +317,7 @@ static void parser_dealloc(Parser *self) {
 static PyMethodDef parser_methods[] = {
     {"feed", (PyCFunction)parser_feed, METH_O, "feed(data) -> list[SseEvent]: the events this read completed"},
     {"finish", (PyCFunction)parser_finish, METH_NOARGS, "finish() -> list[SseEvent]: end of stream"},
+    SSE_PARSER_METHODS
     {NULL, NULL, 0, NULL},
 };
 
@@ -303,7 +329,7 @@ static PyMemberDef parser_members[] = {
 };
 
 static PyTypeObject ParserType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "deltatap.core._sse.SseParser",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "deltatap.core." SSE_MODULE ".SseParser",
     .tp_basicsize = sizeof(Parser),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "deltatap.core.sse.SseParser in C (the Python class is the definition)",
@@ -327,12 +353,13 @@ static PyObject *sse_setup(PyObject *mod, PyObject *cls) {
 
 static PyMethodDef module_methods[] = {
     {"setup", sse_setup, METH_O, "setup(SseEvent): the class of the events the parser returns"},
+    SSE_MODULE_METHODS
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_sse", "C accelerator of deltatap.core.sse", -1, module_methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, SSE_MODULE, "C accelerator of deltatap.core.sse", -1, module_methods};
 
-PyMODINIT_FUNC PyInit__sse(void) {
+PyMODINIT_FUNC SSE_INIT(void) {
     if (PyType_Ready(&ParserType) < 0) return NULL;
     EmptyStr = PyUnicode_FromString("");
     S_data = PyUnicode_InternFromString("data");
@@ -345,6 +372,10 @@ PyMODINIT_FUNC PyInit__sse(void) {
     Py_INCREF(&ParserType);
     if (PyModule_AddObject(m, "SseParser", (PyObject *)&ParserType) < 0) {
         Py_DECREF(&ParserType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (SSE_MODULE_INIT(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

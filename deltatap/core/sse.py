@@ -63,7 +63,9 @@ other framing carry none. The *first content token* is the first content event w
 whitespace-only (the draft excludes "empty tokens or whitespace-only tokens"); whitespace-only
 content events still count as content events and tokens and still produce gaps.
 ``ContentStream.leading_whitespace_events`` counts those that came before the first token, so a
-report can note them as the draft asks. ``ContentStream.count`` (called by ``take`` for each event) is the only implementation of this rule.
+report can note them as the draft asks. ``ContentStream.count`` (called by ``take`` for each event) is the definition of
+this rule; its one twin is the C accelerator of :meth:`StreamObserver.feed` (``deltatap/core/_content.c``, for the
+ordinary events it handles itself), which tests/kernel/test_content_native.py holds to it.
 
 Privacy: text is only inspected for its length and whether it is blank; nothing stores it, except a
 ``ContentStream(keep_text=True)`` (the load generator's, in memory, never written out).
@@ -71,12 +73,13 @@ Privacy: text is only inspected for its length and whether it is blank; nothing 
 
 from __future__ import annotations
 
+import heapq
 import json
 import re
 from dataclasses import dataclass
 
 from deltatap.core import native
-from deltatap.core.gap_stats import GapStats
+from deltatap.core.gap_stats import _LOG_GAMMA, GapStats
 from deltatap.core.stream_formats import (
     _NONE,
     FORMATS,
@@ -253,6 +256,25 @@ _acc = native.load("deltatap.core._sse", __name__)
 if _acc is not None:
     _acc.setup(SseEvent)
     SseParser = _acc.SseParser  # type: ignore[misc,assignment]  # the same parser in C: one call per read
+# the same parser again with StreamObserver.feed in one C call per read (SseParser.observe; see _content.c)
+_observe_acc = native.load("deltatap.core._content", __name__)
+if _observe_acc is not None:
+    _observe_acc.setup(SseEvent)
+    _observe_acc.setup_observer(FORMATS["openai-chat"], FORMATS["openai-completions"], heapq.heappush, heapq.heapreplace, _LOG_GAMMA)
+    SseParser = _observe_acc.SseParser  # type: ignore[misc,assignment]
+    _ObservingParser = _observe_acc.SseParser
+    _gaps_observe = _observe_acc.gaps_observe  # what n calls of GapStats.observe(t) do, in one
+
+    class _GapCore(_observe_acc.GapCore):  # type: ignore[misc,name-defined]
+        """GapStats's state, observe and add in C (the C observer updates it without a Python step); what reads
+        it is GapStats's own code."""
+
+        __slots__ = ()
+        mean_ns = GapStats.mean_ns
+        quantile_ns = GapStats.quantile_ns
+        p99_ns = GapStats.p99_ns
+else:
+    _ObservingParser = _gaps_observe = _GapCore = None  # type: ignore[assignment,misc]
 
 
 # --------------------------------------------------------------------------------------------
@@ -333,7 +355,7 @@ class ContentStream:
             return _NONE
         try:
             obj = _decode_json(data)
-        except ValueError:
+        except (ValueError, RecursionError):  # (not JSON; or nested deeper than json's recursion allows)
             self.malformed += 1
             return _NONE
         fmt = self._fmt
@@ -390,7 +412,20 @@ class ContentStream:
 
 class StreamObserver(ContentStream):
     """Everything deltatap records about one SSE response, fed ``(chunk, t_mono_ns)``: the
-    :class:`ContentStream` plus chunk and byte counts, the inter-token gaps and the forwarded side."""
+    :class:`ContentStream` plus chunk and byte counts, the inter-token gaps and the forwarded side.
+
+    With the ``deltatap.core._content`` accelerator, :meth:`feed` is one C call per read
+    (``SseParser.observe``): it does what the Python below does, handling itself only the events it is sure of
+    (``[DONE]``, empty data, the ordinary content / role-only / empty chunks of ``openai-chat`` and
+    ``openai-completions``) and handing every other one to :meth:`take`, in order; a subclass that overrides
+    ``take``, ``count`` or ``_events`` gets the Python path."""
+
+    _native = _ObservingParser is not None
+
+    def __init_subclass__(cls, **kw: object) -> None:
+        super().__init_subclass__(**kw)
+        cls._native = (cls._native and cls.take is ContentStream.take and cls.count is ContentStream.count
+                       and cls._events is StreamObserver._events)
 
     def __init__(self, format: str | None = None, path: str | None = None) -> None:
         super().__init__(format, path)
@@ -402,8 +437,12 @@ class StreamObserver(ContentStream):
         # how much later the token's bytes may have left than its write stamp (0: exact; see deltatap.net.wire)
         self.first_token_forwarded_bound_ns = 0
         self.last_token_forwarded_bound_ns = 0
-        self.gaps = GapStats()
-        self.gaps_forwarded = GapStats()
+        if self._native:
+            self.gaps = _GapCore()
+            self.gaps_forwarded = _GapCore()
+        else:
+            self.gaps = GapStats()
+            self.gaps_forwarded = GapStats()
         self._unforwarded = 0  # content events fed since the last forwarded() call
         self._unforwarded_first = False
         self._last_had_first = False
@@ -411,6 +450,9 @@ class StreamObserver(ContentStream):
     def feed(self, data: bytes | bytearray | memoryview, t_mono_ns: int, bound_ns: int = 0) -> int:
         """Feed one chunk as read at ``t_mono_ns`` (its bytes arrived at most ``bound_ns`` before); returns the
         number of content events it completed."""
+        p = self.parser
+        if self._native and type(p) is _ObservingParser:
+            return p.observe(self, data, t_mono_ns, bound_ns)  # (the same steps, in C)
         self.chunks += 1
         self.bytes += len(data)
         if self.first_chunk_mono_ns is None:
@@ -449,8 +491,11 @@ class StreamObserver(ContentStream):
     def forwarded(self, t_mono_ns: int, bound_ns: int = 0) -> None:
         """Everything fed since the previous call was written downstream at ``t_mono_ns`` (the bytes left at most
         ``bound_ns`` later)."""
-        for _ in range(self._unforwarded):
-            self.gaps_forwarded.observe(t_mono_ns)
+        if self._native and _gaps_observe is not None:
+            _gaps_observe(self.gaps_forwarded, t_mono_ns, self._unforwarded)
+        else:
+            for _ in range(self._unforwarded):
+                self.gaps_forwarded.observe(t_mono_ns)
         if self._unforwarded:
             self.last_token_forwarded_mono_ns = t_mono_ns
             self.last_token_forwarded_bound_ns = bound_ns

@@ -154,7 +154,8 @@ class OpenAIChat(StreamFormat):
         if "error" in obj:
             facts.take_error(obj["error"])
         parts: list[str] = []
-        for ch in obj.get("choices") or ():
+        choices = obj.get("choices")
+        for ch in choices if isinstance(choices, list) else ():
             if not isinstance(ch, dict):
                 continue
             reason = ch.get("finish_reason")
@@ -195,7 +196,8 @@ class OpenAICompletions(StreamFormat):
         facts.take_timings(obj.get("timings"))
         facts.take_error(obj.get("error"))
         parts = []
-        for ch in obj.get("choices") or ():
+        choices = obj.get("choices")
+        for ch in choices if isinstance(choices, list) else ():
             if isinstance(ch, dict):
                 facts.take_finish(ch.get("finish_reason"))
                 parts.append(_text(ch.get("text")))

@@ -1,0 +1,852 @@
+/* The C accelerator of deltatap.core.sse.StreamObserver's per-read step: one C call per body read.
+
+deltatap.core._content is deltatap.core._sse's parser (this file includes _sse.c) plus SseParser.observe(obs, data,
+t, bound), which does what StreamObserver.feed does in Python (sse.py, the definition): counts the read, parses its
+events and, for each one in order, does what ContentStream.take and ContentStream.count do, then what
+StreamObserver._events does with the read's content events (GapStats.observe, the unforwarded count and flags).
+
+It handles only the events it is sure of, without building any Python object for them: "[DONE]", an empty data,
+and, once the observer's format is openai-chat or openai-completions, a JSON object whose only facts are nulls
+(usage, timings, error, finish_reason null; tool_calls null or []) and whose model and id are already known or
+absent, with each choice's delta content / reasoning_content / reasoning / refusal strings (chat) or text
+(completions). The first-content-token rule it applies to them is ContentStream.count's (a content event's text is
+whitespace-only when every character is, by str.isspace). Every other event (the first ones before the format is
+detected, usage, finish reasons, tool calls, errors, anything unusual, invalid or nested too deeply for the
+scanner) goes to obs.take(event, t, bound) in Python, in order, after the counters this call has gathered are
+written to the observer; so the observer ends each read in the state the Python alone gives
+(tests/kernel/test_content_native.py compares them on generated streams split at random points).
+
+The JSON scanner is a validator of a strict subset of what json accepts: every read is bounds-checked against the
+event's length, nesting is bounded (deeper goes to Python), nothing is copied. */
+#define SSE_MODULE "_content"
+#define SSE_INIT PyInit__content
+#define SSE_OBSERVER observe_event
+#define SSE_PARSER_METHODS \
+    {"observe", (PyCFunction)(void (*)(void))parser_observe, METH_FASTCALL, \
+     "observe(obs, data, t_mono_ns, bound_ns) -> int: StreamObserver.feed in one call"},
+#define SSE_MODULE_METHODS \
+    {"gaps_observe", (PyCFunction)(void (*)(void))module_gaps_observe, METH_FASTCALL, \
+     "gaps_observe(gaps, t_mono_ns, n): what n calls of gaps.observe(t_mono_ns) do"}, \
+    {"setup_observer", (PyCFunction)(void (*)(void))setup_observer, METH_FASTCALL, \
+     "setup_observer(chat, completions, heappush, heapreplace, log_gamma)"},
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+static int observe_event(void *self);
+static PyObject *parser_observe(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *setup_observer(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *module_gaps_observe(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+
+static int add_gap_type(PyObject *m);
+#define SSE_MODULE_INIT(m) add_gap_type(m)
+#include "_sse.c"
+
+#include <limits.h>
+#include <math.h>
+
+static PyObject *One, *ChatFmt, *ComplFmt, *HeapPush, *HeapReplace;
+static double LogGamma;
+static PyObject *S_take, *S_fmt, *S_parts, *S_facts, *S_model, *S_response_id, *S_events, *S_content_events,
+    *S_tokens, *S_leading_ws, *S_done, *S_first_t, *S_first_b, *S_last_t, *S_last_b, *S_gaps, *S_observe,
+    *S_chunks, *S_bytes, *S_first_chunk, *S_unfwd, *S_unfwd_first, *S_last_had_first;
+
+enum { FMT_OTHER = 0, FMT_CHAT = 1, FMT_COMPLETIONS = 2 };
+
+typedef struct {
+    PyObject *obs, *t, *bound; /* borrowed: observe()'s arguments */
+    int fmt;                   /* the observer's format, when one the scanner knows */
+    int waiting;               /* first_token_mono_ns is None */
+    int need_model, need_id;   /* facts.model / facts.response_id is None */
+    /* what the events handled here add, not yet written to the observer */
+    Py_ssize_t events, content, leading_ws;
+    int done, last, first;
+    Py_ssize_t n_content; /* content events of this read, here and in Python: its gaps */
+} Obs;
+
+/* ---- the observer's attributes ---------------------------------------------------------------------------- */
+
+static int is_none_attr(PyObject *o, PyObject *name, int *out) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) return -1;
+    *out = v == Py_None;
+    Py_DECREF(v);
+    return 0;
+}
+
+/* what the scanner may take for granted: re-read after anything Python did */
+static int obs_refresh(Obs *c) {
+    PyObject *v = PyObject_GetAttr(c->obs, S_fmt);
+    if (v == NULL) return -1;
+    c->fmt = v == ChatFmt ? FMT_CHAT : v == ComplFmt ? FMT_COMPLETIONS : FMT_OTHER;
+    Py_DECREF(v);
+    int none;
+    if (is_none_attr(c->obs, S_parts, &none) < 0) return -1;
+    if (!none) c->fmt = FMT_OTHER; /* keep_text: Python keeps each text */
+    if (is_none_attr(c->obs, S_first_t, &c->waiting) < 0) return -1;
+    if (c->fmt == FMT_OTHER) return 0;
+    PyObject *facts = PyObject_GetAttr(c->obs, S_facts);
+    if (facts == NULL) return -1;
+    int rc = is_none_attr(facts, S_model, &c->need_model);
+    if (rc == 0) rc = is_none_attr(facts, S_response_id, &c->need_id);
+    Py_DECREF(facts);
+    return rc;
+}
+
+static int add_attr(PyObject *o, PyObject *name, Py_ssize_t n) {
+    if (n == 0) return 0;
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) return -1;
+    PyObject *d = PyLong_FromSsize_t(n);
+    if (d == NULL) {
+        Py_DECREF(v);
+        return -1;
+    }
+    PyObject *s = PyNumber_Add(v, d);
+    Py_DECREF(v);
+    Py_DECREF(d);
+    if (s == NULL) return -1;
+    int rc = PyObject_SetAttr(o, name, s);
+    Py_DECREF(s);
+    return rc;
+}
+
+/* write what the events handled here added (ContentStream.take's and count's counters) */
+static int obs_flush(Obs *c) {
+    PyObject *o = c->obs;
+    if (add_attr(o, S_events, c->events) < 0 || add_attr(o, S_content_events, c->content) < 0 ||
+        add_attr(o, S_tokens, c->content) < 0 || add_attr(o, S_leading_ws, c->leading_ws) < 0)
+        return -1;
+    if (c->done && PyObject_SetAttr(o, S_done, Py_True) < 0) return -1;
+    if (c->last && (PyObject_SetAttr(o, S_last_t, c->t) < 0 || PyObject_SetAttr(o, S_last_b, c->bound) < 0)) return -1;
+    if (c->first && (PyObject_SetAttr(o, S_first_t, c->t) < 0 || PyObject_SetAttr(o, S_first_b, c->bound) < 0)) return -1;
+    c->events = c->content = c->leading_ws = 0;
+    c->done = c->last = c->first = 0;
+    return 0;
+}
+
+/* ---- the JSON scanner ----------------------------------------------------------------------------------- */
+
+#define MAX_DEPTH 48
+#define MAX_NUMBER 64
+
+typedef struct {
+    const unsigned char *p, *e;
+} J;
+
+typedef struct {
+    int nonempty; /* a content string that is not "" */
+    int allspace; /* every character of every content string is whitespace */
+} Text;
+
+static void jws(J *j) {
+    while (j->p < j->e && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r')) j->p++;
+}
+
+static int hexval(unsigned char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* the code point of a well-formed UTF-8 sequence at p (len set), or -1 (the decoder would replace it) */
+static long utf8_at(const unsigned char *p, const unsigned char *e, int *len) {
+    unsigned char c = p[0];
+    long cp;
+    int n;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+        n = 2;
+        cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        n = 3;
+        cp = c & 0x0F;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        n = 4;
+        cp = c & 0x07;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+    } else
+        return -1;
+    if (e - p < n) return -1;
+    for (int k = 1; k < n; k++) {
+        unsigned char d = p[k];
+        if (k == 1 ? (d < lo || d > hi) : (d < 0x80 || d > 0xBF)) return -1;
+        cp = (cp << 6) | (d & 0x3F);
+    }
+    *len = n;
+    return cp;
+}
+
+/* a JSON string (j->p on its opening quote): *s, *n its raw bytes, *esc whether it had an escape; with t, whether
+   its characters are all whitespace is folded into t->allspace. -1: not a string json would accept. */
+static int jstr(J *j, const unsigned char **s, Py_ssize_t *n, int *esc, Text *t) {
+    const unsigned char *p = j->p + 1, *e = j->e, *start = p;
+    int escaped = 0, allspace = 1;
+    while (p < e) {
+        unsigned char c = *p;
+        if (c == '"') {
+            *s = start;
+            *n = p - start;
+            if (esc) *esc = escaped;
+            if (t != NULL && p > start) {
+                t->nonempty = 1;
+                if (!allspace) t->allspace = 0;
+            }
+            j->p = p + 1;
+            return 0;
+        }
+        if (c < 0x20) return -1; /* json's strict mode: no raw control characters */
+        if (c == '\\') {
+            escaped = 1;
+            if (e - p < 2) return -1;
+            c = p[1];
+            switch (c) {
+            case '"': case '\\': case '/': case 'b':
+                allspace = 0;
+                p += 2;
+                break;
+            case 'f': case 'n': case 'r': case 't':
+                p += 2;
+                break;
+            case 'u': {
+                if (e - p < 6) return -1;
+                long cp = 0;
+                for (int k = 2; k < 6; k++) {
+                    int h = hexval(p[k]);
+                    if (h < 0) return -1;
+                    cp = cp * 16 + h;
+                }
+                if (!Py_UNICODE_ISSPACE((Py_UCS4)cp)) allspace = 0; /* (surrogates are not whitespace, alone or paired) */
+                p += 6;
+                break;
+            }
+            default:
+                return -1;
+            }
+        } else if (c < 0x80) {
+            if (c != ' ') allspace = 0; /* (the other ASCII whitespace are control characters: refused above) */
+            p++;
+        } else if (allspace && t != NULL) {
+            int len = 1;
+            long cp = utf8_at(p, e, &len);
+            if (cp < 0 || !Py_UNICODE_ISSPACE((Py_UCS4)cp)) allspace = 0; /* (invalid bytes decode to U+FFFD) */
+            p += len;
+        } else
+            p++;
+    }
+    return -1;
+}
+
+static int jlit(J *j, const char *lit, Py_ssize_t n) {
+    if (j->e - j->p < n || memcmp(j->p, lit, (size_t)n) != 0) return -1;
+    j->p += n;
+    return 0;
+}
+
+/* json's number: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)? (bounded length: a longer one goes to Python) */
+static int jnum(J *j) {
+    const unsigned char *p = j->p, *e = j->e, *start = p;
+    if (p < e && *p == '-') p++;
+    if (p >= e) return -1;
+    if (*p == '0')
+        p++;
+    else if (*p >= '1' && *p <= '9')
+        while (p < e && *p >= '0' && *p <= '9') p++;
+    else
+        return -1;
+    if (p < e && *p == '.') {
+        const unsigned char *q = ++p;
+        while (p < e && *p >= '0' && *p <= '9') p++;
+        if (p == q) return -1;
+    }
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < e && (*p == '+' || *p == '-')) p++;
+        const unsigned char *q = p;
+        while (p < e && *p >= '0' && *p <= '9') p++;
+        if (p == q) return -1;
+    }
+    if (p - start > MAX_NUMBER) return -1;
+    j->p = p;
+    return 0;
+}
+
+static int jvalue(J *j, int depth);
+
+static int jobject(J *j, int depth) {
+    j->p++;
+    jws(j);
+    if (j->p < j->e && *j->p == '}') {
+        j->p++;
+        return 0;
+    }
+    for (;;) {
+        const unsigned char *s;
+        Py_ssize_t n;
+        if (j->p >= j->e || *j->p != '"' || jstr(j, &s, &n, NULL, NULL) < 0) return -1;
+        jws(j);
+        if (j->p >= j->e || *j->p != ':') return -1;
+        j->p++;
+        jws(j);
+        if (jvalue(j, depth + 1) < 0) return -1;
+        jws(j);
+        if (j->p >= j->e) return -1;
+        if (*j->p == '}') {
+            j->p++;
+            return 0;
+        }
+        if (*j->p != ',') return -1;
+        j->p++;
+        jws(j);
+    }
+}
+
+static int jarray(J *j, int depth) {
+    j->p++;
+    jws(j);
+    if (j->p < j->e && *j->p == ']') {
+        j->p++;
+        return 0;
+    }
+    for (;;) {
+        if (jvalue(j, depth + 1) < 0) return -1;
+        jws(j);
+        if (j->p >= j->e) return -1;
+        if (*j->p == ']') {
+            j->p++;
+            return 0;
+        }
+        if (*j->p != ',') return -1;
+        j->p++;
+        jws(j);
+    }
+}
+
+/* any JSON value at j->p (whitespace before it skipped by the caller) */
+static int jvalue(J *j, int depth) {
+    if (j->p >= j->e || depth > MAX_DEPTH) return -1;
+    const unsigned char *s;
+    Py_ssize_t n;
+    switch (*j->p) {
+    case '{': return jobject(j, depth);
+    case '[': return jarray(j, depth);
+    case '"': return jstr(j, &s, &n, NULL, NULL);
+    case 't': return jlit(j, "true", 4);
+    case 'f': return jlit(j, "false", 5);
+    case 'n': return jlit(j, "null", 4);
+    default: return jnum(j);
+    }
+}
+
+/* an object's members one by one: 1 with the key (unescaped only: an escaped key goes to Python) and j->p on the
+   value, 0 at the closing brace, -1 invalid. *first starts at 1. */
+static int jmember(J *j, int *first, const unsigned char **k, Py_ssize_t *kn) {
+    jws(j);
+    if (j->p >= j->e) return -1;
+    if (*first) {
+        *first = 0;
+        if (*j->p == '}') {
+            j->p++;
+            return 0;
+        }
+    } else {
+        if (*j->p == '}') {
+            j->p++;
+            return 0;
+        }
+        if (*j->p != ',') return -1;
+        j->p++;
+        jws(j);
+    }
+    int esc;
+    if (j->p >= j->e || *j->p != '"' || jstr(j, k, kn, &esc, NULL) < 0 || esc) return -1;
+    jws(j);
+    if (j->p >= j->e || *j->p != ':') return -1;
+    j->p++;
+    jws(j);
+    return j->p < j->e ? 1 : -1;
+}
+
+#define KEY(lit) (kn == (Py_ssize_t)sizeof(lit) - 1 && memcmp(k, lit, sizeof(lit) - 1) == 0)
+
+static int once(unsigned *seen, unsigned bit) {
+    if (*seen & bit) return -1; /* a repeated key: json keeps the last, Python decides */
+    *seen |= bit;
+    return 0;
+}
+
+/* a string (content), or any other value (not content) */
+static int jtext(J *j, Text *t) {
+    const unsigned char *s;
+    Py_ssize_t n;
+    if (*j->p == '"') return jstr(j, &s, &n, NULL, t);
+    return jvalue(j, 3);
+}
+
+/* chat: one delta object's members */
+static int chat_delta(J *j, Text *t) {
+    int first = 1, r;
+    unsigned seen = 0;
+    const unsigned char *k;
+    Py_ssize_t kn;
+    j->p++;
+    while ((r = jmember(j, &first, &k, &kn)) == 1) {
+        if (KEY("content") || KEY("reasoning_content") || KEY("reasoning") || KEY("refusal")) {
+            if (once(&seen, KEY("content") ? 1 : KEY("reasoning_content") ? 2 : KEY("reasoning") ? 4 : 8) < 0) return -1;
+            if (jtext(j, t) < 0) return -1;
+        } else if (KEY("tool_calls")) {
+            if (once(&seen, 16) < 0) return -1;
+            if (jlit(j, "null", 4) == 0) continue;
+            if (*j->p != '[') return -1; /* tool calls: Python */
+            j->p++;
+            jws(j);
+            if (j->p >= j->e || *j->p != ']') return -1;
+            j->p++;
+        } else if (jvalue(j, 3) < 0)
+            return -1;
+    }
+    return r;
+}
+
+/* one choice object's members */
+static int choice(J *j, int fmt, Text *t) {
+    int first = 1, r;
+    unsigned seen = 0;
+    const unsigned char *k;
+    Py_ssize_t kn;
+    j->p++;
+    while ((r = jmember(j, &first, &k, &kn)) == 1) {
+        if (KEY("finish_reason")) {
+            if (once(&seen, 1) < 0 || jlit(j, "null", 4) < 0) return -1; /* a finish reason: Python */
+        } else if (fmt == FMT_CHAT && KEY("delta")) {
+            if (once(&seen, 2) < 0) return -1;
+            if (*j->p == '{') {
+                if (chat_delta(j, t) < 0) return -1;
+            } else if (jvalue(j, 2) < 0)
+                return -1;
+        } else if (fmt == FMT_COMPLETIONS && KEY("text")) {
+            if (once(&seen, 2) < 0 || jtext(j, t) < 0) return -1;
+        } else if (jvalue(j, 2) < 0)
+            return -1;
+    }
+    return r;
+}
+
+/* the event's data: 1 sure (t says its content), -1 Python's to decide */
+static int scan_event(const unsigned char *p, Py_ssize_t n, Obs *c, Text *t) {
+    J j = {p, p + n};
+    int first = 1, r;
+    unsigned seen = 0;
+    const unsigned char *k;
+    Py_ssize_t kn;
+    jws(&j);
+    if (j.p >= j.e || *j.p != '{') return -1;
+    j.p++;
+    while ((r = jmember(&j, &first, &k, &kn)) == 1) {
+        if (KEY("usage") || KEY("timings") || KEY("error")) {
+            if (once(&seen, KEY("usage") ? 1 : KEY("timings") ? 2 : 4) < 0 || jlit(&j, "null", 4) < 0) return -1;
+        } else if (KEY("model")) {
+            if (c->need_model || jvalue(&j, 1) < 0) return -1;
+        } else if (KEY("id")) {
+            if (c->need_id || jvalue(&j, 1) < 0) return -1;
+        } else if (KEY("choices")) {
+            if (once(&seen, 8) < 0) return -1;
+            if (jlit(&j, "null", 4) == 0) continue;
+            if (*j.p != '[') return -1;
+            j.p++;
+            jws(&j);
+            if (j.p < j.e && *j.p == ']') {
+                j.p++;
+                continue;
+            }
+            for (;;) {
+                if (j.p >= j.e) return -1;
+                if (*j.p == '{') {
+                    if (choice(&j, c->fmt, t) < 0) return -1;
+                } else if (jvalue(&j, 1) < 0) /* (a choice that is not an object carries nothing) */
+                    return -1;
+                jws(&j);
+                if (j.p >= j.e) return -1;
+                if (*j.p == ']') {
+                    j.p++;
+                    break;
+                }
+                if (*j.p != ',') return -1;
+                j.p++;
+                jws(&j);
+            }
+        } else if (jvalue(&j, 1) < 0)
+            return -1;
+    }
+    if (r < 0) return -1;
+    jws(&j);
+    return j.p == j.e ? 1 : -1;
+}
+
+/* ---- one dispatched event --------------------------------------------------------------------------------- */
+
+static int observe_event(void *vself) {
+    Parser *self = (Parser *)vself;
+    Obs *c = (Obs *)self->ctx;
+    const unsigned char *p = (const unsigned char *)(self->data.p ? self->data.p : "");
+    Py_ssize_t n = self->data.len;
+    if (n == 6 && memcmp(p, "[DONE]", 6) == 0) {
+        c->events++;
+        c->done = 1;
+        return 0;
+    }
+    if (n == 0) {
+        c->events++;
+        return 0;
+    }
+    if (c->fmt != FMT_OTHER) {
+        Text t = {0, 1};
+        if (scan_event(p, n, c, &t) == 1) {
+            c->events++;
+            if (t.nonempty) {
+                c->content++;
+                c->n_content++;
+                c->last = 1;
+                if (c->waiting) {
+                    if (t.allspace)
+                        c->leading_ws++;
+                    else {
+                        c->first = 1;
+                        c->waiting = 0;
+                    }
+                }
+            }
+            return 0;
+        }
+    }
+    /* Python's: ContentStream.take, with the counters so far written first */
+    if (obs_flush(c) < 0) return -1;
+    PyObject *ev = make_event(self);
+    if (ev == NULL) return -1;
+    PyObject *got = PyObject_CallMethodObjArgs(c->obs, S_take, ev, c->t, c->bound, NULL);
+    Py_DECREF(ev);
+    if (got == NULL) return -1;
+    PyObject *text = PySequence_GetItem(got, 0);
+    Py_DECREF(got);
+    if (text == NULL) return -1;
+    int yes = PyObject_IsTrue(text);
+    Py_DECREF(text);
+    if (yes < 0) return -1;
+    if (yes) c->n_content++;
+    return obs_refresh(c);
+}
+
+/* ---- GapStats in C: GapCore ------------------------------------------------------------------------------
+
+deltatap.core.gap_stats.GapStats is the definition; GapCore keeps the same state (count, total_ns, max_ns, _top: the
+min-heap list of the top_k largest gaps, kept with heapq's own functions so the list is the same, _buckets: the
+sketch dict, _zeros, _last) and does observe() and add() the same way; sse.py's subclass of it borrows GapStats's
+mean_ns, quantile_ns and p99_ns, which read that state. Counts and sums are C long long: a total past 2^63 ns
+(292 years) raises OverflowError instead of growing. */
+
+typedef struct {
+    PyObject_HEAD
+    long long count, total_ns, max_ns, zeros;
+    Py_ssize_t top_k;
+    PyObject *top;     /* list */
+    PyObject *buckets; /* dict */
+    PyObject *last;    /* int or NULL (None) */
+} Gaps;
+
+static PyTypeObject GapsType;
+
+static PyObject *gaps_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"top_k", NULL};
+    Py_ssize_t top_k = 128;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|n:GapCore", kwlist, &top_k)) return NULL;
+    Gaps *self = (Gaps *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->top_k = top_k;
+    self->top = PyList_New(0);
+    self->buckets = PyDict_New();
+    if (self->top == NULL || self->buckets == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int gaps_traverse(Gaps *self, visitproc visit, void *arg) {
+    Py_VISIT(self->top);
+    Py_VISIT(self->buckets);
+    Py_VISIT(self->last);
+    return 0;
+}
+
+static int gaps_clear(Gaps *self) {
+    Py_CLEAR(self->top);
+    Py_CLEAR(self->buckets);
+    Py_CLEAR(self->last);
+    return 0;
+}
+
+static void gaps_dealloc(Gaps *self) {
+    PyObject_GC_UnTrack(self);
+    gaps_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* GapStats.add(g) */
+static int gap_add(Gaps *self, long long g) {
+    if (g < 0) g = 0;
+    long long total;
+    if (__builtin_add_overflow(self->total_ns, g, &total)) {
+        PyErr_SetString(PyExc_OverflowError, "GapCore: the sum of the gaps passed 2^63 ns");
+        return -1;
+    }
+    PyObject *top = self->top;
+    if (top == NULL || self->buckets == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "GapCore: cleared");
+        return -1;
+    }
+    self->count++;
+    self->total_ns = total;
+    if (g > self->max_ns) self->max_ns = g;
+    if (PyList_GET_SIZE(top) < self->top_k) {
+        PyObject *go = PyLong_FromLongLong(g);
+        if (go == NULL) return -1;
+        PyObject *r = PyObject_CallFunctionObjArgs(HeapPush, top, go, NULL);
+        Py_DECREF(go);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+        return 0;
+    }
+    if (PyList_GET_SIZE(top) > 0) { /* (top_k 0: every gap goes to the sketch) */
+        long long smallest = PyLong_AsLongLong(PyList_GET_ITEM(top, 0));
+        if (smallest == -1 && PyErr_Occurred()) return -1;
+        if (g > smallest) {
+            PyObject *go = PyLong_FromLongLong(g);
+            if (go == NULL) return -1;
+            PyObject *r = PyObject_CallFunctionObjArgs(HeapReplace, top, go, NULL);
+            Py_DECREF(go);
+            if (r == NULL) return -1;
+            g = PyLong_AsLongLong(r);
+            Py_DECREF(r);
+            if (g == -1 && PyErr_Occurred()) return -1;
+        }
+    }
+    if (g == 0) {
+        self->zeros++;
+        return 0;
+    }
+    PyObject *key = PyLong_FromLongLong((long long)ceil(log((double)g) / LogGamma));
+    if (key == NULL) return -1;
+    PyObject *had = PyDict_GetItemWithError(self->buckets, key);
+    if (had == NULL && PyErr_Occurred()) {
+        Py_DECREF(key);
+        return -1;
+    }
+    PyObject *now = had ? PyNumber_Add(had, One) : PyLong_FromLong(1);
+    if (now == NULL) {
+        Py_DECREF(key);
+        return -1;
+    }
+    int rc = PyDict_SetItem(self->buckets, key, now);
+    Py_DECREF(key);
+    Py_DECREF(now);
+    return rc;
+}
+
+/* n calls of GapStats.observe(t): one gap since the last stamp, then zero gaps (one read's events share t) */
+static int gap_observe_n(Gaps *self, PyObject *t_obj, Py_ssize_t n) {
+    if (n <= 0) return 0;
+    long long t = PyLong_AsLongLong(t_obj);
+    if (t == -1 && PyErr_Occurred()) return -1;
+    Py_ssize_t zero_gaps = n - 1;
+    if (self->last != NULL) {
+        long long last = PyLong_AsLongLong(self->last), g;
+        if (last == -1 && PyErr_Occurred()) return -1;
+        if (__builtin_sub_overflow(t, last, &g)) g = t > last ? LLONG_MAX : 0;
+        if (gap_add(self, g) < 0) return -1;
+    }
+    /* zero gaps: kept while the top is not full, then counted in the sketch's zeros (no kept gap is below 0) */
+    while (zero_gaps > 0 && self->top != NULL && PyList_GET_SIZE(self->top) < self->top_k) {
+        if (gap_add(self, 0) < 0) return -1;
+        zero_gaps--;
+    }
+    if (zero_gaps > 0) {
+        self->count += zero_gaps;
+        self->zeros += zero_gaps;
+    }
+    Py_INCREF(t_obj);
+    Py_XSETREF(self->last, t_obj);
+    return 0;
+}
+
+static int gaps_observe(PyObject *gaps, PyObject *t_obj, Py_ssize_t n) {
+    if (n <= 0) return 0;
+    if (PyObject_TypeCheck(gaps, &GapsType) && PyLong_CheckExact(t_obj)) return gap_observe_n((Gaps *)gaps, t_obj, n);
+    for (Py_ssize_t i = 0; i < n; i++) { /* another GapStats: its own observe */
+        PyObject *r = PyObject_CallMethodOneArg(gaps, S_observe, t_obj);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+    }
+    return 0;
+}
+
+static PyObject *gaps_py_observe(Gaps *self, PyObject *t) {
+    if (!PyLong_Check(t)) {
+        PyErr_SetString(PyExc_TypeError, "GapCore.observe(t_ns): an int");
+        return NULL;
+    }
+    if (gap_observe_n(self, t, 1) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *gaps_py_add(Gaps *self, PyObject *g) {
+    long long x = PyLong_AsLongLong(g);
+    if (x == -1 && PyErr_Occurred()) return NULL;
+    if (gap_add(self, x) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *gaps_get_last(Gaps *self, void *closure) {
+    return Py_NewRef(self->last ? self->last : Py_None);
+}
+
+static PyMethodDef gaps_methods[] = {
+    {"observe", (PyCFunction)gaps_py_observe, METH_O, "observe(t_ns): add the gap since the previous call"},
+    {"add", (PyCFunction)gaps_py_add, METH_O, "add(gap_ns)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef gaps_members[] = {
+    {"count", T_LONGLONG, offsetof(Gaps, count), READONLY, NULL},
+    {"total_ns", T_LONGLONG, offsetof(Gaps, total_ns), READONLY, NULL},
+    {"max_ns", T_LONGLONG, offsetof(Gaps, max_ns), READONLY, NULL},
+    {"_zeros", T_LONGLONG, offsetof(Gaps, zeros), READONLY, NULL},
+    {"_top_k", T_PYSSIZET, offsetof(Gaps, top_k), READONLY, NULL},
+    {"_top", T_OBJECT_EX, offsetof(Gaps, top), READONLY, NULL},
+    {"_buckets", T_OBJECT_EX, offsetof(Gaps, buckets), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef gaps_getset[] = {
+    {"_last", (getter)gaps_get_last, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject GapsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "deltatap.core._content.GapCore",
+    .tp_basicsize = sizeof(Gaps),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "deltatap.core.gap_stats.GapStats's state, observe() and add() in C (the Python class is the definition)",
+    .tp_new = gaps_new,
+    .tp_dealloc = (destructor)gaps_dealloc,
+    .tp_traverse = (traverseproc)gaps_traverse,
+    .tp_clear = (inquiry)gaps_clear,
+    .tp_methods = gaps_methods,
+    .tp_members = gaps_members,
+    .tp_getset = gaps_getset,
+};
+
+/* ---- SseParser.observe ------------------------------------------------------------------------------------ */
+
+static PyObject *parser_observe(PyObject *pself, PyObject *const *args, Py_ssize_t nargs) {
+    Parser *self = (Parser *)pself;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "observe(obs, data, t_mono_ns, bound_ns)");
+        return NULL;
+    }
+    if (ChatFmt == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "deltatap.core._content.setup_observer() was not called");
+        return NULL;
+    }
+    if (self->ctx != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "SseParser.observe() re-entered");
+        return NULL;
+    }
+    Obs c = {0};
+    c.obs = args[0];
+    c.t = args[2];
+    c.bound = args[3];
+    PyObject *obs = c.obs;
+    Py_ssize_t size = PyObject_Size(args[1]);
+    if (size < 0) return NULL;
+    /* StreamObserver.feed: the read's count, bytes and first stamp */
+    if (add_attr(obs, S_chunks, 1) < 0 || add_attr(obs, S_bytes, size) < 0) return NULL;
+    int none;
+    if (is_none_attr(obs, S_first_chunk, &none) < 0) return NULL;
+    if (none && PyObject_SetAttr(obs, S_first_chunk, c.t) < 0) return NULL;
+    if (obs_refresh(&c) < 0) return NULL;
+    int waiting = c.waiting;
+    self->ctx = &c;
+    PyObject *none_list = parser_feed(self, args[1]); /* every event goes to observe_event: the list stays empty */
+    self->ctx = NULL;
+    if (none_list == NULL) return NULL;
+    Py_DECREF(none_list);
+    if (obs_flush(&c) < 0) return NULL;
+    /* StreamObserver._events */
+    if (c.n_content > 0) {
+        PyObject *gaps = PyObject_GetAttr(obs, S_gaps);
+        if (gaps == NULL) return NULL;
+        int rc = gaps_observe(gaps, c.t, c.n_content);
+        Py_DECREF(gaps);
+        if (rc < 0) return NULL;
+        if (add_attr(obs, S_unfwd, c.n_content) < 0) return NULL;
+    }
+    int had_first = waiting && !c.waiting;
+    if (had_first && PyObject_SetAttr(obs, S_unfwd_first, Py_True) < 0) return NULL;
+    if (PyObject_SetAttr(obs, S_last_had_first, had_first ? Py_True : Py_False) < 0) return NULL;
+    return PyLong_FromSsize_t(c.n_content);
+}
+
+static PyObject *module_gaps_observe(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "gaps_observe(gaps, t_mono_ns, n)");
+        return NULL;
+    }
+    if (ChatFmt == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "deltatap.core._content.setup_observer() was not called");
+        return NULL;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (gaps_observe(args[0], args[1], n) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *setup_observer(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyFloat_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "setup_observer(chat, completions, heappush, heapreplace, log_gamma)");
+        return NULL;
+    }
+#define INTERN(var, s) \
+    if (var == NULL && (var = PyUnicode_InternFromString(s)) == NULL) return NULL;
+    INTERN(S_take, "take") INTERN(S_fmt, "_fmt") INTERN(S_parts, "parts") INTERN(S_facts, "facts")
+    INTERN(S_model, "model") INTERN(S_response_id, "response_id") INTERN(S_events, "events")
+    INTERN(S_content_events, "content_events") INTERN(S_tokens, "tokens")
+    INTERN(S_leading_ws, "leading_whitespace_events") INTERN(S_done, "done") INTERN(S_first_t, "first_token_mono_ns")
+    INTERN(S_first_b, "first_token_bound_ns") INTERN(S_last_t, "last_token_mono_ns")
+    INTERN(S_last_b, "last_token_bound_ns") INTERN(S_gaps, "gaps") INTERN(S_observe, "observe")
+    INTERN(S_chunks, "chunks") INTERN(S_bytes, "bytes") INTERN(S_first_chunk, "first_chunk_mono_ns")
+    INTERN(S_unfwd, "_unforwarded") INTERN(S_unfwd_first, "_unforwarded_first")
+    INTERN(S_last_had_first, "_last_had_first")
+#undef INTERN
+    if (One == NULL && (One = PyLong_FromLong(1)) == NULL) return NULL;
+    PyObject **slots[4] = {&ChatFmt, &ComplFmt, &HeapPush, &HeapReplace};
+    for (int i = 0; i < 4; i++) {
+        Py_INCREF(args[i]);
+        Py_XSETREF(*slots[i], args[i]);
+    }
+    LogGamma = PyFloat_AS_DOUBLE(args[4]);
+    Py_RETURN_NONE;
+}
+
+static int add_gap_type(PyObject *m) {
+    if (PyType_Ready(&GapsType) < 0) return -1;
+    Py_INCREF(&GapsType);
+    if (PyModule_AddObject(m, "GapCore", (PyObject *)&GapsType) < 0) {
+        Py_DECREF(&GapsType);
+        return -1;
+    }
+    return 0;
+}
