@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import struct
 import sys
+from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
 
@@ -57,7 +58,7 @@ class Layout:
     packed number and each per-span value is, and the event names."""
 
     __slots__ = ("name", "service", "kind", "status_code", "rooted", "fixed", "packed_keys", "other_keys", "event_names", "struct", "n_events",
-                 "positions", "none", "_tail", "_numbers")
+                 "positions", "none", "_tail", "_numbers", "_n_packed")
 
     def __init__(self, name: str, service: str, kind: int, status_code: int, rooted: bool, fixed: tuple[tuple[str, Any], ...],
                  packed: tuple[tuple[str, str], ...], other_keys: tuple[str, ...], event_names: tuple[str, ...]) -> None:
@@ -78,12 +79,26 @@ class Layout:
         self.positions, self.none = pos, n_packed + len(other_keys) + len(fixed)
         self._tail = (*(v for _, v in fixed), None)
         self._numbers = struct.Struct("<16x" + codes).unpack
+        self._n_packed = n_packed
 
     def values(self, span: CompactSpan) -> tuple:
         """A span of this layout as one tuple, each attribute at :attr:`positions` (absent: :attr:`none`)."""
         return self._numbers(span.packed) + span.others + self._tail
 
+    def start_and(self, p: int, q: int) -> Callable[[CompactSpan], tuple] | None:
+        """A reader of (start, value at position ``p``, value at ``q``) of :meth:`values`, which unpacks no other
+        number; None when ``p`` or ``q`` is a packed number (then read :meth:`values`)."""
+        n, tail = self._n_packed, self._tail
+        n_others = len(self.other_keys)
+        if p < n or q < n:
+            return None
+        a, b = p - n, q - n
+        va = None if a < n_others else tail[a - n_others]
+        vb = None if b < n_others else tail[b - n_others]
+        return lambda span: (_START(span.packed)[0], span.others[a] if a < n_others else va, span.others[b] if b < n_others else vb)
 
+
+_START = struct.Struct("<16xQ").unpack_from  # a span's start: the first number after its span and parent ids
 _LAYOUTS: dict[tuple, Layout] = {}
 _VALUES: dict[Any, Any] = {}
 

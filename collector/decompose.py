@@ -237,11 +237,18 @@ class Decomposer:
                 self._by_shape[key] = prog
         return prog, src  # type: ignore[return-value]
 
+    def layout_reader(self, lay: Any) -> Program | None:
+        """The reader every compact span of layout ``lay`` takes (after :meth:`program` saw one), None if it has none."""
+        return self._by_layout.get(lay)
+
     def join_facts(self, span: SpanRecord) -> tuple[int | None, int, Any, Any]:
         """(link index: -1 for the client, None for no link; start; request id; body fingerprint), for the joiner."""
         prog, src = self.program(span)
-        idx = -1 if prog.kind == "client" else (self.link_index.get(prog.site.link) if prog.site is not None and prog.site.link is not None else None)
-        return idx, src[0], src[prog.p_rid], src[prog.p_fp]
+        return self.link_of(prog), src[0], src[prog.p_rid], src[prog.p_fp]
+
+    def link_of(self, prog: Program) -> int | None:
+        """The index of the link a reader's spans are on (-1: the client; None: none)."""
+        return -1 if prog.kind == "client" else (self.link_index.get(prog.site.link) if prog.site is not None and prog.site.link is not None else None)
 
     # ---- spans -> observations ---------------------------------------------------------------------
     def extract_flat(self, spans: Sequence[SpanRecord]) -> tuple[Extracted, list[int], list[int], tuple[Shape, ...], list[tuple]]:

@@ -22,6 +22,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from deltatap.collector.assembly import Fragment
+from deltatap.collector.compact import CompactSpan
 from deltatap.collector.decompose import Decomposer
 from deltatap.collector.rows import JoinMethod
 from deltatap.core.topology import Topology
@@ -78,7 +79,28 @@ class Joiner:
         self._by_fp: dict[str, set[int]] = {}
         self._heap: list[tuple[float, int]] = []
         self._next = 0
-        self._facts = (decomposer or Decomposer(topo)).join_facts  # span -> (link index, start, request id, fingerprint)
+        self._decomposer = decomposer or Decomposer(topo)
+        self._by_layout: dict = {}  # compact span layout -> (link index, reader of start, request id, fingerprint) or False
+
+    def _facts(self, span) -> tuple:
+        """(link index, start, request id, body fingerprint) of a span (:meth:`Decomposer.join_facts`); of a compact
+        span whose layout says where they are, read alone (:meth:`~deltatap.collector.compact.Layout.start_and`)."""
+        if span.__class__ is CompactSpan:
+            got = self._by_layout.get(span.layout)
+            if got is None:
+                got = self._layout_facts(span)
+            if got:
+                return (got[0], *got[1](span))
+        return self._decomposer.join_facts(span)
+
+    def _layout_facts(self, span: CompactSpan) -> tuple | bool:
+        dec, lay = self._decomposer, span.layout
+        prog, _ = dec.program(span)
+        read = lay.start_and(prog.p_rid, prog.p_fp) if dec.layout_reader(lay) is prog else None
+        if len(self._by_layout) >= 4096:
+            self._by_layout.clear()
+        got = self._by_layout[lay] = False if read is None else (dec.link_of(prog), read)
+        return got
 
     @property
     def pending(self) -> int:

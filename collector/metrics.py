@@ -140,10 +140,10 @@ class DeltaHistograms:
         found.sort(key=lambda x: (x[0], x[1]))
         return {name: ve for _, _, name, ve in found}, bounded
 
-    def add_rows(self, rows: Iterable[Row], columns: Any = None) -> None:
+    def add_rows(self, rows: Iterable[Row], columns: Any = None, shared: dict | None = None) -> None:
         """Add rows (``columns``: the batch's unfiltered delta columns (:class:`DeltaColumns`) when the caller
         holds them, else collected here; either way the values that do not describe their request are dropped
-        first)."""
+        first; ``shared``: :meth:`~deltatap.collector.sketches.Aggregator.add_columns`)."""
         rows = rows if isinstance(rows, list) else list(rows)
         sk = self.sketches
         got = None if columns is None else self._kept_columns(rows, columns)
@@ -176,7 +176,7 @@ class DeltaHistograms:
             arr = np.clip(arr, 0, None)  # a duration below 0 is clock error: in the first bucket, and _sum never falls
             c += np.bincount(np.searchsorted(_EDGES_NS, arr, side="left"), minlength=len(_EDGES_NS) + 1)  # value <= edge: that bucket
             self.hist_sums[k] = self.hist_sums.get(k, 0) + int(arr.sum())
-        sk.add_columns(cols, bounded)
+        sk.add_columns(cols, bounded, shared)
 
 
 class CollectorMetrics:

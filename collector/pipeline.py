@@ -18,6 +18,7 @@ from deltatap.collector.decompose import Decomposer
 from deltatap.collector.join import Group, Joiner
 from deltatap.collector.metrics import DeltaHistograms
 from deltatap.collector.rows import DeltaColumns, JoinMethod, Row, delta_defs
+from deltatap.collector.settle import settle_rows
 from deltatap.collector.sketches import Aggregator
 from deltatap.collector.spans import SpanRecord
 from deltatap.core.topology import Topology, default_topology
@@ -60,7 +61,7 @@ class Pipeline:
 
     def _rows(self, groups: list[Group]) -> list[Row]:
         rows: list[Row] = []
-        deltas = DeltaColumns()  # every row's deltas, read while the row is fresh, for both aggregates
+        deltas = DeltaColumns()  # every row's deltas, for both aggregates
         build_row = self.decomposer.build_row
         if self.handoff is not None:
             whole = self.joiner.complete
@@ -70,16 +71,17 @@ class Pipeline:
                     self.handed_off += 1
             groups = [g for g in groups if whole(g)]
         for g in groups:
-            r = build_row(g.spans, g.method, g.note, g.trace_ids)
-            rows.append(r)
-            deltas.add(r)
+            rows.append(build_row(g.spans, g.method, g.note, g.trace_ids))
         if rows:
+            deltas.add_rows(rows)
+            settle_rows(rows)  # kept for a while: out of the garbage collector's sight where nothing can form a cycle
             joined = self.joined
             for r in rows:
                 joined[r.join_method] += 1  # a JoinMethod finds its value's key
             cols = deltas.columns()
-            self.aggregator.add_rows(rows, cols)
-            self.hist.add_rows(rows, cols)
+            shared: dict = {}  # both aggregates take mostly the same columns: each one's sketch buckets worked out once
+            self.aggregator.add_rows(rows, cols, shared)
+            self.hist.add_rows(rows, cols, shared)
             self.kept.extend(rows)
             for fn in self.listeners:
                 fn(rows)

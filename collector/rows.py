@@ -78,11 +78,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from deltatap.core import native
 from deltatap.core.topology import Topology, default_topology
 from deltatap.collector.deltas import DeltaDef, delta_defs, intermediaries  # noqa: F401 - re-exported: the rows' readers import them here
 from deltatap.core.vocab import DEFAULT_POINT_ALIASES, ComponentKind, Role, point
 
 ROW_SCHEMA_VERSION = 1
+_acc = native.load("deltatap.collector._columns", __name__)  # DeltaColumns.add_rows in one call (None: the Python below)
 
 
 class JoinMethod(StrEnum):
@@ -346,11 +348,6 @@ def delta_ns(rows: Sequence[Row], name: str) -> tuple[np.ndarray, np.ndarray]:
     return vals, valid
 
 
-def delta_error_ns(rows: Sequence[Row], name: str) -> np.ndarray:
-    """Error bounds (int64 ns, 0 where the delta is missing) of delta ``name`` over ``rows``."""
-    return np.array([r.deltas[name].error_bound_ns if name in r.deltas else 0 for r in rows], dtype=np.int64)
-
-
 class DeltaColumns:
     """Every delta's values and error bounds over rows added one at a time (while each row is fresh in
     memory), for the aggregates of a batch: :meth:`columns` -> delta -> (values, error bounds) in ns, in
@@ -369,6 +366,20 @@ class DeltaColumns:
     def add(self, row: Row) -> None:
         d = row.deltas
         self.add_values(tuple(d), d.values())
+
+    def add_rows(self, rows: list[Row]) -> None:
+        """:meth:`add` for each row in order (``collector/_columns.c`` takes the batch in one call)."""
+        i, n = 0, len(rows)
+        while i < n:
+            if _acc is not None:
+                try:
+                    i = _acc.add_rows(self._blocks, rows, i)
+                finally:
+                    if self._blocks:
+                        self._keys, self._ns, self._err = self._blocks[-1]
+            if i < n:  # a row the accelerator does not take (or none): the Python way
+                self.add(rows[i])
+                i += 1
 
     def add_values(self, keys: tuple[str, ...], vals: Iterable[DeltaValue]) -> None:
         """One row's deltas given as their names and values, in the same order."""
@@ -413,14 +424,5 @@ _NS, _ERR = itemgetter(0), itemgetter(1)
 def delta_columns(rows: Iterable[Row]) -> dict[str, tuple[np.ndarray, np.ndarray] | tuple[tuple[int, ...], tuple[int, ...]]]:
     """:meth:`DeltaColumns.columns` of ``rows``."""
     cols = DeltaColumns()
-    for r in rows:
-        cols.add(r)
+    cols.add_rows(rows if isinstance(rows, list) else list(rows))
     return cols.columns()
-
-
-def delta_names_present(rows: Iterable[Row]) -> list[str]:
-    seen: dict[str, None] = {}
-    for r in rows:
-        for k in r.deltas:
-            seen.setdefault(k, None)
-    return list(seen)

@@ -63,35 +63,55 @@ class DeltaSketch:
         else:
             self.exact.append(values)
 
-    def add_many(self, values: np.ndarray, errors: np.ndarray) -> None:
+    def add_many(self, values: np.ndarray, errors: np.ndarray, digest: tuple | None = None) -> None:
         """Add int64 ns values: bucket keys computed with numpy for the whole batch, then one
-        store update per distinct bucket (what ``DDSketch.add`` does per value, batched)."""
-        s = self.sketch
-        mp = s._mapping
-        values = np.array(values, dtype=np.int64)  # a copy: the exact values are kept below
-        if not values.size:
+        store update per distinct bucket (what ``DDSketch.add`` does per value, batched). ``digest``: what
+        :meth:`digest` gave for these values and a sketch of the same accuracy (worked out once for several)."""
+        d = self.digest(values, errors) if digest is None else digest
+        if d is None:
             return
-        if not isinstance(mp, LogarithmicMapping):  # pragma: no cover - DDSketch's default mapping is logarithmic
+        s = self.sketch
+        values, stores, zero, total, lo, hi, err = d
+        if stores is None:  # pragma: no cover - DDSketch's default mapping is logarithmic
             for v in values.tolist():
                 s.add(float(v))
         else:
-            v = values.astype(np.float64)
-            lim = mp.min_possible
-            pos, neg = v > lim, v < -lim
-            for store, arr in ((s._store, v[pos]), (s._negative_store, -v[neg])):
-                if arr.size:
-                    keys = np.ceil(np.log2(arr) * mp._multiplier) + mp._offset  # LogarithmicMapping.key, vectorised
-                    uniq, counts = np.unique(keys.astype(np.int64), return_counts=True)
-                    for k, c in zip(uniq.tolist(), counts.tolist(), strict=True):
-                        store.add(k, float(c))
-            s._zero_count += float(values.size - int(pos.sum()) - int(neg.sum()))
+            for store, (uniq, counts) in zip((s._store, s._negative_store), stores, strict=True):
+                for k, c in zip(uniq, counts, strict=True):
+                    store.add(k, float(c))
+            s._zero_count += zero
             s._count += float(values.size)
-            s._sum += float(values.sum())  # an exact integer sum (ns totals stay far below 2**63)
-            s._min = min(s._min, float(values.min()))
-            s._max = max(s._max, float(values.max()))
-        self._keep(values)
-        if errors.size:
-            self.err_max_ns = max(self.err_max_ns, int(errors.max()))
+            s._sum += total  # an exact integer sum (ns totals stay far below 2**63)
+            s._min = min(s._min, lo)
+            s._max = max(s._max, hi)
+        self._keep(values)  # (one array may be kept by several sketches: nobody changes it)
+        if err is not None:
+            self.err_max_ns = max(self.err_max_ns, err)
+
+    def digest(self, values: np.ndarray, errors: np.ndarray) -> tuple | None:
+        """What :meth:`add_many` adds for ``values`` to a sketch of this one's accuracy: (the values as a compact int64
+        copy, per store the distinct bucket keys and their counts, zeros, sum, min, max, largest error bound), or None
+        for no values."""
+        mp = self.sketch._mapping
+        values = np.array(values, dtype=np.int64)  # a copy: the exact values are kept
+        if not values.size:
+            return None
+        err = int(errors.max()) if errors.size else None
+        if not isinstance(mp, LogarithmicMapping):  # pragma: no cover - DDSketch's default mapping is logarithmic
+            return values, None, 0.0, 0.0, 0.0, 0.0, err
+        v = values.astype(np.float64)
+        lim = mp.min_possible
+        pos, neg = v > lim, v < -lim
+        stores = []
+        for arr in (v[pos], -v[neg]):
+            if arr.size:
+                keys = np.ceil(np.log2(arr) * mp._multiplier) + mp._offset  # LogarithmicMapping.key, vectorised
+                uniq, counts = np.unique(keys.astype(np.int64), return_counts=True)
+                stores.append((uniq.tolist(), counts.tolist()))
+            else:
+                stores.append(((), ()))
+        zero = float(values.size - int(pos.sum()) - int(neg.sum()))
+        return values, stores, zero, float(values.sum()), float(values.min()), float(values.max()), err
 
     def add_bounds(self, bounds: list[int]) -> None:
         """Values (already added) whose stamps were bounded, by the part of their error bound that makes."""
@@ -193,8 +213,10 @@ class Aggregator:
         self.rows = 0
         self.outcomes: dict[str, int] = {}
 
-    def add_rows(self, rows: Iterable[Row], columns: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None) -> None:
-        """Add rows; ``columns`` is ``rows.delta_columns(rows)`` when the caller has it already."""
+    def add_rows(self, rows: Iterable[Row], columns: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None,
+                 shared: dict | None = None) -> None:
+        """Add rows; ``columns`` is ``rows.delta_columns(rows)`` when the caller has it already (``shared``:
+        :meth:`add_columns`)."""
         rows = rows if isinstance(rows, list) else list(rows)
         self.rows += len(rows)
         outcomes = self.outcomes
@@ -206,16 +228,24 @@ class Aggregator:
                 for name, b in r.delta_bounds.items():
                     if name in r.deltas:
                         bounded.setdefault(name, []).append(b)
-        self.add_columns(delta_columns(rows) if columns is None else columns, bounded)
+        self.add_columns(delta_columns(rows) if columns is None else columns, bounded, shared)
 
-    def add_columns(self, columns: dict[str, tuple[Any, Any]], bounded: dict[str, list[int]]) -> None:
+    def add_columns(self, columns: dict[str, tuple[Any, Any]], bounded: dict[str, list[int]], shared: dict | None = None) -> None:
         """The deltas of rows already counted in :attr:`rows` and :attr:`outcomes`: their columns
-        (``rows.delta_columns``) and, per delta, the bounds of its bounded values."""
+        (``rows.delta_columns``) and, per delta, the bounds of its bounded values. ``shared``: a dict kept by a caller
+        that adds the same column arrays to several aggregators: each column's digest (:meth:`DeltaSketch.digest`) is
+        then worked out once."""
         for name, (v, e) in columns.items():
             sk = self.deltas.get(name)
             if sk is None:
                 sk = self.deltas[name] = DeltaSketch(self.alpha)
-            sk.add_many(np.asarray(v, dtype=np.int64), np.asarray(e, dtype=np.int64))
+            if shared is None:
+                sk.add_many(np.asarray(v, dtype=np.int64), np.asarray(e, dtype=np.int64))
+                continue
+            got = shared.get(name)
+            if got is None or got[0] is not v or got[1] is not e or got[2] != self.alpha:
+                got = shared[name] = (v, e, self.alpha, sk.digest(np.asarray(v, dtype=np.int64), np.asarray(e, dtype=np.int64)))
+            sk.add_many(v, e, got[3])
         for name, bs in bounded.items():
             if name in self.deltas:
                 self.deltas[name].add_bounds(bs)
