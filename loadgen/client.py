@@ -5,7 +5,7 @@ protocols and deltatap.net.h1's framing): every read and write stamp is taken at
 where it gives them), so a busy event loop delays our *processing* of a chunk, never its timestamp; the
 stream's payload slices reach :class:`~deltatap.loadgen.stream.ClientStream` in the read callback itself.
 The only stamp taken in this module is ``send_mono_ns``, immediately before the request is written (no
-await in between). Failures never raise out of :func:`execute`: they become the record's ``status`` /
+await in between; on a timed send the runner takes it, and writes, in the send clock's callback). Failures never raise out of :func:`execute`: they become the record's ``status`` /
 ``error_kind``. ``GET /v1/models`` (:func:`list_models`, not on the request path) uses aiohttp.
 """
 
@@ -200,14 +200,22 @@ def _fail(rec: RequestRecord, status: Outcome, kind: str, message: str) -> None:
     rec.error = message[:300]
 
 
-async def execute(session: H1Pool, target: Target, rec: RequestRecord, body: bytes, headers: dict[str, str]) -> ClientStream | None:
-    """Send one request and fill ``rec``; returns the parsed stream (None if there was none)."""
-    data = session.serialise(headers, body)
-    ex = Exchange(target.new_stream)
-    rec.send_mono_ns = mono_ns()
+def prepare(session: H1Pool, target: Target, body: bytes, headers: dict[str, str]) -> tuple[Exchange, bytes]:
+    """The exchange and the serialised request, made before the send instant so that the send only writes."""
+    return Exchange(target.new_stream), session.serialise(headers, body)
+
+
+async def execute(session: H1Pool, target: Target, rec: RequestRecord, body: bytes, headers: dict[str, str],
+                  prepared: tuple[Exchange, bytes] | None = None, started: Any = None) -> ClientStream | None:
+    """Send one request and fill ``rec``; returns the parsed stream (None if there was none). ``prepared``:
+    :func:`prepare`'s result; ``started``: the connection :meth:`H1Pool.start_now` already wrote it on (with
+    ``rec.send_mono_ns`` stamped just before that write); else the send is stamped and written here."""
+    ex, data = prepared if prepared is not None else prepare(session, target, body, headers)
+    if rec.send_mono_ns is None:
+        rec.send_mono_ns = mono_ns()
     try:
         async with asyncio.timeout(target.timeout_s):
-            await session.exchange(ex, data)
+            await session.exchange(ex, data, started=started)
     except asyncio.CancelledError:
         rec.end_mono_ns = mono_ns()
         _head(rec, ex)

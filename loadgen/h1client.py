@@ -241,6 +241,11 @@ class _Conn(StampedProtocol):
         if tr is not None and not tr.is_closing():
             tr.close()
 
+    def abandon(self) -> None:
+        """The exchange on this connection will not be read (its task was cancelled): close the connection."""
+        self.ex = None
+        self._drop()
+
     @property
     def usable(self) -> bool:
         tr = self.transport
@@ -317,16 +322,32 @@ class H1Pool:
     def _forget(self, c: _Conn) -> None:
         self._all.discard(c)
 
-    async def exchange(self, ex: Exchange, data: bytes, method: bytes | None = None) -> Exchange:
+    def start_now(self, ex: Exchange, data: bytes, method: bytes | None = None) -> _Conn | None:
+        """Write ``data`` now, without yielding, on an idle connection (the most recently used); None when there is
+        none (then :meth:`exchange` opens one). Pass the connection to :meth:`exchange` as ``started``."""
+        idle = self._idle
+        while idle:
+            c = idle.pop()
+            if c.usable:
+                ex.fut = asyncio.get_running_loop().create_future()
+                c.start(ex, method or self.method, data)
+                return c
+        return None
+
+    async def exchange(self, ex: Exchange, data: bytes, method: bytes | None = None, started: _Conn | None = None) -> Exchange:
         """Send ``data`` (one serialised request) and wait for the whole response, filling ``ex``. Raises
-        :class:`ConnectFailed`; a broken response is ``ex.error``. Cancelling closes the connection."""
+        :class:`ConnectFailed`; a broken response is ``ex.error``. Cancelling closes the connection. ``started``:
+        the connection :meth:`start_now` already wrote ``data`` on (a reused one)."""
         loop = asyncio.get_running_loop()
         for attempt in (0, 1):
-            conn, reused = await self.acquire()
-            if attempt:
-                ex.reset()
-            ex.fut = loop.create_future()
-            conn.start(ex, method or self.method, data)
+            if attempt == 0 and started is not None:
+                conn, reused = started, True
+            else:
+                conn, reused = await self.acquire()
+                if attempt:
+                    ex.reset()
+                ex.fut = loop.create_future()
+                conn.start(ex, method or self.method, data)
             try:
                 await ex.fut
             except BaseException:

@@ -1,8 +1,9 @@
 """Runs planned requests: ids and client spans, chat history, the precise send, the record.
 
 A :class:`Runner` is shared by every load mode. Per request it: draws the client span's ids (before the
-send wait), injects ``traceparent`` and the correlation header, sleeps until the planned instant, stamps and
-sends (:func:`deltatap.loadgen.client.execute`), then builds the finished span once — start = the planned
+send wait), injects ``traceparent`` and the correlation header, serialises the request, and at the planned instant
+stamps and writes it in the send clock's own callback (on an idle connection; else :func:`deltatap.loadgen.client.execute`
+opens one), then reads the answer (:func:`~deltatap.loadgen.client.execute`) and builds the finished span once — start = the planned
 send, timeline events (t0 = request written, t12 = first content token, ...) with their exact times — and
 hands it to the telemetry's processor as a plain :class:`deltatap.telemetry.spans.SpanRecord` (no SDK span, context
 or event object per request: the export thread encodes the record to OTLP directly). Sessions (chatbot) run their turns in order, think time after each answer, history
@@ -25,7 +26,7 @@ import secrets
 import sys
 from collections import deque
 from dataclasses import dataclass, field
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -33,7 +34,7 @@ from deltatap.core.clock import mono_ns, to_unix_ns
 from deltatap.core.clocksync import ClockEstimate
 from deltatap.core.config import ConfigError
 from deltatap.core.vocab import SPAN_CLIENT, Attr, ClientEvent, Observer, Outcome, format_stamp_bounds
-from deltatap.loadgen.client import Target, execute
+from deltatap.loadgen.client import Target, execute, prepare
 from deltatap.loadgen.h1client import H1Pool
 from deltatap.loadgen.records import RequestRecord
 from deltatap.telemetry.spans import KIND_CLIENT, SAMPLED, STATUS_UNSET, SpanRecord, new_span_id, new_trace_id, traceparent
@@ -99,7 +100,7 @@ class SendClock:
         self.fd = -1
         self._spec = (ctypes.c_long * 4)()  # itimerspec (interval, value), reused by every arming
         self._armed = 0  # the instant the timer is set for (0: none)
-        self._heap: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._heap: list[tuple[int, int, asyncio.Future[None], Callable[[], None] | None]] = []
         self._n = 0
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -134,18 +135,24 @@ class SendClock:
         spec[2], spec[3] = divmod(t_ns, 1_000_000_000)
         self._libc.timerfd_settime(self.fd, 1, spec, None)  # TFD_TIMER_ABSTIME
 
-    async def wait(self, t_ns: int) -> None:
-        """Return at the ``mono_ns`` instant ``t_ns`` (at once, without yielding, if it has passed)."""
+    async def wait(self, t_ns: int, on_due: Callable[[], None] | None = None) -> None:
+        """Return at the ``mono_ns`` instant ``t_ns`` (at once, without yielding, if it has passed). ``on_due`` is
+        called at that instant in the timer's own callback, before the waiting task resumes (which happens only
+        after the loop has handled the rest of that turn's reads): the request's write goes there."""
         if self._loop is None:
             self._open(asyncio.get_running_loop())
         if self.fd < 0:
             await sleep_until(t_ns, self.spin_ns)
+            if on_due is not None:
+                on_due()
             return
         if t_ns <= mono_ns():
+            if on_due is not None:
+                on_due()
             return
         fut = self._loop.create_future()  # type: ignore[union-attr]
         self._n += 1
-        heapq.heappush(self._heap, (t_ns, self._n, fut))
+        heapq.heappush(self._heap, (t_ns, self._n, fut, on_due))
         if self._heap[0][2] is fut:
             self._arm(t_ns)
         await fut
@@ -159,8 +166,10 @@ class SendClock:
         heap = self._heap
         now = mono_ns()
         while heap and heap[0][0] <= now:
-            fut = heapq.heappop(heap)[2]
-            if not fut.done():
+            _t, _n, fut, on_due = heapq.heappop(heap)
+            if not fut.done():  # (a cancelled wait: neither sent nor woken)
+                if on_due is not None:
+                    on_due()
                 fut.set_result(None)
         if heap:
             self._arm(heap[0][0])
@@ -265,18 +274,34 @@ class Runner:
         if body is None:
             body = self.target.body(req.system, history or [], req.prompt, req.max_tokens)
         headers = self.target.request_headers(rec, traceparent(tid, sid))
+        ex, data = prepare(session, self.target, body, headers)
+        started = None
         if barrier is not None:
             await barrier.wait()
             rec.planned_mono_ns = barrier.start_mono_ns
         else:
-            await self.clock_wait.wait(planned_mono_ns)
+            def send_now() -> None:  # in the send clock's callback, at the planned instant: stamp and write
+                nonlocal started
+                rec.send_mono_ns = mono_ns()
+                try:
+                    started = session.start_now(ex, data)  # (None: no idle connection, execute opens one)
+                except Exception:  # noqa: BLE001 - never out of the clock's callback: execute sends on another connection
+                    started = None
+                    ex.reset()
+
+            try:
+                await self.clock_wait.wait(planned_mono_ns, send_now)
+            except asyncio.CancelledError:
+                if started is not None:  # written, then cancelled before the task resumed: nobody reads the answer
+                    started.abandon()
+                raise
         c = self.counters
         c.sent += 1
         c.in_flight += 1
         if c.in_flight > c.max_in_flight:
             c.max_in_flight = c.in_flight
         try:
-            await execute(session, self.target, rec, body, headers)
+            await execute(session, self.target, rec, body, headers, (ex, data), started)
         finally:
             c.in_flight -= 1
             c.done += 1

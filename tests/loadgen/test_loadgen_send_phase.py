@@ -5,6 +5,7 @@ GIL), and the event loop's wait for a CPU reported. How small the send lag gets 
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 from pathlib import Path
@@ -15,7 +16,9 @@ import pytest
 from loadgen_server import load_cli
 from deltatap.core.clock import mono_ns, to_unix_ns
 from deltatap.loadgen import LoadOptions, modes, run_load
-from deltatap.loadgen.runner import EXPORT_BATCH, send_phase_gc
+from deltatap.loadgen.client import ENDPOINTS, Target, make_session, prepare
+from deltatap.loadgen.records import RequestRecord
+from deltatap.loadgen.runner import EXPORT_BATCH, SendClock, send_phase_gc
 
 
 def opts(url: str, **kw) -> LoadOptions:
@@ -104,3 +107,51 @@ async def test_cli_exports_spans_in_short_batches_and_reports_its_cpu_wait(sse_s
     recs = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
     wall_s = (max(r["end_unix_ns"] for r in recs) - min(r["planned_send_unix_ns"] for r in recs)) / 1e9
     assert isinstance(wait, float) and 0 <= wait <= wall_s + 0.5  # a wait inside the send phase, never more than it
+
+
+async def test_send_clock_runs_the_send_at_the_instant_before_the_task_resumes():
+    clock = SendClock(1_500_000)
+    try:
+        order: list[tuple[str, int]] = []
+        t = mono_ns() + 20 * 1_000_000
+
+        async def waiter() -> None:
+            await clock.wait(t, lambda: order.append(("due", mono_ns())))
+            order.append(("resumed", mono_ns()))
+
+        await asyncio.wait_for(waiter(), 5)
+        assert [k for k, _t in order] == ["due", "resumed"] and order[0][1] >= t
+        # an instant already past: the send runs at once, before wait() returns, without yielding
+        seen: list[str] = []
+        await clock.wait(mono_ns() - 1, lambda: seen.append("due"))
+        assert seen == ["due"]
+        # a wait cancelled before its instant sends nothing
+        task = asyncio.create_task(clock.wait(mono_ns() + 50 * 1_000_000, lambda: seen.append("late")))
+        await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.08)
+        assert seen == ["due"]
+    finally:
+        clock.close()
+
+
+async def test_start_now_writes_on_an_idle_connection_and_exchange_reads_the_answer(sse_server):
+    state, url = sse_server
+    state.tokens = 2
+    t = Target(url=url + "/v1/chat/completions", endpoint=ENDPOINTS["chat"], model="m")
+    pool = make_session(t)
+    try:
+        rec = RequestRecord(index=0, request_id="r-1", trace_id="1" * 32, span_id="2" * 16)
+        headers = t.request_headers(rec, f"00-{'1' * 32}-{'2' * 16}-01")
+        ex, data = prepare(pool, t, t.body(None, [], "hello", 2), headers)
+        assert pool.start_now(ex, data) is None  # no idle connection yet: nothing written
+        assert await pool.preconnect(1) == 1
+        conn = pool.start_now(ex, data)
+        assert conn is not None and ex.written_mono_ns is not None  # written before any await
+        await asyncio.wait_for(pool.exchange(ex, data, started=conn), 10)
+        assert ex.status == 200 and ex.error is None
+        assert [s.request_id for s in state.seen] == ["r-1"]
+    finally:
+        await pool.close()
