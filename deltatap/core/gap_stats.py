@@ -3,6 +3,11 @@
 ``GapStats``: ``observe(t_ns)`` adds the gap since the previous call, ``add(gap_ns)`` adds a gap directly;
 ``count``, ``mean_ns``, ``max_ns``, ``quantile_ns(q)``, ``p99_ns()``. The 128 largest gaps are kept exactly (p99 is
 exact below 12,800 gaps); the others go to a log-bucket sketch with 1 % relative error.
+
+This class is the definition. Where ``deltatap.core._content`` is built, the tap's stream observer keeps its gaps in
+that module's ``GapCore`` (the same state, ``observe`` and ``add`` in C, so the observer's C path updates it without a
+Python step; ``quantile_ns`` and the rest are this class's own code), which tests/kernel/test_content_native.py
+compares with this class.
 """
 
 from __future__ import annotations
