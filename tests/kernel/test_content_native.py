@@ -346,3 +346,14 @@ def test_the_c_gap_stats_is_gap_stats(ops, top_k, n):
     for q in (0.0, 0.5, 0.9, 0.99, 1.0):
         assert c.quantile_ns(q) == py.quantile_ns(q)
     assert c.mean_ns == py.mean_ns
+
+
+@native
+def test_the_c_gap_stats_refuses_a_sum_past_2_63_ns():
+    """GapCore counts in C long long: a total past 292 years of gaps raises instead of growing (GapStats would grow)."""
+    g = sse._GapCore()
+    g.add(2**62)
+    g.add(2**62 - 1)
+    with pytest.raises(OverflowError):
+        g.add(1)
+    assert (g.count, g.total_ns) == (2, 2**63 - 1)
