@@ -174,3 +174,16 @@ def test_event_json_is_decoded_exactly_as_json_loads_does(text, tail, lead):
     except ValueError as exc:
         got = ("error", str(exc))
     assert got == want
+
+
+@native
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(event_stream(), st.lists(st.integers(0, 1 << 14), max_size=12))
+def test_both_builds_of_the_c_parser_give_the_same_events(data, points):
+    """deltatap.core._sse's parser and deltatap.core._content's (the same source built again with the stream observer,
+    which sse.SseParser is when both are on) against the reference."""
+    parts = cut(data, points)
+    want = run(sse._PySseParser(), parts)
+    for mod in (sse._acc, sse._observe_acc):
+        if mod is not None:
+            assert run(mod.SseParser(), parts) == want
