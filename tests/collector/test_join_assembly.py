@@ -133,3 +133,29 @@ def test_merged_sketches_equal_one_collector():
     assert big.deltas["x"].values() is None
     exact = np.quantile(vals, 0.99) / 1e6
     assert abs(big.summary("x")["p99_ms"] - exact) <= 0.01 * exact
+
+
+def test_the_joiner_reads_compact_spans_as_the_decomposer_does():
+    """The joiner's own reader of a compact span's start, request id and fingerprint (``Layout.start_and``) gives
+    what ``Decomposer.join_facts`` reads from all the span's values: with and without a request id or fingerprint,
+    split traces, component and vLLM spans."""
+    from deltatap.collector.compact import CompactSpan, decode_compact
+    from deltatap.collector.join import Joiner
+
+    from deltatap.core.vocab import Role
+    from otlpfactory import component_span, new_trace_id, vllm_span
+
+    pb = []
+    for i, kw in enumerate(({}, {"rid": "", "fp": ""}, {"split_at": "gw-fw"}, {"rid": "", "split_at": "fw-engine"}, {"fp": ""})):
+        pb += default_stack(BASE + i * 10 * MS, **{"rid": f"req-{i}", "fp": f"fp-{i}", **kw})[0]
+    tid = new_trace_id()
+    pb += [component_span(tid, "gateway", "gateway", {Role.IN_ARRIVE: BASE, Role.IN_EXIT: BASE + MS}), vllm_span(tid, BASE, 0.001, 0.02, 0.01, 0.05)]
+    spans = decode_compact(request(pb).SerializeToString())
+    assert spans and all(s.__class__ is CompactSpan for s in spans)
+    pipe = Pipeline()
+    joiner = Joiner(pipe.topo, decomposer=pipe.decomposer)
+    got = [joiner._facts(s) for s in spans + spans]  # (the second time from the layout cache)
+    want = [pipe.decomposer.join_facts(s) for s in spans + spans]
+    assert got == want
+    assert any(v is not False for v in joiner._by_layout.values())  # the layouts' own readers were used
+    assert ("req-0", "fp-0") in {(f[2], f[3]) for f in got}
