@@ -61,6 +61,11 @@ typedef struct {
     Py_ssize_t events, content, leading_ws;
     int done, last, first;
     Py_ssize_t n_content; /* content events of this read, here and in Python: its gaps */
+    /* take raised: the rest of the read is parsed but not observed, and observe() raises it (as the Python does:
+       the parser has read the whole chunk, the events after the failing one are not taken, the gaps of the content
+       events before it are in, the unforwarded count and flags are not updated) */
+    int failed;
+    PyObject *exc_type, *exc_value, *exc_tb;
 } Obs;
 
 /* ---- the observer's attributes ---------------------------------------------------------------------------- */
@@ -491,6 +496,7 @@ static int scan_event(const unsigned char *p, Py_ssize_t n, Obs *c, Text *t) {
 static int observe_event(void *vself) {
     Parser *self = (Parser *)vself;
     Obs *c = (Obs *)self->ctx;
+    if (c->failed) return 0;
     const unsigned char *p = (const unsigned char *)(self->data.p ? self->data.p : "");
     Py_ssize_t n = self->data.len;
     if (n == 6 && memcmp(p, "[DONE]", 6) == 0) {
@@ -528,15 +534,21 @@ static int observe_event(void *vself) {
     if (ev == NULL) return -1;
     PyObject *got = PyObject_CallMethodObjArgs(c->obs, S_take, ev, c->t, c->bound, NULL);
     Py_DECREF(ev);
-    if (got == NULL) return -1;
-    PyObject *text = PySequence_GetItem(got, 0);
-    Py_DECREF(got);
-    if (text == NULL) return -1;
-    int yes = PyObject_IsTrue(text);
-    Py_DECREF(text);
-    if (yes < 0) return -1;
-    if (yes) c->n_content++;
-    return obs_refresh(c);
+    int yes = -1;
+    if (got != NULL) {
+        PyObject *text = PySequence_GetItem(got, 0);
+        Py_DECREF(got);
+        if (text != NULL) {
+            yes = PyObject_IsTrue(text);
+            Py_DECREF(text);
+        }
+    }
+    if (yes > 0) c->n_content++;
+    if (yes < 0 || obs_refresh(c) < 0) {
+        c->failed = 1;
+        PyErr_Fetch(&c->exc_type, &c->exc_value, &c->exc_tb);
+    }
+    return 0;
 }
 
 /* ---- GapStats in C: GapCore ------------------------------------------------------------------------------
@@ -781,6 +793,18 @@ static PyObject *parser_observe(PyObject *pself, PyObject *const *args, Py_ssize
     self->ctx = &c;
     PyObject *none_list = parser_feed(self, args[1]); /* every event goes to observe_event: the list stays empty */
     self->ctx = NULL;
+    if (c.failed) {
+        /* the Python observes each content event's gap as it takes it: those before the failing one are in */
+        Py_XDECREF(none_list);
+        PyErr_Clear(); /* (the first error wins) */
+        PyObject *gaps = PyObject_GetAttr(obs, S_gaps);
+        if (gaps != NULL) {
+            gaps_observe(gaps, c.t, c.n_content);
+            Py_DECREF(gaps);
+        }
+        PyErr_Restore(c.exc_type, c.exc_value, c.exc_tb);
+        return NULL;
+    }
     if (none_list == NULL) return NULL;
     Py_DECREF(none_list);
     if (obs_flush(&c) < 0) return NULL;

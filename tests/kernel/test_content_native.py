@@ -357,3 +357,32 @@ def test_the_c_gap_stats_refuses_a_sum_past_2_63_ns():
     with pytest.raises(OverflowError):
         g.add(1)
     assert (g.count, g.total_ns) == (2, 2**63 - 1)
+
+
+@native
+@pytest.mark.parametrize("fail_on", ["usage", "nope"])
+def test_a_take_that_raises_leaves_the_state_the_python_leaves(fail_on):
+    """take raising mid-read on an event it is handed (an extension's take, or memory): the parser still reads the whole
+    chunk, the counters of the events before it stay, the events after it are not taken, no gap or unforwarded count
+    is added, the error propagates; the next read goes on from there."""
+    tok = b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}\n\n'
+    data = tok + usage + tok + b"data: nope\n\n" + tok + b": c\n\n" + tok
+    seen = []
+    for obs in pair("openai-chat", None):
+        real = sse.ContentStream.take
+
+        def take(ev, t, b=0, obs=obs, real=real):
+            if fail_on in ev.data:
+                raise MemoryError("boom")
+            return real(obs, ev, t, b)
+
+        obs.feed(tok, 5)
+        obs.take = take  # type: ignore[method-assign]
+        with pytest.raises(MemoryError):
+            obs.feed(data, 10)
+        del obs.take
+        seen.append(state(obs))
+        assert obs.feed(tok + tok, 20) == 2
+        seen.append(state(obs))
+    assert seen[0] == seen[2] and seen[1] == seen[3]
