@@ -50,18 +50,11 @@ _SAMPLED = int(SAMPLED)
 _EV_SEND, _EV_FIRST, _EV_LAST = ClientEvent.SEND.value, ClientEvent.FIRST_TOKEN.value, ClientEvent.LAST_TOKEN.value
 _EV_CANCEL, _EV_ERROR, _EV_END = ClientEvent.CANCEL.value, ClientEvent.ERROR.value, ClientEvent.END.value
 
-# Spans per OTLP export batch. The export thread encodes a batch in one C call that holds the GIL: 512 spans
-# (the processor's default) held the event loop's thread for ~2 ms, long enough to delay a planned send by that
-# much; 64 hold it for ~0.25 ms, at ~16 exports a second at 1000 req/s.
-EXPORT_BATCH = 64
-
-
 def load_telemetry(otlp: str | None) -> Telemetry:
     """The load generator's telemetry (``deltatap load`` and each ``--processes`` child): OTLP export of the
-    client spans, in batches of :data:`EXPORT_BATCH`."""
-    telemetry = setup_telemetry("deltatap-loadgen", otlp=otlp)
-    telemetry.processor.max_batch = EXPORT_BATCH
-    return telemetry
+    client spans, in batches of ``deltatap.telemetry.tracer.EXPORT_BATCH`` (every exporter's bound on how long one
+    encode holds the GIL)."""
+    return setup_telemetry("deltatap-loadgen", otlp=otlp)
 
 
 @contextlib.contextmanager

@@ -18,7 +18,8 @@ from deltatap.core.clock import mono_ns, to_unix_ns
 from deltatap.loadgen import LoadOptions, modes, run_load
 from deltatap.loadgen.client import ENDPOINTS, Target, make_session, prepare
 from deltatap.loadgen.records import RequestRecord
-from deltatap.loadgen.runner import EXPORT_BATCH, SendClock, send_phase_gc
+from deltatap.loadgen.runner import SendClock, send_phase_gc
+from deltatap.telemetry.tracer import EXPORT_BATCH
 
 
 def opts(url: str, **kw) -> LoadOptions:
