@@ -1,7 +1,7 @@
 """benchmarks/soak.py end to end at a small size: real engine, tap and client processes on 127.0.0.1; the result
 JSON holds what docs/benchmarks.md quotes (delays per phase and per second, each process's CPU per event, the tap's
 garbage-collection and read counters from its /metrics). No timing is asserted: only that every figure is there
-and every stream went through."""
+and every stream went through. In the reliability tier (``.ci/reliability``), beside the other soak-like tests."""
 
 from __future__ import annotations
 
@@ -9,6 +9,10 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.reliability, pytest.mark.timeout(150)]
 
 ROOT = Path(__file__).resolve().parents[2]
 
