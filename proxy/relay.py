@@ -310,13 +310,8 @@ class Downstream(_Side):
                 stamp = self._send_up(payload, ended)
             else:
                 queued = True
-                self.to_up.append(payload)
+                self._queue_up(payload)
         self._account(data, events, n, heads, t, bound, stamp, queued)
-        if queued:
-            if self.connecting is None and self.opaque:
-                self.connecting = asyncio.ensure_future(self._connect())
-            if sum(map(len, self.to_up)) > 1 << 20:
-                self.transport.pause_reading()  # (resumed once connected)
 
     def _account(self, data: bytes, events: list[tuple], n: int, heads: list[tuple], t: int, bound: int,
                  stamp: tuple[int, int] | None, queued: bool) -> None:
@@ -460,6 +455,11 @@ class Downstream(_Side):
         if self.up is not None:
             self._send_up(payload, False)
             return
+        self._queue_up(payload)
+
+    def _queue_up(self, payload: bytes) -> None:
+        """Hold ``payload`` for the upstream connection being opened (an opaque connection opens its own; a request
+        head's exchange opens it in :meth:`_begin`); reading pauses past 1 MiB held."""
         self.to_up.append(payload)
         if self.connecting is None and self.opaque:
             self.connecting = asyncio.ensure_future(self._connect())
