@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import logging
 import os
@@ -162,27 +161,10 @@ async def _serve(opts: TapOptions, args: argparse.Namespace, report_fd: int | No
     return 0
 
 
-def _freeze_survivors(phase: str, info: dict) -> None:
-    """gc callback: after each full collection, move what survived it out of every later one (``gc.freeze``).
-
-    A full collection scans every long-lived tracked object. A tap holding 10,000 streams holds ~58 of them per
-    stream (transports, protocols, readers, observers, their lists and dicts: ~600k), and each full collection of
-    them stalled its loop 0.4-0.75 s (benchmarks/soak.py, ``deltatap_process_gc_pause_max_seconds``): ten of them
-    while the streams opened (CPython runs one whenever the survivors grow by a quarter), every read meanwhile late
-    by as much. Frozen, a later full collection scans only what became long-lived since the last one. What a stream
-    holds is freed by reference counting when it ends (tests/proxy/test_soak_gc.py: no tracked object of a closed
-    stream waits for the collector), so freezing it keeps nothing alive; only garbage in a reference cycle that was
-    alive at a full collection stays until exit. ``DELTATAP_GC_FREEZE=0`` turns this off with the start-up freeze."""
-    if phase == "stop" and info.get("generation") == 2:
-        gc.freeze()
-
-
 def tune_gc() -> None:
-    """The tap's garbage-collector settings, once per tap process after start-up: the start-up freeze
-    (:func:`deltatap.core.gc_pauses.settle`) and :func:`_freeze_survivors` after every full collection."""
-    settle()
-    if os.environ.get("DELTATAP_GC_FREEZE", "1").strip().lower() not in ("0", "off", "false", "no") and _freeze_survivors not in gc.callbacks:
-        gc.callbacks.append(_freeze_survivors)
+    """The tap's garbage-collector settings, once per tap process after start-up: the start-up freeze and the freeze of
+    each full collection's survivors (:func:`deltatap.core.gc_pauses.settle`)."""
+    settle(freeze_survivors=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -58,11 +58,30 @@ class GcPauses:
 PAUSES = GcPauses()
 
 
-def settle() -> None:
+def _freeze_survivors(phase: str, info: dict) -> None:
+    """``gc`` callback: after each full collection, move what survived it out of every later one (``gc.freeze``).
+
+    A full collection scans every long-lived tracked object. A tap holding 10,000 streams holds ~58 of them per
+    stream (transports, protocols, readers, observers, their lists and dicts: ~600k), and each full collection of
+    them stalled its loop 0.4-0.75 s (benchmarks/soak.py, ``deltatap_process_gc_pause_max_seconds``): ten of them
+    while the streams opened (CPython runs one whenever the survivors grow by a quarter), every read meanwhile late
+    by as much. Frozen, a later full collection scans only what became long-lived since the last one. What a stream
+    holds is freed by reference counting when it ends (tests/proxy/test_soak_gc.py: no tracked object of a closed
+    stream waits for the collector), so freezing it keeps nothing alive; only garbage in a reference cycle that was
+    alive at a full collection stays until exit. ``DELTATAP_GC_FREEZE=0`` turns this off with the start-up freeze."""
+    if phase == "stop" and info.get("generation") == 2:
+        gc.freeze()
+
+
+def settle(*, freeze_survivors: bool = False) -> None:
     """Once per process, after start-up and before traffic: collect, freeze what is alive out of every later
-    collection, and time the collections that still happen (:data:`PAUSES`). Process-wide: call it from a
+    collection, and time the collections that still happen (:data:`PAUSES`); with ``freeze_survivors`` (the tap's),
+    also freeze what each later full collection leaves alive (:func:`_freeze_survivors`). Process-wide: call it from a
     command's entry point, not from a library or a test that shares the interpreter."""
-    if os.environ.get("DELTATAP_GC_FREEZE", "1").strip().lower() not in ("0", "off", "false", "no"):
+    freeze = os.environ.get("DELTATAP_GC_FREEZE", "1").strip().lower() not in ("0", "off", "false", "no")
+    if freeze:
         gc.collect()
         gc.freeze()
     PAUSES.install()  # (after its own collection: that one is start-up, not a pause in traffic)
+    if freeze and freeze_survivors and _freeze_survivors not in gc.callbacks:
+        gc.callbacks.append(_freeze_survivors)  # (after PAUSES's: a pause is timed without the freeze)
