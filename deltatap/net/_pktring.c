@@ -11,6 +11,14 @@
  *   ring_segments(ring, head, pattern, base_seq, limit)    PacketLog.segments_since
  *   ring_newest_segment(ring, head, pattern, limit)        PacketLog.newest_segment
  *   ring_cuts(ring, head, pattern, base, limit, n, last_ns, read_size)  PacketLog.cuts
+ *   read_setup(read_lag, offset, measure_offset, read_size, maintain_every_ns)  binds kstamp's process-wide state
+ *   to_mono(k)                    kstamp._to_mono (the shared offset list; re-measured by kstamp._measure_offset)
+ *   read_one(transport)           KernelStampTransport._one_segment + _hand_over_read(taken=True) + _deliver, up to
+ *                                 the protocol's data_received, which the caller makes: the read's bytes (its
+ *                                 rx_mono_ns, rx_bound_ns, _rx_off, _segs_in, _empty_mono set, READ_LAG counted),
+ *                                 None (nothing waited), True (end of stream) or False (several segments wait, or
+ *                                 no counters: the caller's split path); raises OSError where the reference's
+ *                                 _recv calls _fatal
  *
  * ``ring``: any buffer laid out as TPACKET_V2 frames of FRAME bytes (the packet log's mmap, or a bytearray in the
  * tests); its length / FRAME is the number of frames. Every read from it is bounds-checked against its length:
@@ -27,6 +35,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #ifndef SO_TIMESTAMPING
 #define SO_TIMESTAMPING 37
@@ -90,19 +99,9 @@ static PyObject *pk_tcp_notsent(PyObject *self, PyObject *sock) {
 }
 
 /* ---- recvmsg with the receive stamp ------------------------------------------------------------------ */
-static PyObject *pk_recv(PyObject *self, PyObject *args) {
-    PyObject *sock;
-    Py_buffer view;
-    int flags;
-    if (!PyArg_ParseTuple(args, "Ow*i", &sock, &view, &flags)) return NULL;
-    int fd = PyObject_AsFileDescriptor(sock);
-    if (fd < 0) {
-        PyBuffer_Release(&view);
-        if (!PyErr_ExceptionMatches(PyExc_ValueError)) return NULL;
-        PyErr_Clear(); /* a closed socket (fileno -1): recvmsg_into raises OSError(EBADF) */
-        errno = EBADF;
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
+/* recvmsg on fd into buf: bytes read (>= 0) and *k the software receive stamp (0: none); -1 with errno set, or -2
+ * with a Python exception set (a signal handler raised during EINTR) */
+static Py_ssize_t recv_stamp(int fd, void *buf, size_t len, int flags, long long *k) {
     union {
         struct cmsghdr align;
         unsigned char raw[CMSG_SPACE(3 * 2 * sizeof(int64_t))];
@@ -111,8 +110,8 @@ static PyObject *pk_recv(PyObject *self, PyObject *args) {
     struct msghdr msg;
     ssize_t n;
     for (;;) {
-        iov.iov_base = view.buf;
-        iov.iov_len = (size_t)view.len;
+        iov.iov_base = buf;
+        iov.iov_len = len;
         memset(&msg, 0, sizeof msg);
         msg.msg_iov = &iov;
         msg.msg_iovlen = 1;
@@ -121,14 +120,10 @@ static PyObject *pk_recv(PyObject *self, PyObject *args) {
         /* never blocks (the GIL is held): kstamp's sockets are non-blocking, and the reference passes it too */
         n = recvmsg(fd, &msg, flags | MSG_DONTWAIT);
         if (n >= 0 || errno != EINTR) break;
-        if (PyErr_CheckSignals() != 0) {
-            PyBuffer_Release(&view);
-            return NULL;
-        }
+        if (PyErr_CheckSignals() != 0) return -2;
     }
-    PyBuffer_Release(&view);
-    if (n < 0) return PyErr_SetFromErrno(PyExc_OSError);
-    long long k = 0;
+    if (n < 0) return -1;
+    *k = 0;
     if (msg.msg_controllen > sizeof control.raw) msg.msg_controllen = sizeof control.raw;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
         size_t at = (size_t)((unsigned char *)c - control.raw);
@@ -139,11 +134,42 @@ static PyObject *pk_recv(PyObject *self, PyObject *args) {
         if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_TIMESTAMPING && dlen >= 2 * sizeof(int64_t)) {
             int64_t ts[2];
             memcpy(ts, CMSG_DATA(c), sizeof ts);
-            k = (long long)ts[0] * 1000000000LL + (long long)ts[1];
+            *k = (long long)ts[0] * 1000000000LL + (long long)ts[1];
             break;
         }
     }
-    return Py_BuildValue("(nL)", (Py_ssize_t)n, k);
+    return (Py_ssize_t)n;
+}
+
+/* the socket's descriptor, or -1 with OSError(EBADF) set for a closed one (what recvmsg_into raises) */
+static int sock_fd(PyObject *sock) {
+    int fd = PyObject_AsFileDescriptor(sock);
+    if (fd < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_ValueError)) return -1;
+        PyErr_Clear(); /* a closed socket (fileno -1): recvmsg_into raises OSError(EBADF) */
+        errno = EBADF;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    return fd;
+}
+
+static PyObject *pk_recv(PyObject *self, PyObject *args) {
+    PyObject *sock;
+    Py_buffer view;
+    int flags;
+    if (!PyArg_ParseTuple(args, "Ow*i", &sock, &view, &flags)) return NULL;
+    int fd = sock_fd(sock);
+    if (fd < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    long long k = 0;
+    Py_ssize_t n = recv_stamp(fd, view.buf, (size_t)view.len, flags, &k);
+    PyBuffer_Release(&view);
+    if (n == -2) return NULL;
+    if (n < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    return Py_BuildValue("(nL)", n, k);
 }
 
 /* ---- the ring ---------------------------------------------------------------------------------------- */
@@ -493,6 +519,219 @@ fail:
     return NULL;
 }
 
+/* ---- the stamped read (kstamp.KernelStampTransport's fast path) ------------------------------------- */
+/* kstamp's process-wide state, bound once by read_setup: READ_LAG, the _offset list, _measure_offset, the read
+ * buffer's size (the reference's shared view: a read that fills it may leave bytes waiting) and the packet log's
+ * maintenance period. The buffer is this module's own (every read is copied out before read_one returns, with the
+ * GIL held throughout, as the reference's per-thread view). */
+static PyObject *g_read_lag, *g_offset, *g_measure;
+static unsigned char *g_buf;
+static Py_ssize_t g_buf_len;
+static long long g_maintain_every;
+static PyObject *s_sock, *s_segs_in, *s_plog, *s_rx_off, *s_empty_mono, *s_rx_mono_ns, *s_rx_bound_ns, *s_last_maintain,
+    *s_maintain, *s_buckets, *s_count, *s_total_ns;
+
+#define OFFSET_EVERY_NS 200000000LL
+#define MAX_AGE_NS (60LL * 1000000000LL)
+
+static inline long long clock_ns(clockid_t id) {
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + (long long)ts.tv_nsec;
+}
+/* time.perf_counter_ns (kstamp._mono) and time.time_ns (kstamp._wall) on Linux */
+static inline long long mono_now(void) { return clock_ns(CLOCK_MONOTONIC); }
+static inline long long wall_now(void) { return clock_ns(CLOCK_REALTIME); }
+
+static PyObject *pk_read_setup(PyObject *self, PyObject *args) {
+    PyObject *lag, *offset, *measure;
+    Py_ssize_t size;
+    long long every;
+    if (!PyArg_ParseTuple(args, "OO!OnL", &lag, &PyList_Type, &offset, &measure, &size, &every)) return NULL;
+    if (PyList_GET_SIZE(offset) != 3 || !PyCallable_Check(measure) || size <= 0) {
+        PyErr_SetString(PyExc_ValueError, "read_setup: a 3-item offset list, a callable and a positive read size");
+        return NULL;
+    }
+    unsigned char *buf = PyMem_RawMalloc((size_t)size);
+    if (buf == NULL) return PyErr_NoMemory();
+    PyMem_RawFree(g_buf);
+    g_buf = buf;
+    g_buf_len = size;
+    Py_INCREF(lag);
+    Py_INCREF(offset);
+    Py_INCREF(measure);
+    Py_XSETREF(g_read_lag, lag);
+    Py_XSETREF(g_offset, offset);
+    Py_XSETREF(g_measure, measure);
+    g_maintain_every = every;
+    Py_RETURN_NONE;
+}
+
+static int get_ll(PyObject *obj, PyObject *name, long long *out) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int set_ll(PyObject *obj, PyObject *name, long long value) {
+    PyObject *v = PyLong_FromLongLong(value);
+    if (v == NULL) return -1;
+    int rc = PyObject_SetAttr(obj, name, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+/* kstamp._measure_offset(now) -> the offset, or -1 with an exception (the offset itself is any int: *out) */
+static int measure(long long now, long long *out) {
+    PyObject *r = PyObject_CallFunction(g_measure, "L", now);
+    if (r == NULL) return -1;
+    *out = PyLong_AsLongLong(r);
+    Py_DECREF(r);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* kstamp._to_mono: 0 and *t, or -1 with an exception */
+static int to_mono(long long k, long long *t) {
+    long long now = mono_now(), off, x;
+    if (!k) {
+        *t = now;
+        return 0;
+    }
+    long long at = PyLong_AsLongLong(PyList_GET_ITEM(g_offset, 2));
+    if (at == -1 && PyErr_Occurred()) return -1;
+    if (now - at < OFFSET_EVERY_NS) {
+        off = PyLong_AsLongLong(PyList_GET_ITEM(g_offset, 0));
+        if (off == -1 && PyErr_Occurred()) return -1;
+    } else if (measure(now, &off) != 0) {
+        return -1;
+    }
+    x = k - off;
+    if (x <= now + 1000000LL && now - x <= MAX_AGE_NS) {
+        *t = x <= now ? x : now;
+        return 0;
+    }
+    if (measure(now, &off) != 0) return -1; /* (implausible: the wall clock may have stepped; measure again, once) */
+    x = k - off;
+    if (x <= now + 1000000LL && now - x <= MAX_AGE_NS) {
+        *t = x <= now ? x : now;
+        return 0;
+    }
+    *t = now;
+    return 0;
+}
+
+static PyObject *pk_to_mono(PyObject *self, PyObject *arg) {
+    if (g_offset == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "to_mono: read_setup() first");
+        return NULL;
+    }
+    long long k = PyLong_AsLongLong(arg), t;
+    if (k == -1 && PyErr_Occurred()) return NULL;
+    if (to_mono(k, &t) != 0) return NULL;
+    return PyLong_FromLongLong(t);
+}
+
+/* ReadLag.add(ns) on kstamp.READ_LAG */
+static int lag_add(long long ns) {
+    if (ns < 0) ns = 0;
+    int bucket = ns ? 64 - __builtin_clzll((unsigned long long)ns) : 0;
+    if (bucket > 47) bucket = 47;
+    PyObject *buckets = PyObject_GetAttr(g_read_lag, s_buckets);
+    if (buckets == NULL) return -1;
+    int rc = -1;
+    if (!PyList_Check(buckets) || PyList_GET_SIZE(buckets) <= bucket) {
+        PyErr_SetString(PyExc_TypeError, "READ_LAG.buckets: a list of 48 counts");
+        goto done;
+    }
+    long long c = PyLong_AsLongLong(PyList_GET_ITEM(buckets, bucket));
+    if (c == -1 && PyErr_Occurred()) goto done;
+    PyObject *v = PyLong_FromLongLong(c + 1);
+    if (v == NULL) goto done;
+    PyList_SetItem(buckets, bucket, v); /* (steals v) */
+    long long count, total;
+    if (get_ll(g_read_lag, s_count, &count) != 0 || set_ll(g_read_lag, s_count, count + 1) != 0) goto done;
+    if (get_ll(g_read_lag, s_total_ns, &total) != 0 || set_ll(g_read_lag, s_total_ns, total + ns) != 0) goto done;
+    rc = 0;
+done:
+    Py_DECREF(buckets);
+    return rc;
+}
+
+/* PacketLog.maintain() when its period is up (the reference calls it on every read; it returns at once otherwise) */
+static int maintain(PyObject *plog) {
+    long long last;
+    if (get_ll(plog, s_last_maintain, &last) != 0) return -1;
+    if (mono_now() - last < g_maintain_every) return 0;
+    PyObject *r = PyObject_CallMethodNoArgs(plog, s_maintain);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *pk_read_one(PyObject *self, PyObject *tr) {
+    if (g_buf == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "read_one: read_setup() first");
+        return NULL;
+    }
+    PyObject *sock = PyObject_GetAttr(tr, s_sock), *plog = NULL, *data = NULL;
+    if (sock == NULL) return NULL;
+    unsigned char info[TCP_INFO_LEN];
+    int fd = PyObject_AsFileDescriptor(sock);
+    Py_DECREF(sock);
+    socklen_t ilen = TCP_INFO_LEN;
+    if (fd < 0) {
+        /* the reference's getsockopt on a closed socket raises OSError: no counters, its split path */
+        if (!PyErr_ExceptionMatches(PyExc_ValueError) && !PyErr_ExceptionMatches(PyExc_OSError)) return NULL;
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    memset(info, 0, sizeof info);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &ilen) != 0 || ilen < DATA_SEGS_IN_AT + 4) Py_RETURN_FALSE;
+    long long segs = (long long)rd_u32(info + DATA_SEGS_IN_AT), got_bytes, segs_in, rx_off, empty_since;
+    uint64_t received;
+    memcpy(&received, info + BYTES_RECEIVED_AT, 8);
+    got_bytes = (long long)received;
+    if (get_ll(tr, s_segs_in, &segs_in) != 0) return NULL;
+    long long segments = segs - segs_in;
+    if (segments > 1) Py_RETURN_FALSE;
+    if (set_ll(tr, s_segs_in, segs) != 0) return NULL;
+    plog = PyObject_GetAttr(tr, s_plog);
+    if (plog == NULL) return NULL;
+    int rc = plog == Py_None ? 0 : maintain(plog);
+    Py_DECREF(plog);
+    if (rc != 0) return NULL;
+    long long t_read = mono_now(), k = 0;
+    Py_ssize_t n = recv_stamp(fd, g_buf, (size_t)g_buf_len, 0, &k);
+    if (n == -2) return NULL;
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) Py_RETURN_NONE;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (n == 0) Py_RETURN_TRUE;
+    if (k && lag_add(wall_now() - k) != 0) return NULL;
+    if (get_ll(tr, s_rx_off, &rx_off) != 0 || get_ll(tr, s_empty_mono, &empty_since) != 0) return NULL;
+    if ((long long)n != got_bytes - rx_off) segments = 2; /* (bytes came after the count: the read may hold another) */
+    /* _hand_over_read(view, n, [(n, k)], segments, t_read, taken=True) */
+    long long t = t_read, bound;
+    if (k && to_mono(k, &t) != 0) return NULL;
+    int exact = 0 < segments && segments <= 1;
+    if (exact && k) bound = 0;
+    else bound = t - empty_since > 0 ? t - empty_since : 0;
+    if (n < g_buf_len && set_ll(tr, s_empty_mono, t_read) != 0) return NULL;
+    /* _deliver(bytes(view[:n]), t if k else 0, bound) */
+    long long rx_mono = k ? t : 0;
+    if (!rx_mono) rx_mono = mono_now();
+    data = PyBytes_FromStringAndSize((const char *)g_buf, n);
+    if (data == NULL) return NULL;
+    if (set_ll(tr, s_rx_mono_ns, rx_mono) != 0 || set_ll(tr, s_rx_bound_ns, bound) != 0 || set_ll(tr, s_rx_off, rx_off + n) != 0) {
+        Py_DECREF(data);
+        return NULL;
+    }
+    return data;
+}
+
 static PyMethodDef methods[] = {
     {"tcp_counters", pk_tcp_counters, METH_O, "(tcpi_data_segs_in, tcpi_bytes_received) of a TCP socket, or None"},
     {"tcp_notsent", pk_tcp_notsent, METH_O, "tcpi_notsent_bytes of a TCP socket, or None"},
@@ -503,6 +742,9 @@ static PyMethodDef methods[] = {
     {"ring_segments", pk_ring_segments, METH_VARARGS, "PacketLog.segments_since"},
     {"ring_newest_segment", pk_ring_newest_segment, METH_VARARGS, "PacketLog.newest_segment"},
     {"ring_cuts", pk_ring_cuts, METH_VARARGS, "PacketLog.cuts"},
+    {"read_setup", pk_read_setup, METH_VARARGS, "read_setup(read_lag, offset, measure_offset, read_size, maintain_every_ns)"},
+    {"to_mono", pk_to_mono, METH_O, "kstamp._to_mono: a kernel stamp on the mono_ns scale"},
+    {"read_one", pk_read_one, METH_O, "kstamp's one-segment read: bytes, None, True (end of stream) or False (split path)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -514,6 +756,23 @@ PyMODINIT_FUNC PyInit__pktring(void) {
     if (PyModule_AddIntConstant(m, "FRAME", FRAME) != 0) {
         Py_DECREF(m);
         return NULL;
+    }
+    struct {
+        PyObject **slot;
+        const char *name;
+    } names[] = {
+        {&s_sock, "_sock"}, {&s_segs_in, "_segs_in"}, {&s_plog, "_plog"}, {&s_rx_off, "_rx_off"},
+        {&s_empty_mono, "_empty_mono"}, {&s_rx_mono_ns, "rx_mono_ns"}, {&s_rx_bound_ns, "rx_bound_ns"},
+        {&s_last_maintain, "_last_maintain"}, {&s_maintain, "maintain"}, {&s_buckets, "buckets"}, {&s_count, "count"},
+        {&s_total_ns, "total_ns"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (*names[i].slot != NULL) continue;
+        *names[i].slot = PyUnicode_InternFromString(names[i].name);
+        if (*names[i].slot == NULL) {
+            Py_DECREF(m);
+            return NULL;
+        }
     }
     return m;
 }

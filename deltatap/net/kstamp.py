@@ -60,6 +60,8 @@ from collections.abc import Callable
 from typing import Any
 
 from deltatap.net.pktstamp import _ANCBUF, SO_TIMESTAMPING, PacketLog, packet_log, recv_stamped, tcp_counters, tcp_notsent
+from deltatap.net.pktstamp import _MAINTAIN_EVERY_NS
+from deltatap.net.pktstamp import _acc as _pktacc
 from deltatap.net.pktstamp import kernel_ns as _kernel_ns
 
 __all__ = ["KernelStampServer", "KernelStampTransport", "connect", "enabled", "stamp_source", "start_server"]
@@ -188,6 +190,17 @@ def _to_mono(k: int) -> int:
     return now
 
 
+_to_mono_ref = _to_mono  # (the reference: tests/kernel/test_kstamp_native.py compares the C twin with it)
+# The C twin of the one-segment read (deltatap/net/_pktring.c ``read_one``: :meth:`KernelStampTransport._one_segment`,
+# :meth:`~KernelStampTransport._hand_over_read` and :meth:`~KernelStampTransport._deliver` up to the protocol's
+# ``data_received``, in one call) and of :func:`_to_mono`, sharing this module's READ_LAG and offset; None where not
+# built or ``DELTATAP_NATIVE`` turns ``pktring`` off (the Python here runs, and stays the definition).
+_read_one: Callable[[Any], Any] | None = None
+if _pktacc is not None and hasattr(_pktacc, "read_one"):
+    _pktacc.read_setup(READ_LAG, _offset, _measure_offset, _READ_SIZE, _MAINTAIN_EVERY_NS)
+    _read_one, _to_mono = _pktacc.read_one, _pktacc.to_mono  # noqa: F811
+
+
 class KernelStampTransport(asyncio.Transport):
     """A non-TLS TCP transport whose reads carry the kernel's receive stamps (see the module doc).
 
@@ -200,7 +213,7 @@ class KernelStampTransport(asyncio.Transport):
         "_lost", "_eof", "_high", "_low", "_protocol_paused", "_server",
         "rx_mono_ns", "rx_bound_ns", "_empty_mono", "last_write_mono_ns", "last_write_bound_ns", "writes",
         "_plog", "_pkey", "_segs_in", "_rx_off", "_irs1", "_unlogged_tail", "_tkey", "_tx_off", "_iss1",
-        "lazy_placement", "unplaced_write",
+        "lazy_placement", "unplaced_write", "_fast",
     )
 
     def __init__(
@@ -251,6 +264,7 @@ class KernelStampTransport(asyncio.Transport):
         # place_write() (a relay places only the writes whose stamps it keeps exact: a head, a first or last token)
         self.lazy_placement = False
         self.unplaced_write: tuple[int, int, int] | None = None  # (t0, t1, stream offset after the write)
+        self._fast = _read_one  # the C twin of _one_segment (None: the Python reference; a test may set either)
         if sock.family == socket.AF_INET:
             self._watch_packets(sock, extra)
         if server is not None:
@@ -300,9 +314,34 @@ class KernelStampTransport(asyncio.Transport):
         with its own stamp (see :meth:`_arrivals`)."""
         if self._lost:
             return
-        view = _read_view()
-        if self._plog is not None and self._one_segment(view):
-            return
+        if self._plog is not None:
+            fast = self._fast
+            if fast is not None:  # the C twin of _one_segment, in one call (see _read_one)
+                try:
+                    got = fast(self)
+                except (BlockingIOError, InterruptedError):
+                    return
+                except _SOCKET_ERRORS as exc:
+                    self._fatal(exc)
+                    return
+                if got.__class__ is bytes:
+                    try:
+                        self._protocol.data_received(got)
+                    except BaseException as exc:
+                        self._fatal(exc, "protocol.data_received() failed")
+                    return
+                if got is None:
+                    return
+                if got is True:
+                    self._peer_eof()
+                    return
+                view = _read_view()
+            else:
+                view = _read_view()
+                if self._one_segment(view):
+                    return
+        else:
+            view = _read_view()
         r = self._recv(view[:1], _PEEK_NOCOPY)
         if r is None:
             return
