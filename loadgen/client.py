@@ -194,6 +194,29 @@ def make_session(target: Target) -> H1Pool:
     return H1Pool(target.url, connect_timeout=min(target.timeout_s, 10.0), header_names=target.header_names())
 
 
+class _Deadline:
+    """What ``asyncio.timeout(delay_s)`` does around one exchange, without its context manager's steps: one loop
+    timer that cancels the task when the time is up; :meth:`timed_out` says, for a cancel the task received, whether
+    it was this one (and takes it back, as ``asyncio.timeout`` does before raising TimeoutError)."""
+
+    __slots__ = ("task", "handle", "expired", "cancelling")
+
+    def __init__(self, delay_s: float) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.task = task
+        self.expired = False
+        self.cancelling = task.cancelling()
+        self.handle = task.get_loop().call_later(delay_s, self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        self.task.cancel()
+
+    def timed_out(self) -> bool:
+        return self.expired and self.task.uncancel() <= self.cancelling
+
+
 def _fail(rec: RequestRecord, status: Outcome, kind: str, message: str) -> None:
     rec.status = status
     rec.error_kind = kind
@@ -213,12 +236,16 @@ async def execute(session: H1Pool, target: Target, rec: RequestRecord, body: byt
     ex, data = prepared if prepared is not None else prepare(session, target, body, headers)
     if rec.send_mono_ns is None:
         rec.send_mono_ns = mono_ns()
+    deadline = _Deadline(target.timeout_s)
     try:
-        async with asyncio.timeout(target.timeout_s):
-            await session.exchange(ex, data, started=started)
+        await session.exchange(ex, data, started=started)
     except asyncio.CancelledError:
         rec.end_mono_ns = mono_ns()
         _head(rec, ex)
+        if deadline.timed_out():
+            _fail(rec, Outcome.TIMEOUT, ErrorKind.TIMEOUT, f"no complete answer within {target.timeout_s:g} s")
+            _take_stream(rec, ex.sink)  # type: ignore[arg-type]
+            return ex.sink  # type: ignore[return-value]
         _fail(rec, Outcome.CLIENT_CANCEL, ErrorKind.CANCELLED, "the run ended before the response did")
         _take_stream(rec, ex.sink)  # type: ignore[arg-type]
         raise
@@ -226,12 +253,8 @@ async def execute(session: H1Pool, target: Target, rec: RequestRecord, body: byt
         rec.end_mono_ns = mono_ns()
         _fail(rec, Outcome.UPSTREAM_ERROR, ErrorKind.UNREACHABLE, str(exc))
         return None
-    except TimeoutError:
-        rec.end_mono_ns = mono_ns()
-        _head(rec, ex)
-        _fail(rec, Outcome.TIMEOUT, ErrorKind.TIMEOUT, f"no complete answer within {target.timeout_s:g} s")
-        _take_stream(rec, ex.sink)  # type: ignore[arg-type]
-        return ex.sink  # type: ignore[return-value]
+    finally:
+        deadline.handle.cancel()
     stream: ClientStream | None = ex.sink  # type: ignore[assignment]
     _head(rec, ex)
     if ex.error is not None:
@@ -293,7 +316,7 @@ def _take_stream(rec: RequestRecord, stream: ClientStream | None) -> None:
     rec.usage_input_tokens = stream.facts.input_tokens
     rec.usage_output_tokens = stream.facts.output_tokens
     rec.finish_reason = ",".join(stream.facts.finish_reasons) or None
-    rec.output_text = stream.text
+    rec.output = stream.output()  # (the text is taken from it when read: RequestRecord.output_text)
 
 
 def _judge_stream(rec: RequestRecord, stream: ClientStream) -> None:

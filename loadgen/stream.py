@@ -1,29 +1,36 @@
-"""The client's view of one SSE response: a :class:`~deltatap.core.sse.ContentStream` plus what the load generator
-records and the tap does not.
+"""The client's view of one SSE response: the tap's :class:`~deltatap.core.sse.StreamObserver` plus what the load
+generator records and the tap does not.
 
 Framing, format detection, the first-content-token rule (methodology 5.1.3.1), token, malformed-event and
-usage/timings accounting are the core's (:meth:`ContentStream.take`), the same code the tap and the reference
-firewall run. On top, fed ``(bytes, t_mono_ns, bound_ns)`` slices stamped at the socket, it keeps the stamp of
-*every* content event (``event_times``), the count of transport chunks, and the content text (``parts`` /
-``text``, for reference-token counting and chat history; never written out).
+usage/timings accounting are the core's (:class:`~deltatap.core.sse.ContentStream`), the same code the tap and the
+reference firewall run; with the ``deltatap.core._content`` accelerator, each read is one C call
+(``SseParser.observe``), as in the tap. On top, fed ``(bytes, t_mono_ns, bound_ns)`` slices stamped at the socket,
+it keeps the stamp of *every* content event (``event_times``) and the response body as read (the slices
+themselves, no copy). The content text (``text``, for reference-token counting and chat history; never written
+out) is taken from that body when something asks for it: the kept body is parsed once more by a
+``ContentStream(keep_text=True)`` with the same format and path, which gives the same events, in the same order, as
+the reads did (the parser's result does not depend on how the bytes were split), so the same texts — without a
+Python step per event while the responses are read.
 """
 
 from __future__ import annotations
 
-from deltatap.core.sse import ContentStream
+from deltatap.core.sse import ContentStream, StreamObserver
 
 
-class ClientStream(ContentStream):
-    __slots__ = ("event_times", "chunks")
+class ClientStream(StreamObserver):
+    __slots__ = ("event_times", "body", "_given", "_finished")
 
     def __init__(self, path: str | None = None, format: str | None = None) -> None:
-        super().__init__(format, path, keep_text=True)
+        super().__init__(format, path)
         self.event_times: list[int] = []  # one stamp per content event
-        self.chunks = 0
+        self.body: list[bytes] = []  # the payload slices as read (the text is taken from them on demand)
+        self._given = (format, path)
+        self._finished = False
 
     def feed(self, data: bytes | bytearray | memoryview, t_mono_ns: int, bound_ns: int = 0) -> int:
-        self.chunks += 1
-        n = ContentStream.feed(self, data, t_mono_ns, bound_ns)
+        self.body.append(data if type(data) is bytes else bytes(data))  # (a caller's buffer may be reused)
+        n = StreamObserver.feed(self, data, t_mono_ns, bound_ns)
         if n == 1:  # the usual read: one token
             self.event_times.append(t_mono_ns)
         elif n:
@@ -31,10 +38,21 @@ class ClientStream(ContentStream):
         return n
 
     def finish(self, t_mono_ns: int, bound_ns: int = 0) -> int:
-        n = ContentStream.finish(self, t_mono_ns, bound_ns)
+        self._finished = True
+        n = StreamObserver.finish(self, t_mono_ns, bound_ns)
         if n:
             self.event_times.extend([t_mono_ns] * n)
         return n
+
+    @property
+    def text(self) -> str:
+        """The content text of the body read so far: every content event's text, in order (parsed again from the
+        kept body at each call: :meth:`output` is what a record keeps)."""
+        return body_text(*self.output())
+
+    def output(self) -> tuple[bytes, str | None, str | None, bool]:
+        """What the text is taken from, compact (the body joined): ``body_text(*stream.output())`` is ``text``."""
+        return b"".join(self.body), *self._given, self._finished
 
     @property
     def leading_whitespace(self) -> int:
@@ -45,3 +63,13 @@ class ClientStream(ContentStream):
     def last_bound_ns(self) -> int:
         """How much earlier the last content event's bytes may have arrived than its stamp."""
         return self.last_token_bound_ns
+
+
+def body_text(body: bytes, format: str | None = None, path: str | None = None, finished: bool = True) -> str:
+    """The content text of an event-stream body: what ``ContentStream(format, path, keep_text=True)`` keeps, fed
+    the same bytes (and finished, when the stream was)."""
+    ref = ContentStream(format, path, keep_text=True)
+    ref.feed(body, 0)
+    if finished:
+        ref.finish(0)
+    return ref.text

@@ -239,6 +239,54 @@ async def test_no_answer_within_the_request_timeout():
     assert 0.25e9 <= rec.end_mono_ns - rec.send_mono_ns < 5e9
 
 
+async def test_a_timeout_mid_stream_keeps_what_came_and_leaves_the_task_uncancelled():
+    async def handler(r, w, conn):
+        await srv.read_request(r, conn)
+        w.write(SSE_HEAD + chunked(*sse_body(2, done=False)))
+        await w.drain()
+        await asyncio.sleep(5)
+
+    async with RawServer(handler) as srv:
+        t = target(f"http://127.0.0.1:{srv.port}", timeout_s=0.3)
+        pool = make_session(t)
+        try:
+            rec = await one(t, pool)
+            task = asyncio.current_task()
+            assert task.cancelling() == 0  # the deadline's cancel was taken back: the caller goes on
+            await asyncio.sleep(0.01)
+        finally:
+            await pool.close()
+    assert (rec.status, rec.error_kind) == (Outcome.TIMEOUT, ErrorKind.TIMEOUT)
+    assert rec.content_events == 2 and rec.output_text == " t0 t1"  # (the body kept so far, not finished)
+
+
+async def test_a_cancel_from_outside_is_a_client_cancel_not_a_timeout():
+    got: list[RequestRecord] = []
+
+    async def handler(r, w, conn):
+        await srv.read_request(r, conn)
+        await asyncio.sleep(5)
+
+    async def run_one(t, pool):
+        rec = RequestRecord(index=0, request_id="r0", trace_id="1" * 32, span_id="2" * 16)
+        got.append(rec)
+        await execute(pool, t, rec, t.body(None, [], "hello", 3), t.request_headers(rec, f"00-{'1' * 32}-{'2' * 16}-01"))
+
+    async with RawServer(handler) as srv:
+        t = target(f"http://127.0.0.1:{srv.port}", timeout_s=0.5)
+        pool = make_session(t)
+        try:
+            task = asyncio.create_task(run_one(t, pool))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.sleep(0.6)  # past the deadline: its timer was cancelled with the exchange, nothing fires
+        finally:
+            await pool.close()
+    assert (got[0].status, got[0].error_kind) == (Outcome.CLIENT_CANCEL, ErrorKind.CANCELLED)
+
+
 async def test_https_verifies_the_certificate(self_signed, monkeypatch):
     cert, key = self_signed
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

@@ -1,6 +1,8 @@
-"""The load generator's ClientStream is the core's ContentStream: fed the same slices with the same stamps, it
-finds the same first and last content token, counts, format, facts and end as the tap's StreamObserver, and
-keeps what only the client records (every content event's stamp, the text)."""
+"""The load generator's ClientStream is the tap's StreamObserver (the C observer where it is built): fed the same
+slices with the same stamps, it finds the same first and last content token, counts, format, facts and end as the
+tap's, and as the Python reference (a ContentStream that keeps its text, every event through ``take``); it keeps
+what only the client records: every content event's stamp, and the body its text is taken from, which gives the
+reference's text on any split of the stream, finished or not."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deltatap.core.sse import StreamObserver
-from deltatap.loadgen.stream import ClientStream
+from deltatap.core import sse
+from deltatap.core.sse import ContentStream, StreamObserver
+from deltatap.loadgen.records import RequestRecord
+from deltatap.loadgen.stream import ClientStream, body_text
 
 # the real llama.cpp capture (64 content tokens, usage and timings, "data: [DONE]" without its blank line)
 CAPTURE = (Path(__file__).resolve().parents[1] / "fixtures" / "sse" / "llamacpp-chat-completions.sse").read_bytes()
@@ -63,6 +67,65 @@ def test_client_stream_sees_what_the_tap_sees(which, cuts):
     assert (client.events, client.malformed, client.done, client.format, client.truncated) == (tap.events, tap.malformed, tap.done, tap.format, tap.truncated)
     assert client.facts == tap.facts
     assert client.chunks == tap.chunks
+
+
+class _Stamps(ContentStream):
+    """The Python reference with every content event's stamp (``take`` / ``count`` as defined, no accelerator)."""
+
+    def __init__(self, fmt: str | None = None) -> None:
+        super().__init__(fmt, keep_text=True)
+        self.times: list[int] = []
+
+    def count(self, got, t_mono_ns, bound_ns=0):
+        if got[0]:
+            self.times.append(t_mono_ns)
+        return super().count(got, t_mono_ns, bound_ns)
+
+
+# adversarial events next to ordinary ones: escapes, whitespace of every kind, invalid UTF-8, duplicate keys, finish
+# reasons, errors, non-object choices, completions events after chat ones
+_EVENTS = st.sampled_from([
+    b'{"choices":[{"delta":{"content":"a"}}]}', b'{"choices":[{"delta":{"content":" "}}]}',
+    b'{"choices":[{"delta":{"content":"\\u00a0\\n"}}]}', b'{"choices":[{"delta":{"content":"\\ud83d\\ude00"}}]}',
+    b'{"choices":[{"delta":{"content":"\xe2\x80\x83"}}]}', b'{"choices":[{"delta":{"content":"\xff"}}]}',
+    b'{"choices":[{"delta":{"content":"x","content":"y"}}]}', b'{"choices":[{"delta":{"role":"assistant"}}]}',
+    b'{"choices":[{"delta":{},"finish_reason":"stop"}]}', b'{"choices":[7,{"delta":{"content":"z"}}]}',
+    b'{"choices":[{"text":"t"}],"object":"text_completion"}', b'{"error":{"type":"overloaded"}}',
+    b'{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}', b'{"model":"m","id":"c1","choices":[]}',
+    b"[DONE]", b"", b"not json", b"{", b'{"choices":[{"delta":{"reasoning_content":"r"}}]}',
+])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_EVENTS, max_size=12), st.sampled_from([b"\n", b"\r\n", b"\r"]), st.lists(st.integers(min_value=1, max_value=600), max_size=12),
+       st.booleans(), st.sampled_from([None, "openai-chat", "openai-completions"]))
+def test_client_stream_matches_the_python_reference(events, eol, cuts, finished, fmt):
+    data = b"".join(b"data: " + e + eol + eol for e in events) + (b"data: " + events[0] + eol if events and not finished else b"")
+    client, ref = ClientStream(format=fmt), _Stamps(fmt)
+    for i, piece in enumerate(_slices(data, cuts)):
+        client.feed(piece, 1_000 + 10 * i, i % 2)
+        ref.feed(piece, 1_000 + 10 * i, i % 2)
+    if finished:
+        client.finish(9_999, 3)
+        ref.finish(9_999, 3)
+    assert client.event_times == ref.times and client.text == ref.text
+    assert (client.first_token_mono_ns, client.first_token_bound_ns, client.last_token_mono_ns, client.last_bound_ns) == (
+        ref.first_token_mono_ns, ref.first_token_bound_ns, ref.last_token_mono_ns, ref.last_token_bound_ns)
+    assert (client.events, client.content_events, client.tokens, client.malformed, client.leading_whitespace, client.done,
+            client.format, client.facts) == (ref.events, ref.content_events, ref.tokens, ref.malformed,
+                                            ref.leading_whitespace_events, ref.done, ref.format, ref.facts)
+    rec = RequestRecord(index=0, request_id="r", trace_id="1" * 32, span_id="2" * 16, output=client.output())
+    assert rec.output_text == ref.text and rec.output == ref.text  # taken once, then kept as text
+
+
+def test_client_stream_reads_with_the_c_observer_where_it_is_built():
+    client = ClientStream(format="openai-chat")
+    assert ClientStream._native is StreamObserver._native
+    if sse._ObservingParser is not None:
+        assert type(client.parser) is sse._ObservingParser and client._native
+    client.feed(MIXED, 5)
+    assert client.parts is None and client.body == [MIXED]  # no text kept per event: the body is
+    assert body_text(MIXED) == "\n  think{\"a\": 1}done ü"
 
 
 def test_client_stream_keeps_every_stamp_and_the_text():
