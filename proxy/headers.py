@@ -17,6 +17,7 @@ trailers are decided by the endpoints, exactly as over a direct connection.
 
 from __future__ import annotations
 
+from deltatap.net import h1
 from deltatap.net.h1 import Head
 from deltatap.telemetry.spans import new_trace_id
 
@@ -41,10 +42,14 @@ def rewrite_request_head(
     head: Head, *, correlation_header: bytes, trace_headers: dict[str, str], host_header: bytes | None = None, target_prefix: bytes = b""
 ) -> tuple[bytes, str, bool]:
     """The head to send upstream, the request id (the correlation header's value, created if absent) and whether it
-    was created. ``correlation_header``: lower-case name."""
+    was created. ``correlation_header``: lower-case name. (With deltatap.net.h1's C accelerator the bytes are made in one
+    call, ``_h1.rewrite_head``, exactly as below.)"""
+    additions, request_id, created = _additions(head.get(correlation_header), correlation_header, trace_headers)
+    acc = h1._acc
+    if acc is not None:
+        return acc.rewrite_head(head.raw, host_header, target_prefix, additions), request_id, created
     raw = head.raw
     crlf = b"\r\n" if raw.endswith(b"\r\n") else b"\n"
-    additions, request_id, created = _additions(head.get(correlation_header), correlation_header, trace_headers)
     drop = TRACE_HEADERS | ({b"host"} if host_header is not None else frozenset())
     if target_prefix or any(name.lower() in drop for name, _v in head.headers):
         lines = raw.split(b"\n")

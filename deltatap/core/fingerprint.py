@@ -18,6 +18,10 @@ correlation headers were stripped by a component, by fingerprint plus a time win
 API: ``Fingerprinter(key=None)`` with ``update(bytes)``, ``size`` and ``result() -> str | None``
 (incremental: feed request-body chunks as they stream past); ``fingerprint(body, key=None)`` for a
 whole body; ``resolve_key(key=None) -> bytes``.
+
+Cost: the HMAC's key setup (two SHA-256 blocks and a Python object) is done once per key; each
+``Fingerprinter`` copies that keyed state (one C call: hashlib's OpenSSL HMAC where Python has it, else
+:meth:`hmac.HMAC.copy`), so a request pays for hashing its body, not for the setup. The digest is the same.
 """
 
 from __future__ import annotations
@@ -40,13 +44,32 @@ def resolve_key(key: str | bytes | None = None) -> bytes:
     return key.encode("utf-8") if isinstance(key, str) else bytes(key)
 
 
+_KEYED_MAX = 64
+_keyed: dict[str | bytes, object] = {}  # a key as given (or resolved, for None) -> its keyed HMAC state, never updated
+
+
+def _keyed_state(key: str | bytes | None) -> object:
+    """The keyed, empty HMAC-SHA256 state of ``key`` (made once per key): ``copy()`` it to hash a body."""
+    if key is None or key == "":
+        key = resolve_key(key)  # (the environment is read each time: it may change)
+    state = _keyed.get(key)
+    if state is None:
+        mac = hmac.new(resolve_key(key), digestmod=hashlib.sha256)
+        inner = getattr(mac, "_hmac", None)  # hashlib's C HMAC inside hmac.HMAC: copy/update/hexdigest without a Python frame
+        state = inner if inner is not None and all(hasattr(inner, m) for m in ("copy", "update", "hexdigest")) else mac
+        if len(_keyed) >= _KEYED_MAX:
+            _keyed.clear()
+        _keyed[key] = state
+    return state
+
+
 class Fingerprinter:
     """Incremental keyed fingerprint of one body."""
 
     __slots__ = ("_mac", "size")
 
     def __init__(self, key: str | bytes | None = None) -> None:
-        self._mac = hmac.new(resolve_key(key), digestmod=hashlib.sha256)
+        self._mac = _keyed_state(key).copy()  # type: ignore[attr-defined]
         self.size = 0
 
     def update(self, chunk: bytes | bytearray | memoryview) -> None:

@@ -1,4 +1,5 @@
-/* The C accelerator of deltatap.net.h1: head parsing and body framing, one C call per read.
+/* The C accelerator of deltatap.net.h1: head parsing, a request head's framing and rewrite, and body framing,
+   one C call per head or read.
 
 h1.py is the definition; these functions do exactly what its Python does (tests/kernel/test_h1_native.py
 compares them on generated messages split at random points, malformed chunk sizes, oversize lines):
@@ -6,6 +7,10 @@ compares them on generated messages split at random points, malformed chunk size
 * parse_head(raw, request) -> (method, target, version, status, reason, headers, index) or ValueError(reason):
   h1.parse_head without building the Head (index: what Head.values builds, lower-cased name -> values);
 * head_end(buf, start) -> int: h1._head_end;
+* feed_head(data, pos, buf, request, max_head): Reader._feed_head in one call (leading empty lines, the head's end,
+  the size limit, parse_head, the Head with its name index and keep_alive) and, for a request, Reader._begin's
+  framing (Content-Length / chunked / none, the protocol-switch hold) with its errors (test_h1_head_native.py);
+* rewrite_head(raw, host_header, target_prefix, additions) -> bytes: proxy/headers.py's rewrite_request_head's bytes;
 * body(data, pos, state, remaining, buf, out) -> (pos, state, remaining, buf, how, arg): Reader.feed's body
   states (Content-Length, chunk size / data / CRLF, trailers) stepped over the read until the message ends
   (how 1: the caller ends it at pos), the framing is wrong (how 2: the caller fails at arg[0] with arg[1]) or
@@ -100,14 +105,24 @@ static int fold(PyObject *headers, const char *line, Py_ssize_t n) {
     return PyList_SetItem(headers, last, np); /* steals np, releases the old pair */
 }
 
-static PyObject *h1_parse_head(PyObject *mod, PyObject *args) {
-    Py_buffer view;
-    int request;
-    if (!PyArg_ParseTuple(args, "y*p", &view, &request)) return NULL;
-    const char *raw = (const char *)view.buf;
-    Py_ssize_t len = view.len;
-    PyObject *headers = NULL, *method = NULL, *target = NULL, *version = NULL, *reason = NULL, *result = NULL;
-    int status = 0;
+/* what parse_head makes of a head (new references; all NULL until made) */
+typedef struct {
+    PyObject *method, *target, *version, *reason, *headers;
+    int status;
+} Parsed;
+
+static void parsed_clear(Parsed *p) {
+    Py_CLEAR(p->method);
+    Py_CLEAR(p->target);
+    Py_CLEAR(p->version);
+    Py_CLEAR(p->reason);
+    Py_CLEAR(p->headers);
+}
+
+/* h1._py_parse_head on raw[0:len]: 0 with *out filled, 1 with *err (the ValueError's reason), -1 with an exception
+   set; on 1 and -1 nothing is left in *out */
+static int parse_core(const char *raw, Py_ssize_t len, int request, Parsed *out, const char **err) {
+    memset(out, 0, sizeof(*out));
     /* lines = raw.split(b"\n"); drop a last b"", then a last b"" or b"\r": the lines left are raw[0:end]
        split on "\n" (at least one) unless nlines_zero */
     Py_ssize_t end = len;
@@ -126,14 +141,13 @@ static PyObject *h1_parse_head(PyObject *mod, PyObject *args) {
         }
     }
     if (nlines_zero) {
-        PyBuffer_Release(&view);
-        return value_error("empty head");
+        *err = "empty head";
+        return 1;
     }
-    /* iterate over the lines of raw[0:end] */
     Py_ssize_t pos = 0;
     int first = 1;
-    headers = PyList_New(0);
-    if (headers == NULL) goto done;
+    out->headers = PyList_New(0);
+    if (out->headers == NULL) goto exc;
     for (;;) {
         const char *nl = end > pos ? memchr(raw + pos, '\n', (size_t)(end - pos)) : NULL;
         Py_ssize_t stop = nl ? (Py_ssize_t)(nl - raw) : end;
@@ -143,17 +157,17 @@ static PyObject *h1_parse_head(PyObject *mod, PyObject *args) {
         if (first) {
             first = 0;
             if (request) {
-                const char *sp1 = memchr(line, ' ', (size_t)n);
+                const char *sp1 = n > 0 ? memchr(line, ' ', (size_t)n) : NULL;
                 const char *sp2 = sp1 ? memchr(sp1 + 1, ' ', (size_t)(line + n - sp1 - 1)) : NULL;
                 const char *sp3 = sp2 ? memchr(sp2 + 1, ' ', (size_t)(line + n - sp2 - 1)) : NULL;
                 if (sp1 == NULL || sp2 == NULL || sp3 != NULL) {
-                    value_error("request line is not METHOD SP TARGET SP VERSION");
-                    goto done;
+                    *err = "request line is not METHOD SP TARGET SP VERSION";
+                    goto verr;
                 }
                 Py_ssize_t mn = sp1 - line, tn = sp2 - sp1 - 1, vn = line + n - sp2 - 1;
                 if (mn == 0 || !all_tchar(line, mn)) {
-                    value_error("invalid method");
-                    goto done;
+                    *err = "invalid method";
+                    goto verr;
                 }
                 int bad = tn == 0;
                 for (Py_ssize_t i = 0; i < tn && !bad; i++) {
@@ -161,20 +175,20 @@ static PyObject *h1_parse_head(PyObject *mod, PyObject *args) {
                     if (c <= 0x20 || c == 0x7f) bad = 1;
                 }
                 if (bad) {
-                    value_error("invalid request target");
-                    goto done;
+                    *err = "invalid request target";
+                    goto verr;
                 }
                 if (!version_ok(sp2 + 1, vn)) {
-                    value_error("invalid HTTP version");
-                    goto done;
+                    *err = "invalid HTTP version";
+                    goto verr;
                 }
-                method = bytes_of(line, mn);
-                target = bytes_of(sp1 + 1, tn);
-                version = bytes_of(sp2 + 1, vn);
-                reason = bytes_of("", 0);
-                if (!method || !target || !version || !reason) goto done;
+                out->method = bytes_of(line, mn);
+                out->target = bytes_of(sp1 + 1, tn);
+                out->version = bytes_of(sp2 + 1, vn);
+                out->reason = bytes_of("", 0);
+                if (!out->method || !out->target || !out->version || !out->reason) goto exc;
             } else {
-                const char *sp1 = memchr(line, ' ', (size_t)n);
+                const char *sp1 = n > 0 ? memchr(line, ' ', (size_t)n) : NULL;
                 const char *sp2 = sp1 ? memchr(sp1 + 1, ' ', (size_t)(line + n - sp1 - 1)) : NULL;
                 Py_ssize_t v0 = sp1 ? sp1 - line : n;
                 Py_ssize_t cn = sp1 ? (sp2 ? sp2 - sp1 - 1 : line + n - sp1 - 1) : 0;
@@ -183,134 +197,591 @@ static PyObject *h1_parse_head(PyObject *mod, PyObject *args) {
                 for (int i = 0; ok && i < 3; i++)
                     if (code[i] < '0' || code[i] > '9') ok = 0;
                 if (!ok) {
-                    value_error("invalid status line");
-                    goto done;
+                    *err = "invalid status line";
+                    goto verr;
                 }
-                status = (code[0] - '0') * 100 + (code[1] - '0') * 10 + (code[2] - '0');
-                version = bytes_of(line, v0);
-                reason = sp2 ? bytes_of(sp2 + 1, line + n - sp2 - 1) : bytes_of("", 0);
-                method = bytes_of("", 0);
-                target = bytes_of("", 0);
-                if (!method || !target || !version || !reason) goto done;
-                if (status < 100) {
-                    value_error("invalid status code");
-                    goto done;
+                out->status = (code[0] - '0') * 100 + (code[1] - '0') * 10 + (code[2] - '0');
+                if (out->status < 100) {
+                    *err = "invalid status code";
+                    goto verr;
                 }
+                out->version = bytes_of(line, v0);
+                out->reason = sp2 ? bytes_of(sp2 + 1, line + n - sp2 - 1) : bytes_of("", 0);
+                out->method = bytes_of("", 0);
+                out->target = bytes_of("", 0);
+                if (!out->method || !out->target || !out->version || !out->reason) goto exc;
             }
         } else if (n > 0 && is_ows(line[0])) { /* obs-fold */
-            if (PyList_GET_SIZE(headers) == 0) {
-                value_error("continuation line before any header");
-                goto done;
+            if (PyList_GET_SIZE(out->headers) == 0) {
+                *err = "continuation line before any header";
+                goto verr;
             }
-            if (fold(headers, line, n) < 0) goto done;
+            if (fold(out->headers, line, n) < 0) goto exc;
         } else {
             const char *colon = n > 0 ? memchr(line, ':', (size_t)n) : NULL;
             if (colon == NULL || colon == line) {
-                value_error("header line without a name and colon");
-                goto done;
+                *err = "header line without a name and colon";
+                goto verr;
             }
             Py_ssize_t nn = colon - line;
             if (!all_tchar(line, nn)) {
-                value_error("invalid header name");
-                goto done;
+                *err = "invalid header name";
+                goto verr;
             }
             Span v = strip_ows(colon + 1, line + n - colon - 1);
             if (v.n > 0 && (memchr(v.p, '\r', (size_t)v.n) || memchr(v.p, 0, (size_t)v.n))) {
-                value_error("invalid byte in a header value");
-                goto done;
+                *err = "invalid byte in a header value";
+                goto verr;
             }
             PyObject *name = bytes_of(line, nn);
-            if (name == NULL) goto done;
+            if (name == NULL) goto exc;
             PyObject *value = bytes_of(v.p, v.n);
             if (value == NULL) {
                 Py_DECREF(name);
-                goto done;
+                goto exc;
             }
             PyObject *pair = PyTuple_New(2);
             if (pair == NULL) {
                 Py_DECREF(name);
                 Py_DECREF(value);
-                goto done;
+                goto exc;
             }
             PyTuple_SET_ITEM(pair, 0, name);
             PyTuple_SET_ITEM(pair, 1, value);
-            int rc = PyList_Append(headers, pair);
+            int rc = PyList_Append(out->headers, pair);
             Py_DECREF(pair);
-            if (rc < 0) goto done;
+            if (rc < 0) goto exc;
         }
         if (nl == NULL) break;
         pos = stop + 1;
     }
-    {
-        /* the Head's name index (Head.values): lower-cased name -> its values, in order */
-        PyObject *index = PyDict_New();
-        if (index == NULL) goto done;
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(headers); i++) {
-            PyObject *pair = PyList_GET_ITEM(headers, i);
-            PyObject *name = PyTuple_GET_ITEM(pair, 0);
-            Py_ssize_t nn = PyBytes_GET_SIZE(name);
-            PyObject *lname = PyBytes_FromStringAndSize(NULL, nn);
-            if (lname == NULL) {
-                Py_DECREF(index);
-                goto done;
-            }
-            const char *src = PyBytes_AS_STRING(name);
-            char *dst = PyBytes_AS_STRING(lname);
-            for (Py_ssize_t k = 0; k < nn; k++) dst[k] = (src[k] >= 'A' && src[k] <= 'Z') ? (char)(src[k] + 32) : src[k];
-            PyObject *values = PyDict_GetItemWithError(index, lname); /* borrowed */
-            int rc;
-            if (values == NULL) {
-                if (PyErr_Occurred()) rc = -1;
-                else {
-                    values = PyList_New(0);
-                    rc = values == NULL ? -1 : PyDict_SetItem(index, lname, values);
-                    Py_XDECREF(values); /* the dict holds it */
-                }
-            } else
-                rc = 0;
-            Py_DECREF(lname);
-            if (rc == 0) rc = PyList_Append(values, PyTuple_GET_ITEM(pair, 1));
-            if (rc < 0) {
-                Py_DECREF(index);
-                goto done;
-            }
+    return 0;
+verr:
+    parsed_clear(out);
+    return 1;
+exc:
+    parsed_clear(out);
+    return -1;
+}
+
+/* the Head's name index (Head.values): lower-cased name -> its values, in order (a new dict, or NULL) */
+static PyObject *build_index(PyObject *headers) {
+    PyObject *index = PyDict_New();
+    if (index == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(headers); i++) {
+        PyObject *pair = PyList_GET_ITEM(headers, i);
+        PyObject *name = PyTuple_GET_ITEM(pair, 0);
+        Py_ssize_t nn = PyBytes_GET_SIZE(name);
+        PyObject *lname = PyBytes_FromStringAndSize(NULL, nn);
+        if (lname == NULL) {
+            Py_DECREF(index);
+            return NULL;
         }
-        result = Py_BuildValue("(OOOiOON)", method, target, version, status, reason, headers, index);
+        const char *src = PyBytes_AS_STRING(name);
+        char *dst = PyBytes_AS_STRING(lname);
+        for (Py_ssize_t k = 0; k < nn; k++) dst[k] = (src[k] >= 'A' && src[k] <= 'Z') ? (char)(src[k] + 32) : src[k];
+        PyObject *values = PyDict_GetItemWithError(index, lname); /* borrowed */
+        int rc;
+        if (values == NULL) {
+            if (PyErr_Occurred())
+                rc = -1;
+            else {
+                values = PyList_New(0);
+                rc = values == NULL ? -1 : PyDict_SetItem(index, lname, values);
+                Py_XDECREF(values); /* the dict holds it */
+            }
+        } else
+            rc = 0;
+        Py_DECREF(lname);
+        if (rc == 0) rc = PyList_Append(values, PyTuple_GET_ITEM(pair, 1));
+        if (rc < 0) {
+            Py_DECREF(index);
+            return NULL;
+        }
     }
-done:
-    Py_XDECREF(method);
-    Py_XDECREF(target);
-    Py_XDECREF(version);
-    Py_XDECREF(reason);
-    Py_XDECREF(headers);
+    return index;
+}
+
+static PyObject *h1_parse_head(PyObject *mod, PyObject *args) {
+    Py_buffer view;
+    int request;
+    if (!PyArg_ParseTuple(args, "y*p", &view, &request)) return NULL;
+    Parsed p;
+    const char *err = NULL;
+    int rc = parse_core((const char *)view.buf, view.len, request, &p, &err);
+    PyBuffer_Release(&view);
+    if (rc == 1) return value_error(err);
+    if (rc < 0) return NULL;
+    PyObject *result = NULL, *index = build_index(p.headers);
+    if (index != NULL)
+        result = Py_BuildValue("(OOOiOON)", p.method, p.target, p.version, p.status, p.reason, p.headers, index);
+    parsed_clear(&p);
+    return result;
+}
+
+/* ---- what Head.tokens / Head.keep_alive / Reader._begin read of the headers ------------------ */
+
+/* bytes.strip() without arguments: ASCII whitespace (Py_ISSPACE) */
+static int is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\x0b' || c == '\x0c'; }
+
+static Span strip_space(const char *p, Py_ssize_t n) {
+    while (n > 0 && is_space(p[0])) {
+        p++;
+        n--;
+    }
+    while (n > 0 && is_space(p[n - 1])) n--;
+    Span s = {p, n};
+    return s;
+}
+
+/* p[0:n] equals lower (a lower-case ASCII literal of length ln), ignoring ASCII case */
+static int ieq(const char *p, Py_ssize_t n, const char *lower, Py_ssize_t ln) {
+    if (n != ln) return 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char c = p[i];
+        if (c >= 'A' && c <= 'Z') c = (char)(c + 32);
+        if (c != lower[i]) return 0;
+    }
+    return 1;
+}
+
+#define IEQ(p, n, lit) ieq((p), (n), lit, (Py_ssize_t)(sizeof(lit) - 1))
+
+/* what a head says about its framing and connection, read as h1.py reads it (Head.tokens, _content_length) */
+typedef struct {
+    int te_any;               /* Head.tokens(b"transfer-encoding") is not empty */
+    int te_chunked_last;      /* ... and its last element is b"chunked" */
+    int cl_count;             /* Content-Length headers */
+    int cl_conflict;          /* the set of their comma-separated, stripped parts has more than one element */
+    Span cl_text;             /* the one element otherwise */
+    int upgrade;              /* an Upgrade header is there */
+    int conn_close, conn_keep_alive, conn_upgrade; /* Head.tokens(b"connection") holds close / keep-alive / upgrade */
+} Facts;
+
+static void read_facts(PyObject *headers, Facts *f) {
+    memset(f, 0, sizeof(*f));
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(headers); i++) {
+        PyObject *pair = PyList_GET_ITEM(headers, i);
+        PyObject *name = PyTuple_GET_ITEM(pair, 0), *value = PyTuple_GET_ITEM(pair, 1);
+        const char *np = PyBytes_AS_STRING(name), *vp = PyBytes_AS_STRING(value);
+        Py_ssize_t nn = PyBytes_GET_SIZE(name), vn = PyBytes_GET_SIZE(value);
+        int kind;
+        if (IEQ(np, nn, "transfer-encoding")) kind = 1;
+        else if (IEQ(np, nn, "content-length")) kind = 2;
+        else if (IEQ(np, nn, "connection")) kind = 3;
+        else if (IEQ(np, nn, "upgrade")) {
+            f->upgrade = 1;
+            continue;
+        } else
+            continue;
+        if (kind == 2) f->cl_count++;
+        /* v.split(b","): every part, the empty ones included */
+        Py_ssize_t a = 0;
+        for (;;) {
+            const char *comma = a < vn ? memchr(vp + a, ',', (size_t)(vn - a)) : NULL;
+            Py_ssize_t b = comma ? (Py_ssize_t)(comma - vp) : vn;
+            Span t = strip_space(vp + a, b - a);
+            if (kind == 2) {
+                if (f->cl_count == 1 && a == 0)
+                    f->cl_text = t; /* the first part of the first Content-Length */
+                else if (!(t.n == f->cl_text.n && (t.n == 0 || memcmp(t.p, f->cl_text.p, (size_t)t.n) == 0)))
+                    f->cl_conflict = 1;
+            } else if (t.n) { /* a token (tokens() keeps the non-empty ones) */
+                if (kind == 1) {
+                    f->te_any = 1;
+                    f->te_chunked_last = IEQ(t.p, t.n, "chunked");
+                } else {
+                    if (IEQ(t.p, t.n, "close")) f->conn_close = 1;
+                    if (IEQ(t.p, t.n, "keep-alive")) f->conn_keep_alive = 1;
+                    if (IEQ(t.p, t.n, "upgrade")) f->conn_upgrade = 1;
+                }
+            }
+            if (comma == NULL) break;
+            a = b + 1;
+        }
+    }
+}
+
+/* Head.keep_alive */
+static int keep_alive(const Facts *f, PyObject *version) {
+    if (f->conn_close) return 0;
+    return !(PyBytes_GET_SIZE(version) == 8 && memcmp(PyBytes_AS_STRING(version), "HTTP/1.0", 8) == 0) || f->conn_keep_alive;
+}
+
+/* Reader._begin's framing of a request: 0 no body, 1 Content-Length (*length), 2 chunked; -1 with *err */
+static int request_framing(const Facts *f, long long *length, const char **err) {
+    *length = 0;
+    if (f->te_any) {
+        if (!f->te_chunked_last) {
+            *err = "request Transfer-Encoding does not end in chunked";
+            return -1;
+        }
+        if (f->cl_count) {
+            *err = "request has both Transfer-Encoding and Content-Length";
+            return -1;
+        }
+        return 2;
+    }
+    if (!f->cl_count) return 0;
+    if (f->cl_conflict) {
+        *err = "conflicting Content-Length values";
+        return -1;
+    }
+    Span t = f->cl_text;
+    if (t.n == 0 || t.n > 18) {
+        *err = "invalid Content-Length";
+        return -1;
+    }
+    long long v = 0;
+    for (Py_ssize_t i = 0; i < t.n; i++) {
+        if (t.p[i] < '0' || t.p[i] > '9') {
+            *err = "invalid Content-Length";
+            return -1;
+        }
+        v = v * 10 + (t.p[i] - '0');
+    }
+    *length = v;
+    return v ? 1 : 0;
+}
+
+/* ---- feed_head: Reader._feed_head up to the framing, one call per head --------------------- */
+
+static PyObject *HeadType = NULL; /* h1.Head (set_head) */
+static PyObject *EmptyTuple = NULL;
+static PyObject *S_raw, *S_method, *S_target, *S_version, *S_status, *S_reason, *S_headers, *S_index, *S_keep_alive;
+
+static PyObject *h1_set_head(PyObject *mod, PyObject *cls) {
+    if (!PyType_Check(cls)) {
+        PyErr_SetString(PyExc_TypeError, "set_head(Head): a class");
+        return NULL;
+    }
+    Py_INCREF(cls);
+    Py_XSETREF(HeadType, cls);
+    Py_RETURN_NONE;
+}
+
+/* a Head as h1.Head(raw, ...) makes it, with its name index and keep_alive filled in (a new reference, or NULL) */
+static PyObject *make_head(PyObject *raw, Parsed *p, PyObject *index, int ka) {
+    PyTypeObject *tp = (PyTypeObject *)HeadType;
+    PyObject *h = tp->tp_new(tp, EmptyTuple, NULL);
+    if (h == NULL) return NULL;
+    PyObject *status = PyLong_FromLong(p->status);
+    if (status == NULL) {
+        Py_DECREF(h);
+        return NULL;
+    }
+    if (PyObject_SetAttr(h, S_raw, raw) < 0 || PyObject_SetAttr(h, S_method, p->method) < 0 ||
+        PyObject_SetAttr(h, S_target, p->target) < 0 || PyObject_SetAttr(h, S_version, p->version) < 0 ||
+        PyObject_SetAttr(h, S_status, status) < 0 || PyObject_SetAttr(h, S_reason, p->reason) < 0 ||
+        PyObject_SetAttr(h, S_headers, p->headers) < 0 || PyObject_SetAttr(h, S_index, index) < 0 ||
+        PyObject_SetAttr(h, S_keep_alive, ka ? Py_True : Py_False) < 0) {
+        Py_DECREF(status);
+        Py_DECREF(h);
+        return NULL;
+    }
+    Py_DECREF(status);
+    return h;
+}
+
+static Py_ssize_t head_end_at(const char *b, Py_ssize_t n, Py_ssize_t start);
+
+/* feed_head(data, pos, buf, request, max_head) -> what Reader._feed_head does with data[pos:] (buf: the unfinished
+   head so far):
+   (0, new_pos, new_buf, pending_from)  the head is unfinished: keep new_buf, pending_from as given;
+   (3, new_pos)                         only empty lines before a request line: nothing kept;
+   (2, start, reason)                   the reader fails at start with reason;
+   (1, new_pos, event_start, head, fail_start, framing, length, hold)
+                                        a head ended at new_pos (the HEAD event's start: event_start). A request's
+                                        framing is decided as Reader._begin decides it (0 no body, 1 Content-Length
+                                        of length, 2 chunked; hold: it asks to switch protocols); a response's is
+                                        left to _begin (framing -1; its ValueError fails at fail_start). */
+static PyObject *h1_feed_head(PyObject *mod, PyObject *const *argv, Py_ssize_t argc) {
+    if (argc != 5) {
+        PyErr_SetString(PyExc_TypeError, "feed_head(data, pos, buf, request, max_head)");
+        return NULL;
+    }
+    if (!PyBytes_Check(argv[2])) {
+        PyErr_SetString(PyExc_TypeError, "feed_head(): buf must be bytes");
+        return NULL;
+    }
+    if (HeadType == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "feed_head(): set_head(Head) was not called");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(argv[1]);
+    if (pos == -1 && PyErr_Occurred()) return NULL;
+    int request = PyObject_IsTrue(argv[3]);
+    if (request < 0) return NULL;
+    Py_ssize_t max_head = PyLong_AsSsize_t(argv[4]);
+    if (max_head == -1 && PyErr_Occurred()) return NULL;
+    PyObject *buf = argv[2];
+    Py_ssize_t bn = PyBytes_GET_SIZE(buf);
+    Py_buffer view;
+    if (PyObject_GetBuffer(argv[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    const char *d = (const char *)view.buf;
+    Py_ssize_t n = view.len;
+    PyObject *result = NULL, *joined = NULL, *raw = NULL, *index = NULL, *head = NULL;
+    Parsed p;
+    memset(&p, 0, sizeof(p));
+    if (pos < 0 || pos > n) {
+        PyErr_SetString(PyExc_ValueError, "feed_head(): pos outside data");
+        goto out;
+    }
+    Py_ssize_t start = pos;
+    if (bn == 0) {
+        /* leading empty lines before a request line are ignored (RFC 9112 section 2.2) */
+        while (request && pos < n && (d[pos] == '\n' || d[pos] == '\r')) pos++;
+        start = pos;
+        if (pos == n) {
+            result = Py_BuildValue("(in)", 3, pos);
+            goto out;
+        }
+    }
+    Py_ssize_t fail_at = bn ? 0 : start;
+    const char *jp;
+    Py_ssize_t jl;
+    if (bn) {
+        if (bn > PY_SSIZE_T_MAX - (n - pos)) {
+            PyErr_NoMemory();
+            goto out;
+        }
+        joined = PyBytes_FromStringAndSize(NULL, bn + (n - pos));
+        if (joined == NULL) goto out;
+        memcpy(PyBytes_AS_STRING(joined), PyBytes_AS_STRING(buf), (size_t)bn);
+        if (n > pos) memcpy(PyBytes_AS_STRING(joined) + bn, d + pos, (size_t)(n - pos));
+        jp = PyBytes_AS_STRING(joined);
+        jl = PyBytes_GET_SIZE(joined);
+    } else {
+        jp = d + pos;
+        jl = n - pos;
+    }
+    Py_ssize_t end = head_end_at(jp, jl, bn > 3 ? bn - 3 : 0);
+    if (end < 0) {
+        if (jl > max_head) {
+            result = Py_BuildValue("(ins)", 2, bn ? (Py_ssize_t)0 : pos, "the head is larger than the reader's limit");
+            goto out;
+        }
+        PyObject *nb = joined;
+        if (nb == NULL) {
+            nb = PyBytes_FromStringAndSize(jp, jl);
+            if (nb == NULL) goto out;
+        } else
+            Py_INCREF(nb);
+        result = Py_BuildValue("(inNn)", 0, n, nb, bn ? (Py_ssize_t)0 : start);
+        goto out;
+    }
+    Py_ssize_t consumed = end - bn; /* bytes of this data that belong to the head */
+    if (end > max_head) {
+        result = Py_BuildValue("(ins)", 2, fail_at, "the head is larger than the reader's limit");
+        goto out;
+    }
+    raw = PyBytes_FromStringAndSize(jp, end);
+    if (raw == NULL) goto out;
+    const char *err = NULL;
+    int rc = parse_core(PyBytes_AS_STRING(raw), end, request, &p, &err);
+    if (rc < 0) goto out;
+    if (rc == 1) {
+        result = Py_BuildValue("(ins)", 2, fail_at, err);
+        goto out;
+    }
+    Facts f;
+    read_facts(p.headers, &f);
+    int framing = -1, hold = 0;
+    long long length = 0;
+    if (request) {
+        framing = request_framing(&f, &length, &err);
+        if (framing < 0) {
+            result = Py_BuildValue("(ins)", 2, fail_at, err);
+            goto out;
+        }
+        hold = (PyBytes_GET_SIZE(p.method) == 7 && memcmp(PyBytes_AS_STRING(p.method), "CONNECT", 7) == 0) ||
+               (f.upgrade && f.conn_upgrade);
+    }
+    index = build_index(p.headers);
+    if (index == NULL) goto out;
+    head = make_head(raw, &p, index, keep_alive(&f, p.version));
+    if (head == NULL) goto out;
+    result = Py_BuildValue("(innOniLO)", 1, pos + consumed, bn ? (Py_ssize_t)-1 : start, head, fail_at, framing, length,
+                           hold ? Py_True : Py_False);
+out:
+    parsed_clear(&p);
+    Py_XDECREF(head);
+    Py_XDECREF(index);
+    Py_XDECREF(raw);
+    Py_XDECREF(joined);
     PyBuffer_Release(&view);
     return result;
 }
 
+/* ---- rewrite_head: headers.rewrite_request_head's bytes ----------------------------------- */
+
+/* the bytes in a request head's start line after _prefixed (len; *split: where the prefix goes, or -1) */
+static Py_ssize_t prefixed_len(const char *line, Py_ssize_t n, Py_ssize_t plen, Py_ssize_t *split) {
+    *split = -1;
+    if (plen == 0) return n;
+    const char *sp = memchr(line, ' ', (size_t)n);
+    if (sp == NULL) return n; /* partition: rest b"" does not start with "/" */
+    Py_ssize_t at = (sp - line) + 1;
+    if (at < n && line[at] == '/') {
+        *split = at;
+        return n + plen;
+    }
+    return n;
+}
+
+/* the name rewrite_request_head reads off a header line: line[: line.find(b":")] */
+static Span line_name(const char *line, Py_ssize_t n) {
+    const char *colon = n > 0 ? memchr(line, ':', (size_t)n) : NULL;
+    Span s = {line, colon ? (Py_ssize_t)(colon - line) : (n > 0 ? n - 1 : 0)};
+    return s;
+}
+
+static int dropped(Span name, int drop_host) {
+    return IEQ(name.p, name.n, "traceparent") || IEQ(name.p, name.n, "tracestate") || (drop_host && IEQ(name.p, name.n, "host"));
+}
+
+/* rewrite_head(raw, host_header, target_prefix, additions) -> bytes: rewrite_request_head's head for a parsed head
+   ``raw`` (host_header: bytes or None; additions: [(name, value), ...] bytes, from headers._additions) */
+static PyObject *h1_rewrite_head(PyObject *mod, PyObject *const *argv, Py_ssize_t argc) {
+    if (argc != 4) {
+        PyErr_SetString(PyExc_TypeError, "rewrite_head(raw, host_header, target_prefix, additions)");
+        return NULL;
+    }
+    PyObject *rawo = argv[0], *host = argv[1], *prefix = argv[2], *adds = argv[3];
+    if (!PyBytes_Check(rawo) || !(host == Py_None || PyBytes_Check(host)) || !PyBytes_Check(prefix) || !PyList_Check(adds)) {
+        PyErr_SetString(PyExc_TypeError, "rewrite_head(): raw, target_prefix bytes, host_header bytes or None, additions a list");
+        return NULL;
+    }
+    Py_ssize_t nadd = PyList_GET_SIZE(adds);
+    for (Py_ssize_t i = 0; i < nadd; i++) {
+        PyObject *a = PyList_GET_ITEM(adds, i);
+        if (!PyTuple_Check(a) || PyTuple_GET_SIZE(a) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(a, 0)) || !PyBytes_Check(PyTuple_GET_ITEM(a, 1))) {
+            PyErr_SetString(PyExc_TypeError, "rewrite_head(): additions must be (bytes, bytes) pairs");
+            return NULL;
+        }
+    }
+    const char *raw = PyBytes_AS_STRING(rawo), *pre = PyBytes_AS_STRING(prefix);
+    Py_ssize_t len = PyBytes_GET_SIZE(rawo), plen = PyBytes_GET_SIZE(prefix);
+    int drop_host = host != Py_None;
+    Py_ssize_t crlf = (len >= 2 && raw[len - 2] == '\r' && raw[len - 1] == '\n') ? 2 : 1;
+    /* lines = raw.split(b"\n"): k of them; the header lines are lines[1:k-2] */
+    Py_ssize_t k = 1;
+    for (const char *q = raw; (q = memchr(q, '\n', (size_t)(raw + len - q))) != NULL; q++) k++;
+    const char *first_nl = memchr(raw, '\n', (size_t)len);
+    Py_ssize_t l0 = first_nl ? (Py_ssize_t)(first_nl - raw) : len; /* lines[0] */
+    /* pass 1: are lines dropped (or is there a prefix), and how long is the body */
+    int need_lines = plen > 0;
+    Py_ssize_t split, body_len = prefixed_len(raw, l0, plen, &split) + 1;
+    {
+        Py_ssize_t pos = l0 + 1, idx = 1;
+        int skip = 0;
+        while (idx <= k - 3) {
+            const char *nl = memchr(raw + pos, '\n', (size_t)(len - pos)); /* (there is one: idx < k - 1) */
+            Py_ssize_t n = (Py_ssize_t)(nl - raw) - pos;
+            const char *line = raw + pos;
+            if (!(n > 0 && (line[0] == ' ' || line[0] == '\t'))) skip = dropped(line_name(line, n), drop_host);
+            if (skip) need_lines = 1;
+            else body_len += n + 1;
+            pos += n + 1;
+            idx++;
+        }
+    }
+    if (!need_lines) body_len = len > crlf ? len - crlf : 0; /* raw[: len(raw) - len(crlf)] */
+    Py_ssize_t total = body_len;
+    Py_ssize_t nparts = nadd + (drop_host ? 1 : 0);
+    if (drop_host) total += 6 + PyBytes_GET_SIZE(host);
+    for (Py_ssize_t i = 0; i < nadd; i++) {
+        PyObject *a = PyList_GET_ITEM(adds, i);
+        total += PyBytes_GET_SIZE(PyTuple_GET_ITEM(a, 0)) + 2 + PyBytes_GET_SIZE(PyTuple_GET_ITEM(a, 1));
+    }
+    total += (nparts > 1 ? (nparts - 1) * crlf : 0) + 2 * crlf;
+    PyObject *res = PyBytes_FromStringAndSize(NULL, total);
+    if (res == NULL) return NULL;
+    char *w = PyBytes_AS_STRING(res);
+    const char *eol = crlf == 2 ? "\r\n" : "\n";
+    if (!need_lines) {
+        memcpy(w, raw, (size_t)body_len);
+        w += body_len;
+    } else {
+        if (split >= 0) {
+            memcpy(w, raw, (size_t)split);
+            memcpy(w + split, pre, (size_t)plen);
+            memcpy(w + split + plen, raw + split, (size_t)(l0 - split));
+            w += l0 + plen;
+        } else {
+            memcpy(w, raw, (size_t)l0);
+            w += l0;
+        }
+        *w++ = '\n';
+        Py_ssize_t pos = l0 + 1, idx = 1;
+        int skip = 0;
+        while (idx <= k - 3) {
+            const char *nl = memchr(raw + pos, '\n', (size_t)(len - pos));
+            Py_ssize_t n = (Py_ssize_t)(nl - raw) - pos;
+            const char *line = raw + pos;
+            if (!(n > 0 && (line[0] == ' ' || line[0] == '\t'))) skip = dropped(line_name(line, n), drop_host);
+            if (!skip) {
+                memcpy(w, line, (size_t)n);
+                w += n;
+                *w++ = '\n';
+            }
+            pos += n + 1;
+            idx++;
+        }
+    }
+    Py_ssize_t part = 0;
+    if (drop_host) {
+        memcpy(w, "Host: ", 6);
+        memcpy(w + 6, PyBytes_AS_STRING(host), (size_t)PyBytes_GET_SIZE(host));
+        w += 6 + PyBytes_GET_SIZE(host);
+        part++;
+    }
+    for (Py_ssize_t i = 0; i < nadd; i++, part++) {
+        PyObject *a = PyList_GET_ITEM(adds, i);
+        PyObject *nm = PyTuple_GET_ITEM(a, 0), *vl = PyTuple_GET_ITEM(a, 1);
+        if (part) {
+            memcpy(w, eol, (size_t)crlf);
+            w += crlf;
+        }
+        memcpy(w, PyBytes_AS_STRING(nm), (size_t)PyBytes_GET_SIZE(nm));
+        w += PyBytes_GET_SIZE(nm);
+        *w++ = ':';
+        *w++ = ' ';
+        memcpy(w, PyBytes_AS_STRING(vl), (size_t)PyBytes_GET_SIZE(vl));
+        w += PyBytes_GET_SIZE(vl);
+    }
+    memcpy(w, eol, (size_t)crlf);
+    memcpy(w + crlf, eol, (size_t)crlf);
+    w += 2 * crlf;
+    if (w != PyBytes_AS_STRING(res) + total) { /* (cannot happen: the two passes count the same bytes) */
+        Py_DECREF(res);
+        PyErr_SetString(PyExc_SystemError, "rewrite_head(): length mismatch");
+        return NULL;
+    }
+    return res;
+}
+
 /* ---- head_end -------------------------------------------------------------------------- */
 
-static PyObject *h1_head_end(PyObject *mod, PyObject *args) {
-    Py_buffer view;
-    Py_ssize_t start;
-    if (!PyArg_ParseTuple(args, "y*n", &view, &start)) return NULL;
-    const char *b = (const char *)view.buf;
-    Py_ssize_t n = view.len, found = -1;
+static Py_ssize_t head_end_at(const char *b, Py_ssize_t n, Py_ssize_t start) {
     if (start < 0) start = 0;
     Py_ssize_t i = start;
     while (i < n) {
         const char *nl = memchr(b + i, '\n', (size_t)(n - i));
         if (nl == NULL) break;
         Py_ssize_t j = (nl - b) + 1;
-        if (j < n && b[j] == '\n') {
-            found = j + 1;
-            break;
-        }
-        if (j + 1 < n && b[j] == '\r' && b[j + 1] == '\n') {
-            found = j + 2;
-            break;
-        }
+        if (j < n && b[j] == '\n') return j + 1;
+        if (j + 1 < n && b[j] == '\r' && b[j + 1] == '\n') return j + 2;
         i = j;
     }
+    return -1;
+}
+
+static PyObject *h1_head_end(PyObject *mod, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "y*n", &view, &start)) return NULL;
+    Py_ssize_t found = head_end_at((const char *)view.buf, view.len, start);
     PyBuffer_Release(&view);
     return PyLong_FromSsize_t(found);
 }
@@ -546,6 +1017,11 @@ fail_nobuf:
 
 static PyMethodDef methods[] = {
     {"parse_head", h1_parse_head, METH_VARARGS, "parse_head(raw, request) -> (method, target, version, status, reason, headers, index)"},
+    {"feed_head", (PyCFunction)(void (*)(void))h1_feed_head, METH_FASTCALL,
+     "feed_head(data, pos, buf, request, max_head) -> Reader._feed_head's outcome (see the source)"},
+    {"set_head", h1_set_head, METH_O, "set_head(Head): the class feed_head makes heads of"},
+    {"rewrite_head", (PyCFunction)(void (*)(void))h1_rewrite_head, METH_FASTCALL,
+     "rewrite_head(raw, host_header, target_prefix, additions) -> headers.rewrite_request_head's bytes"},
     {"head_end", h1_head_end, METH_VARARGS, "head_end(buf, start) -> offset past the head's empty line, or -1"},
     {"body", (PyCFunction)(void (*)(void))body_impl, METH_FASTCALL, "body(data, pos, state, remaining, buf, out) -> (pos, state, remaining, buf, how, arg)"},
     {NULL, NULL, 0, NULL},
@@ -555,5 +1031,19 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_h1", "C accelerator
 
 PyMODINIT_FUNC PyInit__h1(void) {
     init_tables();
+    if (EmptyTuple == NULL) {
+        EmptyTuple = PyTuple_New(0);
+        if (EmptyTuple == NULL) return NULL;
+        struct {
+            PyObject **slot;
+            const char *name;
+        } names[] = {{&S_raw, "raw"},         {&S_method, "method"}, {&S_target, "target"},   {&S_version, "version"},
+                     {&S_status, "status"},   {&S_reason, "reason"}, {&S_headers, "headers"}, {&S_index, "_index"},
+                     {&S_keep_alive, "_keep_alive"}};
+        for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+            *names[i].slot = PyUnicode_InternFromString(names[i].name);
+            if (*names[i].slot == NULL) return NULL;
+        }
+    }
     return PyModule_Create(&module);
 }

@@ -56,7 +56,7 @@ class Head:
     """A message head as sent. ``headers``: ``[(name, value), ...]`` bytes, in order, names as cased, values
     without surrounding whitespace; :meth:`get` and :meth:`values` look names up case-insensitively."""
 
-    __slots__ = ("raw", "method", "target", "version", "status", "reason", "headers", "_index")
+    __slots__ = ("raw", "method", "target", "version", "status", "reason", "headers", "_index", "_keep_alive")
 
     def __init__(self, raw: bytes, method: bytes, target: bytes, version: bytes, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None:
         self.raw = raw
@@ -67,6 +67,7 @@ class Head:
         self.reason = reason
         self.headers = headers
         self._index: dict[bytes, list[bytes]] | None = None
+        self._keep_alive: bool | None = None  # (keep_alive, once asked; the accelerator's reader fills it in)
 
     def values(self, lname: bytes) -> list[bytes]:
         """Every value of the header named ``lname`` (lower case), in order."""
@@ -88,10 +89,11 @@ class Head:
     @property
     def keep_alive(self) -> bool:
         """Whether the sender means to keep the connection open after this message (RFC 9112 section 9.3)."""
-        conn = self.tokens(b"connection")
-        if b"close" in conn:
-            return False
-        return self.version != b"HTTP/1.0" or b"keep-alive" in conn
+        ka = self._keep_alive
+        if ka is None:
+            conn = self.tokens(b"connection")
+            ka = self._keep_alive = b"close" not in conn and (self.version != b"HTTP/1.0" or b"keep-alive" in conn)
+        return ka
 
     def __repr__(self) -> str:
         first = self.raw.split(b"\n", 1)[0].rstrip(b"\r")
@@ -318,6 +320,35 @@ class Reader:
         return []
 
     def _feed_head(self, data: bytes, pos: int, out: list[tuple]) -> int:
+        if _acc is not None:  # the C accelerator: this method and a request's framing (_begin) in one call
+            r = _acc.feed_head(data, pos, self._buf, self.request, self.max_head)
+            kind = r[0]
+            if kind == 1:  # (1, new_pos, event_start, head, fail_start, framing, length, hold)
+                self._buf = b""
+                new_pos, head, framing = r[1], r[3], r[5]
+                if framing < 0:  # a response: framed by _begin
+                    try:
+                        self._begin(head, out, r[2], new_pos)
+                    except ValueError as exc:
+                        return self._fail(out, r[4], str(exc))
+                    return new_pos
+                self.head = head  # a request, framed as _begin frames it
+                out.append((HEAD, r[2], new_pos, head))
+                self._hold = r[7]
+                if framing == 1:
+                    self._state = _S_LENGTH
+                    self._remaining = r[6]
+                elif framing == 2:
+                    self._state = _S_CHUNK_SIZE
+                else:
+                    self._end(out, new_pos)
+                return new_pos
+            if kind == 0:  # (0, new_pos, buf, pending_from): the head goes on in a later read
+                self._buf, self.pending_from = r[2], r[3]
+                return r[1]
+            if kind == 3:  # (3, new_pos): only empty lines before a request line
+                return r[1]
+            return self._fail(out, r[1], r[2])  # (2, start, reason)
         start = pos
         if not self._buf:
             # leading empty lines before a request line are ignored (RFC 9112 section 2.2)
@@ -514,8 +545,11 @@ def _py_head_end(buf: bytes, start: int) -> int:
 
 _head_end = _py_head_end
 _BODY_STATES = frozenset({_S_LENGTH, _S_CHUNK_SIZE, _S_CHUNK_DATA, _S_CHUNK_CRLF, _S_TRAILER})
-_acc = native.load("deltatap.net._h1", __name__)  # parse_head, _head_end and the body states in C (h1.py is the definition)
+# parse_head, _head_end, Reader._feed_head with a request's framing, the body states, and the request head's rewrite
+# (deltatap.proxy.headers) in C; h1.py and headers.py are the definition
+_acc = native.load("deltatap.net._h1", __name__)
 _body = None
 if _acc is not None:
+    _acc.set_head(Head)
     _head_end = _acc.head_end
     _body = _acc.body
