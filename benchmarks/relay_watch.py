@@ -1,12 +1,15 @@
-"""CPU the tap's relay spends watching one response read (in-process, no sockets): the hot path
-(:meth:`deltatap.proxy.relay.Upstream._watch` on a read of body bytes alone) against the general loop it replaced
-(:meth:`Upstream._watch_events`, the relay's watch step before the hot path, kept as the reference).
+"""CPU the tap's relay spends watching one response read (in-process, no sockets): the C accelerator
+(``native``: :data:`deltatap.proxy.relay._watch_read`, proxy/_relay.c, what :meth:`Upstream.data_received` calls for a
+read of body bytes alone: framing, counters, observer and its forwarded bookkeeping in one C call), the Python hot
+path (``hot``: :meth:`deltatap.proxy.relay.Upstream._watch` after the framing reader's ``feed``, which the accelerator
+replaces and which runs when it is off or not built) and the general loop it replaced (``reference``:
+:meth:`Upstream._watch_events`, the relay's watch step before the hot path).
 
 Each response is the stream benchmarks/tap_mock_upstream.py writes (aiohttp, chunked: the head, a role event,
 ``--tokens`` content events, a usage event, [DONE], the last chunk), read one write per read. Only the body reads
 between the head and the last chunk are timed (process CPU time), through the same framing reader and stream
-observer either way, so the difference is the relay's own Python. Paths alternate each round (shuffled);
-figures are the median of the rounds.
+observer either way (the C observer, when built), so the difference is the relay's own per-read steps. Paths
+alternate each round (shuffled); figures are the median of the rounds.
 
     .venv/bin/python benchmarks/relay_watch.py [--responses 20000] [--rounds 5] [--tokens 8]
 
@@ -27,8 +30,10 @@ from pathlib import Path
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from deltatap.core.fingerprint import Fingerprinter
+from deltatap.core.native import status as native_status
 from deltatap.proxy import TapOptions
 from deltatap.proxy.record import TapRecord
+from deltatap.proxy import relay
 from deltatap.proxy.relay import Downstream, Exchange, Upstream
 from deltatap.proxy.server import Tap
 from deltatap.proxy.spans import begin
@@ -47,7 +52,10 @@ def reads(tokens: int) -> list[bytes]:
     return [head, *(b"%x\r\n" % len(e) + e + b"\r\n" for e in events), b"0\r\n\r\n"]
 
 
-def run(tap: Tap, stream: list[bytes], responses: int, hot: bool) -> float:
+PATHS = ("native", "hot", "reference")
+
+
+def run(tap: Tap, stream: list[bytes], responses: int, path: str) -> float:
     """CPU seconds spent watching the body reads of ``responses`` responses."""
     spent = 0.0
     t = 1_000_000
@@ -62,12 +70,19 @@ def run(tap: Tap, stream: list[bytes], responses: int, hot: bool) -> float:
         d.exchanges.append(ex)
         reader = up.reader
         reader.expect(b"POST")
-        watch = up._watch if hot else up._watch_events
+        watch = up._watch_events if path == "reference" else up._watch
+        native = relay._watch_read if path == "native" else None
         up._watch(d, stream[0], reader.feed(stream[0]), t, 0, t + 10, 0)  # the head (untimed)
         c0 = time.process_time()
-        for data in stream[1:-1]:
-            t += 1_000_000
-            watch(d, data, reader.feed(data), t, 0, t + 10, 0)
+        if native is not None:  # (as Upstream.data_received: the C call, the Python path for what it does not take)
+            for data in stream[1:-1]:
+                t += 1_000_000
+                if not native(up, d, data, t, 0, t + 10, 0):
+                    watch(d, data, reader.feed(data), t, 0, t + 10, 0)
+        else:
+            for data in stream[1:-1]:
+                t += 1_000_000
+                watch(d, data, reader.feed(data), t, 0, t + 10, 0)
         spent += time.process_time() - c0
         up._watch(d, stream[-1], reader.feed(stream[-1]), t, 0, t + 10, 0)  # the end (untimed: the span is built)
         assert ex.done and ex.rec.stream is not None and ex.rec.stream.tokens == len(stream) - 5
@@ -85,34 +100,39 @@ def main() -> int:
     tap = Tap(TapOptions(upstream="http://127.0.0.1:9", link="fw-engine"), telemetry)
     stream = reads(args.tokens)
     body_reads = len(stream) - 2
-    per_read: dict[str, list[float]] = {"hot": [], "reference": []}
-    run(tap, stream, 200, True)  # warm-up
-    run(tap, stream, 200, False)
+    paths = [p for p in PATHS if p != "native" or relay._watch_read is not None]
+    per_read: dict[str, list[float]] = {p: [] for p in paths}
+    for path in paths:
+        run(tap, stream, 200, path)  # warm-up
     for rnd in range(args.rounds):
-        order = ["hot", "reference"]
+        order = list(paths)
         random.Random(rnd).shuffle(order)
         for path in order:
-            s = run(tap, stream, args.responses, path == "hot")
+            s = run(tap, stream, args.responses, path)
             per_read[path].append(s / (args.responses * body_reads) * 1e6)
     telemetry.shutdown()
     med = {k: round(statistics.median(v), 3) for k, v in per_read.items()}
     result = {
         "command": "python benchmarks/relay_watch.py " + " ".join(sys.argv[1:]),
-        "what": "process CPU microseconds per response body read spent in the relay's watch step (framing reader and stream "
-                "observer included, the same in both): hot = Upstream._watch, reference = Upstream._watch_events (the loop "
-                "every read went through before); median of the rounds",
+        "what": "process CPU microseconds per response body read spent in the relay's watch step (framing and stream "
+                "observer included): native = the C accelerator relay._watch_read (proxy/_relay.c; absent when not built or "
+                "DELTATAP_NATIVE turns it off), hot = Upstream._watch after Reader.feed (the Python path), reference = "
+                "Upstream._watch_events (the loop every read went through before the hot path); median of the rounds",
+        "accelerators": native_status(),
         "tokens_per_stream": args.tokens,
         "body_reads_per_response": body_reads,
         "responses_per_round": args.responses,
         "us_per_read": med,
         "us_per_read_rounds": {k: [round(x, 3) for x in v] for k, v in per_read.items()},
         "saved_us_per_response": round((med["reference"] - med["hot"]) * body_reads, 2),
+        "native_saved_us_per_response": round((med["hot"] - med["native"]) * body_reads, 2) if "native" in med else None,
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({"us_per_read": med, "saved_us_per_response": result["saved_us_per_response"]}))
+    print(json.dumps({"us_per_read": med, "saved_us_per_response": result["saved_us_per_response"],
+                      "native_saved_us_per_response": result["native_saved_us_per_response"]}))
     return 0
 
 

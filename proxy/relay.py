@@ -28,6 +28,8 @@ from collections import deque
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
+from deltatap.core import native
+from deltatap.core import sse as _sse
 from deltatap.core.clock import mono_ns as mono
 from deltatap.core.fingerprint import Fingerprinter
 from deltatap.core.sse import StreamObserver
@@ -56,6 +58,23 @@ UPSTREAM_CONNECT_TIMEOUT_S: float | None = None
 # what is kept of the bytes sent on a pooled upstream connection until it answers, to send again if it turns out
 # closed (Downstream.retry_stale); a request larger than this is not sent again (its client gets the close)
 REPLAY_MAX_BYTES = 1 << 20
+
+
+_TARGETS_MAX = 1024
+_targets: dict[bytes, tuple[str, str]] = {}  # the last distinct request targets' (path, query): a client sends the same few
+
+
+def _path_query(target: bytes) -> tuple[str, str]:
+    """The span's ``url.path`` and ``url.query`` of a request target (remembered in ``_targets``)."""
+    text = target.decode("latin-1")
+    path, _, query = text.partition("?")
+    path = path.partition("#")[0]
+    if "://" in path:  # absolute-form: the path part
+        path = "/" + path.split("://", 1)[1].partition("/")[2]
+    if len(_targets) >= _TARGETS_MAX:
+        _targets.clear()
+    out = _targets[target] = (path, query.partition("#")[0])
+    return out
 
 
 class Exchange:
@@ -369,12 +388,8 @@ class Downstream(_Side):
         head, first, span, request_id, created = begun
         tap = self.tap
         o = tap.o
-        target = head.target.decode("latin-1")
-        path, _, query = target.partition("?")
-        path = path.partition("#")[0]
-        if "://" in path:  # absolute-form: the path part
-            path = "/" + path.split("://", 1)[1].partition("/")[2]
-        rec = TapRecord(received=first[0], head=at[0], method=head.method.decode("latin-1"), path=path, query=query.partition("#")[0],
+        path_query = _targets.get(head.target) or _path_query(head.target)
+        rec = TapRecord(received=first[0], head=at[0], method=head.method.decode("latin-1"), path=path_query[0], query=path_query[1],
                         client_address=self.peer, request_id=request_id, request_id_created=created)
         rec.bounds[TapEvent.REQUEST_RECEIVED] = (first[1], 0)
         ex = Exchange(rec, span, Fingerprinter(tap.fp_key), head.method)
@@ -619,6 +634,8 @@ class Upstream(_Side):
         tw, bw = d.send(data)
         t = self.last_read_t = k.rx_mono_ns
         bound = self.last_read_bound = k.rx_bound_ns
+        if _watch_read is not None and _watch_read(self, d, data, t, bound, tw, bw):
+            return  # (body bytes alone: framed, counted and observed in one C call; see _relay.c)
         self._watch(d, data, self.reader.feed(data), t, bound, tw, bw)
 
     def on_data(self, data: bytes, t: int, bound: int) -> None:
@@ -637,6 +654,8 @@ class Upstream(_Side):
             elif d.exchanges:
                 self._opaque_bytes(d, data, t, bound, tw, bw)
             return
+        if _watch_read is not None and _watch_read(self, d, data, t, bound, tw, bw):
+            return
         events = self.reader.feed(data)
         self._watch(d, data, events, t, bound, tw, bw)
 
@@ -649,6 +668,12 @@ class Upstream(_Side):
             return
         tw, bw = d.send(data)
         d.replay = None
+        if _watch_cuts is not None:  # (the pieces of body bytes alone in C; the loop below goes on from the first other)
+            i = _watch_cuts(self, d, data, pieces, tw, bw)
+            if i:
+                if i == len(pieces):
+                    return
+                pieces = pieces[i:]
         reader = self.reader
         for start, end, t, bound in pieces:
             self.last_read_t, self.last_read_bound = t, bound
@@ -903,6 +928,17 @@ class Upstream(_Side):
             rec.upstream_closed = self.lost_mono_ns or mono()
             d.exchanges.remove(ex)
             d._complete(ex)
+
+
+# the response side's accelerator (proxy/_relay.c): a read of body bytes alone is framed (h1's C body step), counted,
+# observed (the C stream observer) and told forwarded in one C call; any other read takes Upstream._watch (the definition)
+_watch_read = _watch_cuts = None
+_relay_acc = native.load("deltatap.proxy._relay", __name__)
+if _relay_acc is not None and h1._body is not None:
+    _native_observer = StreamObserver._native and _sse._ObservingParser is not None
+    _relay_acc.setup(h1._body, h1._BODY_STATES, StreamObserver if _native_observer else None,
+                     _sse._ObservingParser, _sse._gaps_observe)
+    _watch_read, _watch_cuts = _relay_acc.watch, _relay_acc.watch_cuts
 
 
 _CLOSED = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_closed", "the upstream closed the connection before the response began")

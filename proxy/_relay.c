@@ -1,0 +1,422 @@
+/* The C accelerator of deltatap.proxy.relay's response side: one C call per upstream read (and per cuts list).
+
+relay.py is the definition (Upstream._watch, _body and StreamObserver.forwarded, after h1.Reader.feed); this module
+does exactly what they do for the usual read, and nothing for any other:
+
+* watch(up, d, data, t, bound, tw, bw) -> bool: one read of ``up`` (an Upstream), already forwarded by ``d``'s
+  write (tw, bw). It handles the read only when it is body bytes alone: the response reader is in a body state
+  (Content-Length, chunk size / data / CRLF, trailers) and its framing (h1's C ``body`` step, called as h1.Reader.feed
+  calls it) uses the whole read without the message ending or the framing failing; the downstream's last write is
+  placed (``d.unplaced is None``); an exchange waits; its response has a stream observer (a StreamObserver with the
+  C observer, ``SseParser.observe``) or neither an observer nor a capture. Then it writes the reader's new state,
+  counts each BODY piece on the record (``response_bytes``), feeds it to the observer (``observe``, what
+  StreamObserver.feed calls), counts the read (``chunks``, ``end``) and does the observer's ``forwarded``
+  bookkeeping, in the order the Python does, and returns True. Otherwise it changes nothing and returns False:
+  the caller runs the Python path for the whole read (a head, a message end, a framing error, a placed write,
+  a capture, a state this does not handle).
+* watch_cuts(up, d, data, pieces, tw, bw) -> int: Upstream.cuts_received's loop over ``pieces``
+  (``[(start, end, t, bound), ...]``), each piece as watch() would take it (and ``up.last_read_t``/``_bound`` set
+  as the loop sets them); returns how many pieces it handled: the caller's loop goes on from there.
+
+An exception raised inside (by the observer's Python ``take``, say) propagates with the same changes made as the
+Python path makes before it raises. tests/proxy/test_relay_native.py compares both paths on generated responses.
+
+Every object read is type-checked before its contents are used; references are held across every call back into
+Python and released on every path; no buffer is copied except the bytes object of a piece (as the Python slices). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+static PyObject *Body;         /* deltatap.net._h1.body (h1._body) */
+static PyObject *BodyStates;   /* h1._BODY_STATES (a frozenset of ints) */
+static PyObject *ObserverType; /* deltatap.core.sse.StreamObserver, or None: no observer path */
+static PyObject *ParserType;   /* deltatap.core._content.SseParser (the observing parser) */
+static PyObject *GapsObserve;  /* deltatap.core._content.gaps_observe */
+static PyObject *Zero;
+static PyObject *S_reader, *S_state, *S_remaining, *S_buf, *S_pending_from, *S_unplaced, *S_exchanges, *S_rec,
+    *S_stream, *S_capture_out, *S_response_bytes, *S_chunks, *S_end, *S_last_unplaced, *S_parser, *S_observe,
+    *S_unfwd, *S_unfwd_first, *S_gaps_forwarded, *S_ltf_t, *S_ltf_b, *S_ftf_t, *S_ftf_b, *S_plain, *S_last_read_t,
+    *S_last_read_bound;
+
+/* what one call watches with: taken once (a cuts list's pieces share it: nothing the fast path does changes it) */
+typedef struct {
+    PyObject *reader, *ex, *rec, *obs, *parser; /* owned; obs and parser NULL: count only */
+} Ctx;
+
+static void ctx_clear(Ctx *c) {
+    Py_CLEAR(c->reader);
+    Py_CLEAR(c->ex);
+    Py_CLEAR(c->rec);
+    Py_CLEAR(c->obs);
+    Py_CLEAR(c->parser);
+}
+
+/* 1: the read may take the fast path (c filled); 0: it may not (c empty); -1: an error */
+static int ctx_take(Ctx *c, PyObject *up, PyObject *d) {
+    PyObject *v;
+    memset(c, 0, sizeof(*c));
+    if (Body == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "deltatap.proxy._relay.setup() was not called");
+        return -1;
+    }
+    v = PyObject_GetAttr(d, S_unplaced);
+    if (v == NULL) return -1;
+    int placed = v == Py_None;
+    Py_DECREF(v);
+    if (!placed) return 0;
+    PyObject *exs = PyObject_GetAttr(d, S_exchanges);
+    if (exs == NULL) return -1;
+    Py_ssize_t n = PyObject_Size(exs);
+    if (n <= 0) {
+        Py_DECREF(exs);
+        return n < 0 ? -1 : 0;
+    }
+    c->ex = PySequence_GetItem(exs, 0);
+    Py_DECREF(exs);
+    if (c->ex == NULL) return -1;
+    if ((c->rec = PyObject_GetAttr(c->ex, S_rec)) == NULL) goto error;
+    PyObject *obs = PyObject_GetAttr(c->rec, S_stream);
+    if (obs == NULL) goto error;
+    if (obs == Py_None) {
+        Py_DECREF(obs);
+        v = PyObject_GetAttr(c->ex, S_capture_out);
+        if (v == NULL) goto error;
+        int capturing = v != Py_None;
+        Py_DECREF(v);
+        if (capturing) goto no; /* (a capture: Python's) */
+    } else {
+        c->obs = obs;
+        /* StreamObserver itself (a subclass may watch differently) with the C observer */
+        if (ObserverType == Py_None || (PyObject *)Py_TYPE(obs) != ObserverType) goto no;
+        if ((c->parser = PyObject_GetAttr(obs, S_parser)) == NULL) goto error;
+        if ((PyObject *)Py_TYPE(c->parser) != ParserType) goto no;
+    }
+    if ((c->reader = PyObject_GetAttr(up, S_reader)) == NULL) goto error;
+    return 1;
+no:
+    ctx_clear(c);
+    return 0;
+error:
+    ctx_clear(c);
+    return -1;
+}
+
+/* obj.name += n */
+static int add_to(PyObject *obj, PyObject *name, Py_ssize_t n) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    PyObject *dn = PyLong_FromSsize_t(n);
+    if (dn == NULL) {
+        Py_DECREF(v);
+        return -1;
+    }
+    PyObject *s = PyNumber_Add(v, dn);
+    Py_DECREF(v);
+    Py_DECREF(dn);
+    if (s == NULL) return -1;
+    int rc = PyObject_SetAttr(obj, name, s);
+    Py_DECREF(s);
+    return rc;
+}
+
+/* StreamObserver.forwarded(tw, bw) (its native branch: the observer's gaps are GapCore) */
+static int forwarded(PyObject *obs, PyObject *tw, PyObject *bw) {
+    PyObject *unf = PyObject_GetAttr(obs, S_unfwd);
+    if (unf == NULL) return -1;
+    PyObject *gaps = PyObject_GetAttr(obs, S_gaps_forwarded);
+    if (gaps == NULL) {
+        Py_DECREF(unf);
+        return -1;
+    }
+    PyObject *args[3] = {gaps, tw, unf};
+    PyObject *r = PyObject_Vectorcall(GapsObserve, args, 3, NULL);
+    Py_DECREF(gaps);
+    if (r == NULL) {
+        Py_DECREF(unf);
+        return -1;
+    }
+    Py_DECREF(r);
+    int any = PyObject_IsTrue(unf);
+    Py_DECREF(unf);
+    if (any < 0) return -1;
+    if (any && (PyObject_SetAttr(obs, S_ltf_t, tw) < 0 || PyObject_SetAttr(obs, S_ltf_b, bw) < 0)) return -1;
+    PyObject *first = PyObject_GetAttr(obs, S_unfwd_first);
+    if (first == NULL) return -1;
+    int had = PyObject_IsTrue(first);
+    Py_DECREF(first);
+    if (had < 0) return -1;
+    if (had && (PyObject_SetAttr(obs, S_ftf_t, tw) < 0 || PyObject_SetAttr(obs, S_ftf_b, bw) < 0)) return -1;
+    if (PyObject_SetAttr(obs, S_unfwd, Zero) < 0 || PyObject_SetAttr(obs, S_unfwd_first, Py_False) < 0) return -1;
+    return 0;
+}
+
+/* one read (or piece): 1 watched, 0 not taken (nothing changed), -1 an error (raised, after what the Python path
+   changes before it raises) */
+static int watch_one(Ctx *c, PyObject *data, PyObject *t, PyObject *bound, PyObject *tw, PyObject *bw) {
+    if (!PyBytes_Check(data)) return 0;
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
+    if (n == 0) return 0;
+    PyObject *reader = c->reader;
+    PyObject *state = PyObject_GetAttr(reader, S_state);
+    if (state == NULL) return -1;
+    int in_body = PySet_Contains(BodyStates, state);
+    if (in_body <= 0) {
+        Py_DECREF(state);
+        return in_body;
+    }
+    PyObject *rem = PyObject_GetAttr(reader, S_remaining);
+    if (rem == NULL) {
+        Py_DECREF(state);
+        return -1;
+    }
+    PyObject *buf = PyObject_GetAttr(reader, S_buf);
+    if (buf == NULL) {
+        Py_DECREF(state);
+        Py_DECREF(rem);
+        return -1;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        Py_DECREF(state);
+        Py_DECREF(rem);
+        Py_DECREF(buf);
+        return -1;
+    }
+    /* h1.Reader.feed's step for the body states: body(data, pos, state, remaining, buf, out) */
+    PyObject *args[6] = {data, Zero, state, rem, buf, out};
+    PyObject *res = PyObject_Vectorcall(Body, args, 6, NULL);
+    Py_DECREF(state);
+    Py_DECREF(rem);
+    Py_DECREF(buf);
+    if (res == NULL) {
+        Py_DECREF(out);
+        return -1; /* (reader.feed raises the same, before it changes anything) */
+    }
+    int rc = 0;
+    if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != 6) {
+        PyErr_SetString(PyExc_TypeError, "deltatap.net._h1.body returned an unexpected value");
+        rc = -1;
+        goto done;
+    }
+    /* the whole read used in body states, the message not ended, the framing not failed */
+    Py_ssize_t pos = PyLong_AsSsize_t(PyTuple_GET_ITEM(res, 0));
+    if (pos == -1 && PyErr_Occurred()) {
+        rc = -1;
+        goto done;
+    }
+    long how = PyLong_AsLong(PyTuple_GET_ITEM(res, 4));
+    if (how == -1 && PyErr_Occurred()) {
+        rc = -1;
+        goto done;
+    }
+    if (how != 0 || pos != n) goto done; /* (rc 0: Python's) */
+    Py_ssize_t nev = PyList_GET_SIZE(out);
+    for (Py_ssize_t i = 0; i < nev; i++) { /* (body appends BODY events only: checked, each is read below) */
+        PyObject *ev = PyList_GET_ITEM(out, i);
+        if (!PyTuple_Check(ev) || PyTuple_GET_SIZE(ev) != 3) goto done;
+    }
+    /* reader.feed's state after the read */
+    if (PyObject_SetAttr(reader, S_state, PyTuple_GET_ITEM(res, 1)) < 0 ||
+        PyObject_SetAttr(reader, S_remaining, PyTuple_GET_ITEM(res, 2)) < 0 ||
+        PyObject_SetAttr(reader, S_buf, PyTuple_GET_ITEM(res, 3)) < 0 ||
+        PyObject_SetAttr(reader, S_pending_from, Py_None) < 0) {
+        rc = -1;
+        goto done;
+    }
+    rc = 1;
+    if (nev == 0) goto done; /* (chunk framing alone: nothing to watch) */
+    /* Upstream._body for each piece */
+    PyObject *rec = c->rec, *obs = c->obs;
+    Py_ssize_t content = 0;
+    const char *bytes = PyBytes_AS_STRING(data);
+    for (Py_ssize_t i = 0; i < nev; i++) {
+        PyObject *ev = PyList_GET_ITEM(out, i);
+        Py_ssize_t a = PyLong_AsSsize_t(PyTuple_GET_ITEM(ev, 1)), b = PyLong_AsSsize_t(PyTuple_GET_ITEM(ev, 2));
+        if ((a == -1 || b == -1) && PyErr_Occurred()) {
+            rc = -1;
+            goto done;
+        }
+        if (a < 0 || b < a || b > n) {
+            PyErr_SetString(PyExc_ValueError, "deltatap.net._h1.body gave a piece outside the read");
+            rc = -1;
+            goto done;
+        }
+        if (add_to(rec, S_response_bytes, b - a) < 0) {
+            rc = -1;
+            goto done;
+        }
+        if (obs == NULL) continue;
+        PyObject *piece;
+        if (a == 0 && b == n) {
+            piece = data;
+            Py_INCREF(piece);
+        } else if ((piece = PyBytes_FromStringAndSize(bytes + a, b - a)) == NULL) {
+            rc = -1;
+            goto done;
+        }
+        PyObject *oargs[5] = {c->parser, obs, piece, t, bound};
+        PyObject *got = PyObject_VectorcallMethod(S_observe, oargs, 5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(piece);
+        if (got == NULL) {
+            rc = -1;
+            goto done;
+        }
+        Py_ssize_t k = PyLong_AsSsize_t(got);
+        Py_DECREF(got);
+        if (k == -1 && PyErr_Occurred()) {
+            rc = -1;
+            goto done;
+        }
+        content += k;
+    }
+    /* Upstream._watch (one piece) / _watch_events (several): the read counted, then the observer told */
+    if (add_to(rec, S_chunks, 1) < 0 || PyObject_SetAttr(rec, S_end, tw) < 0) {
+        rc = -1;
+        goto done;
+    }
+    if (obs == NULL) goto done;
+    int tell;
+    if (nev == 1)
+        tell = content > 0;
+    else { /* (_forward_tokens with the write placed: the exchange's last unplaced write is dropped when tokens came) */
+        PyObject *unf = PyObject_GetAttr(obs, S_unfwd);
+        if (unf == NULL) {
+            rc = -1;
+            goto done;
+        }
+        int any = PyObject_IsTrue(unf);
+        Py_DECREF(unf);
+        if (any < 0) {
+            rc = -1;
+            goto done;
+        }
+        if (any && PyObject_SetAttr(c->ex, S_last_unplaced, Py_None) < 0) {
+            rc = -1;
+            goto done;
+        }
+        if (forwarded(obs, tw, bw) < 0) rc = -1;
+        goto done;
+    }
+    if (tell && (PyObject_SetAttr(c->ex, S_last_unplaced, Py_None) < 0 || forwarded(obs, tw, bw) < 0)) rc = -1;
+done:
+    Py_DECREF(res);
+    Py_DECREF(out);
+    return rc;
+}
+
+static PyObject *relay_watch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "watch(up, d, data, t, bound, tw, bw)");
+        return NULL;
+    }
+    Ctx c;
+    int rc = ctx_take(&c, args[0], args[1]);
+    if (rc < 0) return NULL;
+    if (rc == 0) Py_RETURN_FALSE;
+    rc = watch_one(&c, args[2], args[3], args[4], args[5], args[6]);
+    ctx_clear(&c);
+    if (rc < 0) return NULL;
+    return PyBool_FromLong(rc);
+}
+
+static PyObject *relay_watch_cuts(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "watch_cuts(up, d, data, pieces, tw, bw)");
+        return NULL;
+    }
+    PyObject *up = args[0], *data = args[2], *pieces = args[3], *tw = args[4], *bw = args[5];
+    if (!PyBytes_Check(data) || !PyList_Check(pieces)) return PyLong_FromLong(0);
+    PyObject *plain = PyObject_GetAttr(up, S_plain);
+    if (plain == NULL) return NULL;
+    int is_plain = PyObject_IsTrue(plain);
+    Py_DECREF(plain);
+    if (is_plain < 0) return NULL;
+    if (!is_plain) return PyLong_FromLong(0);
+    Ctx c;
+    int rc = ctx_take(&c, up, args[1]);
+    if (rc < 0) return NULL;
+    if (rc == 0) return PyLong_FromLong(0);
+    Py_INCREF(pieces); /* (Python code the observer calls cannot take it away) */
+    Py_ssize_t i = 0, n = PyBytes_GET_SIZE(data);
+    for (; i < PyList_GET_SIZE(pieces); i++) {
+        PyObject *p = PyList_GET_ITEM(pieces, i);
+        if (!PyTuple_Check(p) || PyTuple_GET_SIZE(p) != 4) break;
+        Py_INCREF(p);
+        Py_ssize_t a = PyLong_AsSsize_t(PyTuple_GET_ITEM(p, 0)), b = PyLong_AsSsize_t(PyTuple_GET_ITEM(p, 1));
+        if ((a == -1 || b == -1) && PyErr_Occurred()) {
+            PyErr_Clear(); /* (Python's loop meets it) */
+            Py_DECREF(p);
+            break;
+        }
+        if (a < 0 || b > n || b <= a) { /* (an empty or odd piece: Python's) */
+            Py_DECREF(p);
+            break;
+        }
+        PyObject *t = PyTuple_GET_ITEM(p, 2), *bound = PyTuple_GET_ITEM(p, 3);
+        PyObject *piece;
+        if (a == 0 && b == n) {
+            piece = data;
+            Py_INCREF(piece);
+        } else if ((piece = PyBytes_FromStringAndSize(PyBytes_AS_STRING(data) + a, b - a)) == NULL) {
+            Py_DECREF(p);
+            rc = -1;
+            break;
+        }
+        /* (the loop stamps the connection's latest read first) */
+        if (PyObject_SetAttr(up, S_last_read_t, t) < 0 || PyObject_SetAttr(up, S_last_read_bound, bound) < 0)
+            rc = -1;
+        else
+            rc = watch_one(&c, piece, t, bound, tw, bw);
+        Py_DECREF(piece);
+        Py_DECREF(p);
+        if (rc <= 0) break;
+    }
+    Py_DECREF(pieces);
+    ctx_clear(&c);
+    if (rc < 0) return NULL;
+    return PyLong_FromSsize_t(i);
+}
+
+static PyObject *relay_setup(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyCallable_Check(args[0]) || !PyAnySet_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "setup(h1_body, body_states, observer_type, parser_type, gaps_observe)");
+        return NULL;
+    }
+    if (args[2] != Py_None && (!PyType_Check(args[2]) || !PyType_Check(args[3]) || !PyCallable_Check(args[4]))) {
+        PyErr_SetString(PyExc_TypeError, "setup(): observer_type and parser_type must be types, gaps_observe callable");
+        return NULL;
+    }
+#define INTERN(var, s) \
+    if (var == NULL && (var = PyUnicode_InternFromString(s)) == NULL) return NULL;
+    INTERN(S_reader, "reader") INTERN(S_state, "_state") INTERN(S_remaining, "_remaining") INTERN(S_buf, "_buf")
+    INTERN(S_pending_from, "pending_from") INTERN(S_unplaced, "unplaced") INTERN(S_exchanges, "exchanges")
+    INTERN(S_rec, "rec") INTERN(S_stream, "stream") INTERN(S_capture_out, "capture_out")
+    INTERN(S_response_bytes, "response_bytes") INTERN(S_chunks, "chunks") INTERN(S_end, "end")
+    INTERN(S_last_unplaced, "last_unplaced") INTERN(S_parser, "parser") INTERN(S_observe, "observe")
+    INTERN(S_unfwd, "_unforwarded") INTERN(S_unfwd_first, "_unforwarded_first")
+    INTERN(S_gaps_forwarded, "gaps_forwarded") INTERN(S_ltf_t, "last_token_forwarded_mono_ns")
+    INTERN(S_ltf_b, "last_token_forwarded_bound_ns") INTERN(S_ftf_t, "first_token_forwarded_mono_ns")
+    INTERN(S_ftf_b, "first_token_forwarded_bound_ns") INTERN(S_plain, "plain") INTERN(S_last_read_t, "last_read_t")
+    INTERN(S_last_read_bound, "last_read_bound")
+#undef INTERN
+    if (Zero == NULL && (Zero = PyLong_FromLong(0)) == NULL) return NULL;
+    PyObject **slots[5] = {&Body, &BodyStates, &ObserverType, &ParserType, &GapsObserve};
+    for (int i = 0; i < 5; i++) {
+        Py_INCREF(args[i]);
+        Py_XSETREF(*slots[i], args[i]);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"setup", (PyCFunction)(void (*)(void))relay_setup, METH_FASTCALL,
+     "setup(h1_body, body_states, observer_type, parser_type, gaps_observe): what the fast path calls"},
+    {"watch", (PyCFunction)(void (*)(void))relay_watch, METH_FASTCALL,
+     "watch(up, d, data, t, bound, tw, bw) -> bool: the read watched (True), or left to the Python path"},
+    {"watch_cuts", (PyCFunction)(void (*)(void))relay_watch_cuts, METH_FASTCALL,
+     "watch_cuts(up, d, data, pieces, tw, bw) -> int: how many pieces were watched"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_relay", "C accelerator of deltatap.proxy.relay's response side", -1, methods};
+
+PyMODINIT_FUNC PyInit__relay(void) { return PyModule_Create(&module); }
