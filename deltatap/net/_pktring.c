@@ -445,6 +445,49 @@ static PyObject *pk_ring_newest_segment(PyObject *self, PyObject *args) {
     return seg_tuple(&s);
 }
 
+/* PacketLog.cuts over the collected segments: the cuts into out (room for count + 1), their number in *nc and
+ * *unlogged; or how they could not be placed (CUTS_GAP: a segment missed, *why_a bytes in; CUTS_PAST: a segment
+ * ending *why_a bytes past the waiting bytes; CUTS_NONE: none of them in the log) */
+enum { CUTS_PLACED, CUTS_GAP, CUTS_PAST, CUTS_NONE };
+typedef struct {
+    long long end, wall;
+} cut_t;
+
+static int place_cuts(const seg_t *segs, Py_ssize_t count, uint32_t base, long long n, long long last_ns, long long read_size,
+                      cut_t *out, Py_ssize_t *nc, int *unlogged, long long *why_a) {
+    long long pos = 0;
+    Py_ssize_t c = 0;
+    *unlogged = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        long long rel_end = (long long)(uint32_t)(segs[i].end - base);
+        if (rel_end <= pos) continue; /* a copy of bytes already placed */
+        long long rel_start = (long long)(uint32_t)(segs[i].seq - base);
+        if (pos < rel_start && rel_start <= 0x7FFFFFFFLL) {
+            *why_a = rel_start - pos;
+            return CUTS_GAP;
+        }
+        if (rel_end >= n) {
+            if (rel_end > n && n < read_size) {
+                *why_a = rel_end - n;
+                return CUTS_PAST;
+            }
+            out[c].end = n;
+            out[c++].wall = segs[i].wall;
+            *nc = c;
+            return CUTS_PLACED;
+        }
+        out[c].end = rel_end;
+        out[c++].wall = segs[i].wall;
+        pos = rel_end;
+    }
+    if (c == 0) return CUTS_NONE;
+    out[c].end = n;
+    out[c++].wall = last_ns;
+    *nc = c;
+    *unlogged = 1;
+    return CUTS_PLACED;
+}
+
 /* PacketLog.cuts: (cuts, unlogged_tail, None) or (None, False, why) */
 static PyObject *pk_ring_cuts(PyObject *self, PyObject *args) {
     PyObject *obj;
@@ -457,66 +500,46 @@ static PyObject *pk_ring_cuts(PyObject *self, PyObject *args) {
         return NULL;
     }
     seg_t *segs = NULL;
-    Py_ssize_t count = 0;
+    Py_ssize_t count = 0, nc = 0;
     uint32_t base = (uint32_t)base_ll;
     int rc = collect(&r, (const unsigned char *)pat.buf, head, base, limit, &segs, &count);
     PyBuffer_Release(&r.view);
     PyBuffer_Release(&pat);
     if (rc != 0) return NULL;
-    PyObject *cuts = PyList_New(0), *why = NULL, *item;
-    if (cuts == NULL) goto fail;
-    long long pos = 0;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        long long rel_end = (long long)(uint32_t)(segs[i].end - base);
-        if (rel_end <= pos) continue; /* a copy of bytes already placed */
-        long long rel_start = (long long)(uint32_t)(segs[i].seq - base);
-        if (pos < rel_start && rel_start <= 0x7FFFFFFFLL) {
-            why = PyUnicode_FromFormat("packet path: %lld waiting bytes, the log's segments start %lld bytes in (%zd found)", n, rel_start - pos, count);
-            goto placed_none;
-        }
-        if (rel_end >= n) {
-            if (rel_end > n && n < read_size) {
-                why = PyUnicode_FromFormat("packet path: the log's segment ends %lld bytes past the waiting bytes", rel_end - n);
-                goto placed_none;
-            }
-            item = Py_BuildValue("(LL)", n, segs[i].wall);
-            if (item == NULL || PyList_Append(cuts, item) != 0) {
-                Py_XDECREF(item);
-                goto fail;
-            }
-            Py_DECREF(item);
-            PyMem_Free(segs);
-            return Py_BuildValue("(NOO)", cuts, Py_False, Py_None);
-        }
-        item = Py_BuildValue("(LL)", rel_end, segs[i].wall);
-        if (item == NULL || PyList_Append(cuts, item) != 0) {
-            Py_XDECREF(item);
-            goto fail;
-        }
-        Py_DECREF(item);
-        pos = rel_end;
+    cut_t *cuts = PyMem_Malloc((size_t)(count + 1) * sizeof(cut_t));
+    if (cuts == NULL) {
+        PyMem_Free(segs);
+        return PyErr_NoMemory();
     }
-    if (PyList_GET_SIZE(cuts) == 0) {
+    int unlogged = 0;
+    long long why_a = 0;
+    int how = place_cuts(segs, count, base, n, last_ns, read_size, cuts, &nc, &unlogged, &why_a);
+    PyMem_Free(segs);
+    PyObject *out = NULL, *why = NULL;
+    if (how == CUTS_PLACED) {
+        PyObject *list = PyList_New(nc);
+        if (list == NULL) goto done;
+        for (Py_ssize_t i = 0; i < nc; i++) {
+            PyObject *item = Py_BuildValue("(LL)", cuts[i].end, cuts[i].wall);
+            if (item == NULL) {
+                Py_DECREF(list);
+                goto done;
+            }
+            PyList_SET_ITEM(list, i, item);
+        }
+        out = Py_BuildValue("(NOO)", list, unlogged ? Py_True : Py_False, Py_None);
+        goto done;
+    }
+    if (how == CUTS_GAP)
+        why = PyUnicode_FromFormat("packet path: %lld waiting bytes, the log's segments start %lld bytes in (%zd found)", n, why_a, count);
+    else if (how == CUTS_PAST)
+        why = PyUnicode_FromFormat("packet path: the log's segment ends %lld bytes past the waiting bytes", why_a);
+    else
         why = PyUnicode_FromFormat("packet path: %lld waiting bytes, no segment of them in the log", n);
-        goto placed_none;
-    }
-    item = Py_BuildValue("(LL)", n, last_ns);
-    if (item == NULL || PyList_Append(cuts, item) != 0) {
-        Py_XDECREF(item);
-        goto fail;
-    }
-    Py_DECREF(item);
-    PyMem_Free(segs);
-    return Py_BuildValue("(NOO)", cuts, Py_True, Py_None);
-placed_none:
-    PyMem_Free(segs);
-    Py_DECREF(cuts);
-    if (why == NULL) return NULL;
-    return Py_BuildValue("(OON)", Py_None, Py_False, why);
-fail:
-    PyMem_Free(segs);
-    Py_XDECREF(cuts);
-    return NULL;
+    if (why != NULL) out = Py_BuildValue("(OON)", Py_None, Py_False, why);
+done:
+    PyMem_Free(cuts);
+    return out;
 }
 
 /* ---- the stamped read (kstamp.KernelStampTransport's fast path) ------------------------------------- */
@@ -524,12 +547,13 @@ fail:
  * buffer's size (the reference's shared view: a read that fills it may leave bytes waiting) and the packet log's
  * maintenance period. The buffer is this module's own (every read is copied out before read_one returns, with the
  * GIL held throughout, as the reference's per-thread view). */
-static PyObject *g_read_lag, *g_offset, *g_measure;
+static PyObject *g_read_lag, *g_merged, *g_offset, *g_measure;
 static unsigned char *g_buf;
 static Py_ssize_t g_buf_len;
-static long long g_maintain_every;
+static long long g_maintain_every, g_search_frames, g_placement_tol;
 static PyObject *s_sock, *s_segs_in, *s_plog, *s_rx_off, *s_empty_mono, *s_rx_mono_ns, *s_rx_bound_ns, *s_last_maintain,
-    *s_maintain, *s_buckets, *s_count, *s_total_ns;
+    *s_maintain, *s_buckets, *s_count, *s_total_ns, *s_protocol, *s_cuts_received, *s_mv, *s_head, *s_pkey, *s_irs1,
+    *s_anchor, *s_unlogged_tail, *s_out_of_reach;
 
 #define OFFSET_EVERY_NS 200000000LL
 #define MAX_AGE_NS (60LL * 1000000000LL)
@@ -544,10 +568,11 @@ static inline long long mono_now(void) { return clock_ns(CLOCK_MONOTONIC); }
 static inline long long wall_now(void) { return clock_ns(CLOCK_REALTIME); }
 
 static PyObject *pk_read_setup(PyObject *self, PyObject *args) {
-    PyObject *lag, *offset, *measure;
+    PyObject *lag, *merged, *offset, *measure;
     Py_ssize_t size;
-    long long every;
-    if (!PyArg_ParseTuple(args, "OO!OnL", &lag, &PyList_Type, &offset, &measure, &size, &every)) return NULL;
+    long long every, frames, tol;
+    if (!PyArg_ParseTuple(args, "OO!O!OnLLL", &lag, &PyDict_Type, &merged, &PyList_Type, &offset, &measure, &size, &every, &frames, &tol))
+        return NULL;
     if (PyList_GET_SIZE(offset) != 3 || !PyCallable_Check(measure) || size <= 0) {
         PyErr_SetString(PyExc_ValueError, "read_setup: a 3-item offset list, a callable and a positive read size");
         return NULL;
@@ -558,12 +583,16 @@ static PyObject *pk_read_setup(PyObject *self, PyObject *args) {
     g_buf = buf;
     g_buf_len = size;
     Py_INCREF(lag);
+    Py_INCREF(merged);
     Py_INCREF(offset);
     Py_INCREF(measure);
     Py_XSETREF(g_read_lag, lag);
+    Py_XSETREF(g_merged, merged);
     Py_XSETREF(g_offset, offset);
     Py_XSETREF(g_measure, measure);
     g_maintain_every = every;
+    g_search_frames = frames;
+    g_placement_tol = tol;
     Py_RETURN_NONE;
 }
 
@@ -732,6 +761,274 @@ static PyObject *pk_read_one(PyObject *self, PyObject *tr) {
     return data;
 }
 
+/* the 12-byte pattern of a connection key (pktstamp._pattern): 0, or -1 with an exception */
+static int key_pattern(PyObject *key, unsigned char *pat) {
+    if (!PyTuple_Check(key) || PyTuple_GET_SIZE(key) != 4) {
+        PyErr_SetString(PyExc_TypeError, "a connection key: (bytes, port, bytes, port)");
+        return -1;
+    }
+    PyObject *src = PyTuple_GET_ITEM(key, 0), *dst = PyTuple_GET_ITEM(key, 2);
+    if (!PyBytes_Check(src) || !PyBytes_Check(dst) || PyBytes_GET_SIZE(src) != 4 || PyBytes_GET_SIZE(dst) != 4) {
+        PyErr_SetString(PyExc_ValueError, "a connection key: IPv4 addresses of 4 bytes");
+        return -1;
+    }
+    long sport = PyLong_AsLong(PyTuple_GET_ITEM(key, 1)), dport = PyLong_AsLong(PyTuple_GET_ITEM(key, 3));
+    if ((sport == -1 || dport == -1) && PyErr_Occurred()) return -1;
+    if (sport < 0 || sport > 0xFFFF || dport < 0 || dport > 0xFFFF) {
+        PyErr_SetString(PyExc_OverflowError, "a connection key: ports of 16 bits");
+        return -1;
+    }
+    memcpy(pat, PyBytes_AS_STRING(src), 4);
+    memcpy(pat + 4, PyBytes_AS_STRING(dst), 4);
+    pat[8] = (unsigned char)(sport >> 8);
+    pat[9] = (unsigned char)sport;
+    pat[10] = (unsigned char)(dport >> 8);
+    pat[11] = (unsigned char)dport;
+    return 0;
+}
+
+/* KernelStampTransport._checked_cuts(n, last, first): 1 with the cuts in *out (PyMem, *nc of them), 0 for None,
+ * -1 with an exception. Sets the transport's _irs1 (found here when unknown) and _unlogged_tail as the reference. */
+static int checked_cuts(PyObject *tr, PyObject *plog, const unsigned char *pat, long long n, long long last, long long first,
+                        cut_t **out, Py_ssize_t *nc, int *unlogged) {
+    long long irs1, rx_off, head;
+    *out = NULL;
+    PyObject *v = PyObject_GetAttr(tr, s_irs1);
+    if (v == NULL) return -1;
+    if (v == Py_None) {
+        Py_DECREF(v);
+        v = PyObject_CallMethodNoArgs(tr, s_anchor);
+        if (v == NULL) return -1;
+        if (PyObject_SetAttr(tr, s_irs1, v) != 0) {
+            Py_DECREF(v);
+            return -1;
+        }
+        if (v == Py_None) { /* (the reference logs it at debug level) */
+            Py_DECREF(v);
+            return 0;
+        }
+    }
+    irs1 = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (irs1 == -1 && PyErr_Occurred()) return -1;
+    if (get_ll(tr, s_rx_off, &rx_off) != 0 || get_ll(plog, s_head, &head) != 0) return -1;
+    uint32_t base = (uint32_t)((irs1 + rx_off) & 0xFFFFFFFFLL);
+    PyObject *mv = PyObject_GetAttr(plog, s_mv);
+    if (mv == NULL) return -1;
+    ring_t r;
+    int rc = ring_get(mv, &r, 0);
+    Py_DECREF(mv);
+    if (rc != 0) return -1;
+    seg_t *segs = NULL;
+    Py_ssize_t count = 0;
+    rc = collect(&r, pat, head, base, g_search_frames, &segs, &count);
+    PyBuffer_Release(&r.view);
+    if (rc != 0) return -1;
+    cut_t *cuts = PyMem_Malloc((size_t)(count + 1) * sizeof(cut_t));
+    if (cuts == NULL) {
+        PyMem_Free(segs);
+        PyErr_NoMemory();
+        return -1;
+    }
+    long long why_a;
+    int how = place_cuts(segs, count, base, n, last ? last : first, g_buf_len, cuts, nc, unlogged, &why_a);
+    PyMem_Free(segs);
+    if (how != CUTS_PLACED) *unlogged = 0;
+    if (PyObject_SetAttr(tr, s_unlogged_tail, *unlogged ? Py_True : Py_False) != 0) {
+        PyMem_Free(cuts);
+        return -1;
+    }
+    if (how != CUTS_PLACED) {
+        PyMem_Free(cuts);
+        return 0;
+    }
+    long long d = cuts[*nc - 1].wall - last;
+    if (last && !*unlogged && (d < 0 ? -d : d) > g_placement_tol) { /* a stale anchor: not used */
+        PyMem_Free(cuts);
+        return 0;
+    }
+    *out = cuts;
+    return 1;
+}
+
+/* KernelStampTransport._read_by_packets(view, first) for a protocol with cuts_received: (data, pieces) for the caller
+ * to hand over (every stamp and bound, _rx_off, _empty_mono set), True (handled: nothing to hand over), False (the log
+ * cannot place the bytes: nothing taken in), None (the reference's own path: one cut, no cuts_received); raises
+ * OSError where the reference's _recv calls _fatal */
+static PyObject *pk_read_packets(PyObject *self, PyObject *args) {
+    PyObject *tr;
+    long long first;
+    if (!PyArg_ParseTuple(args, "OL", &tr, &first)) return NULL;
+    if (g_buf == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "read_packets: read_setup() first");
+        return NULL;
+    }
+    PyObject *proto = PyObject_GetAttr(tr, s_protocol), *bulk, *plog = NULL, *key = NULL, *out = NULL, *data = NULL, *pieces = NULL;
+    if (proto == NULL) return NULL;
+    if (_PyObject_LookupAttr(proto, s_cuts_received, &bulk) < 0) {
+        Py_DECREF(proto);
+        return NULL;
+    }
+    Py_DECREF(proto);
+    if (bulk == NULL) Py_RETURN_NONE;
+    Py_DECREF(bulk);
+    unsigned char pat[PATTERN];
+    cut_t *cuts = NULL;
+    Py_ssize_t nc = 0;
+    int unlogged = 0;
+    plog = PyObject_GetAttr(tr, s_plog);
+    if (plog == NULL) return NULL;
+    key = PyObject_GetAttr(tr, s_pkey);
+    if (key == NULL || key_pattern(key, pat) != 0) goto done;
+    if (first) { /* PacketLog.reaches(first, _SEARCH_FRAMES) */
+        long long head;
+        ring_t r;
+        if (get_ll(plog, s_head, &head) != 0) goto done;
+        PyObject *mv = PyObject_GetAttr(plog, s_mv);
+        if (mv == NULL) goto done;
+        int rc = ring_get(mv, &r, 0);
+        Py_DECREF(mv);
+        if (rc != 0) goto done;
+        long long nw = newest(&r, head);
+        long long oldest = nw - g_search_frames > head ? nw - g_search_frames : head;
+        int reaches = 0;
+        if (nw > oldest) {
+            const unsigned char *f = r.p + frame_at(&r, oldest);
+            reaches = (long long)rd_u32(f + 16) * 1000000000LL + (long long)rd_u32(f + 20) <= first;
+        }
+        PyBuffer_Release(&r.view);
+        if (!reaches) {
+            PyObject *c = PyDict_GetItemWithError(g_merged, s_out_of_reach);
+            long long cn = c == NULL ? 0 : PyLong_AsLongLong(c);
+            if ((c == NULL || cn == -1) && PyErr_Occurred()) goto done;
+            PyObject *nv = PyLong_FromLongLong(cn + 1);
+            if (nv == NULL) goto done;
+            int src = PyDict_SetItem(g_merged, s_out_of_reach, nv);
+            Py_DECREF(nv);
+            if (src != 0) goto done;
+            out = Py_NewRef(Py_False);
+            goto done;
+        }
+    }
+    int fd = -1;
+    {
+        PyObject *sock = PyObject_GetAttr(tr, s_sock);
+        if (sock == NULL) goto done;
+        fd = sock_fd(sock);
+        Py_DECREF(sock);
+        if (fd < 0) goto done;
+    }
+    long long t_read = mono_now(), last = 0;
+    Py_ssize_t n = recv_stamp(fd, g_buf, (size_t)g_buf_len, MSG_PEEK, &last);
+    if (n == -2) goto done;
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) out = Py_NewRef(Py_True);
+        else PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    int rc = checked_cuts(tr, plog, pat, n, last, first, &cuts, &nc, &unlogged);
+    if (rc < 0) goto done;
+    if (rc == 0) {
+        PyObject *irs1 = PyObject_GetAttr(tr, s_irs1);
+        if (irs1 == NULL) goto done;
+        int known = irs1 != Py_None;
+        Py_DECREF(irs1);
+        if (known) { /* the anchor may be stale: once more */
+            if (PyObject_SetAttr(tr, s_irs1, Py_None) != 0) goto done;
+            rc = checked_cuts(tr, plog, pat, n, last, first, &cuts, &nc, &unlogged);
+            if (rc < 0) goto done;
+        }
+        if (rc == 0) {
+            out = Py_NewRef(Py_False);
+            goto done;
+        }
+    }
+    if (nc < 2) { /* one piece: the reference hands it over as a plain read */
+        out = Py_NewRef(Py_None);
+        goto done;
+    }
+    /* out = [(end, _to_mono(k) if k else 0, 0) ...], the unlogged tail's bound back to the piece before it */
+    long long *tm = PyMem_Malloc((size_t)nc * 2 * sizeof(long long));
+    if (tm == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    long long *bd = tm + nc;
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        bd[i] = 0;
+        tm[i] = 0;
+        if (cuts[i].wall && to_mono(cuts[i].wall, &tm[i]) != 0) {
+            PyMem_Free(tm);
+            goto done;
+        }
+    }
+    if (unlogged) {
+        long long a = tm[nc - 1] ? tm[nc - 1] : mono_now();
+        long long b = tm[nc - 2] ? tm[nc - 2] : mono_now();
+        bd[nc - 1] = a - b > 0 ? a - b : 0;
+    }
+    /* _hand_over(view, n, out), the bulk case */
+    data = PyBytes_FromStringAndSize((const char *)g_buf, n);
+    if (data == NULL) {
+        PyMem_Free(tm);
+        goto done;
+    }
+    long long k_unused;
+    Py_ssize_t got = recv_stamp(fd, g_buf, (size_t)n, MSG_TRUNC, &k_unused);
+    if (got < 0) {
+        PyMem_Free(tm);
+        if (got == -1) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) out = Py_NewRef(Py_True);
+            else PyErr_SetFromErrno(PyExc_OSError);
+        }
+        goto done;
+    }
+    pieces = PyList_New(0);
+    if (pieces == NULL) {
+        PyMem_Free(tm);
+        goto done;
+    }
+    long long start = 0, last_t = 0, last_b = 0;
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        long long e = cuts[i].end < got ? cuts[i].end : got;
+        if (e > start) {
+            last_t = tm[i] ? tm[i] : mono_now();
+            last_b = bd[i];
+            PyObject *item = Py_BuildValue("(LLLL)", start, e, last_t, last_b);
+            if (item == NULL || PyList_Append(pieces, item) != 0) {
+                Py_XDECREF(item);
+                PyMem_Free(tm);
+                goto done;
+            }
+            Py_DECREF(item);
+        }
+        start = e;
+    }
+    PyMem_Free(tm);
+    if (PyList_GET_SIZE(pieces) == 0) { /* (nothing taken in: the reference would fail on pieces[-1]) */
+        out = Py_NewRef(Py_True);
+        goto done;
+    }
+    long long rx_off;
+    if (set_ll(tr, s_rx_mono_ns, last_t) != 0 || set_ll(tr, s_rx_bound_ns, last_b) != 0 || get_ll(tr, s_rx_off, &rx_off) != 0 ||
+        set_ll(tr, s_rx_off, rx_off + got) != 0)
+        goto done;
+    if (got >= n && n < g_buf_len && set_ll(tr, s_empty_mono, t_read) != 0) goto done;
+    if (got < n) {
+        PyObject *cut = PyBytes_FromStringAndSize(PyBytes_AS_STRING(data), got);
+        if (cut == NULL) goto done;
+        Py_SETREF(data, cut);
+    }
+    out = PyTuple_Pack(2, data, pieces);
+done:
+    PyMem_Free(cuts);
+    Py_XDECREF(plog);
+    Py_XDECREF(key);
+    Py_XDECREF(data);
+    Py_XDECREF(pieces);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"tcp_counters", pk_tcp_counters, METH_O, "(tcpi_data_segs_in, tcpi_bytes_received) of a TCP socket, or None"},
     {"tcp_notsent", pk_tcp_notsent, METH_O, "tcpi_notsent_bytes of a TCP socket, or None"},
@@ -744,6 +1041,7 @@ static PyMethodDef methods[] = {
     {"ring_cuts", pk_ring_cuts, METH_VARARGS, "PacketLog.cuts"},
     {"read_setup", pk_read_setup, METH_VARARGS, "read_setup(read_lag, offset, measure_offset, read_size, maintain_every_ns)"},
     {"to_mono", pk_to_mono, METH_O, "kstamp._to_mono: a kernel stamp on the mono_ns scale"},
+    {"read_packets", pk_read_packets, METH_VARARGS, "kstamp's read of several segments placed from the packet log"},
     {"read_one", pk_read_one, METH_O, "kstamp's one-segment read: bytes, None, True (end of stream) or False (split path)"},
     {NULL, NULL, 0, NULL},
 };
@@ -764,7 +1062,9 @@ PyMODINIT_FUNC PyInit__pktring(void) {
         {&s_sock, "_sock"}, {&s_segs_in, "_segs_in"}, {&s_plog, "_plog"}, {&s_rx_off, "_rx_off"},
         {&s_empty_mono, "_empty_mono"}, {&s_rx_mono_ns, "rx_mono_ns"}, {&s_rx_bound_ns, "rx_bound_ns"},
         {&s_last_maintain, "_last_maintain"}, {&s_maintain, "maintain"}, {&s_buckets, "buckets"}, {&s_count, "count"},
-        {&s_total_ns, "total_ns"},
+        {&s_total_ns, "total_ns"}, {&s_protocol, "_protocol"}, {&s_cuts_received, "cuts_received"}, {&s_mv, "_mv"},
+        {&s_head, "_head"}, {&s_pkey, "_pkey"}, {&s_irs1, "_irs1"}, {&s_anchor, "_anchor"}, {&s_unlogged_tail, "_unlogged_tail"},
+        {&s_out_of_reach, "out_of_reach"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (*names[i].slot != NULL) continue;

@@ -195,10 +195,13 @@ _to_mono_ref = _to_mono  # (the reference: tests/kernel/test_kstamp_native.py co
 # :meth:`~KernelStampTransport._hand_over_read` and :meth:`~KernelStampTransport._deliver` up to the protocol's
 # ``data_received``, in one call) and of :func:`_to_mono`, sharing this module's READ_LAG and offset; None where not
 # built or ``DELTATAP_NATIVE`` turns ``pktring`` off (the Python here runs, and stays the definition).
+# Likewise ``read_packets``: :meth:`KernelStampTransport._read_by_packets` for a protocol with ``cuts_received``, up to
+# that call.
 _read_one: Callable[[Any], Any] | None = None
-if _pktacc is not None and hasattr(_pktacc, "read_one"):
-    _pktacc.read_setup(READ_LAG, _offset, _measure_offset, _READ_SIZE, _MAINTAIN_EVERY_NS)
-    _read_one, _to_mono = _pktacc.read_one, _pktacc.to_mono  # noqa: F811
+_read_packets: Callable[[Any, int], Any] | None = None
+if _pktacc is not None and hasattr(_pktacc, "read_packets"):
+    _pktacc.read_setup(READ_LAG, MERGED_READS, _offset, _measure_offset, _READ_SIZE, _MAINTAIN_EVERY_NS, _SEARCH_FRAMES, _PLACEMENT_TOL_NS)
+    _read_one, _read_packets, _to_mono = _pktacc.read_one, _pktacc.read_packets, _pktacc.to_mono  # noqa: F811
 
 
 class KernelStampTransport(asyncio.Transport):
@@ -488,6 +491,22 @@ class KernelStampTransport(asyncio.Transport):
         is split there too). False (nothing taken in) when the log cannot place the bytes, at once when the first of
         them arrived before anything a search would read (``first``: the stamp of their first buffer, no earlier than its
         first byte's arrival)."""
+        if self._fast is not None:  # the C twin, up to the protocol's cuts_received (None: this reference's own path)
+            try:
+                got = _read_packets(self, first)  # type: ignore[misc]
+            except (BlockingIOError, InterruptedError):
+                return True
+            except _SOCKET_ERRORS as exc:
+                self._fatal(exc)
+                return True
+            if got.__class__ is tuple:
+                try:
+                    self._protocol.cuts_received(*got)  # type: ignore[attr-defined]
+                except BaseException as exc:
+                    self._fatal(exc, "protocol.cuts_received() failed")
+                return True
+            if got is not None:
+                return got
         if first and not self._plog.reaches(first, _SEARCH_FRAMES):  # type: ignore[union-attr]
             MERGED_READS["out_of_reach"] += 1
             return False
