@@ -25,7 +25,7 @@ from deltatap.collector.deltas import RESIDUAL, SYSTEM_TTFT, TAP, delta_name
 from deltatap.collector.kinds.compile import Program, Shape, compile_site, skip_program
 from deltatap.collector.kinds.model import SpanKind, SpanView
 from deltatap.collector.observations import Extracted, Obs
-from deltatap.collector.rows import Cascade, DeltaValue, JoinMethod, PointObs, Row, TokenSource, delta_defs, intermediaries
+from deltatap.collector.rows import Cascade, DeltaValue, JoinMethod, LinkGaps, PointObs, Row, TokenSource, delta_defs, intermediaries
 from deltatap.collector.spans import SpanRecord
 from deltatap.core import native
 from deltatap.core.topology import Topology
@@ -149,6 +149,7 @@ def _tap_names(link: str) -> tuple[str, str]:
 
 _CACHE_MAX = 4096
 _UNSEEN = object()
+_NO_GAPS = LinkGaps()
 _CAUSE_HIDDEN = (Outcome.UPSTREAM_ERROR, Outcome.HTTP_ERROR, Outcome.UPSTREAM_ERROR.value, Outcome.HTTP_ERROR.value)
 
 
@@ -256,8 +257,7 @@ class Decomposer:
         ex = Extracted()
         vals: list[int] = []
         uncs: list[int] = []
-        shapes = []
-        srcs = []
+        shapes, srcs = [], []
         program = self.program
         for span in spans:
             prog, src = program(span)
@@ -276,11 +276,7 @@ class Decomposer:
         ex, vals, uncs, shapes, srcs = self.extract_flat(spans)
         point_bounds: dict[str, tuple[int, int]] = {}
         delta_bounds: dict[str, int] = {}
-        rp = None if _any_bounded(spans) else self._rows.get(shapes, _UNSEEN)
-        if rp is _UNSEEN:
-            if len(self._rows) >= _CACHE_MAX:
-                self._rows.clear()
-            rp = self._rows[shapes] = _row_plan(shapes, self.point_defs)
+        rp = None if _any_bounded(spans) else self.row_plan(shapes)
         if rp is not None:
             points, deltas = plan_values(vals, uncs, rp.points, rp.deltas)  # type: ignore[union-attr]
             return ex, points, deltas, point_bounds, delta_bounds
@@ -295,14 +291,19 @@ class Decomposer:
                     point_bounds[p] = b
         return ex, points, deltas, point_bounds, delta_bounds
 
+    def row_plan(self, shapes: tuple[Shape, ...]) -> _RowPlan | None:
+        rp = self._rows.get(shapes, _UNSEEN)
+        if rp is _UNSEEN:
+            if len(self._rows) >= _CACHE_MAX:
+                self._rows.clear()
+            rp = self._rows[shapes] = _row_plan(shapes, self.point_defs)
+        return rp  # type: ignore[return-value]
+
     def _itl_added(self, ex: Extracted, out: dict[str, DeltaValue]) -> None:
         """Per intermediary: the gap statistic it released minus the one it received (mean, p99, max)."""
         gaps = ex.gaps
         for link_out, link_in, n_mean, n_p99, n_max in self.mid_links:
-            g = gaps.get(link_out)  # type: ignore[arg-type]
-            g_out = None if g is None else g.up
-            g = gaps.get(link_in)  # type: ignore[arg-type]
-            g_in = None if g is None else g.down
+            g_out, g_in = gaps.get(link_out, _NO_GAPS).up, gaps.get(link_in, _NO_GAPS).down  # type: ignore[arg-type]
             if g_out is None or g_in is None:
                 continue
             for name, a, b in ((n_mean, g_out[1], g_in[1]), (n_p99, g_out[2], g_in[2]), (n_max, g_out[3], g_in[3])):
@@ -344,31 +345,34 @@ class Decomposer:
                   trace_ids: Sequence[str] = ()) -> Row:
         if not isinstance(spans, list | tuple):
             spans = list(spans)  # read more than once below
-        tp = self
-        topo = self.topo
         ex, points, deltas, point_bounds, delta_bounds = self._points(spans)
-        for link, (req, ft, _) in ex.tap_overhead.items():
-            names = self.tap_names.get(link) or _tap_names(link)
-            req_b, ft_b = ex.tap_overhead_bounds.get(link, (0, 0))
-            if req is not None:
-                deltas[names[0]] = _new(DeltaValue, (req, req_b, True))
-                if req_b:
-                    delta_bounds[names[0]] = req_b
-            if ft is not None:
-                deltas[names[1]] = _new(DeltaValue, (ft, ft_b, True))
-                if ft_b:
-                    delta_bounds[names[1]] = ft_b
+        for link, (req, ft, _) in ex.tap_overhead.items():  # each tap's own overheads: request, first token
+            for name, v, b in zip(self.tap_names.get(link) or _tap_names(link), (req, ft), ex.tap_overhead_bounds.get(link, (0, 0))):
+                if v is not None:
+                    deltas[name] = _new(DeltaValue, (v, b, True))
+                    if b:
+                        delta_bounds[name] = b
         if ex.gaps:
             self._itl_added(ex, deltas)
         res = self._residual(deltas, ex)
         if res is not None:
             deltas[RESIDUAL] = res
             if delta_bounds:
-                b = delta_bounds.get(SYSTEM_TTFT, 0) + sum(delta_bounds.get(n, 0) for n in tp.residual_terms)
-                b += sum(delta_bounds.get(n, 0) for link, r, f in tp.residual_taps if ex.attempts.get(link, 0) for n in (r, f))
+                b = delta_bounds.get(SYSTEM_TTFT, 0) + sum(delta_bounds.get(n, 0) for n in self.residual_terms)
+                b += sum(delta_bounds.get(n, 0) for link, r, f in self.residual_taps if ex.attempts.get(link, 0) for n in (r, f))
                 if b:
                     delta_bounds[RESIDUAL] = b
 
+        last = points.get(self.engine_last)
+        row = self.finish_row(ex, spans, join_method, join_note, trace_ids, points, deltas, last and last.unix_ns, (p.unix_ns for p in points.values()))
+        if point_bounds or delta_bounds:
+            row.point_bounds, row.delta_bounds = point_bounds, delta_bounds
+        return row
+
+    def finish_row(self, ex: Extracted, spans: Sequence[SpanRecord], join_method: JoinMethod, join_note: str, trace_ids: Sequence[str],
+                   points: Any, deltas: Any, engine_last_ns: int | None, point_times: Any, make: type = Row) -> Row:
+        """A request's row around its points and deltas (``make``: its class; ``point_times`` read only if no span gave a start)."""
+        tp, topo = self, self.topo
         # outermost observer first: the client, then taps from the edge inwards, then components
         # (the client observers in the order they first appear in http_status, then in outcome)
         hs, ocs = ex.http_status, ex.outcome
@@ -419,8 +423,7 @@ class Decomposer:
 
         # ex is this call's own: its dicts become the row's
         cascade = Cascade(ex.gave_up, None, None, None, ex.attempts)
-        engine_last = points.get(tp.engine_last)
-        cascade.engine_end_unix_ns = ex.engine_end if ex.engine_end is not None else (engine_last.unix_ns if engine_last else None)
+        cascade.engine_end_unix_ns = ex.engine_end if ex.engine_end is not None else engine_last_ns
         first = cascade.first_gave_up
         if first is not None and cascade.engine_end_unix_ns is not None:
             cascade.engine_busy_after_gave_up_ns = max(0, cascade.engine_end_unix_ns - first[1])
@@ -433,15 +436,12 @@ class Decomposer:
         rids = ex.request_ids
         rid = (rids[0] if rids.count(rids[0]) == len(rids) else Counter(rids).most_common(1)[0][0]) if rids else None
         tids = tuple(dict.fromkeys(trace_ids or [s.trace_id for s in spans]))
-        start = ex.start_ns if ex.start_ns is not None else min((p.unix_ns for p in points.values()), default=None)
-        row = Row(  # positional, in field order: trace_id .. trace_ids
+        start = ex.start_ns if ex.start_ns is not None else min(point_times, default=None)
+        return make(  # positional, in field order: trace_id .. trace_ids
             tids[0] if tids else "", rid, join_method, join_note, start, str(outcome), status if isinstance(status, int) else None,
             ex.firewall_decision, ex.labels, tokens[0] if tokens else None, tokens[1] if tokens else None, tok_source, points, deltas,
             ex.gaps, cascade, tids,
         )
-        if point_bounds or delta_bounds:
-            row.point_bounds, row.delta_bounds = point_bounds, delta_bounds
-        return row
 
 
 class _RowPlan:

@@ -43,6 +43,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from deltatap.collector.applies import applicable_keys, is_complete, is_refused, is_signed
+from deltatap.collector.batch import delta_keys
 from deltatap.collector.deltas import METRIC_HISTOGRAM, METRIC_OBSERVATIONS, METRIC_QUANTILE, METRIC_SUM, DeltaDef
 from deltatap.collector.compact import tuple_getter
 from deltatap.collector.rows import DeltaColumns, Row
@@ -100,8 +101,7 @@ class DeltaHistograms:
         for r in rows:
             o = r.outcome
             seen[o] = seen.get(o, 0) + 1
-            d = r.deltas
-            key = (tuple(d), is_refused(r), is_complete(r))
+            key = (delta_keys(r), is_refused(r), is_complete(r))
             j = which.get(key)
             if j is None:
                 j = which[key] = len(plans)

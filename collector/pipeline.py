@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from deltatap.collector.assembly import TraceAssembler
+from deltatap.collector.batch import build_rows, columns_of, settle
 from deltatap.collector.decompose import Decomposer
 from deltatap.collector.join import Group, Joiner
 from deltatap.collector.metrics import DeltaHistograms
-from deltatap.collector.rows import DeltaColumns, JoinMethod, Row, delta_defs
-from deltatap.collector.settle import settle_rows
+from deltatap.collector.rows import JoinMethod, Row, delta_defs
 from deltatap.collector.sketches import Aggregator
 from deltatap.collector.spans import SpanRecord
 from deltatap.core.topology import Topology, default_topology
@@ -60,9 +60,6 @@ class Pipeline:
             self.joiner.add(frag, now)
 
     def _rows(self, groups: list[Group]) -> list[Row]:
-        rows: list[Row] = []
-        deltas = DeltaColumns()  # every row's deltas, for both aggregates
-        build_row = self.decomposer.build_row
         if self.handoff is not None:
             whole = self.joiner.complete
             for g in groups:
@@ -70,11 +67,10 @@ class Pipeline:
                     self.handoff(g.spans)
                     self.handed_off += 1
             groups = [g for g in groups if whole(g)]
-        for g in groups:
-            rows.append(build_row(g.spans, g.method, g.note, g.trace_ids))
+        rows = build_rows(self.decomposer, groups)  # held as columns per block where they can be (collector/batch.py)
         if rows:
-            deltas.add_rows(rows)
-            settle_rows(rows)  # kept for a while: out of the garbage collector's sight where nothing can form a cycle
+            deltas = columns_of(rows)  # every row's deltas, for both aggregates
+            settle(rows)  # kept for a while: out of the garbage collector's sight where nothing can form a cycle
             joined = self.joined
             for r in rows:
                 joined[r.join_method] += 1  # a JoinMethod finds its value's key

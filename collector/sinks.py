@@ -18,7 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from deltatap.collector.rows import Row, from_record, record_columns, to_record
+from deltatap.collector.batch import records
+from deltatap.collector.rows import Row, from_record, record_columns
 from deltatap.core.config import ConfigError
 from deltatap.core.topology import Topology
 
@@ -69,8 +70,7 @@ class RowWriter:
     def _records(self, rows: Iterable[Row]) -> list[dict[str, Any]]:
         recs = []
         known = set(self.columns)
-        for r in rows:
-            rec = to_record(r, self.topology)
+        for rec in records(rows if isinstance(rows, list) else list(rows), self.topology):  # a block's rows: from its columns
             if not self._warned and len(rec) > len(known):
                 extra = sorted(set(rec) - known)[:5]
                 log.warning("%s: columns outside topology %r dropped (e.g. %s)", self.path, self.topology.name, extra)
