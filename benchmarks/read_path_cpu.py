@@ -8,10 +8,12 @@ loop running: its read handler is called directly after each send), an SSE-sized
   handed over at once to a protocol with ``cuts_received``, as the relay's).
 
 Each measurement runs in a child process, ``DELTATAP_NATIVE=0`` (the Python) and unset (the C twin,
-``deltatap/net/_pktring.c``), alternating, ``--rounds`` times; the figure is the CPU time (``thread_time``: user +
-system, the syscalls included) of the read handler per read. Needs CAP_NET_RAW (the packet log).
+``deltatap/net/_pktring.c``: ``read_one`` for the first, ``read_packets`` for the second), alternating, ``--rounds``
+times; the figure is the CPU time (``thread_time``: user + system, the syscalls included) of the read handler per
+read. ``--base DIR``: also another source tree's read path with its C built (e.g. a worktree of an earlier commit),
+in the same alternation, for a before/after in one run. Needs CAP_NET_RAW (the packet log).
 
-    .venv/bin/python benchmarks/read_path_cpu.py [--reads 20000] [--rounds 3]
+    .venv/bin/python benchmarks/read_path_cpu.py [--reads 20000] [--rounds 3] [--base /tmp/deltatap-base]
 
 Writes benchmarks/results/read_path_cpu.json.
 """
@@ -48,7 +50,7 @@ s.setsockopt(socket.SOL_SOCKET, kstamp.SO_TIMESTAMPING, kstamp.RX_FLAGS)
 p = P(); tr = kstamp.KernelStampTransport(loop, s, p)
 msg = b"data: " + b"x" * 90 + b"\n\n"
 N = int(sys.argv[1])
-out = {"accelerated": pktstamp._acc is not None}
+out = {"accelerated": pktstamp._acc is not None, "tree": kstamp.__file__}
 cost = 0
 for _ in range(N):
     c.send(msg)
@@ -69,12 +71,15 @@ print(json.dumps(out))
 """
 
 
-def child(native: bool, reads: int) -> dict:
+def child(native: bool, reads: int, tree: str | None = None) -> dict:
     env = dict(os.environ)
     env.pop("DELTATAP_NATIVE", None)
     if not native:
         env["DELTATAP_NATIVE"] = "0"
-    r = subprocess.run([sys.executable, "-c", CHILD, str(reads)], env=env, capture_output=True, text=True, timeout=600, check=False)
+    if tree is not None:  # (that tree's deltatap package first on the path: the installed checkout is not imported)
+        env["PYTHONPATH"] = tree + os.pathsep + env.get("PYTHONPATH", "")
+    cwd = tree or str(HERE.parent)  # (``-c`` puts the working directory first on the path)
+    r = subprocess.run([sys.executable, "-c", CHILD, str(reads)], env=env, cwd=cwd, capture_output=True, text=True, timeout=600, check=False)
     if r.returncode != 0:
         raise SystemExit(f"read_path_cpu: the measuring process failed: {r.stderr.strip().splitlines()[-1:] or r.returncode}")
     got = json.loads(r.stdout.strip().splitlines()[-1])
@@ -87,23 +92,34 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reads", type=int, default=20000, help="one-segment reads per process (a quarter as many merged reads)")
     ap.add_argument("--rounds", type=int, default=3, help="processes per mode, alternating")
+    ap.add_argument("--base", metavar="DIR", help="also measure this source tree's read path (its C built), as base_c")
     ap.add_argument("--out", default=str(HERE / "results" / "read_path_cpu.json"))
     args = ap.parse_args()
     if args.reads < 4 or args.rounds < 1:
         raise SystemExit("read_path_cpu: --reads must be at least 4 and --rounds at least 1")
-    runs: dict[str, list[dict]] = {"python": [], "c": []}
+    base = None
+    if args.base is not None:
+        base = str(Path(args.base).resolve())
+        if not (Path(base) / "deltatap" / "net" / "kstamp.py").is_file():
+            raise SystemExit(f"read_path_cpu: --base {args.base}: not a deltatap source tree (no deltatap/net/kstamp.py)")
+    runs: dict[str, list[dict]] = {"python": [], "c": []} | ({"base_c": []} if base else {})
     for _ in range(args.rounds):
         runs["python"].append(child(False, args.reads))
         runs["c"].append(child(True, args.reads))
-    if not all(r["accelerated"] for r in runs["c"]):
+        if base:
+            runs["base_c"].append(child(True, args.reads, base))
+    if not all(r["accelerated"] for r in runs["c"] + runs.get("base_c", [])):
         raise SystemExit("read_path_cpu: deltatap.net._pktring is not built (rebuild: .venv/bin/pip install -e '.[test]')")
-    summary = {
-        mode: {k: round(statistics.median(r[k] for r in rs), 2) for k in ("one_segment_us", "merged_4_us")} for mode, rs in runs.items()
-    }
+    if base and not all(r["tree"].startswith(base) for r in runs["base_c"]):
+        raise SystemExit(f"read_path_cpu: --base {args.base}: its deltatap package was not the one imported")
+    keys = ("one_segment_us", "merged_4_us")
+    summary = {mode: {k: round(statistics.median(r[k] for r in rs), 2) for k in keys} for mode, rs in runs.items()}
     result = {
         "command": "python benchmarks/read_path_cpu.py " + " ".join(sys.argv[1:]),
         "what": "CPU us (thread_time, syscalls included) of one stamped read with the packet log: one segment, and four "
-                "merged segments placed from the log; Python reference (DELTATAP_NATIVE=0) vs C accelerator; median of the rounds",
+                "merged segments placed from the log; Python reference (DELTATAP_NATIVE=0) "
+                "vs C accelerator (vs --base's C); median of the rounds",
+        "base": base,
         "loadavg_1m_before": os.getloadavg()[0],
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "summary": summary,

@@ -628,6 +628,10 @@ static int to_mono(long long k, long long *t) {
         *t = now;
         return 0;
     }
+    if (PyList_GET_SIZE(g_offset) < 3) {
+        PyErr_SetString(PyExc_ValueError, "kstamp._offset: 3 items");
+        return -1;
+    }
     long long at = PyLong_AsLongLong(PyList_GET_ITEM(g_offset, 2));
     if (at == -1 && PyErr_Occurred()) return -1;
     if (now - at < OFFSET_EVERY_NS) {
@@ -739,21 +743,31 @@ static PyObject *pk_read_one(PyObject *self, PyObject *tr) {
         return PyErr_SetFromErrno(PyExc_OSError);
     }
     if (n == 0) Py_RETURN_TRUE;
-    if (k && lag_add(wall_now() - k) != 0) return NULL;
-    if (get_ll(tr, s_rx_off, &rx_off) != 0 || get_ll(tr, s_empty_mono, &empty_since) != 0) return NULL;
+    /* copied out at once: what runs below may run Python code (a collection, the offset's measure), and with it
+     * another thread's read into the same buffer */
+    data = PyBytes_FromStringAndSize((const char *)g_buf, n);
+    if (data == NULL) return NULL;
+    if ((k && lag_add(wall_now() - k) != 0) || get_ll(tr, s_rx_off, &rx_off) != 0 || get_ll(tr, s_empty_mono, &empty_since) != 0) {
+        Py_DECREF(data);
+        return NULL;
+    }
     if ((long long)n != got_bytes - rx_off) segments = 2; /* (bytes came after the count: the read may hold another) */
     /* _hand_over_read(view, n, [(n, k)], segments, t_read, taken=True) */
     long long t = t_read, bound;
-    if (k && to_mono(k, &t) != 0) return NULL;
+    if (k && to_mono(k, &t) != 0) {
+        Py_DECREF(data);
+        return NULL;
+    }
     int exact = 0 < segments && segments <= 1;
     if (exact && k) bound = 0;
     else bound = t - empty_since > 0 ? t - empty_since : 0;
-    if (n < g_buf_len && set_ll(tr, s_empty_mono, t_read) != 0) return NULL;
+    if (n < g_buf_len && set_ll(tr, s_empty_mono, t_read) != 0) {
+        Py_DECREF(data);
+        return NULL;
+    }
     /* _deliver(bytes(view[:n]), t if k else 0, bound) */
     long long rx_mono = k ? t : 0;
     if (!rx_mono) rx_mono = mono_now();
-    data = PyBytes_FromStringAndSize((const char *)g_buf, n);
-    if (data == NULL) return NULL;
     if (set_ll(tr, s_rx_mono_ns, rx_mono) != 0 || set_ll(tr, s_rx_bound_ns, bound) != 0 || set_ll(tr, s_rx_off, rx_off + n) != 0) {
         Py_DECREF(data);
         return NULL;
@@ -926,6 +940,9 @@ static PyObject *pk_read_packets(PyObject *self, PyObject *args) {
         else PyErr_SetFromErrno(PyExc_OSError);
         goto done;
     }
+    /* copied out at once (the placement below may run Python code: the anchor, and with it another thread's read) */
+    data = PyBytes_FromStringAndSize((const char *)g_buf, n);
+    if (data == NULL) goto done;
     int rc = checked_cuts(tr, plog, pat, n, last, first, &cuts, &nc, &unlogged);
     if (rc < 0) goto done;
     if (rc == 0) {
@@ -968,11 +985,6 @@ static PyObject *pk_read_packets(PyObject *self, PyObject *args) {
         bd[nc - 1] = a - b > 0 ? a - b : 0;
     }
     /* _hand_over(view, n, out), the bulk case */
-    data = PyBytes_FromStringAndSize((const char *)g_buf, n);
-    if (data == NULL) {
-        PyMem_Free(tm);
-        goto done;
-    }
     long long k_unused;
     Py_ssize_t got = recv_stamp(fd, g_buf, (size_t)n, MSG_TRUNC, &k_unused);
     if (got < 0) {
