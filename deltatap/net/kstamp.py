@@ -38,6 +38,13 @@ uvloop's transports read in C and cannot hand out ancillary data, so this is a t
 own, on the running loop's ``add_reader``/``add_writer`` (uvloop or asyncio): plain TCP only (TLS
 connections keep the loop's transports and Python's stamps).
 
+The usual read is one C call (``deltatap/net/_pktring.c``, where built: ``read_one`` does what
+:meth:`KernelStampTransport._one_segment` does up to the protocol's ``data_received``, ``read_packets`` what
+:meth:`KernelStampTransport._read_by_packets` does up to ``cuts_received``); the Python here stays the definition, runs
+with ``DELTATAP_NATIVE=0`` and is compared with the C on real loopback connections (tests/kernel/test_kstamp_native.py).
+Either way a read makes the same system calls: ``getsockopt(TCP_INFO)`` and one ``recvmsg`` for one segment; for
+several, a one-byte peek (the first buffer's stamp), the counters again, a peek of all and a discard.
+
 Servers: :func:`start_server` (used by :func:`deltatap.wire.make_stamping_site`); clients:
 :func:`connect` on an already-connected socket (used by :func:`deltatap.wire.make_stamping_connector`).
 Set ``DELTATAP_KERNEL_STAMPS=0`` to turn kernel stamps off (the loop's own transports are used).

@@ -28,6 +28,7 @@ Falls back (returns ``None`` from :func:`packet_log`) without ``CAP_NET_RAW``, o
 The per-read work here (the ring's search, ``getsockopt(TCP_INFO)``, the stamped ``recvmsg`` of
 :func:`recv_stamped`) has a C twin, ``deltatap/net/_pktring.c``, used where it is built (:mod:`deltatap.core.native`;
 ``DELTATAP_NATIVE=0`` runs the Python here, which stays the definition: tests/kernel/test_pktring.py compares the two).
+The same module also holds :mod:`deltatap.net.kstamp`'s whole read in one call (``read_one``, ``read_packets``).
 """
 
 from __future__ import annotations
