@@ -37,7 +37,8 @@ from deltatap.collector.rows import DeltaColumns, DeltaValue, PointObs, Row, to_
 from deltatap.collector.settle import SETTLED, settle_rows
 
 _POINTS, _DELTAS = Row.points, Row.deltas  # the Row slots BlockRow fills on first read
-_LAZY_FREE = tuple(f for f in SETTLED if f not in ("points", "deltas"))
+_LAZY = ("points", "deltas")
+_LAZY_FREE = tuple(f for f in SETTLED if f not in _LAZY)
 _SAFE = 1 << 58  # a column whose values stay within +-2**58: a sum of up to 31 of them fits in int64
 _new = tuple.__new__
 _EMPTY: dict = {}  # (never written to: to_record only reads)
@@ -125,6 +126,7 @@ class RowBlock:
                 deltas[name] = _new(DeltaValue, (n, e, w))
         _POINTS.__set__(row, points)
         _DELTAS.__set__(row, deltas)
+        settle_rows([row], _LAZY)  # settled as the pipeline settles every row it builds
 
     def record_items(self, i: int) -> zip:
         """The point and delta columns of the flat record (:func:`~deltatap.collector.rows.to_record`) of the block's
