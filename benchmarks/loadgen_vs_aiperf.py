@@ -22,6 +22,13 @@ Phases (a fresh process per run, the tools alternating run by run, ``--repeat`` 
   ``request_start_ns - credit_issued_ns``), first-token receive delay (the tool's first-token stamp minus the
   engine's write of that token, joined on X-Request-ID; same host, same clock).
 
+* ``stream`` (only when named in ``--phases``): the client's stream work per response, in-process, without the
+  network: the engine's own response (its reads, as the client gets them: role chunk, each token, finish + usage +
+  ``[DONE]``) fed to deltatap's ``ClientStream`` with the read stamps, then the content text taken (where a tree
+  takes it from the kept body after the run, that part is timed on its own), CPU µs per response, medians of
+  ``--repeat`` rounds, each tree in its own process, alternating. Robust to a loaded machine where the end-to-end
+  phases are not.
+
 deltatap exports its client spans over OTLP/HTTP to a span sink in its own process (benchmarks/tap_sink.py);
 its CPU per request is reported for the whole process (start-up included) and for the send phase alone
 (``run.json``'s ``send_phase_cpu_us_per_request``: the CPU of every thread, the span export included).
@@ -96,26 +103,38 @@ def children_cpu() -> float:
 # ------------------------------------------------------------------------------------- the engine
 
 
+def chunk(delta: str, finish: str = "null") -> bytes:
+    """One SSE event of the engine's stream."""
+    return (b'data: {"id":"c","object":"chat.completion.chunk","created":0,"model":"engine","choices":[{"index":0,'
+            b'"delta":%s,"finish_reason":%s}]}\n\n' % (delta.encode(), finish.encode()))
+
+
+def usage_event(n: int, prompt: int) -> bytes:
+    return (b'data: {"id":"c","object":"chat.completion.chunk","created":0,"model":"engine","choices":[],'
+            b'"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}\n\ndata: [DONE]\n\n' % (prompt, n, prompt + n))
+
+
+def token_event(i: int) -> bytes:
+    return chunk('{"content":" w%d"}' % i)
+
+
+ROLE_EVENT = chunk('{"role":"assistant","content":""}')
+
+
 def serve_engine(port: int, first_ms: float, interval_ms: float) -> None:
     """The engine (``--engine PORT``): raw asyncio on uvloop, HTTP/1.1 keep-alive, chunked SSE."""
     import asyncio
 
     import uvloop
 
-    def chunk(delta: str, finish: str = "null") -> bytes:
-        return (b'data: {"id":"c","object":"chat.completion.chunk","created":0,"model":"engine","choices":[{"index":0,'
-                b'"delta":%s,"finish_reason":%s}]}\n\n' % (delta.encode(), finish.encode()))
-
-    role = chunk('{"role":"assistant","content":""}')
+    role = ROLE_EVENT
     head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
 
     def framed(b: bytes) -> bytes:
         return b"%x\r\n%s\r\n" % (len(b), b)
 
     def tail(n: int, prompt: int) -> bytes:
-        usage = (b'data: {"id":"c","object":"chat.completion.chunk","created":0,"model":"engine","choices":[],'
-                 b'"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}\n\ndata: [DONE]\n\n' % (prompt, n, prompt + n))
-        return framed(chunk("{}", '"length"')) + framed(usage) + b"0\r\n\r\n"
+        return framed(chunk("{}", '"length"')) + framed(usage_event(n, prompt)) + b"0\r\n\r\n"
 
     truth: dict[str, list] = {}
 
@@ -160,7 +179,7 @@ def serve_engine(port: int, first_ms: float, interval_ms: float) -> None:
             def token(i: int) -> None:
                 if tr.is_closing():
                     return
-                data = framed(chunk('{"content":" w%d"}' % i))
+                data = framed(token_event(i))
                 if i == 0:
                     rec[1] = time.time_ns()
                 tr.write(data + tail(n, INPUT_TOKENS) if i == n - 1 else data)
@@ -301,6 +320,54 @@ def run_deltatap(engine: Engine, sink: Sink, tmp: Path, workload: Path, name: st
     }
 
 
+# ------------------------------------------------------------------------------------- the client's stream work
+
+STREAM_SNIPPET = r"""
+import json, sys, time
+from deltatap.loadgen import stream
+cfg = json.load(sys.stdin)
+feeds, n = [bytes.fromhex(h) for h in cfg["feeds"]], cfg["n"]
+kept = hasattr(stream, "body_text")  # the text taken from the kept body (else kept per event while reading)
+
+def one():
+    s = stream.ClientStream(None, "openai-chat")
+    for i, f in enumerate(feeds):
+        s.feed(f, 1_000 + i, 0)
+    s.finish(10_000, 0)
+    return s
+
+for _ in range(500):
+    one()
+t = time.process_time()
+streams = [one() for _ in range(n)]
+read = time.process_time() - t
+t = time.process_time()
+texts = [stream.body_text(*s.output()) for s in streams] if kept else [s.text for s in streams]
+text = time.process_time() - t
+print(json.dumps({"read_us_per_response": read / n * 1e6, "text_us_per_response": text / n * 1e6,
+                  "total_us_per_response": (read + text) / n * 1e6, "text_after_the_run": kept, "text": texts[0],
+                  "content_events": len(streams[0].event_times)}))
+"""
+
+
+def engine_feeds(tokens: int) -> list[bytes]:
+    """The payload slices the client's stream gets from the engine's response, in order (chunked framing removed):
+    the role chunk, each token, then the last token's write also carries the finish, usage and [DONE] events."""
+    return [ROLE_EVENT, *(token_event(i) for i in range(tokens)), chunk("{}", '"length"'), usage_event(tokens, INPUT_TOKENS)]
+
+
+def run_stream(tokens: int, n: int, shim_path: Path | None, cwd: Path) -> dict:
+    env = dict(os.environ)
+    if shim_path is not None:
+        env["PYTHONPATH"] = str(shim_path)
+    cfg = json.dumps({"feeds": [f.hex() for f in engine_feeds(tokens)], "n": n})
+    proc = subprocess.run([PY, "-c", STREAM_SNIPPET], input=cfg, capture_output=True, text=True, env=env,
+                          cwd=cwd if shim_path is not None else ROOT, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"stream phase failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout)
+
+
 # ------------------------------------------------------------------------------------- AIPerf
 
 
@@ -413,7 +480,7 @@ def main() -> int:
         "engine": {"kind": "raw asyncio (uvloop) SSE server defined in this benchmark", "first_ms": a.first_ms,
                    "interval_ms": a.interval_ms, "max_tokens": a.tokens, "input_tokens": INPUT_TOKENS},
         "span_export": "OTLP/HTTP to benchmarks/tap_sink.py in its own process",
-        "aiperf": aiperf or "not found: deltatap measured alone", "closed": {}, "processes": {}, "open": {},
+        "aiperf": aiperf or "not found: deltatap measured alone", "closed": {}, "processes": {}, "open": {}, "stream": {},
         "trees": {t: str(d) for t, d in trees.items()},
     }
     with tempfile.TemporaryDirectory(prefix="lg-bench-") as td:
@@ -454,6 +521,14 @@ def main() -> int:
                   f"  load {os.getloadavg()[0]:.1f}", flush=True)
 
         try:
+            for rep in range(a.repeat if "stream" in phases else 0):
+                for tool in dts:
+                    tname = tool.partition("@")[2]
+                    r = run_stream(a.tokens, 20_000, shims.get(tname), tmp)
+                    result["stream"].setdefault(tool, {"runs": []})["runs"].append(r)
+                    print(f"stream           {tool:<8} read {r['read_us_per_response']:6.1f} us + text {r['text_us_per_response']:6.1f} us"
+                          f" ({'from the kept body, after the run' if r['text_after_the_run'] else 'kept while reading'}) per response"
+                          f" of {r['content_events']} content events  load {os.getloadavg()[0]:.1f}", flush=True)
             # the tools alternate run by run, so a change in the machine's load hits both alike
             for c in concs if "closed" in phases else []:
                 for rep in range(a.repeat):
@@ -490,6 +565,9 @@ def main() -> int:
             sink.stop()
             if light is not None:
                 light.stop()
+    for t in result["stream"].values():
+        for k in ("read_us_per_response", "text_us_per_response", "total_us_per_response"):
+            t[f"median_{k}"] = med(t["runs"], k)
     for per_c in result["closed"].values():
         for t in per_c.values():
             t["median_completed_rate"] = med(t["runs"], "completed_rate")
@@ -538,7 +616,8 @@ def main() -> int:
     result["load_average_end"] = os.getloadavg()
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({"max_closed_rate": best, "processes_2_vs_1": result.get("processes_2_vs_1"), "open": d, "targets": targets}, indent=2))
+    print(json.dumps({"stream": {t: {k: v for k, v in d.items() if k.startswith("median")} for t, d in result["stream"].items()},
+                      "max_closed_rate": best, "processes_2_vs_1": result.get("processes_2_vs_1"), "open": d, "targets": targets}, indent=2))
     print(f"wrote {a.out}")
     return 0
 

@@ -244,7 +244,7 @@ class Runner:
         self.seq_step = 1
         self.bodies: dict[int, bytes] = {}  # prebuilt request bodies of single-turn requests, by plan index
         # response bodies kept by the records until their text is read (token counting after the run); past the
-        # limit, a record takes its text when its request ends
+        # limit, the later responses keep their text as they are read (the Python path, as before the bodies were kept)
         self.kept_body_bytes = 0
         self.kept_body_limit = KEPT_BODY_LIMIT
 
@@ -310,10 +310,11 @@ class Runner:
             self.records.append(rec)
             self._emit_span(tid, sid, rec)
             out = rec.output
-            if type(out) is not str:  # a kept body: its text is taken when read, unless the bodies kept grow too large
+            if type(out) is not str:  # a kept body: its text is taken when read (after the run), within a limit
                 self.kept_body_bytes += len(out[0])
                 if self.kept_body_bytes > self.kept_body_limit:
                     rec.output_text  # noqa: B018 - (takes the text now and drops the body)
+                    self.target.text_while_reading = True  # later streams keep their text as they read
         return rec
 
     def _span_attributes(self, rec: RequestRecord) -> dict[str, Any]:

@@ -10,7 +10,9 @@ themselves, no copy). The content text (``text``, for reference-token counting a
 out) is taken from that body when something asks for it: the kept body is parsed once more by a
 ``ContentStream(keep_text=True)`` with the same format and path, which gives the same events, in the same order, as
 the reads did (the parser's result does not depend on how the bytes were split), so the same texts — without a
-Python step per event while the responses are read.
+Python step per event while the responses are read. ``keep_text=True`` keeps the text as it is read instead (every
+event through ``take``, as the Python reference does; no body kept): what the runner asks for once the bodies kept by
+its records pass its limit.
 """
 
 from __future__ import annotations
@@ -21,15 +23,21 @@ from deltatap.core.sse import ContentStream, StreamObserver
 class ClientStream(StreamObserver):
     __slots__ = ("event_times", "body", "_given", "_finished")
 
-    def __init__(self, path: str | None = None, format: str | None = None) -> None:
+    def __init__(self, path: str | None = None, format: str | None = None, keep_text: bool = False) -> None:
         super().__init__(format, path)
         self.event_times: list[int] = []  # one stamp per content event
-        self.body: list[bytes] = []  # the payload slices as read (the text is taken from them on demand)
+        # the payload slices as read (the text is taken from them on demand); None with keep_text: the text of each
+        # content event is kept as it is read instead (ContentStream's parts: every event through take, in Python)
+        self.body: list[bytes] | None = None if keep_text else []
+        if keep_text:
+            self.parts = []
         self._given = (format, path)
         self._finished = False
 
     def feed(self, data: bytes | bytearray | memoryview, t_mono_ns: int, bound_ns: int = 0) -> int:
-        self.body.append(data if type(data) is bytes else bytes(data))  # (a caller's buffer may be reused)
+        body = self.body
+        if body is not None:
+            body.append(data if type(data) is bytes else bytes(data))  # (a caller's buffer may be reused)
         n = StreamObserver.feed(self, data, t_mono_ns, bound_ns)
         if n == 1:  # the usual read: one token
             self.event_times.append(t_mono_ns)
@@ -46,12 +54,15 @@ class ClientStream(StreamObserver):
 
     @property
     def text(self) -> str:
-        """The content text of the body read so far: every content event's text, in order (parsed again from the
-        kept body at each call: :meth:`output` is what a record keeps)."""
-        return body_text(*self.output())
+        """The content text read so far: every content event's text, in order (from the kept body, parsed again at
+        each call: :meth:`output` is what a record keeps)."""
+        out = self.output()
+        return out if type(out) is str else body_text(*out)
 
-    def output(self) -> tuple[bytes, str | None, str | None, bool]:
-        """What the text is taken from, compact (the body joined): ``body_text(*stream.output())`` is ``text``."""
+    def output(self) -> str | tuple[bytes, str | None, str | None, bool]:
+        """The text, or what it is taken from, compact (the body joined): ``body_text(*output)``."""
+        if self.body is None:
+            return "".join(self.parts or ())
         return b"".join(self.body), *self._given, self._finished
 
     @property

@@ -81,7 +81,8 @@ async def test_chatbot_sessions_send_history_after_think_time(sse_server, teleme
 
 async def test_output_tokens_are_the_same_whether_the_text_is_taken_after_the_run_or_at_each_end(sse_server, telemetry, monkeypatch):
     """Records keep their response body and the text is taken from it after the run (token counting), unless the
-    kept bodies pass the runner's limit: then each record takes its text when its request ends. Same counts."""
+    kept bodies pass the runner's limit: then that record takes its text at once and later streams keep theirs as
+    they read. Same counts."""
     import deltatap.loadgen.runner as runner_mod
 
     state, url = sse_server

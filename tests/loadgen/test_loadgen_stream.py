@@ -98,10 +98,10 @@ _EVENTS = st.sampled_from([
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_EVENTS, max_size=12), st.sampled_from([b"\n", b"\r\n", b"\r"]), st.lists(st.integers(min_value=1, max_value=600), max_size=12),
-       st.booleans(), st.sampled_from([None, "openai-chat", "openai-completions"]))
-def test_client_stream_matches_the_python_reference(events, eol, cuts, finished, fmt):
+       st.booleans(), st.sampled_from([None, "openai-chat", "openai-completions"]), st.booleans())
+def test_client_stream_matches_the_python_reference(events, eol, cuts, finished, fmt, keep_text):
     data = b"".join(b"data: " + e + eol + eol for e in events) + (b"data: " + events[0] + eol if events and not finished else b"")
-    client, ref = ClientStream(format=fmt), _Stamps(fmt)
+    client, ref = ClientStream(format=fmt, keep_text=keep_text), _Stamps(fmt)
     for i, piece in enumerate(_slices(data, cuts)):
         client.feed(piece, 1_000 + 10 * i, i % 2)
         ref.feed(piece, 1_000 + 10 * i, i % 2)
@@ -114,6 +114,7 @@ def test_client_stream_matches_the_python_reference(events, eol, cuts, finished,
     assert (client.events, client.content_events, client.tokens, client.malformed, client.leading_whitespace, client.done,
             client.format, client.facts) == (ref.events, ref.content_events, ref.tokens, ref.malformed,
                                             ref.leading_whitespace_events, ref.done, ref.format, ref.facts)
+    assert (client.body is None) is keep_text  # keep_text: the text as read, no body
     rec = RequestRecord(index=0, request_id="r", trace_id="1" * 32, span_id="2" * 16, output=client.output())
     assert rec.output_text == ref.text and rec.output == ref.text  # taken once, then kept as text
 
