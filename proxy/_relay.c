@@ -14,9 +14,10 @@ does exactly what they do for the usual read, and nothing for any other:
   bookkeeping, in the order the Python does, and returns True. Otherwise it changes nothing and returns False:
   the caller runs the Python path for the whole read (a head, a message end, a framing error, a placed write,
   a capture, a state this does not handle).
-* watch_cuts(up, d, data, pieces, tw, bw) -> int: Upstream.cuts_received's loop over ``pieces``
-  (``[(start, end, t, bound), ...]``), each piece as watch() would take it (and ``up.last_read_t``/``_bound`` set
-  as the loop sets them); returns how many pieces it handled: the caller's loop goes on from there.
+* watch_cuts(up, d, data, pieces, start, tw, bw) -> int: Upstream.cuts_received's loop over ``pieces``
+  (``[(start, end, t, bound), ...]``) from ``pieces[start]`` on, each piece as watch() would take it (and
+  ``up.last_read_t``/``_bound`` set as the loop sets them); returns the index of the first piece it did not take
+  (``len(pieces)``: all): the caller's loop watches that one and calls again for the rest.
 
 An exception raised inside (by the observer's Python ``take``, say) propagates with the same changes made as the
 Python path makes before it raises. tests/proxy/test_relay_native.py compares both paths on generated responses.
@@ -25,6 +26,7 @@ Every object read is type-checked before its contents are used; references are h
 Python and released on every path; no buffer is copied except the bytes object of a piece (as the Python slices). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 static PyObject *Body;         /* deltatap.net._h1.body (h1._body) */
 static PyObject *BodyStates;   /* h1._BODY_STATES (a frozenset of ints) */
@@ -36,6 +38,33 @@ static PyObject *S_reader, *S_state, *S_remaining, *S_buf, *S_pending_from, *S_u
     *S_stream, *S_capture_out, *S_response_bytes, *S_chunks, *S_end, *S_last_unplaced, *S_parser, *S_observe,
     *S_unfwd, *S_unfwd_first, *S_gaps_forwarded, *S_ltf_t, *S_ltf_b, *S_ftf_t, *S_ftf_b, *S_plain, *S_last_read_t,
     *S_last_read_bound;
+
+/* the __slots__ attributes read and written on every read, through their member descriptors (what attribute access
+   on these objects finds: their classes have no instance dict; ctx_take checks each object's exact type) */
+typedef struct {
+    PyObject *desc;
+    PyMemberDef *def;
+} Slot;
+
+static PyObject *ReaderType, *ExchangeType, *RecordType;
+static Slot R_state, R_remaining, R_buf, R_pending_from, X_rec, X_capture_out, X_last_unplaced, C_stream,
+    C_response_bytes, C_chunks, C_end, O_parser;
+
+static int slot_init(Slot *s, PyObject *type, PyObject *name) {
+    PyObject *desc = PyObject_GetAttr(type, name);
+    if (desc == NULL) return -1;
+    if (!Py_IS_TYPE(desc, &PyMemberDescr_Type) || (((PyMemberDescrObject *)desc)->d_member->flags & READONLY)) {
+        PyErr_Format(PyExc_TypeError, "setup(): %R.%U is not a writable __slots__ attribute", type, name);
+        Py_DECREF(desc);
+        return -1;
+    }
+    Py_XSETREF(s->desc, desc);
+    s->def = ((PyMemberDescrObject *)desc)->d_member;
+    return 0;
+}
+
+static inline PyObject *sget(Slot *s, PyObject *obj) { return PyMember_GetOne((const char *)obj, s->def); }
+static inline int sset(Slot *s, PyObject *obj, PyObject *v) { return PyMember_SetOne((char *)obj, s->def, v); }
 
 /* what one call watches with: taken once (a cuts list's pieces share it: nothing the fast path does changes it) */
 typedef struct {
@@ -73,12 +102,14 @@ static int ctx_take(Ctx *c, PyObject *up, PyObject *d) {
     c->ex = PySequence_GetItem(exs, 0);
     Py_DECREF(exs);
     if (c->ex == NULL) return -1;
-    if ((c->rec = PyObject_GetAttr(c->ex, S_rec)) == NULL) goto error;
-    PyObject *obs = PyObject_GetAttr(c->rec, S_stream);
+    if ((PyObject *)Py_TYPE(c->ex) != ExchangeType) goto no;
+    if ((c->rec = sget(&X_rec, c->ex)) == NULL) goto error;
+    if ((PyObject *)Py_TYPE(c->rec) != RecordType) goto no;
+    PyObject *obs = sget(&C_stream, c->rec);
     if (obs == NULL) goto error;
     if (obs == Py_None) {
         Py_DECREF(obs);
-        v = PyObject_GetAttr(c->ex, S_capture_out);
+        v = sget(&X_capture_out, c->ex);
         if (v == NULL) goto error;
         int capturing = v != Py_None;
         Py_DECREF(v);
@@ -87,10 +118,11 @@ static int ctx_take(Ctx *c, PyObject *up, PyObject *d) {
         c->obs = obs;
         /* StreamObserver itself (a subclass may watch differently) with the C observer */
         if (ObserverType == Py_None || (PyObject *)Py_TYPE(obs) != ObserverType) goto no;
-        if ((c->parser = PyObject_GetAttr(obs, S_parser)) == NULL) goto error;
+        if ((c->parser = sget(&O_parser, obs)) == NULL) goto error;
         if ((PyObject *)Py_TYPE(c->parser) != ParserType) goto no;
     }
     if ((c->reader = PyObject_GetAttr(up, S_reader)) == NULL) goto error;
+    if ((PyObject *)Py_TYPE(c->reader) != ReaderType) goto no;
     return 1;
 no:
     ctx_clear(c);
@@ -100,21 +132,21 @@ error:
     return -1;
 }
 
-/* obj.name += n */
-static int add_to(PyObject *obj, PyObject *name, Py_ssize_t n) {
-    PyObject *v = PyObject_GetAttr(obj, name);
+/* the slot obj.s += n */
+static int slot_add(Slot *s, PyObject *obj, Py_ssize_t n) {
+    PyObject *v = sget(s, obj);
     if (v == NULL) return -1;
     PyObject *dn = PyLong_FromSsize_t(n);
     if (dn == NULL) {
         Py_DECREF(v);
         return -1;
     }
-    PyObject *s = PyNumber_Add(v, dn);
+    PyObject *sum = PyNumber_Add(v, dn);
     Py_DECREF(v);
     Py_DECREF(dn);
-    if (s == NULL) return -1;
-    int rc = PyObject_SetAttr(obj, name, s);
-    Py_DECREF(s);
+    if (sum == NULL) return -1;
+    int rc = sset(s, obj, sum);
+    Py_DECREF(sum);
     return rc;
 }
 
@@ -156,19 +188,19 @@ static int watch_one(Ctx *c, PyObject *data, PyObject *t, PyObject *bound, PyObj
     Py_ssize_t n = PyBytes_GET_SIZE(data);
     if (n == 0) return 0;
     PyObject *reader = c->reader;
-    PyObject *state = PyObject_GetAttr(reader, S_state);
+    PyObject *state = sget(&R_state, reader);
     if (state == NULL) return -1;
     int in_body = PySet_Contains(BodyStates, state);
     if (in_body <= 0) {
         Py_DECREF(state);
         return in_body;
     }
-    PyObject *rem = PyObject_GetAttr(reader, S_remaining);
+    PyObject *rem = sget(&R_remaining, reader);
     if (rem == NULL) {
         Py_DECREF(state);
         return -1;
     }
-    PyObject *buf = PyObject_GetAttr(reader, S_buf);
+    PyObject *buf = sget(&R_buf, reader);
     if (buf == NULL) {
         Py_DECREF(state);
         Py_DECREF(rem);
@@ -215,10 +247,8 @@ static int watch_one(Ctx *c, PyObject *data, PyObject *t, PyObject *bound, PyObj
         if (!PyTuple_Check(ev) || PyTuple_GET_SIZE(ev) != 3) goto done;
     }
     /* reader.feed's state after the read */
-    if (PyObject_SetAttr(reader, S_state, PyTuple_GET_ITEM(res, 1)) < 0 ||
-        PyObject_SetAttr(reader, S_remaining, PyTuple_GET_ITEM(res, 2)) < 0 ||
-        PyObject_SetAttr(reader, S_buf, PyTuple_GET_ITEM(res, 3)) < 0 ||
-        PyObject_SetAttr(reader, S_pending_from, Py_None) < 0) {
+    if (sset(&R_state, reader, PyTuple_GET_ITEM(res, 1)) < 0 || sset(&R_remaining, reader, PyTuple_GET_ITEM(res, 2)) < 0 ||
+        sset(&R_buf, reader, PyTuple_GET_ITEM(res, 3)) < 0 || sset(&R_pending_from, reader, Py_None) < 0) {
         rc = -1;
         goto done;
     }
@@ -240,7 +270,7 @@ static int watch_one(Ctx *c, PyObject *data, PyObject *t, PyObject *bound, PyObj
             rc = -1;
             goto done;
         }
-        if (add_to(rec, S_response_bytes, b - a) < 0) {
+        if (slot_add(&C_response_bytes, rec, b - a) < 0) {
             rc = -1;
             goto done;
         }
@@ -269,7 +299,7 @@ static int watch_one(Ctx *c, PyObject *data, PyObject *t, PyObject *bound, PyObj
         content += k;
     }
     /* Upstream._watch (one piece) / _watch_events (several): the read counted, then the observer told */
-    if (add_to(rec, S_chunks, 1) < 0 || PyObject_SetAttr(rec, S_end, tw) < 0) {
+    if (slot_add(&C_chunks, rec, 1) < 0 || sset(&C_end, rec, tw) < 0) {
         rc = -1;
         goto done;
     }
@@ -289,14 +319,14 @@ static int watch_one(Ctx *c, PyObject *data, PyObject *t, PyObject *bound, PyObj
             rc = -1;
             goto done;
         }
-        if (any && PyObject_SetAttr(c->ex, S_last_unplaced, Py_None) < 0) {
+        if (any && sset(&X_last_unplaced, c->ex, Py_None) < 0) {
             rc = -1;
             goto done;
         }
         if (forwarded(obs, tw, bw) < 0) rc = -1;
         goto done;
     }
-    if (tell && (PyObject_SetAttr(c->ex, S_last_unplaced, Py_None) < 0 || forwarded(obs, tw, bw) < 0)) rc = -1;
+    if (tell && (sset(&X_last_unplaced, c->ex, Py_None) < 0 || forwarded(obs, tw, bw) < 0)) rc = -1;
 done:
     Py_DECREF(res);
     Py_DECREF(out);
@@ -319,24 +349,26 @@ static PyObject *relay_watch(PyObject *mod, PyObject *const *args, Py_ssize_t na
 }
 
 static PyObject *relay_watch_cuts(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "watch_cuts(up, d, data, pieces, tw, bw)");
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "watch_cuts(up, d, data, pieces, start, tw, bw)");
         return NULL;
     }
-    PyObject *up = args[0], *data = args[2], *pieces = args[3], *tw = args[4], *bw = args[5];
-    if (!PyBytes_Check(data) || !PyList_Check(pieces)) return PyLong_FromLong(0);
+    PyObject *up = args[0], *data = args[2], *pieces = args[3], *tw = args[5], *bw = args[6];
+    Py_ssize_t i = PyLong_AsSsize_t(args[4]);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    if (!PyBytes_Check(data) || !PyList_Check(pieces) || i < 0 || i >= PyList_GET_SIZE(pieces)) return Py_NewRef(args[4]);
     PyObject *plain = PyObject_GetAttr(up, S_plain);
     if (plain == NULL) return NULL;
     int is_plain = PyObject_IsTrue(plain);
     Py_DECREF(plain);
     if (is_plain < 0) return NULL;
-    if (!is_plain) return PyLong_FromLong(0);
+    if (!is_plain) return Py_NewRef(args[4]);
     Ctx c;
     int rc = ctx_take(&c, up, args[1]);
     if (rc < 0) return NULL;
-    if (rc == 0) return PyLong_FromLong(0);
+    if (rc == 0) return Py_NewRef(args[4]);
     Py_INCREF(pieces); /* (Python code the observer calls cannot take it away) */
-    Py_ssize_t i = 0, n = PyBytes_GET_SIZE(data);
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
     for (; i < PyList_GET_SIZE(pieces); i++) {
         PyObject *p = PyList_GET_ITEM(pieces, i);
         if (!PyTuple_Check(p) || PyTuple_GET_SIZE(p) != 4) break;
@@ -377,8 +409,10 @@ static PyObject *relay_watch_cuts(PyObject *mod, PyObject *const *args, Py_ssize
 }
 
 static PyObject *relay_setup(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5 || !PyCallable_Check(args[0]) || !PyAnySet_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "setup(h1_body, body_states, observer_type, parser_type, gaps_observe)");
+    if (nargs != 8 || !PyCallable_Check(args[0]) || !PyAnySet_Check(args[1]) || !PyType_Check(args[5]) ||
+        !PyType_Check(args[6]) || !PyType_Check(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "setup(h1_body, body_states, observer_type, parser_type, gaps_observe, "
+                                         "reader_type, exchange_type, record_type)");
         return NULL;
     }
     if (args[2] != Py_None && (!PyType_Check(args[2]) || !PyType_Check(args[3]) || !PyCallable_Check(args[4]))) {
@@ -399,21 +433,29 @@ static PyObject *relay_setup(PyObject *mod, PyObject *const *args, Py_ssize_t na
     INTERN(S_last_read_bound, "last_read_bound")
 #undef INTERN
     if (Zero == NULL && (Zero = PyLong_FromLong(0)) == NULL) return NULL;
-    PyObject **slots[5] = {&Body, &BodyStates, &ObserverType, &ParserType, &GapsObserve};
-    for (int i = 0; i < 5; i++) {
+    if (slot_init(&R_state, args[5], S_state) < 0 || slot_init(&R_remaining, args[5], S_remaining) < 0 ||
+        slot_init(&R_buf, args[5], S_buf) < 0 || slot_init(&R_pending_from, args[5], S_pending_from) < 0 ||
+        slot_init(&X_rec, args[6], S_rec) < 0 || slot_init(&X_capture_out, args[6], S_capture_out) < 0 ||
+        slot_init(&X_last_unplaced, args[6], S_last_unplaced) < 0 || slot_init(&C_stream, args[7], S_stream) < 0 ||
+        slot_init(&C_response_bytes, args[7], S_response_bytes) < 0 || slot_init(&C_chunks, args[7], S_chunks) < 0 ||
+        slot_init(&C_end, args[7], S_end) < 0)
+        return NULL;
+    if (args[2] != Py_None && slot_init(&O_parser, args[2], S_parser) < 0) return NULL;
+    PyObject **objs[8] = {&Body, &BodyStates, &ObserverType, &ParserType, &GapsObserve, &ReaderType, &ExchangeType, &RecordType};
+    for (int i = 0; i < 8; i++) {
         Py_INCREF(args[i]);
-        Py_XSETREF(*slots[i], args[i]);
+        Py_XSETREF(*objs[i], args[i]);
     }
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))relay_setup, METH_FASTCALL,
-     "setup(h1_body, body_states, observer_type, parser_type, gaps_observe): what the fast path calls"},
+     "setup(h1_body, body_states, observer_type, parser_type, gaps_observe, reader_type, exchange_type, record_type)"},
     {"watch", (PyCFunction)(void (*)(void))relay_watch, METH_FASTCALL,
      "watch(up, d, data, t, bound, tw, bw) -> bool: the read watched (True), or left to the Python path"},
     {"watch_cuts", (PyCFunction)(void (*)(void))relay_watch_cuts, METH_FASTCALL,
-     "watch_cuts(up, d, data, pieces, tw, bw) -> int: how many pieces were watched"},
+     "watch_cuts(up, d, data, pieces, start, tw, bw) -> int: the first piece from start on not watched here"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -668,14 +668,16 @@ class Upstream(_Side):
             return
         tw, bw = d.send(data)
         d.replay = None
-        if _watch_cuts is not None:  # (the pieces of body bytes alone in C; the loop below goes on from the first other)
-            i = _watch_cuts(self, d, data, pieces, tw, bw)
-            if i:
-                if i == len(pieces):
-                    return
-                pieces = pieces[i:]
         reader = self.reader
-        for start, end, t, bound in pieces:
+        watch_cuts = _watch_cuts
+        i, n = 0, len(pieces)
+        while i < n:
+            if watch_cuts is not None and self.plain:  # the pieces of body bytes alone in C, up to the first other one
+                i = watch_cuts(self, d, data, pieces, i, tw, bw)
+                if i >= n:
+                    return
+            start, end, t, bound = pieces[i]
+            i += 1
             self.last_read_t, self.last_read_bound = t, bound
             piece = data[start:end]
             if not self.plain:
@@ -937,7 +939,7 @@ _relay_acc = native.load("deltatap.proxy._relay", __name__)
 if _relay_acc is not None and h1._body is not None:
     _native_observer = StreamObserver._native and _sse._ObservingParser is not None
     _relay_acc.setup(h1._body, h1._BODY_STATES, StreamObserver if _native_observer else None,
-                     _sse._ObservingParser, _sse._gaps_observe)
+                     _sse._ObservingParser, _sse._gaps_observe, h1.Reader, Exchange, TapRecord)
     _watch_read, _watch_cuts = _relay_acc.watch, _relay_acc.watch_cuts
 
 
