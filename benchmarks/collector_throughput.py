@@ -18,6 +18,10 @@ requests whose client (root) span never arrives, so all 100k traces stay open; R
 off (``DELTATAP_NATIVE=0``: the pure-Python references) and on, and reports both (each run and the medians); the
 memory phase runs with them on (as ``deltatap collect`` does where they are built).
 
+``--rows-ab N`` compares, in-process, the rows stage with rows held as columns per block (``collector/batch.py``) and
+built one by one (``Decomposer.build_row``, the way before), alternating tick-sized chunks of N requests (3 rounds),
+with ``DELTATAP_NATIVE=0`` and with the accelerators.
+
 ``--stages N`` instead measures where the CPU goes, in-process and without gRPC: N requests' exports decoded,
 assembled, joined and turned into rows (ticks as at 60k spans/s every 50 ms), the CPU time of each stage per span,
 in one child process with ``DELTATAP_NATIVE=0`` and one with the accelerators.
@@ -291,6 +295,55 @@ def stages(n_requests: int) -> dict:
             "spans_per_cpu_s": n_spans / total}
 
 
+def rows_ab(n_requests: int, rounds: int) -> dict:
+    """CPU µs per request of the rows stage (rows, aggregates, settling) held in blocks (``collector/batch.py``) and
+    built one by one (``Decomposer.build_row``, the way before), alternating tick-sized chunks in this process."""
+    from deltatap.collector import pipeline as pm
+    from deltatap.collector.compact import decode_compact
+    from deltatap.collector.service import tune_gc
+    from deltatap.core import native
+
+    def per_row(dec, groups):
+        return [dec.build_row(g.spans, g.method, g.note, g.trace_ids) for g in groups]
+
+    tune_gc()
+    batched = pm.build_rows
+    ways = {"blocks": batched, "per_row": per_row}
+    cpu = {w: 0.0 for w in ways}
+    done = {w: 0 for w in ways}
+    for _ in range(rounds):
+        pipes, chunks = {}, {}
+        for w in ways:  # each way its own pipeline (its own caches and aggregates), fed the same requests
+            p = pipes[w] = pm.Pipeline(options=pm.PipelineOptions(grace_s=0.2, join_hold_s=0.2, orphan_wait_s=10.0, keep_rows=0))
+            for data in build_exports(n_requests, 50, with_client=True):
+                for f in p.assembler.add(decode_compact(data), 0.0):
+                    p.joiner.add(f, 0.0)
+            for f in p.assembler.flush(1.0):
+                p.joiner.add(f, 1.0)
+            groups = p.joiner.flush()
+            chunks[w] = [groups[i:i + 750] for i in range(0, len(groups), 750)]  # 750 requests: a 50 ms tick at 60k spans/s
+        for i in range(len(chunks["blocks"])):
+            for w, fn in ways.items():
+                pm.build_rows = fn
+                try:
+                    t = time.process_time()
+                    pipes[w]._rows(chunks[w][i])
+                    cpu[w] += time.process_time() - t
+                    done[w] += len(chunks[w][i])
+                finally:
+                    pm.build_rows = batched
+    return {"requests_per_way": done["blocks"], "accelerators": native.status(),
+            "rows_us_per_request": {w: cpu[w] / done[w] * 1e6 for w in ways}}
+
+
+def _rows_ab_child(conn, n_requests: int, rounds: int) -> None:
+    try:
+        os.sched_setaffinity(0, {0})
+    except (AttributeError, OSError):
+        pass
+    conn.send(rows_ab(n_requests, rounds))
+
+
 def _stages_child(conn, n_requests: int) -> None:
     try:
         os.sched_setaffinity(0, {0})
@@ -307,15 +360,36 @@ def main() -> int:
                     help="run the throughput phase N times with DELTATAP_NATIVE=0 and N times with the accelerators, alternating")
     ap.add_argument("--stages", type=int, default=0, metavar="N",
                     help="only measure the CPU per span of each stage, in-process, on N requests (with and without the accelerators)")
+    ap.add_argument("--rows-ab", type=int, default=0, metavar="N",
+                    help="only compare the rows stage held in blocks with the rows built one by one, in-process, alternating "
+                         "tick-sized chunks of N requests' rows (3 rounds; with and without the accelerators)")
     ap.add_argument("--out", default=None, help="results file (default benchmarks/results/collector_throughput.json, "
                                                  "collector_throughput_native.json with --compare-native)")
     args = ap.parse_args()
     if args.requests <= 0 or args.open_traces <= 0 or args.compare_native < 0:
         ap.error("--requests and --open-traces must be positive, --compare-native not negative")
-    if args.stages < 0:
-        ap.error("--stages must be positive")
-    out_name = "collector_stages.json" if args.stages else "collector_throughput_native.json" if args.compare_native else "collector_throughput.json"
+    if args.stages < 0 or args.rows_ab < 0:
+        ap.error("--stages and --rows-ab must be positive")
+    out_name = "collector_rows_ab.json" if args.rows_ab else "collector_stages.json" if args.stages else "collector_throughput_native.json" if args.compare_native else "collector_throughput.json"
     args.out = args.out or str(ROOT / "benchmarks" / "results" / out_name)
+    if args.rows_ab:
+        got = {}
+        ctx = mp.get_context("spawn")
+        for label, setting in (("python", "0"), ("native", "1")):
+            parent_conn, child_conn = ctx.Pipe()
+            os.environ["DELTATAP_NATIVE"] = setting  # read by the spawned child at import
+            proc = ctx.Process(target=_rows_ab_child, args=(child_conn, args.rows_ab, 3), daemon=True)
+            proc.start()
+            got[label] = parent_conn.recv()
+            proc.join(timeout=60)
+            print(label, json.dumps(got[label]), flush=True)
+        os.environ.pop("DELTATAP_NATIVE", None)
+        result = {"benchmark": "collector_rows_ab", "command": "benchmarks/collector_throughput.py " + " ".join(sys.argv[1:]),
+                  "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "rows_ab": got, "load_average": os.getloadavg()}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.out}")
+        return 0
     if args.stages:
         got = {}
         ctx = mp.get_context("spawn")
