@@ -271,7 +271,7 @@ def build_rows(dec: Decomposer, groups: Sequence[Any]) -> list[Row]:
         if not blk.close(dec):
             for (at, _), g in zip(blk.rows, blk.groups, strict=True):
                 rows[at] = dec.build_row(g.spans, g.method, g.note, g.trace_ids)
-        blk.groups = []
+        blk.groups, blk.rows = [], []  # (its rows hold it: no cycle left behind)
     return rows
 
 
