@@ -30,11 +30,16 @@ def new_request_id() -> str:
 
 def trace_context(head: Head) -> dict[str, str]:
     """The incoming W3C trace context (``traceparent``, ``tracestate``) as text, for :func:`deltatap.proxy.spans.begin`."""
+    index = head._index
+    if index is None:
+        index = head.index()
     out: dict[str, str] = {}
-    for name in (b"traceparent", b"tracestate"):
-        values = head.values(name)
-        if values:
-            out[name.decode()] = ",".join(v.decode("latin-1") for v in values) if name == b"tracestate" else values[0].decode("latin-1")
+    values = index.get(b"traceparent")
+    if values:
+        out["traceparent"] = values[0].decode("latin-1")
+    values = index.get(b"tracestate")
+    if values:
+        out["tracestate"] = ",".join(v.decode("latin-1") for v in values)
     return out
 
 
@@ -44,7 +49,11 @@ def rewrite_request_head(
     """The head to send upstream, the request id (the correlation header's value, created if absent) and whether it
     was created. ``correlation_header``: lower-case name. (With deltatap.net.h1's C accelerator the bytes are made in one
     call, ``_h1.rewrite_head``, exactly as below.)"""
-    additions, request_id, created = _additions(head.get(correlation_header), correlation_header, trace_headers)
+    index = head._index
+    if index is None:
+        index = head.index()
+    existing = index.get(correlation_header)
+    additions, request_id, created = _additions(existing[0] if existing else None, correlation_header, trace_headers)
     acc = h1._acc
     if acc is not None:
         return acc.rewrite_head(head.raw, host_header, target_prefix, additions), request_id, created
@@ -103,7 +112,9 @@ def _additions(existing: bytes | None, correlation_header: bytes, trace_headers:
     header with a new request id; and the request id, and whether it was created."""
     created = not existing
     request_id = new_request_id() if created else existing.decode("latin-1")  # type: ignore[union-attr]
-    added = [(name.encode(), value.encode("latin-1")) for name, value in trace_headers.items()]
+    added = []
+    for name, value in trace_headers.items():  # (a loop, not a comprehension: no frame of its own)
+        added.append((name.encode(), value.encode("latin-1")))
     if created:
         added.append((correlation_header, request_id.encode()))
     return added, request_id, created

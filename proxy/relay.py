@@ -593,7 +593,13 @@ class Downstream(_Side):
 
 
 class Upstream(_Side):
-    """The tap's connection to its upstream; paired with one :class:`Downstream` at a time."""
+    """The tap's connection to its upstream; paired with one :class:`Downstream` at a time.
+
+    Response reads: :meth:`data_received` / :meth:`on_data` / :meth:`cuts_received` forward each read first, then
+    watch it. A read (or a cuts list's piece) of body bytes alone — the response reader in a body state, a placed
+    write, a stream observer or nothing to capture — is watched in one C call when ``deltatap.proxy._relay`` is built
+    (:data:`_watch_read`, :data:`_watch_cuts`: framing, ``response_bytes``, ``chunks``, ``end``, the observer's feed
+    and ``forwarded``); every other read, and every read without it, takes :meth:`_watch`, the definition."""
 
     def __init__(self, tap: Tap) -> None:
         self.tap = tap

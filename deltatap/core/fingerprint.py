@@ -50,7 +50,7 @@ _keyed: dict[str | bytes, object] = {}  # a key as given (or resolved, for None)
 
 def _keyed_state(key: str | bytes | None) -> object:
     """The keyed, empty HMAC-SHA256 state of ``key`` (made once per key): ``copy()`` it to hash a body."""
-    if key is None or key == "":
+    if key is None or key == "" or not isinstance(key, (str, bytes)):
         key = resolve_key(key)  # (the environment is read each time: it may change)
     state = _keyed.get(key)
     if state is None:
@@ -69,7 +69,10 @@ class Fingerprinter:
     __slots__ = ("_mac", "size")
 
     def __init__(self, key: str | bytes | None = None) -> None:
-        self._mac = _keyed_state(key).copy()  # type: ignore[attr-defined]
+        state = _keyed.get(key) if key.__class__ is bytes else None  # (the tap's key: resolved once, bytes)
+        if state is None:
+            state = _keyed_state(key)
+        self._mac = state.copy()  # type: ignore[attr-defined]
         self.size = 0
 
     def update(self, chunk: bytes | bytearray | memoryview) -> None:

@@ -69,13 +69,20 @@ class Head:
         self._index: dict[bytes, list[bytes]] | None = None
         self._keep_alive: bool | None = None  # (keep_alive, once asked; the accelerator's reader fills it in)
 
-    def values(self, lname: bytes) -> list[bytes]:
-        """Every value of the header named ``lname`` (lower case), in order."""
+    def index(self) -> dict[bytes, list[bytes]]:
+        """Lower-cased name -> every value of that header, in order (made once; the accelerator's reader fills it in)."""
         index = self._index
         if index is None:
             index = self._index = {}
             for name, value in self.headers:
                 index.setdefault(name.lower(), []).append(value)
+        return index
+
+    def values(self, lname: bytes) -> list[bytes]:
+        """Every value of the header named ``lname`` (lower case), in order."""
+        index = self._index
+        if index is None:
+            index = self.index()
         return index.get(lname, [])
 
     def get(self, lname: bytes) -> bytes | None:
