@@ -11,6 +11,11 @@ between the head and the last chunk are timed (process CPU time), through the sa
 observer either way (the C observer, when built), so the difference is the relay's own per-read steps. Paths
 alternate each round (shuffled); figures are the median of the rounds.
 
+A busy tap reads a whole response at once, as one cuts list (one piece per packet:
+:meth:`Upstream.cuts_received`); the second figure is the CPU per response of ``cuts_received`` on the whole
+response (head, body pieces, end: the span built at the end is in it, the same either way) with the accelerator
+(``cuts_native``) and without it (``cuts_python``).
+
     .venv/bin/python benchmarks/relay_watch.py [--responses 20000] [--rounds 5] [--tokens 8]
 
 Writes benchmarks/results/relay_watch.json.
@@ -89,6 +94,46 @@ def run(tap: Tap, stream: list[bytes], responses: int, path: str) -> float:
     return spent
 
 
+class _Sent(Downstream):
+    """A downstream side without a socket: each write stamped as a kernel-stamped write is, exact and placed."""
+
+    def send(self, data: bytes) -> tuple[int, int]:
+        self.last_write_mono = t = (self.last_write_mono or 0) + 10
+        self.last_write_bound, self.unplaced = 0, None
+        return t, 0
+
+
+def run_cuts(tap: Tap, stream: list[bytes], responses: int, native: bool) -> float:
+    """CPU seconds spent in ``cuts_received`` on ``responses`` whole responses, each read as one cuts list."""
+    data = b"".join(stream)
+    pieces, pos, t = [], 0, 1_000_000
+    for w in stream:
+        t += 1_000_000
+        pieces.append((pos, pos + len(w), t, 0))
+        pos += len(w)
+    saved = relay._watch_cuts
+    relay._watch_cuts = saved if native else None
+    spent = 0.0
+    try:
+        for _ in range(responses):
+            d = _Sent(tap)
+            d.closed = True  # (no socket: no head timer)
+            up = Upstream(tap)
+            up.down, d.up = d, up
+            ex = Exchange(TapRecord(received=t, method="POST", path="/v1/chat/completions"), begin({}), Fingerprinter(tap.fp_key), b"POST")
+            ex.request_done = True
+            tap.exchange_started()
+            d.exchanges.append(ex)
+            up.reader.expect(b"POST")
+            c0 = time.process_time()
+            up.cuts_received(data, pieces)
+            spent += time.process_time() - c0
+            assert ex.done and ex.rec.stream is not None and ex.rec.stream.tokens == len(stream) - 5
+    finally:
+        relay._watch_cuts = saved
+    return spent
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--responses", type=int, default=20000, help="responses per path per round")
@@ -104,14 +149,23 @@ def main() -> int:
     per_read: dict[str, list[float]] = {p: [] for p in paths}
     for path in paths:
         run(tap, stream, 200, path)  # warm-up
+    cuts_paths = ["cuts_native", "cuts_python"] if relay._watch_cuts is not None else ["cuts_python"]
+    per_response: dict[str, list[float]] = {p: [] for p in cuts_paths}
+    for path in cuts_paths:
+        run_cuts(tap, stream, 200, path == "cuts_native")  # warm-up
     for rnd in range(args.rounds):
-        order = list(paths)
+        order = list(paths) + cuts_paths
         random.Random(rnd).shuffle(order)
         for path in order:
+            if path in per_response:
+                s = run_cuts(tap, stream, args.responses, path == "cuts_native")
+                per_response[path].append(s / args.responses * 1e6)
+                continue
             s = run(tap, stream, args.responses, path)
             per_read[path].append(s / (args.responses * body_reads) * 1e6)
     telemetry.shutdown()
     med = {k: round(statistics.median(v), 3) for k, v in per_read.items()}
+    med_cuts = {k: round(statistics.median(v), 2) for k, v in per_response.items()}
     result = {
         "command": "python benchmarks/relay_watch.py " + " ".join(sys.argv[1:]),
         "what": "process CPU microseconds per response body read spent in the relay's watch step (framing and stream "
@@ -126,13 +180,15 @@ def main() -> int:
         "us_per_read_rounds": {k: [round(x, 3) for x in v] for k, v in per_read.items()},
         "saved_us_per_response": round((med["reference"] - med["hot"]) * body_reads, 2),
         "native_saved_us_per_response": round((med["hot"] - med["native"]) * body_reads, 2) if "native" in med else None,
+        "cuts_us_per_response": med_cuts,
+        "cuts_us_per_response_rounds": {k: [round(x, 2) for x in v] for k, v in per_response.items()},
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({"us_per_read": med, "saved_us_per_response": result["saved_us_per_response"],
-                      "native_saved_us_per_response": result["native_saved_us_per_response"]}))
+                      "native_saved_us_per_response": result["native_saved_us_per_response"], "cuts_us_per_response": med_cuts}))
     return 0
 
 

@@ -175,32 +175,29 @@ def _gaps(g) -> tuple:
     return (g.count, g.total_ns, g.max_ns, g._zeros, sorted(g._top), dict(g._buckets), g._last)
 
 
+_REC_FIELDS = [f.name for f in dataclasses.fields(TapRecord) if f.name not in ("stream", "ws")]  # (those two: below)
+
+
 def _snapshot(up: Upstream, d: Downstream, exs: list[Exchange]) -> list:
+    """Everything the calls may change, as text (a deep copy that is cheap to take after every call)."""
     r = up.reader
     out: list = [(r._state, r._buf, r._remaining, r.pending_from, r.messages, r.error),
                  (up.last_read_t, up.last_read_bound, up.plain, up.keep_alive), (d.unplaced, len(d.exchanges))]
     for ex in exs:
-        rec = ex.rec
-        snap = {f.name: getattr(rec, f.name) for f in dataclasses.fields(rec) if f.name not in ("stream", "ws", "facts", "bounds")}
-        snap["bounds"] = dict(rec.bounds)
-        snap["facts"] = dataclasses.asdict(rec.facts)
-        s = rec.stream
+        snap = [repr([getattr(ex.rec, f) for f in _REC_FIELDS]), ex.final, ex.response_started, ex.last_unplaced, ex.done,
+                None if ex.capture_out is None else bytes(ex.capture_out)]
+        s = ex.rec.stream
         if s is not None:
-            attrs = {a: getattr(s, a) for cls in type(s).__mro__ for a in getattr(cls, "__slots__", ()) if a not in ("parser", "facts", "_fmt")}
-            attrs.update({k: v for k, v in vars(s).items() if k not in ("gaps", "gaps_forwarded")})
-            snap["stream"] = attrs
-            snap["stream_facts"] = dataclasses.asdict(s.facts)
-            snap["parser"] = (s.parser.comments, s.parser.events, s.parser.truncated)
-            snap["gaps"] = [_gaps(s.gaps), _gaps(s.gaps_forwarded)]
-        snap["exchange"] = (ex.final, ex.response_started, ex.last_unplaced, ex.done,
-                            None if ex.capture_out is None else bytes(ex.capture_out))
+            slots = [getattr(s, a) for cls in type(s).__mro__ for a in getattr(cls, "__slots__", ()) if a not in ("parser", "_fmt")]
+            snap += [repr(slots), repr({k: v for k, v in vars(s).items() if k not in ("gaps", "gaps_forwarded")}),
+                     (s.parser.comments, s.parser.events, s.parser.truncated), _gaps(s.gaps), _gaps(s.gaps_forwarded)]
         out.append(snap)
     return out
 
 
-def _replay(tap: Tap, calls: list, n: int, close: bool, native: bool, monkeypatch) -> tuple[list, int]:
+def _replay(tap: Tap, calls: list, n: int, close: bool, native: bool, monkeypatch, prepare=None) -> tuple[list, int, list[Exchange]]:
     """Make the calls on one upstream connection with the accelerator on (``native``) or off; returns what each call
-    raised and left, and how many reads or pieces the accelerator took."""
+    raised and left, how many reads or pieces the accelerator took, and the exchanges."""
     took = 0
     if native:
         watch_read, watch_cuts = relay._relay_acc.watch, relay._relay_acc.watch_cuts
@@ -237,6 +234,8 @@ def _replay(tap: Tap, calls: list, n: int, close: bool, native: bool, monkeypatc
         d.exchanges.append(ex)
         up.reader.expect(b"POST")
         exs.append(ex)
+    if prepare is not None:
+        prepare(exs)
     seen = []
     for kind, group, _write in calls:
         try:
@@ -260,21 +259,22 @@ def _replay(tap: Tap, calls: list, n: int, close: bool, native: bool, monkeypatc
         if events and events[0][0] == h1.END and d.exchanges:
             up._watch(d, b"", events, up.last_read_t, up.last_read_bound, d.last_write_mono or 0, d.last_write_bound)
         seen.append(_snapshot(up, d, exs))
-    return seen, took
+    return seen, took, exs
 
 
-_SETTINGS = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
+_SETTINGS = settings(max_examples=1000, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
+@pytest.mark.timeout(600)  # (1,000 generated cases: ~25 s on a quiet 2-core machine, several times that on a loaded one)
 @_SETTINGS
 @given(case=cases())
 def test_accelerator_leaves_every_read_as_the_python_path(case, telemetry, monkeypatch):
     calls, n, close = case
     tap = Tap(TapOptions(upstream="http://127.0.0.1:9", link="fw-engine"), telemetry)
     with monkeypatch.context() as m:
-        native, _took = _replay(tap, calls, n, close, True, m)
+        native = _replay(tap, calls, n, close, True, m)[0]
     with monkeypatch.context() as m:
-        reference, _ = _replay(tap, calls, n, close, False, m)
+        reference = _replay(tap, calls, n, close, False, m)[0]
     assert native == reference
 
 
@@ -300,40 +300,59 @@ def test_accelerator_takes_the_body_reads(how, telemetry, monkeypatch):
     else:
         calls = [(how, [(p, t + 1000 * i, 0)], (t + 1000 * i + 5, 0, False)) for i, p in enumerate(_STREAM)]
     with monkeypatch.context() as m:
-        native, took = _replay(tap, calls, 1, False, True, m)
+        native, took, exs = _replay(tap, calls, 1, False, True, m)
     with monkeypatch.context() as m:
-        reference, _ = _replay(tap, calls, 1, False, False, m)
+        reference = _replay(tap, calls, 1, False, False, m)[0]
     assert native == reference
     assert took == len(_STREAM) - 2  # (the head and the read that ends the message are the Python path's)
-    final = native[-1][3]
-    assert final["stream"]["tokens"] == 6 and final["exchange"][3]  # (done)
+    assert exs[0].done and exs[0].rec.stream.tokens == 6 and exs[0].rec.chunks == len(_STREAM) - 1
 
 
-def test_accelerator_raises_what_the_python_raises(telemetry, monkeypatch):
-    """An observer whose Python step raises mid-read: the same exception, and the same state, either way."""
+class _Boom(RuntimeError):
+    pass
+
+
+class _Bomb(int):
+    """A record counter that fails to add a piece longer than 40 bytes (every body piece of _STREAM but the last)."""
+
+    def __add__(self, other):
+        if other > 40:
+            raise _Boom("a counter failed")
+        return _Bomb(int(self) + other)
+
+
+@pytest.mark.parametrize("how", ["read", "one_cuts_list"])
+@pytest.mark.parametrize("where", ["counter", "take"])
+def test_accelerator_raises_what_the_python_raises(how, where, telemetry, monkeypatch):
+    """A step that raises mid-read — the record's counter, or the observer's Python ``take`` (for the events the C
+    observer hands to it) — gives the same exception, and leaves the same state, either way."""
     tap = Tap(TapOptions(upstream="http://127.0.0.1:9", link="fw-engine"), telemetry)
+    from deltatap.core.sse import StreamObserver
 
-    class Boom(RuntimeError):
-        pass
+    original = StreamObserver.take
 
-    def extract(self, obj, event, facts):  # (the usage event, which the C observer hands to Python's take)
-        if "usage" in obj:
-            raise Boom("extract failed")
-        return original(self, obj, event, facts)
+    def take(self, ev, t, bound=0):
+        if "role" in ev.data or "usage" in ev.data:
+            raise _Boom("take failed")
+        return original(self, ev, t, bound)
 
-    from deltatap.core.stream_formats import FORMATS
+    def bomb(exs):
+        exs[0].rec.response_bytes = _Bomb(0)
 
-    chat = type(FORMATS["openai-chat"])
-    original = chat.extract
     t = 1_000_000
-    calls = [("read", [(p, t + 1000 * i, 0)], (t + 1000 * i + 5, 0, False)) for i, p in enumerate(_STREAM)]
+    if how == "read":
+        calls = [("read", [(p, t + 1000 * i, 0)], (t + 1000 * i + 5, 0, False)) for i, p in enumerate(_STREAM)]
+    else:
+        calls = [("cuts", [(p, t + 1000 * i, 0) for i, p in enumerate(_STREAM)], (t + 99_000, 0, False))]
     results = []
     for native in (True, False):
         with monkeypatch.context() as m:
-            m.setattr(chat, "extract", extract)
-            results.append(_replay(tap, calls, 1, False, native, m)[0])
+            if where == "take":
+                m.setattr(StreamObserver, "take", take)
+            results.append(_replay(tap, calls, 1, False, native, m, bomb if where == "counter" else None)[0])
     assert results[0] == results[1]
-    assert any(r is not None and "Boom" in r for r in results[0][::2])
+    if where == "counter":
+        assert sum(r is not None and "a counter failed" in r for r in results[0][::2]) == (len(_STREAM) - 2 if how == "read" else 1)
 
 
 async def test_live_stream_records_the_same_either_way(make_tap, span_exporter, telemetry, monkeypatch):
