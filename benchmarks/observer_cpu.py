@@ -5,6 +5,9 @@ relay's forwarded() call after each read, three ways in the same process, interl
 - ``c-parser``: the C event-stream parser, then one Python ``take`` per event (the path before
   deltatap.core._content: session 16);
 - ``c-observer``: ``SseParser.observe``, one C call per read (deltatap.core._content).
+- ``c-base`` (with ``--base DIR``): the same, with the ``_content`` extension built in another checkout ``DIR``
+  (a before/after of a change to _content.c in one process, the paths alternating; e.g. a worktree of the previous
+  commit after ``pip install -e`` there, or ``python setup.py build_ext --inplace``).
 
 Streams: ``mock`` is benchmarks/tap_mock_upstream.py's (a role event, ``--tokens`` content events, usage,
 [DONE]: what benchmarks/tap_cpu.py sends), ``vllm`` the same events shaped as vLLM sends them (id, created,
@@ -12,7 +15,10 @@ model, logprobs and finish_reason null in every chunk), ``burst`` the vllm event
 stamped 1 ms after the previous one. Figures: median over the rounds of process CPU µs per read and per content
 event; paths alternate each round in a shuffled order.
 
-    .venv/bin/python benchmarks/observer_cpu.py [--responses 5000] [--rounds 5] [--tokens 64]
+    .venv/bin/python benchmarks/observer_cpu.py [--responses 5000] [--rounds 5] [--tokens 64] [--base DIR] [--keep-text]
+
+``--keep-text``: every observer keeps each content event's text (``parts``, as the load generator's
+``ClientStream(keep_text=True)``), and each response's text is checked.
 
 Writes benchmarks/results/observer_cpu.json.
 """
@@ -55,7 +61,57 @@ def streams(tokens: int) -> dict[str, list[bytes]]:
     return {"mock": mock, "vllm": vllm, "burst": burst}
 
 
+KEEP = {"text": False}  # --keep-text
+BASE: dict = {}  # c-base: the other build's module, and the observer class that feeds its parser
+
+
+def load_base(folder: str) -> str | None:
+    """Load ``folder``'s built deltatap/core/_content extension under another name (the module's own state is its
+    own); None when it loaded, else why not."""
+    import importlib.machinery
+    import importlib.util
+
+    found = sorted(Path(folder, "deltatap", "core").glob("_content.*.so"))
+    if not found:
+        return f"no built _content extension under {folder}/deltatap/core (build it there first)"
+    name = "deltatap_base._content"  # (the init function's name comes from the last part)
+    loader = importlib.machinery.ExtensionFileLoader(name, str(found[0]))
+    spec = importlib.util.spec_from_file_location(name, str(found[0]), loader=loader)
+    if spec is None:
+        return f"cannot load {found[0]}"
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    import heapq
+
+    from deltatap.core.gap_stats import _LOG_GAMMA
+    mod.setup(sse.SseEvent)
+    mod.setup_observer(sse.FORMATS["openai-chat"], sse.FORMATS["openai-completions"], heapq.heappush, heapq.heapreplace, _LOG_GAMMA)
+
+    class BaseGaps(mod.GapCore):  # type: ignore[name-defined,misc]
+        __slots__ = ()
+        mean_ns = GapStats.mean_ns
+        quantile_ns = GapStats.quantile_ns
+        p99_ns = GapStats.p99_ns
+
+    class BaseObserver(sse.StreamObserver):
+        def feed(self, data: bytes, t_mono_ns: int, bound_ns: int = 0) -> int:  # StreamObserver.feed's C line
+            p = self.parser
+            if self._native and type(p) is mod.SseParser:
+                return p.observe(self, data, t_mono_ns, bound_ns)
+            raise AssertionError("c-base: not its parser")
+
+    BASE.update(mod=mod, gaps=BaseGaps, cls=BaseObserver)
+    return None
+
+
 def observer(path: str) -> sse.StreamObserver:
+    if path == "c-base":
+        obs = BASE["cls"](path="/v1/chat/completions")
+        obs.parser = BASE["mod"].SseParser()
+        obs.gaps = BASE["gaps"]()  # (forwarded() reads gaps_forwarded with this build's gaps_observe: this build's)
+        if KEEP["text"]:
+            obs.parts = []
+        return obs
     obs = sse.StreamObserver(path="/v1/chat/completions")
     if path != "c-observer":
         obs._native = False
@@ -64,6 +120,8 @@ def observer(path: str) -> sse.StreamObserver:
             obs.parser = sse._PySseParser()
         elif sse._acc is not None:
             obs.parser = sse._acc.SseParser()
+    if KEEP["text"]:
+        obs.parts = []
     return obs
 
 
@@ -80,6 +138,7 @@ def run(reads: list[bytes], responses: int, path: str, tokens: int) -> float:
         obs.finish(t)
     spent = time.process_time() - c0
     assert obs.tokens == tokens and obs.done and obs.gaps.count == tokens - 1, path
+    assert not KEEP["text"] or len(obs.parts) == tokens, path
     return spent
 
 
@@ -88,12 +147,21 @@ def main() -> int:
     p.add_argument("--responses", type=int, default=5000, help="responses per path, stream and round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--tokens", type=int, default=64, help="content events per response")
+    p.add_argument("--base", metavar="DIR", help="also c-base: the _content extension built in checkout DIR (before/after)")
+    p.add_argument("--keep-text", action="store_true", help="observers keep each content event's text (the load generator's keep_text)")
     p.add_argument("--out", default=str(HERE / "results" / "observer_cpu.json"))
     args = p.parse_args()
+    KEEP["text"] = args.keep_text
     if sse._observe_acc is None:
         print("deltatap.core._content is not built (or DELTATAP_NATIVE turns it off): nothing to compare", file=sys.stderr)
         return 2
     paths = ["python", "c-parser", "c-observer"]
+    if args.base:
+        why = load_base(args.base)
+        if why:
+            print(f"--base {args.base}: {why}", file=sys.stderr)
+            return 2
+        paths.append("c-base")
     by_stream = streams(args.tokens)
     spent: dict[str, dict[str, list[float]]] = {s: {p: [] for p in paths} for s in by_stream}
     for name, reads in by_stream.items():
@@ -114,12 +182,15 @@ def main() -> int:
                                    "us_per_content_event": round(s / (args.responses * args.tokens) * 1e6, 3),
                                    "us_per_response": round(s / args.responses * 1e6, 1)}
         figures[name]["c-observer_vs_c-parser"] = round(figures[name]["c-observer"]["us_per_response"] / figures[name]["c-parser"]["us_per_response"], 3)
+        if "c-base" in paths:
+            figures[name]["c-observer_vs_c-base"] = round(figures[name]["c-observer"]["us_per_response"] / figures[name]["c-base"]["us_per_response"], 3)
     result = {
         "command": "python benchmarks/observer_cpu.py " + " ".join(sys.argv[1:]),
         "what": "process CPU per response read of StreamObserver.feed (+ forwarded() after a read with content), median of the "
                 "rounds: python = Python parser and observer, c-parser = C parser + Python take per event (session 16), "
-                "c-observer = SseParser.observe (deltatap.core._content)",
+                "c-observer = SseParser.observe (deltatap.core._content)" + (f", c-base = the same built in {args.base}" if args.base else ""),
         "tokens_per_response": args.tokens,
+        "keep_text": args.keep_text,
         "responses_per_round": args.responses,
         "rounds": args.rounds,
         "figures": figures,

@@ -5,16 +5,24 @@ t, bound), which does what StreamObserver.feed does in Python (sse.py, the defin
 events and, for each one in order, does what ContentStream.take and ContentStream.count do, then what
 StreamObserver._events does with the read's content events (GapStats.observe, the unforwarded count and flags).
 
-It handles only the events it is sure of, without building any Python object for them: "[DONE]", an empty data,
-and, once the observer's format is openai-chat or openai-completions, a JSON object whose only facts are nulls
-(usage, timings, error, finish_reason null; tool_calls null or []) and whose model and id are already known or
-absent, with each choice's delta content / reasoning_content / reasoning / refusal strings (chat) or text
-(completions). The first-content-token rule it applies to them is ContentStream.count's (a content event's text is
-whitespace-only when every character is, by str.isspace). Every other event (the first ones before the format is
-detected, usage, finish reasons, tool calls, errors, anything unusual, invalid or nested too deeply for the
-scanner) goes to obs.take(event, t, bound) in Python, in order, after the counters this call has gathered are
-written to the observer; so the observer ends each read in the state the Python alone gives
-(tests/kernel/test_content_native.py compares them on generated streams split at random points).
+It handles only the events it is sure of: "[DONE]", an empty data, and openai-chat / openai-completions JSON
+objects: once the observer's format is one of those, or, before a format is detected, when it is the one
+detect_format tries first (the path's hint, or openai-chat without one) and detects the event by its "object"
+string or its first choice's "delta" / "text" key (the format and its name are then set, as take sets them). From
+those it records what extract records: model and id (unescaped strings, while unknown; other types are ignored as
+_model_and_id ignores them), usage's integer prompt_tokens / completion_tokens (an object; null, strings, arrays and
+objects are not ints; other keys and nested details are skipped), each choice's non-empty unescaped string
+finish_reason (take_finish: once each, in order), and each choice's delta content / reasoning_content / reasoning /
+refusal strings (chat) or text (completions); timings, error null and tool_calls null or []. With keep_text (parts
+a list) each content event's text goes into parts as extract joins it (per choice, the delta's keys in
+_CHAT_TEXT_KEYS order), decoded piece by piece with "replace" (each piece lies between ASCII quotes, so that is the
+whole data's decoding of it). The first-content-token rule it applies is ContentStream.count's (a content event's
+text is whitespace-only when every character is, by str.isspace). Every other event (other formats, escaped
+model / id / finish_reason / kept text, non-integer or boolean token counts, finish reasons of other types, tool
+calls, timings, errors, repeated keys, anything invalid or nested too deeply for the scanner) goes to
+obs.take(event, t, bound) in Python, in order, after the counters this call has gathered are written to the
+observer; so the observer ends each read in the state the Python alone gives (tests/kernel/test_content_native.py
+compares them on generated streams split at random points).
 
 The JSON scanner is a validator of a strict subset of what json accepts: every read is bounds-checked against the
 event's length, nesting is bounded (deeper goes to Python), nothing is copied. */
@@ -44,17 +52,21 @@ static int add_gap_type(PyObject *m);
 #include <limits.h>
 #include <math.h>
 
-static PyObject *One, *ChatFmt, *ComplFmt, *HeapPush, *HeapReplace;
+static PyObject *One, *ChatFmt, *ComplFmt, *HeapPush, *HeapReplace, *ChatName, *ComplName;
 static double LogGamma;
 static PyObject *S_take, *S_fmt, *S_parts, *S_facts, *S_model, *S_response_id, *S_events, *S_content_events,
     *S_tokens, *S_leading_ws, *S_done, *S_first_t, *S_first_b, *S_last_t, *S_last_b, *S_gaps, *S_observe,
-    *S_chunks, *S_bytes, *S_first_chunk, *S_unfwd, *S_unfwd_first, *S_last_had_first;
+    *S_chunks, *S_bytes, *S_first_chunk, *S_unfwd, *S_unfwd_first, *S_last_had_first, *S_hint, *S_format,
+    *S_input_tokens, *S_output_tokens, *S_finish_reasons;
 
 enum { FMT_OTHER = 0, FMT_CHAT = 1, FMT_COMPLETIONS = 2 };
 
 typedef struct {
     PyObject *obs, *t, *bound; /* borrowed: observe()'s arguments */
-    int fmt;                   /* the observer's format, when one the scanner knows */
+    int fmt;                   /* the observer's format, when one the scanner knows (or the one to detect) */
+    int keep;                  /* keep_text: parts is a list, each content event's text is appended to it */
+    int detect;                /* no format yet: fmt is the one detect_format tries first (the path's hint, or
+                                  openai-chat first of all), which an event handled here must be detected as */
     int waiting;               /* first_token_mono_ns is None */
     int need_model, need_id;   /* facts.model / facts.response_id is None */
     /* what the events handled here add, not yet written to the observer */
@@ -83,10 +95,33 @@ static int obs_refresh(Obs *c) {
     PyObject *v = PyObject_GetAttr(c->obs, S_fmt);
     if (v == NULL) return -1;
     c->fmt = v == ChatFmt ? FMT_CHAT : v == ComplFmt ? FMT_COMPLETIONS : FMT_OTHER;
+    c->detect = 0;
+    if (v == Py_None) { /* ContentStream.take: detect_format(obj, event, self._hint), the hint tried first */
+        PyObject *h = PyObject_GetAttr(c->obs, S_hint);
+        if (h == NULL) {
+            Py_DECREF(v);
+            return -1;
+        }
+        int hnone = h == Py_None;
+        int hc = hnone ? 0 : PyUnicode_Check(h) ? PyObject_RichCompareBool(h, ChatName, Py_EQ) : -2;
+        int hp = hc == 0 && !hnone ? PyObject_RichCompareBool(h, ComplName, Py_EQ) : 0;
+        Py_DECREF(h);
+        if (hc == -1 || hp == -1) {
+            Py_DECREF(v);
+            return -1;
+        }
+        if (hp == 1)
+            c->fmt = FMT_COMPLETIONS, c->detect = 1;
+        else if (hc == 1 || hnone)
+            c->fmt = FMT_CHAT, c->detect = 1;
+        /* (another hint: Python) */
+    }
     Py_DECREF(v);
-    int none;
-    if (is_none_attr(c->obs, S_parts, &none) < 0) return -1;
-    if (!none) c->fmt = FMT_OTHER; /* keep_text: Python keeps each text */
+    PyObject *parts = PyObject_GetAttr(c->obs, S_parts);
+    if (parts == NULL) return -1;
+    c->keep = parts != Py_None;
+    if (c->keep && !PyList_CheckExact(parts)) c->fmt = FMT_OTHER; /* (not the list count appends to: Python) */
+    Py_DECREF(parts);
     if (is_none_attr(c->obs, S_first_t, &c->waiting) < 0) return -1;
     if (c->fmt == FMT_OTHER) return 0;
     PyObject *facts = PyObject_GetAttr(c->obs, S_facts);
@@ -139,9 +174,32 @@ typedef struct {
 } J;
 
 typedef struct {
+    const unsigned char *s; /* NULL: none */
+    Py_ssize_t n;
+} Str;
+
+#define MAX_PIECES 16
+
+typedef struct {
     int nonempty; /* a content string that is not "" */
     int allspace; /* every character of every content string is whitespace */
+    int keep;     /* keep_text: the pieces of the event's text, in extract's order (an escaped one: Python) */
+    int np;
+    Str pieces[MAX_PIECES];
 } Text;
+
+#define MAX_FINISH 8
+
+/* the facts one event gives (applied only once the whole event scanned as sure): model and id (unescaped strings,
+   when still unknown), usage's integer prompt_tokens / completion_tokens, the choices' non-empty unescaped
+   finish_reason strings in order, and whether it is the format being detected */
+typedef struct {
+    Text t;
+    Str model, id, in, out;
+    Str finish[MAX_FINISH];
+    int nfinish;
+    int detected;
+} Scan;
 
 static void jws(J *j) {
     while (j->p < j->e && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r')) j->p++;
@@ -383,12 +441,26 @@ static int once(unsigned *seen, unsigned bit) {
     return 0;
 }
 
-/* a string (content), or any other value (not content) */
-static int jtext(J *j, Text *t) {
+/* a string (content; a non-empty one in *slot), or any other value (not content) */
+static int jtext(J *j, Text *t, Str *slot) {
     const unsigned char *s;
     Py_ssize_t n;
-    if (*j->p == '"') return jstr(j, &s, &n, NULL, t);
-    return jvalue(j, 3);
+    int esc;
+    if (*j->p != '"') return jvalue(j, 3);
+    if (jstr(j, &s, &n, &esc, t) < 0) return -1;
+    if (t->keep && esc) return -1; /* keep_text: Python unescapes the text */
+    if (n > 0) {
+        slot->s = s;
+        slot->n = n;
+    }
+    return 0;
+}
+
+static int keep_piece(Text *t, Str s) {
+    if (!t->keep || s.s == NULL) return 0;
+    if (t->np == MAX_PIECES) return -1;
+    t->pieces[t->np++] = s;
+    return 0;
 }
 
 /* chat: one delta object's members */
@@ -397,11 +469,13 @@ static int chat_delta(J *j, Text *t) {
     unsigned seen = 0;
     const unsigned char *k;
     Py_ssize_t kn;
+    Str slots[4] = {{NULL, 0}, {NULL, 0}, {NULL, 0}, {NULL, 0}}; /* _CHAT_TEXT_KEYS's order, not the JSON's */
     j->p++;
     while ((r = jmember(j, &first, &k, &kn)) == 1) {
         if (KEY("content") || KEY("reasoning_content") || KEY("reasoning") || KEY("refusal")) {
-            if (once(&seen, KEY("content") ? 1 : KEY("reasoning_content") ? 2 : KEY("reasoning") ? 4 : 8) < 0) return -1;
-            if (jtext(j, t) < 0) return -1;
+            int i = KEY("content") ? 0 : KEY("reasoning_content") ? 1 : KEY("reasoning") ? 2 : 3;
+            if (once(&seen, 1u << i) < 0) return -1;
+            if (jtext(j, t, &slots[i]) < 0) return -1;
         } else if (KEY("tool_calls")) {
             if (once(&seen, 16) < 0) return -1;
             if (jlit(j, "null", 4) == 0) continue;
@@ -413,35 +487,94 @@ static int chat_delta(J *j, Text *t) {
         } else if (jvalue(j, 3) < 0)
             return -1;
     }
+    for (int i = 0; r == 0 && i < 4; i++)
+        if (keep_piece(t, slots[i]) < 0) return -1;
     return r;
 }
 
-/* one choice object's members */
-static int choice(J *j, int fmt, Text *t) {
+/* an unescaped string (j->p on its quote): -1 for an escaped one (Python unescapes) */
+static int jplain(J *j, Str *out) {
+    int esc;
+    if (jstr(j, &out->s, &out->n, &esc, NULL) < 0 || esc) return -1;
+    return 0;
+}
+
+/* one choice object's members; head: the first choice (detect_format looks at its "delta" / "text" key) */
+static int choice(J *j, int fmt, Scan *sc, int head) {
     int first = 1, r;
     unsigned seen = 0;
     const unsigned char *k;
     Py_ssize_t kn;
+    Text *t = &sc->t;
     j->p++;
     while ((r = jmember(j, &first, &k, &kn)) == 1) {
-        if (KEY("finish_reason")) {
-            if (once(&seen, 1) < 0 || jlit(j, "null", 4) < 0) return -1; /* a finish reason: Python */
+        if (KEY("finish_reason")) { /* StreamFacts.take_finish: a non-empty str, once */
+            if (once(&seen, 1) < 0) return -1;
+            if (jlit(j, "null", 4) == 0) continue;
+            if (*j->p != '"') return -1; /* a reason of another type: Python */
+            Str f;
+            if (jplain(j, &f) < 0) return -1;
+            if (f.n > 0) {
+                if (sc->nfinish == MAX_FINISH) return -1;
+                sc->finish[sc->nfinish++] = f;
+            }
         } else if (fmt == FMT_CHAT && KEY("delta")) {
             if (once(&seen, 2) < 0) return -1;
+            if (head) sc->detected = 1; /* OpenAIChat.detect: "delta" in choices[0] */
             if (*j->p == '{') {
                 if (chat_delta(j, t) < 0) return -1;
             } else if (jvalue(j, 2) < 0)
                 return -1;
         } else if (fmt == FMT_COMPLETIONS && KEY("text")) {
-            if (once(&seen, 2) < 0 || jtext(j, t) < 0) return -1;
+            if (once(&seen, 2) < 0) return -1;
+            if (head) sc->detected = 1; /* OpenAICompletions.detect: "text" in choices[0] */
+            Str text = {NULL, 0};
+            if (jtext(j, t, &text) < 0 || keep_piece(t, text) < 0) return -1;
         } else if (jvalue(j, 2) < 0)
             return -1;
     }
     return r;
 }
 
-/* the event's data: 1 sure (t says its content), -1 Python's to decide */
-static int scan_event(const unsigned char *p, Py_ssize_t n, Obs *c, Text *t) {
+/* an integer json reads as int (no fraction, no exponent): -1 for any other number (Python) */
+static int jint(J *j, Str *out) {
+    const unsigned char *start = j->p;
+    if (jnum(j) < 0) return -1;
+    for (const unsigned char *q = start; q < j->p; q++)
+        if (*q == '.' || *q == 'e' || *q == 'E') return -1;
+    out->s = start;
+    out->n = j->p - start;
+    return 0;
+}
+
+/* StreamFacts.take_usage(usage, "prompt_tokens", "completion_tokens") on an object: its int members; null and
+   strings, arrays, objects are not int (nothing); true/false (bool is an int) and other numbers go to Python */
+static int usage_obj(J *j, Scan *sc) {
+    int first = 1, r;
+    unsigned seen = 0;
+    const unsigned char *k;
+    Py_ssize_t kn;
+    j->p++;
+    while ((r = jmember(j, &first, &k, &kn)) == 1) {
+        int in = KEY("prompt_tokens");
+        if (in || KEY("completion_tokens")) {
+            if (once(&seen, in ? 1 : 2) < 0) return -1;
+            unsigned char c = *j->p;
+            Str *dst = in ? &sc->in : &sc->out;
+            if (c == '-' || (c >= '0' && c <= '9')) {
+                if (jint(j, dst) < 0) return -1;
+            } else if (c == 't' || c == 'f')
+                return -1;
+            else if (jvalue(j, 3) < 0)
+                return -1;
+        } else if (jvalue(j, 3) < 0)
+            return -1;
+    }
+    return r;
+}
+
+/* the event's data: 1 sure (sc says its content and facts), -1 Python's to decide */
+static int scan_event(const unsigned char *p, Py_ssize_t n, Obs *c, Scan *sc) {
     J j = {p, p + n};
     int first = 1, r;
     unsigned seen = 0;
@@ -451,12 +584,28 @@ static int scan_event(const unsigned char *p, Py_ssize_t n, Obs *c, Text *t) {
     if (j.p >= j.e || *j.p != '{') return -1;
     j.p++;
     while ((r = jmember(&j, &first, &k, &kn)) == 1) {
-        if (KEY("usage") || KEY("timings") || KEY("error")) {
-            if (once(&seen, KEY("usage") ? 1 : KEY("timings") ? 2 : 4) < 0 || jlit(&j, "null", 4) < 0) return -1;
-        } else if (KEY("model")) {
-            if (c->need_model || jvalue(&j, 1) < 0) return -1;
-        } else if (KEY("id")) {
-            if (c->need_id || jvalue(&j, 1) < 0) return -1;
+        if (KEY("usage")) {
+            if (once(&seen, 1) < 0) return -1;
+            if (jlit(&j, "null", 4) == 0) continue;
+            if (*j.p != '{' || usage_obj(&j, sc) < 0) return -1; /* (usage that is no object: Python) */
+        } else if (KEY("timings") || KEY("error")) {
+            if (once(&seen, KEY("timings") ? 2 : 4) < 0 || jlit(&j, "null", 4) < 0) return -1;
+        } else if (KEY("model") || KEY("id")) { /* _model_and_id: a str, while unknown */
+            int m = KEY("model");
+            if (once(&seen, m ? 16 : 32) < 0) return -1;
+            if ((m ? c->need_model : c->need_id) && *j.p == '"') {
+                if (jplain(&j, m ? &sc->model : &sc->id) < 0) return -1;
+            } else if (jvalue(&j, 1) < 0)
+                return -1;
+        } else if (c->detect && KEY("object")) { /* detect: obj.get("object") == "chat.completion.chunk" / "text_completion" */
+            if (once(&seen, 64) < 0) return -1;
+            if (*j.p == '"') {
+                Str o;
+                if (jplain(&j, &o) < 0) return -1;
+                const char *want = c->fmt == FMT_CHAT ? "chat.completion.chunk" : "text_completion";
+                if (o.n == (Py_ssize_t)strlen(want) && memcmp(o.s, want, (size_t)o.n) == 0) sc->detected = 1;
+            } else if (jvalue(&j, 1) < 0)
+                return -1;
         } else if (KEY("choices")) {
             if (once(&seen, 8) < 0) return -1;
             if (jlit(&j, "null", 4) == 0) continue;
@@ -467,10 +616,10 @@ static int scan_event(const unsigned char *p, Py_ssize_t n, Obs *c, Text *t) {
                 j.p++;
                 continue;
             }
-            for (;;) {
+            for (int head = 1;; head = 0) {
                 if (j.p >= j.e) return -1;
                 if (*j.p == '{') {
-                    if (choice(&j, c->fmt, t) < 0) return -1;
+                    if (choice(&j, c->fmt, sc, head) < 0) return -1;
                 } else if (jvalue(&j, 1) < 0) /* (a choice that is not an object carries nothing) */
                     return -1;
                 jws(&j);
@@ -488,7 +637,114 @@ static int scan_event(const unsigned char *p, Py_ssize_t n, Obs *c, Text *t) {
     }
     if (r < 0) return -1;
     jws(&j);
-    return j.p == j.e ? 1 : -1;
+    if (j.p != j.e) return -1;
+    return c->detect && !sc->detected ? -1 : 1; /* (not the format tried first: detect_format in Python) */
+}
+
+/* a str from an unescaped JSON string's bytes: the event's data was decoded with "replace" as a whole, and a string
+   is delimited by ASCII quotes, so decoding its bytes alone gives the same characters */
+static PyObject *str_of(Str s) {
+    return PyUnicode_DecodeUTF8((const char *)s.s, s.n, "replace");
+}
+
+static int set_str(PyObject *o, PyObject *name, Str s) {
+    PyObject *v = str_of(s);
+    if (v == NULL) return -1;
+    int rc = PyObject_SetAttr(o, name, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+static int set_int(PyObject *o, PyObject *name, Str s) {
+    char buf[MAX_NUMBER + 1]; /* (jnum bounds a number's length) */
+    if (s.n > MAX_NUMBER) {
+        PyErr_SetString(PyExc_RuntimeError, "_content: number too long");
+        return -1;
+    }
+    memcpy(buf, s.s, (size_t)s.n);
+    buf[s.n] = 0;
+    PyObject *v = PyLong_FromString(buf, NULL, 10);
+    if (v == NULL) return -1;
+    int rc = PyObject_SetAttr(o, name, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+/* what extract (and detect_format) record for a sure event: the format, model, id, usage, finish reasons */
+static int apply_facts(Obs *c, Scan *sc) {
+    if (c->detect) { /* ContentStream.take: self._fmt, self.format */
+        if (PyObject_SetAttr(c->obs, S_fmt, c->fmt == FMT_CHAT ? ChatFmt : ComplFmt) < 0 ||
+            PyObject_SetAttr(c->obs, S_format, c->fmt == FMT_CHAT ? ChatName : ComplName) < 0)
+            return -1;
+        c->detect = 0;
+    }
+    if (!sc->model.s && !sc->id.s && !sc->in.s && !sc->out.s && sc->nfinish == 0) return 0;
+    PyObject *facts = PyObject_GetAttr(c->obs, S_facts);
+    if (facts == NULL) return -1;
+    int rc = 0;
+    if (sc->model.s && (rc = set_str(facts, S_model, sc->model)) == 0) c->need_model = 0;
+    if (rc == 0 && sc->id.s && (rc = set_str(facts, S_response_id, sc->id)) == 0) c->need_id = 0;
+    if (rc == 0 && sc->in.s) rc = set_int(facts, S_input_tokens, sc->in);
+    if (rc == 0 && sc->out.s) rc = set_int(facts, S_output_tokens, sc->out);
+    if (rc == 0 && sc->nfinish > 0) { /* StreamFacts.take_finish: each reason once, in order */
+        PyObject *reasons = PyObject_GetAttr(facts, S_finish_reasons);
+        if (reasons == NULL) rc = -1;
+        for (int i = 0; rc == 0 && i < sc->nfinish; i++) {
+            PyObject *v = str_of(sc->finish[i]);
+            if (v == NULL) {
+                rc = -1;
+                break;
+            }
+            int has = PySequence_Contains(reasons, v);
+            if (has < 0)
+                rc = -1;
+            else if (has == 0) {
+                PyObject *r = PyObject_CallMethod(reasons, "append", "O", v);
+                if (r == NULL) rc = -1;
+                Py_XDECREF(r);
+            }
+            Py_DECREF(v);
+        }
+        Py_XDECREF(reasons);
+    }
+    Py_DECREF(facts);
+    return rc;
+}
+
+/* ContentStream.count's parts.append(text): the pieces decoded one by one (each between ASCII quotes: as the whole
+   data's decoding gives them) and joined */
+static int keep_text(Obs *c, Text *t) {
+    PyObject *text;
+    if (t->np == 1)
+        text = str_of(t->pieces[0]);
+    else {
+        PyObject *list = PyList_New(t->np);
+        if (list == NULL) return -1;
+        for (int i = 0; i < t->np; i++) {
+            PyObject *v = str_of(t->pieces[i]);
+            if (v == NULL) {
+                Py_DECREF(list);
+                return -1;
+            }
+            PyList_SET_ITEM(list, i, v);
+        }
+        PyObject *empty = PyUnicode_New(0, 0);
+        text = empty == NULL ? NULL : PyUnicode_Join(empty, list);
+        Py_XDECREF(empty);
+        Py_DECREF(list);
+    }
+    if (text == NULL) return -1;
+    PyObject *parts = PyObject_GetAttr(c->obs, S_parts);
+    int rc = -1;
+    if (parts != NULL) {
+        if (PyList_Check(parts))
+            rc = PyList_Append(parts, text);
+        else
+            PyErr_SetString(PyExc_RuntimeError, "_content: parts is no longer a list");
+        Py_DECREF(parts);
+    }
+    Py_DECREF(text);
+    return rc;
 }
 
 /* ---- one dispatched event --------------------------------------------------------------------------------- */
@@ -509,15 +765,21 @@ static int observe_event(void *vself) {
         return 0;
     }
     if (c->fmt != FMT_OTHER) {
-        Text t = {0, 1};
-        if (scan_event(p, n, c, &t) == 1) {
+        Scan sc;
+        memset(&sc, 0, sizeof sc);
+        sc.t.allspace = 1;
+        sc.t.keep = c->keep;
+        if (scan_event(p, n, c, &sc) == 1) {
+            Text *t = &sc.t;
+            if (apply_facts(c, &sc) < 0) return -1;
+            if (t->nonempty && t->keep && keep_text(c, t) < 0) return -1;
             c->events++;
-            if (t.nonempty) {
+            if (t->nonempty) {
                 c->content++;
                 c->n_content++;
                 c->last = 1;
                 if (c->waiting) {
-                    if (t.allspace)
+                    if (t->allspace)
                         c->leading_ws++;
                     else {
                         c->first = 1;
@@ -853,7 +1115,9 @@ static PyObject *setup_observer(PyObject *mod, PyObject *const *args, Py_ssize_t
     INTERN(S_last_b, "last_token_bound_ns") INTERN(S_gaps, "gaps") INTERN(S_observe, "observe")
     INTERN(S_chunks, "chunks") INTERN(S_bytes, "bytes") INTERN(S_first_chunk, "first_chunk_mono_ns")
     INTERN(S_unfwd, "_unforwarded") INTERN(S_unfwd_first, "_unforwarded_first")
-    INTERN(S_last_had_first, "_last_had_first")
+    INTERN(S_last_had_first, "_last_had_first") INTERN(S_hint, "_hint") INTERN(S_format, "format")
+    INTERN(S_input_tokens, "input_tokens") INTERN(S_output_tokens, "output_tokens")
+    INTERN(S_finish_reasons, "finish_reasons")
 #undef INTERN
     if (One == NULL && (One = PyLong_FromLong(1)) == NULL) return NULL;
     PyObject **slots[4] = {&ChatFmt, &ComplFmt, &HeapPush, &HeapReplace};
@@ -862,6 +1126,15 @@ static PyObject *setup_observer(PyObject *mod, PyObject *const *args, Py_ssize_t
         Py_XSETREF(*slots[i], args[i]);
     }
     LogGamma = PyFloat_AS_DOUBLE(args[4]);
+    PyObject *chat_name = PyObject_GetAttrString(ChatFmt, "name"), *compl_name = PyObject_GetAttrString(ComplFmt, "name");
+    if (chat_name == NULL || compl_name == NULL || !PyUnicode_Check(chat_name) || !PyUnicode_Check(compl_name)) {
+        Py_XDECREF(chat_name);
+        Py_XDECREF(compl_name);
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "setup_observer: the formats' names are str");
+        return NULL;
+    }
+    Py_XSETREF(ChatName, chat_name);
+    Py_XSETREF(ComplName, compl_name);
     Py_RETURN_NONE;
 }
 

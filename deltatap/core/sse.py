@@ -416,9 +416,10 @@ class StreamObserver(ContentStream):
 
     With the ``deltatap.core._content`` accelerator, :meth:`feed` is one C call per read
     (``SseParser.observe``): it does what the Python below does, handling itself only the events it is sure of
-    (``[DONE]``, empty data, the ordinary content / role-only / empty chunks of ``openai-chat`` and
-    ``openai-completions``) and handing every other one to :meth:`take`, in order; a subclass that overrides
-    ``take``, ``count`` or ``_events`` gets the Python path."""
+    (``[DONE]``, empty data, the ``openai-chat`` and ``openai-completions`` chunks engines send: the first one, whose
+    format it detects as :meth:`take` would, model and id, integer usage, string finish reasons, content / role-only /
+    empty deltas, and with ``parts`` a list each content event's text) and handing every other one to :meth:`take`,
+    in order; a subclass that overrides ``take``, ``count`` or ``_events`` gets the Python path."""
 
     _native = _ObservingParser is not None
 

@@ -42,9 +42,13 @@ def state(obs: sse.StreamObserver) -> dict:
     return out
 
 
-def pair(format: str | None, path: str | None) -> tuple[sse.StreamObserver, sse.StreamObserver]:
+def pair(format: str | None, path: str | None, keep_text: bool = False) -> tuple[sse.StreamObserver, sse.StreamObserver]:
+    """The C observer and the Python one; ``keep_text``: both keep each content event's text in ``parts`` (as the load
+    generator's ClientStream(keep_text=True) does)."""
     c = sse.StreamObserver(format, path)
     py = sse.StreamObserver(format, path)
+    if keep_text:
+        c.parts, py.parts = [], []
     py._native = False
     py.parser = sse._PySseParser()
     py.gaps, py.gaps_forwarded = GapStats(), GapStats()
@@ -59,8 +63,9 @@ def call(f, *args):
         return ("raised", type(exc).__name__)
 
 
-def run_both(data: bytes, points: list[int], format: str | None, path: str | None, steps: list[int], fwd: list[bool]) -> None:
-    c, py = pair(format, path)
+def run_both(data: bytes, points: list[int], format: str | None, path: str | None, steps: list[int], fwd: list[bool],
+             keep_text: bool = False) -> None:
+    c, py = pair(format, path, keep_text)
     bounds = [0, *sorted({p % (len(data) + 1) for p in points}), len(data)]
     t = 1_000_000
     for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
@@ -81,9 +86,31 @@ def run_both(data: bytes, points: list[int], format: str | None, path: str | Non
 
 # (drawn from a random.Random seeded by hypothesis: a stream costs a few ms to build, where composite draws cost ten times that)
 TEXTS = ["", " ", "  ", "\n", "\t", " \n ", "\u00a0", "\u3000", "\u2003 ", "\u200b", "\x85", "\x1c", "\x0b", "tok", " tok", "é", "日本", "😀",
-         "\ud83d", "a\"b", "\\", "/", "\b", "\f\r", "x" * 300, " \u2028", "\u205f\u00a0 "]
+         "\ud83d", "a\"b", "\\", "/", "\b", "\f\r", "x" * 300, " \u2028", "\u205f\u00a0 ",
+         " the", "Hello", ",", " world", ".", " 42", "{\"", " caf\u00e9"]  # (plain ones: kept text the C path keeps itself)
 OTHER_VALUES = [None, 0, 1, True, False, [], {}, ["x"], {"a": "b"}, 1.5]
-FINISH = [None, None, None, "stop", "length", "", 5]
+FINISH = [None, None, None, "stop", "length", "", 5, "stop", "tool_calls", "st\"op", "é", "\u00e9", True, False, 1.5, [], {}, ["stop"],
+          {"type": "stop"}, " ", "😀"]
+IDS = ["chatcmpl-1", "chatcmpl-2", "", "c\"1", "c\\d", "é-1", "\u2028", "😀", 7, 1.5, None, True, [], {"id": "x"}]
+MODELS = ["m", "meta-llama/Llama-3.1-8B-Instruct", "", "m/é", "\tm", "m\"q", None, 3, False, ["m"], {}]
+OBJECTS = ["chat.completion.chunk", "chat.completion.chunk", "text_completion", "x", "", "chat.completion.chunk ", 5, None,
+           ["chat.completion.chunk"]]
+INTS = [0, 1, 8, 4096, -1, 2**40, 2**70, -(2**70)]
+
+
+def usage(rng: random.Random) -> object:
+    """What engines put in usage (ints, nested details, extra keys) and what they should not (floats, bools, strings...)."""
+    r = rng.random()
+    if r < 0.1:
+        return rng.choice([None, "x", 7, [], True, [{"prompt_tokens": 1}]])
+    u: dict = {}
+    for key in rng.sample(["prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details", "completion_tokens_details",
+                           "input_tokens", "cached"], rng.randint(0, 5)):
+        if key.endswith("details"):
+            u[key] = rng.choice([None, {"cached_tokens": 3}, {"reasoning_tokens": 2, "audio_tokens": None}, []])
+        else:
+            u[key] = rng.choice(INTS) if rng.random() < 0.75 else rng.choice([None, 1.0, 2.5, -0.0, 1e20, True, False, "3", [3], {"n": 3}])
+    return u
 
 
 def value(rng: random.Random) -> object:
@@ -97,12 +124,12 @@ def value(rng: random.Random) -> object:
 
 def chat_chunk(rng: random.Random) -> dict:
     obj: dict = {}
-    for key, choices in (("id", ["chatcmpl-1", 7, None]), ("object", ["chat.completion.chunk", "x"]), ("created", [1700000000, 1.5]),
-                         ("model", ["m", None, 3]), ("system_fingerprint", [None, "fp"]), ("service_tier", ["default"])):
-        if rng.random() < 0.5:
+    for key, choices in (("id", IDS), ("object", OBJECTS), ("created", [1700000000, 1.5]),
+                         ("model", MODELS), ("system_fingerprint", [None, "fp"]), ("service_tier", ["default"])):
+        if rng.random() < 0.6:
             obj[key] = rng.choice(choices)
     choices_: list = []
-    for i in range(rng.randint(0, 2)):
+    for i in range(rng.choice([0, 1, 1, 1, 2, 3, 9, 10])):
         if rng.random() < 0.06:
             choices_.append(rng.choice([None, 3, "x", []]))
             continue
@@ -130,21 +157,27 @@ def chat_chunk(rng: random.Random) -> dict:
         obj["choices"] = rng.choice([None, 5, "abc", {"a": 1}, True])
     elif r != 1:
         obj["choices"] = choices_
-    for key in ("usage", "timings", "error"):
-        if rng.random() < 0.17:
+    if rng.random() < 0.3:
+        obj["usage"] = usage(rng)
+    for key in ("timings", "error"):
+        if rng.random() < 0.12:
             obj[key] = rng.choice([None, None, {"prompt_tokens": 3, "completion_tokens": 9}, {"prompt_n": 2, "predicted_ms": 1.5},
                                    {"type": "overloaded"}, "x", 7])
+    if rng.random() < 0.5:  # JSON order is the engine's, not ours
+        items = list(obj.items())
+        rng.shuffle(items)
+        obj = dict(items)
     return obj
 
 
 def completions_chunk(rng: random.Random) -> dict:
-    obj: dict = {"object": rng.choice(["text_completion", "x"])}
+    obj: dict = {"object": rng.choice(["text_completion", "x", "chat.completion.chunk"])} if rng.random() < 0.8 else {}
     if rng.random() < 0.5:
-        obj["model"] = rng.choice(["m", None])
+        obj["model"] = rng.choice(MODELS)
     if rng.random() < 0.5:
-        obj["id"] = "cmpl-1"
+        obj["id"] = rng.choice(IDS)
     choices: list = []
-    for i in range(rng.randint(0, 2)):
+    for i in range(rng.choice([0, 1, 1, 1, 2, 3, 9])):
         ch: dict = {"index": i}
         if rng.random() < 0.85:
             ch["text"] = value(rng)
@@ -152,8 +185,8 @@ def completions_chunk(rng: random.Random) -> dict:
             ch["finish_reason"] = rng.choice(FINISH)
         choices.append(ch if rng.random() < 0.92 else rng.choice([None, "t", 1]))
     obj["choices"] = choices
-    if rng.random() < 0.17:
-        obj["usage"] = rng.choice([None, {"prompt_tokens": 1, "completion_tokens": 2}])
+    if rng.random() < 0.3:
+        obj["usage"] = usage(rng)
     return obj
 
 
@@ -194,12 +227,29 @@ RAW = [
     "{\"a\": " + "[" * 40 + "]" * 40 + "}", "{\"a\": " + "[" * 60 + "]" * 60 + "}", "[" * 3000 + "]" * 3000,
     "{\"a\": " + "{\"b\": " * 45 + "1" + "}" * 45 + "}",
     "{\"choices\": [{\"delta\": {\"content\": \"a\"}, \"x\": " + "[" * 50 + "]" * 50 + "}]}",
+    "{\"id\": \"a\", \"id\": \"b\", \"choices\": [{\"delta\": {}}]}", "{\"model\": 1, \"model\": \"m\", \"choices\": []}",
+    "{\"choices\": [], \"usage\": {\"prompt_tokens\": 1, \"prompt_tokens\": 2}}",
+    "{\"choices\": [], \"usage\": {\"completion_tokens\": 1}, \"usage\": null}",
+    "{\"choices\": [], \"usage\": {\"\\u0070rompt_tokens\": 5}}", "{\"choices\": [], \"usage\": {\"prompt_tokens\": 1E2}}",
+    "{\"choices\": [], \"usage\": {\"prompt_tokens\": -0}}", "{\"choices\": [], \"usage\": {\"prompt_tokens\": 0001}}",
+    "{\"choices\": [], \"usage\": {\"prompt_tokens\": " + "9" * 64 + "}}",
+    "{\"choices\": [], \"usage\": {\"prompt_tokens\": " + "9" * 65 + "}}",
+    "{\"choices\": [], \"usage\": {\"prompt_tokens\": 3, \"x\": " + "[" * 45 + "]" * 45 + "}}",
+    "{\"object\": \"chat.completion.chunk\", \"object\": \"x\", \"choices\": []}",
+    "{\"object\": \"chat.completion.chun\\u006b\", \"choices\": []}", "{\"object\": \"text_completion\"}",
+    "{\"choices\": [{\"delta\": {}, \"finish_reason\": \"stop\"}, {\"delta\": {}, \"finish_reason\": \"stop\"}]}",
+    "{\"choices\": [" + ", ".join("{\"text\": \"\", \"finish_reason\": \"r%d\"}" % i for i in range(9)) + "]}",
+    "{\"choices\": [" + ", ".join("{\"delta\": {}, \"finish_reason\": \"r%d\"}" % i for i in range(8)) + "]}",
+    "{\"choices\": [{\"delta\": {}, \"finish_reason\": \"\\u0073top\"}]}",
+    "{\"choices\": [{\"delta\": {}, \"finish_reason\": \"st\\op\"}]}",
+    "{\"choices\": [{\"x\": 1}, {\"delta\": {\"content\": \"a\"}}]}", "{\"choices\": [5, {\"text\": \"a\"}]}",
+    "{\"model\": \"m\\u00e9\", \"id\": \"\\\"\", \"choices\": [{\"delta\": {}}]}",
 ]
 DAMAGE = [0x00, 0x1F, 0x22, 0x5C, 0x7B, 0x7D, 0x80, 0xC3, 0xE2, 0xFF, 0x20, 0x2C, 0x3A, 0x5D]
 
 
-def event_data(rng: random.Random) -> bytes:
-    kind = rng.randint(0, 9)
+def event_data(rng: random.Random, head: bool = False) -> bytes:
+    kind = 0 if head else rng.randint(0, 9)
     if kind <= 4:
         obj = chat_chunk(rng)
     elif kind <= 5:
@@ -224,7 +274,7 @@ def event_data(rng: random.Random) -> bytes:
 def sse_stream(rng: random.Random) -> bytes:
     eol = rng.choice([b"\n", b"\r\n", b"\r"])
     out = rng.choice([b"", b"", b"\xef\xbb\xbf", b": hello" + eol + eol])
-    for _ in range(rng.randint(0, 25)):
+    for i in range(rng.randint(0, 25)):
         extra = rng.randint(0, 12)
         if extra == 0:
             out += b": ping" + eol
@@ -232,7 +282,7 @@ def sse_stream(rng: random.Random) -> bytes:
             out += b"event: " + rng.choice([b"message", b"content_block_delta", b"error"]) + eol
         elif extra == 2:
             out += b"id: 7" + eol
-        data = event_data(rng)
+        data = event_data(rng, i == 0 and rng.random() < 0.5)  # (often a chat chunk first: the C path detects it)
         if rng.random() < 0.06 and len(data) > 2:  # one event over two data lines (joined with "\n")
             i = len(data) // 2
             out += b"data: " + data[:i] + eol + b"data:" + data[i:] + eol + eol
@@ -243,8 +293,8 @@ def sse_stream(rng: random.Random) -> bytes:
     return out
 
 
-FORMATS = [(None, "/v1/chat/completions"), (None, "/v1/completions"), (None, None), ("openai-chat", None), ("openai-completions", None),
-           (None, "/v1/messages")]
+FORMATS = [(None, "/v1/chat/completions"), (None, "/v1/chat/completions"), (None, "/v1/completions"), (None, None), (None, None),
+           ("openai-chat", None), ("openai-completions", None), (None, "/v1/messages"), (None, "/v1/responses"), (None, "/completion")]
 
 
 @native
@@ -257,7 +307,7 @@ def test_the_observer_s_state_after_each_read_is_the_python_s(seed):
     fmt = rng.choice(FORMATS)
     steps = [rng.choice([0, 1, 3, 1000, 250_000, 7_000_000]) for _ in range(rng.randint(1, 5))]
     fwd = [rng.random() < 0.5 for _ in range(rng.randint(0, 4))]
-    run_both(data, points, fmt[0], fmt[1], steps, fwd)
+    run_both(data, points, fmt[0], fmt[1], steps, fwd, rng.random() < 0.4)
 
 
 @native
@@ -268,7 +318,7 @@ def test_one_byte_and_random_reads_of_any_events(seed):
     data = b"".join(b"data: " + event_data(rng) + b"\n\n" for _ in range(rng.randint(0, 12)))
     points = list(range(len(data))) if len(data) < 400 else [rng.randint(0, 1 << 12) for _ in range(30)]  # one byte per read
     fmt = rng.choice(FORMATS)
-    run_both(data, points, fmt[0], fmt[1], [1], [True, False])
+    run_both(data, points, fmt[0], fmt[1], [1], [True, False], rng.random() < 0.4)
 
 
 @native
@@ -286,7 +336,8 @@ def test_long_streams_fill_the_kept_gaps_and_the_sketch():
         data = b"".join(b"data: " + json.dumps(o).encode() + b"\n\n" for o in objs) + b"data: [DONE]\n\n"
         points = [rng.randint(0, len(data)) for _ in range(rng.randint(50, 500))]
         steps = [rng.choice([0, 1, 17, 900, 40_000, 3_000_000, 2**40]) for _ in range(7)]
-        run_both(data, points, None, rng.choice(["/v1/chat/completions", None]), steps, [rng.random() < 0.5 for _ in range(3)])
+        run_both(data, points, None, rng.choice(["/v1/chat/completions", None]), steps, [rng.random() < 0.5 for _ in range(3)],
+                 rng.random() < 0.5)
 
 
 @native
@@ -298,12 +349,35 @@ def test_ordinary_events_take_no_python_step():
     real = sse.ContentStream.take
     obs.take = lambda ev, t, b=0: calls.append(ev) or real(obs, ev, t, b)  # type: ignore[method-assign]
     head = b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
-    assert obs.feed(head, 10) == 0 and len(calls) == 1  # the first event: Python detects the format
+    assert obs.feed(head, 10) == 0 and not calls  # the first event: the format detected, the model and id kept, in C
+    assert (obs.format, obs.facts.model, obs.facts.response_id) == ("openai-chat", "m", "c")
     tok = b'data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"content":" hi"},"finish_reason":null}]}\n\n'
-    assert obs.feed(tok * 3, 20) == 3 and obs.feed(tok, 30) == 1 and len(calls) == 1
+    assert obs.feed(tok * 3, 20) == 3 and obs.feed(tok, 30) == 1 and not calls
     assert (obs.content_events, obs.first_token_mono_ns, obs.last_token_mono_ns, obs.gaps.count, obs.unforwarded) == (4, 20, 30, 3, (4, True))
-    usage = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}\n\ndata: [DONE]\n\n'
-    assert obs.feed(usage, 40) == 0 and len(calls) == 2 and obs.facts.output_tokens == 4 and obs.done
+    end = (b'data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+           b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7,'
+           b'"prompt_tokens_details":{"cached_tokens":0}}}\n\ndata: [DONE]\n\n')
+    assert obs.feed(end, 40) == 0 and not calls and obs.done
+    assert (obs.facts.input_tokens, obs.facts.output_tokens, obs.facts.finish_reasons, obs.events) == (3, 4, ["stop"], 8)
+    unusual = b'data: {"choices":[],"usage":{"prompt_tokens":3.0}}\n\n'  # (a float is not an int: Python decides)
+    assert obs.feed(unusual, 50) == 0 and len(calls) == 1 and obs.facts.input_tokens == 3
+
+
+@native
+def test_kept_text_is_extract_s_text_without_a_python_step():
+    """keep_text (the load generator's ClientStream(keep_text=True)): each content event's text is appended to parts in
+    C, as extract joins it (per choice, the delta's keys in _CHAT_TEXT_KEYS order, not the JSON's); an escaped content
+    string goes to take, which unescapes it."""
+    obs = sse.StreamObserver(path="/v1/chat/completions")
+    obs.parts = []
+    calls = []
+    real = sse.ContentStream.take
+    obs.take = lambda ev, t, b=0: calls.append(ev) or real(obs, ev, t, b)  # type: ignore[method-assign]
+    two = (b'data: {"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"refusal":"R","content":" A\xc3\xa9"}},'
+           b'{"index":1,"delta":{"reasoning":"","reasoning_content":"T","content":"B"}}]}\n\n')
+    assert obs.feed(two, 10) == 1 and not calls and obs.parts == [" A\u00e9RBT"]
+    assert obs.feed(b'data: {"choices":[{"delta":{"content":"\\u00e9\\n"}}]}\n\n', 20) == 1 and len(calls) == 1
+    assert obs.parts[-1] == "\u00e9\n" and obs.text == " A\u00e9RBT\u00e9\n"
 
 
 def test_a_subclass_that_overrides_take_gets_the_python_path():
@@ -366,7 +440,7 @@ def test_a_take_that_raises_leaves_the_state_the_python_leaves(fail_on):
     chunk, the counters of the events before it stay, the events after it are not taken, no gap or unforwarded count
     is added, the error propagates; the next read goes on from there."""
     tok = b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'
-    usage = b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}\n\n'
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":1.0,"completion_tokens":2}}\n\n'  # (a float: Python's)
     data = tok + usage + tok + b"data: nope\n\n" + tok + b": c\n\n" + tok
     seen = []
     for obs in pair("openai-chat", None):
