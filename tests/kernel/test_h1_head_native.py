@@ -27,7 +27,7 @@ from deltatap.net import h1
 from deltatap.proxy import headers as hdrs
 from tests.kernel.test_h1_native import both, cut, head_fields, reference
 
-pytestmark = pytest.mark.skipif(h1._acc is None, reason="deltatap.net._h1 is not built or DELTATAP_NATIVE turns it off")
+native = pytest.mark.skipif(h1._acc is None, reason="deltatap.net._h1 is not built or DELTATAP_NATIVE turns it off")
 
 MANY = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -113,6 +113,7 @@ def fed(stream: bytes, points: list[int], max_head: int) -> None:
     both(cut(stream, points), True, (), max_head)
 
 
+@native
 @MANY
 @given(st.lists(request_message(), min_size=1, max_size=4), st.lists(st.integers(0, 1 << 12), max_size=10),
        st.sampled_from([h1.MAX_HEAD, h1.MAX_HEAD, 200, 40]))
@@ -121,6 +122,7 @@ def test_pipelined_generated_request_heads_split_anywhere(msgs, points, max_head
     fed(b"".join(msgs), points, max_head)
 
 
+@native
 @MANY
 @given(st.lists(st.tuples(framing_head(), st.sampled_from([b"", b"abc", b"0\r\n\r\n", b"3\r\nabc\r\n0\r\n\r\n"])), min_size=1, max_size=3),
        st.lists(st.integers(0, 1 << 10), max_size=6))
@@ -129,6 +131,7 @@ def test_framing_headers_in_every_combination(msgs, points):
     fed(b"".join(h + b for h, b in msgs), points, h1.MAX_HEAD)
 
 
+@native
 @MANY
 @given(request_head(), st.sampled_from([h1.MAX_HEAD, 100]))
 def test_each_head_fed_one_byte_at_a_time_and_whole(head, max_head):
@@ -136,12 +139,14 @@ def test_each_head_fed_one_byte_at_a_time_and_whole(head, max_head):
     fed(head, [], max_head)
 
 
+@native
 @MANY
 @given(st.lists(st.binary(max_size=40), min_size=1, max_size=6), st.lists(st.integers(0, 300), max_size=8))
 def test_byte_soup_after_a_request_line(parts, points):
     fed(b"POST /x HTTP/1.1\r\n" + b"\r\n".join(parts) + b"\r\n\r\n", points, h1.MAX_HEAD)
 
 
+@native
 def test_a_response_head_goes_through_the_same_call():
     """Responses: the head found and parsed in C, the framing left to _begin (errors where they began)."""
     stream = (b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcHTTP/1.1 200 OK\r\nContent-Length: 3, 4\r\n\r\n"
@@ -165,6 +170,7 @@ TRACE = st.dictionaries(st.sampled_from(["traceparent", "tracestate"]),
                         st.sampled_from(["00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "a=b,c=d", "", "r\xe9"]))
 
 
+@native
 @MANY
 @given(request_head(), st.sampled_from([b"x-request-id", b"x-tenant", b"traceparent"]), TRACE,
        st.sampled_from([None, b"up.example:80", b""]), st.sampled_from([b"", b"/prefix", b"/"]))
@@ -208,6 +214,7 @@ def test_rewrite_cases_named_in_the_issue():
     assert (got, rid, created) == (b"GET /p/v1 HTTP/1.1\nX-Request-Id: mine\ntraceparent: t\n\n", "mine", False)
 
 
+@native
 def test_wrong_argument_types_are_type_errors_not_crashes():
     acc = h1._acc
     for args in [(b"", 0, "buf", True, 10), (b"", 0, b"", True), ("text", 0, b"", True, 10)]:
@@ -223,6 +230,7 @@ def test_wrong_argument_types_are_type_errors_not_crashes():
         acc.set_head("not a class")
 
 
+@native
 def test_keep_alive_is_the_same_filled_in_or_computed():
     for raw in [b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n", b"GET / HTTP/1.1\r\nConnection: a, CLOSE\r\n\r\n",
                 b"GET / HTTP/1.0\r\n\r\n", b"GET / HTTP/1.1\r\nConnection:\r\n\r\n"]:
