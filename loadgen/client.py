@@ -68,8 +68,6 @@ class Target:
     refusal_statuses: frozenset[int] = frozenset({403, 451})
     ignore_eos: bool = False
     correlation_header: str = DEFAULT_CORRELATION_HEADER
-    # streams keep their text as they read it, not their body (set by the runner once the kept bodies pass its limit)
-    text_while_reading: bool = False
 
     def body(self, system: str | None, history: list[dict[str, str]], prompt: str, max_tokens: int) -> bytes:
         obj = self.endpoint.build(self.model, system, history, prompt, max_tokens)
@@ -88,7 +86,7 @@ class Target:
         ctype = head.get(b"content-type")
         if ctype is None or b"text/event-stream" not in ctype:
             return None
-        return ClientStream(path=None, format=self.endpoint.stream_format, keep_text=self.text_while_reading)
+        return ClientStream(path=None, format=self.endpoint.stream_format)
 
     def request_headers(self, rec: RequestRecord, traceparent: str) -> dict[str, str]:
         h = {
@@ -318,7 +316,7 @@ def _take_stream(rec: RequestRecord, stream: ClientStream | None) -> None:
     rec.usage_input_tokens = stream.facts.input_tokens
     rec.usage_output_tokens = stream.facts.output_tokens
     rec.finish_reason = ",".join(stream.facts.finish_reasons) or None
-    rec.output = stream.output()  # (the text, or the body it is taken from when read: RequestRecord.output_text)
+    rec.output_text = stream.text
 
 
 def _judge_stream(rec: RequestRecord, stream: ClientStream) -> None:

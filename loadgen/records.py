@@ -14,7 +14,6 @@ from typing import IO, Any
 
 from deltatap.core.clock import to_unix_ns
 from deltatap.core.vocab import Outcome
-from deltatap.loadgen.stream import body_text
 
 RECORD_VERSION = 1
 
@@ -76,18 +75,7 @@ class RequestRecord:
     leading_whitespace_events: int = 0
     finish_reason: str | None = None
     energy_j: float | None = None
-    # the content text (kept in memory for token counting and chat history; never written): a str, or what it is
-    # taken from when first read (deltatap.loadgen.stream.ClientStream.output: the body as read, format, path)
-    output: str | tuple[bytes, str | None, str | None, bool] = ""
-
-    @property
-    def output_text(self) -> str:
-        """The response's content text (methodology 5.1.3.1's content events, in order), taken from the kept body
-        the first time it is read."""
-        out = self.output
-        if type(out) is not str:
-            out = self.output = body_text(*out)
-        return out
+    output_text: str = ""  # kept in memory for token counting and chat history; never written
 
     @property
     def submit_mono_ns(self) -> int | None:

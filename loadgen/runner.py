@@ -44,7 +44,6 @@ from deltatap.loadgen.tokens import Tokenizer
 from deltatap.loadgen.workloads.base import PlannedRequest
 
 
-KEPT_BODY_LIMIT = 256 << 20  # bytes of response bodies the records keep for their text (RequestRecord.output)
 _new_record = tuple.__new__
 _SAMPLED = int(SAMPLED)
 # the span's event names, read once (an enum member's .value is a descriptor call per use)
@@ -243,10 +242,6 @@ class Runner:
         self._seq = 0  # the latest request's number; the next is _seq + seq_step
         self.seq_step = 1
         self.bodies: dict[int, bytes] = {}  # prebuilt request bodies of single-turn requests, by plan index
-        # response bodies kept by the records until their text is read (token counting after the run); past the
-        # limit, the later responses keep their text as they are read (the Python path, as before the bodies were kept)
-        self.kept_body_bytes = 0
-        self.kept_body_limit = KEPT_BODY_LIMIT
 
     # ------------------------------------------------------------------ one request
 
@@ -309,12 +304,6 @@ class Runner:
                 c.recent_ttft_ns.append(rec.first_token_mono_ns - rec.submit_mono_ns)
             self.records.append(rec)
             self._emit_span(tid, sid, rec)
-            out = rec.output
-            if type(out) is not str:  # a kept body: its text is taken when read (after the run), within a limit
-                self.kept_body_bytes += len(out[0])
-                if self.kept_body_bytes > self.kept_body_limit:
-                    rec.output_text  # noqa: B018 - (takes the text now and drops the body)
-                    self.target.text_while_reading = True  # later streams keep their text as they read
         return rec
 
     def _span_attributes(self, rec: RequestRecord) -> dict[str, Any]:

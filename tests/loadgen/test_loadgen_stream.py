@@ -1,8 +1,8 @@
 """The load generator's ClientStream is the tap's StreamObserver (the C observer where it is built): fed the same
 slices with the same stamps, it finds the same first and last content token, counts, format, facts and end as the
 tap's, and as the Python reference (a ContentStream that keeps its text, every event through ``take``); it keeps
-what only the client records: every content event's stamp, and the body its text is taken from, which gives the
-reference's text on any split of the stream, finished or not."""
+what only the client records: every content event's stamp and its text, the reference's on any split of the stream,
+finished or not."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 
 from deltatap.core import sse
 from deltatap.core.sse import ContentStream, StreamObserver
-from deltatap.loadgen.records import RequestRecord
-from deltatap.loadgen.stream import ClientStream, body_text
+from deltatap.loadgen.stream import ClientStream
 
 # the real llama.cpp capture (64 content tokens, usage and timings, "data: [DONE]" without its blank line)
 CAPTURE = (Path(__file__).resolve().parents[1] / "fixtures" / "sse" / "llamacpp-chat-completions.sse").read_bytes()
@@ -98,10 +97,10 @@ _EVENTS = st.sampled_from([
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_EVENTS, max_size=12), st.sampled_from([b"\n", b"\r\n", b"\r"]), st.lists(st.integers(min_value=1, max_value=600), max_size=12),
-       st.booleans(), st.sampled_from([None, "openai-chat", "openai-completions"]), st.booleans())
-def test_client_stream_matches_the_python_reference(events, eol, cuts, finished, fmt, keep_text):
+       st.booleans(), st.sampled_from([None, "openai-chat", "openai-completions"]))
+def test_client_stream_matches_the_python_reference(events, eol, cuts, finished, fmt):
     data = b"".join(b"data: " + e + eol + eol for e in events) + (b"data: " + events[0] + eol if events and not finished else b"")
-    client, ref = ClientStream(format=fmt, keep_text=keep_text), _Stamps(fmt)
+    client, ref = ClientStream(format=fmt), _Stamps(fmt)
     for i, piece in enumerate(_slices(data, cuts)):
         client.feed(piece, 1_000 + 10 * i, i % 2)
         ref.feed(piece, 1_000 + 10 * i, i % 2)
@@ -114,9 +113,6 @@ def test_client_stream_matches_the_python_reference(events, eol, cuts, finished,
     assert (client.events, client.content_events, client.tokens, client.malformed, client.leading_whitespace, client.done,
             client.format, client.facts) == (ref.events, ref.content_events, ref.tokens, ref.malformed,
                                             ref.leading_whitespace_events, ref.done, ref.format, ref.facts)
-    assert (client.body is None) is keep_text  # keep_text: the text as read, no body
-    rec = RequestRecord(index=0, request_id="r", trace_id="1" * 32, span_id="2" * 16, output=client.output())
-    assert rec.output_text == ref.text and rec.output == ref.text  # taken once, then kept as text
 
 
 def test_client_stream_reads_with_the_c_observer_where_it_is_built():
@@ -125,8 +121,7 @@ def test_client_stream_reads_with_the_c_observer_where_it_is_built():
     if sse._ObservingParser is not None:
         assert type(client.parser) is sse._ObservingParser and client._native
     client.feed(MIXED, 5)
-    assert client.parts is None and client.body == [MIXED]  # no text kept per event: the body is
-    assert body_text(MIXED) == "\n  think{\"a\": 1}done ü"
+    assert client.text == "\n  think{\"a\": 1}done ü"
 
 
 def test_client_stream_keeps_every_stamp_and_the_text():
