@@ -298,7 +298,7 @@ FORMATS = [(None, "/v1/chat/completions"), (None, "/v1/chat/completions"), (None
 
 
 @native
-@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**64))
 def test_the_observer_s_state_after_each_read_is_the_python_s(seed):
     rng = random.Random(seed)
@@ -311,7 +311,7 @@ def test_the_observer_s_state_after_each_read_is_the_python_s(seed):
 
 
 @native
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**64))
 def test_one_byte_and_random_reads_of_any_events(seed):
     rng = random.Random(seed)
