@@ -257,7 +257,7 @@ async def test_a_timeout_mid_stream_keeps_what_came_and_leaves_the_task_uncancel
         finally:
             await pool.close()
     assert (rec.status, rec.error_kind) == (Outcome.TIMEOUT, ErrorKind.TIMEOUT)
-    assert rec.content_events == 2 and rec.output_text == " t0 t1"  # (the body kept so far, not finished)
+    assert rec.content_events == 2 and rec.output_text == " t0 t1"  # (the text read so far, not finished)
 
 
 async def test_a_cancel_from_outside_is_a_client_cancel_not_a_timeout():
