@@ -19,6 +19,11 @@
  *                                 None (nothing waited), True (end of stream) or False (several segments wait, or
  *                                 no counters: the caller's split path); raises OSError where the reference's
  *                                 _recv calls _fatal
+ *   read_split(transport)         _on_readable's path when several segments wait: the one-byte peek, the counters
+ *                                 again, READ_LAG, and read_packets with MERGED_READS counted (see pk_read_split)
+ *   write_setup(slow_sends, slow_ns)  binds kstamp.SLOW_SENDS and _SLOW_SEND_NS
+ *   send(protocol, transport, data)   KernelStampTransport._write into an empty buffer + StampedProtocol.send's
+ *                                 bookkeeping -> (t, bound); None: the reference's path (see pk_send)
  *
  * ``ring``: any buffer laid out as TPACKET_V2 frames of FRAME bytes (the packet log's mmap, or a bytearray in the
  * tests); its length / FRAME is the number of frames. Every read from it is bounds-checked against its length:
@@ -554,6 +559,12 @@ static long long g_maintain_every, g_search_frames, g_placement_tol;
 static PyObject *s_sock, *s_segs_in, *s_plog, *s_rx_off, *s_empty_mono, *s_rx_mono_ns, *s_rx_bound_ns, *s_last_maintain,
     *s_maintain, *s_buckets, *s_count, *s_total_ns, *s_protocol, *s_cuts_received, *s_mv, *s_head, *s_pkey, *s_irs1,
     *s_anchor, *s_unlogged_tail, *s_out_of_reach;
+/* the stamped write's (write_setup: kstamp.SLOW_SENDS, _SLOW_SEND_NS) and the attributes it reads and sets */
+static PyObject *g_slow_sends;
+static long long g_slow_ns;
+static PyObject *s_eof, *s_lost, *s_wbuf, *s_writes, *s_unplaced_write, *s_last_write_mono_ns, *s_last_write_bound_ns,
+    *s_tx_off, *s_lazy_placement, *s_restamp_write, *s_sent, *s_fatal, *s_last_write_mono, *s_last_write_bound,
+    *s_unplaced, *s_bounded, *s_packets, *s_fallback;
 
 #define OFFSET_EVERY_NS 200000000LL
 #define MAX_AGE_NS (60LL * 1000000000LL)
@@ -869,14 +880,7 @@ static int checked_cuts(PyObject *tr, PyObject *plog, const unsigned char *pat, 
  * to hand over (every stamp and bound, _rx_off, _empty_mono set), True (handled: nothing to hand over), False (the log
  * cannot place the bytes: nothing taken in), None (the reference's own path: one cut, no cuts_received); raises
  * OSError where the reference's _recv calls _fatal */
-static PyObject *pk_read_packets(PyObject *self, PyObject *args) {
-    PyObject *tr;
-    long long first;
-    if (!PyArg_ParseTuple(args, "OL", &tr, &first)) return NULL;
-    if (g_buf == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "read_packets: read_setup() first");
-        return NULL;
-    }
+static PyObject *read_packets(PyObject *tr, long long first) {
     PyObject *proto = PyObject_GetAttr(tr, s_protocol), *bulk, *plog = NULL, *key = NULL, *out = NULL, *data = NULL, *pieces = NULL;
     if (proto == NULL) return NULL;
     if (_PyObject_LookupAttr(proto, s_cuts_received, &bulk) < 0) {
@@ -1041,6 +1045,270 @@ done:
     return out;
 }
 
+static PyObject *pk_read_packets(PyObject *self, PyObject *args) {
+    PyObject *tr;
+    long long first;
+    if (!PyArg_ParseTuple(args, "OL", &tr, &first)) return NULL;
+    if (g_buf == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "read_packets: read_setup() first");
+        return NULL;
+    }
+    return read_packets(tr, first);
+}
+
+/* d[key] += 1 on one of kstamp's counter dicts (MERGED_READS, SLOW_SENDS): 0, or -1 with an exception */
+static int dict_incr(PyObject *d, PyObject *key) {
+    PyObject *c = PyDict_GetItemWithError(d, key);
+    long long cn = c == NULL ? 0 : PyLong_AsLongLong(c);
+    if ((c == NULL || cn == -1) && PyErr_Occurred()) return -1;
+    PyObject *nv = PyLong_FromLongLong(cn + 1);
+    if (nv == NULL) return -1;
+    int rc = PyDict_SetItem(d, key, nv);
+    Py_DECREF(nv);
+    return rc;
+}
+
+/* KernelStampTransport._on_readable after read_one found several segments waiting (or no counters), through
+ * _read_by_packets: the one-byte peek (None: nothing waits; True: end of stream), READ_LAG, the counters again and
+ * _segs_in; then, for more than one segment since the last read, read_packets with MERGED_READS counted as the
+ * reference counts it: (data, pieces) for the caller's cuts_received, None when it was handled otherwise, an OSError
+ * raised where the reference's _fatal runs. Else (first, lag, counts or None, segments, how) for the reference to go
+ * on from: how 0 (not placed: one segment or fewer), 1 (the log could not place the bytes: fallback counted), 2
+ * (read_packets' None: the reference's own _read_by_packets runs). */
+static PyObject *pk_read_split(PyObject *self, PyObject *tr) {
+    if (g_buf == NULL || g_merged == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "read_split: read_setup() first");
+        return NULL;
+    }
+    PyObject *sock = PyObject_GetAttr(tr, s_sock);
+    if (sock == NULL) return NULL;
+    int fd = sock_fd(sock);
+    Py_DECREF(sock);
+    if (fd < 0) return NULL;
+    long long first = 0;
+    Py_ssize_t n = recv_stamp(fd, g_buf, 1, MSG_PEEK | MSG_TRUNC, &first);
+    if (n == -2) return NULL;
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) Py_RETURN_NONE;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (n == 0) Py_RETURN_TRUE;
+    long long lag = first ? wall_now() - first : 0;
+    if (first && lag_add(lag) != 0) return NULL;
+    unsigned char info[TCP_INFO_LEN];
+    socklen_t ilen = TCP_INFO_LEN;
+    memset(info, 0, sizeof info);
+    PyObject *counts = NULL;
+    long long segments = -1;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &ilen) == 0 && ilen >= DATA_SEGS_IN_AT + 4) {
+        long long segs = (long long)rd_u32(info + DATA_SEGS_IN_AT), segs_in;
+        uint64_t received;
+        memcpy(&received, info + BYTES_RECEIVED_AT, 8);
+        counts = Py_BuildValue("(kK)", (unsigned long)rd_u32(info + DATA_SEGS_IN_AT), (unsigned long long)received);
+        if (counts == NULL) return NULL;
+        if (get_ll(tr, s_segs_in, &segs_in) != 0 || set_ll(tr, s_segs_in, segs) != 0) {
+            Py_DECREF(counts);
+            return NULL;
+        }
+        segments = segs - segs_in;
+    }
+    int how = 0;
+    if (segments > 1) {
+        PyObject *got = read_packets(tr, first);
+        if (got == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_OSError)) { /* (the reference: _fatal, and the read counted as handled) */
+                PyObject *type, *value, *tb;
+                PyErr_Fetch(&type, &value, &tb);
+                int rc = dict_incr(g_merged, s_packets);
+                if (rc == 0) PyErr_Restore(type, value, tb);
+                else {
+                    Py_XDECREF(type);
+                    Py_XDECREF(value);
+                    Py_XDECREF(tb);
+                }
+            }
+            Py_XDECREF(counts);
+            return NULL;
+        }
+        if (got == Py_None) {
+            Py_DECREF(got);
+            how = 2;
+        } else if (got == Py_False) {
+            Py_DECREF(got);
+            how = 1;
+            if (dict_incr(g_merged, s_fallback) != 0) {
+                Py_XDECREF(counts);
+                return NULL;
+            }
+        } else {
+            Py_XDECREF(counts);
+            if (dict_incr(g_merged, s_packets) != 0) {
+                Py_DECREF(got);
+                return NULL;
+            }
+            if (PyTuple_Check(got)) return got;
+            Py_DECREF(got); /* (True: handled) */
+            Py_RETURN_NONE;
+        }
+    }
+    if (counts == NULL) counts = Py_NewRef(Py_None);
+    return Py_BuildValue("(LLNLi)", first, lag, counts, segments, how);
+}
+
+/* ---- the stamped write ------------------------------------------------------------------------------------- */
+
+static PyObject *pk_write_setup(PyObject *self, PyObject *args) {
+    PyObject *slow;
+    long long slow_ns;
+    if (!PyArg_ParseTuple(args, "O!L", &PyDict_Type, &slow, &slow_ns)) return NULL;
+    Py_INCREF(slow);
+    Py_XSETREF(g_slow_sends, slow);
+    g_slow_ns = slow_ns;
+    Py_RETURN_NONE;
+}
+
+/* truthiness of tr.<name>: 1, 0, or -1 with an exception */
+static int get_true(PyObject *obj, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* send(protocol, transport, data): KernelStampTransport._write(data) where the transport's buffer is empty and it is
+ * neither lost nor half-closed (the readings around send(2), _tx_off, the bound, the slow-send rule: SLOW_SENDS,
+ * unplaced_write or _restamp_write), then StampedProtocol.send's bookkeeping on ``protocol`` (last_write_mono,
+ * last_write_bound, unplaced; None: the transport's own write, no protocol) -> (t, bound). A partial send (or none:
+ * EAGAIN) goes on in the reference's _sent, an error in its _fatal, as the reference's write does. None (nothing
+ * done): anything else (empty data, not a contiguous buffer, bytes waiting, _lost, _eof, a closed socket): the
+ * reference runs. */
+static PyObject *pk_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "send(protocol, transport, data)");
+        return NULL;
+    }
+    if (g_slow_sends == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "send: write_setup() first");
+        return NULL;
+    }
+    PyObject *proto = args[0], *tr = args[1], *data = args[2];
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) != 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    int r = 0;
+    if (view.len == 0 || (r = get_true(tr, s_eof)) != 0 || (r = get_true(tr, s_lost)) != 0) goto not_mine;
+    {
+        PyObject *wbuf = PyObject_GetAttr(tr, s_wbuf);
+        if (wbuf == NULL) goto fail;
+        Py_ssize_t waiting = PyObject_Size(wbuf);
+        Py_DECREF(wbuf);
+        if (waiting < 0) goto fail;
+        if (waiting) goto not_mine;
+    }
+    PyObject *sock = PyObject_GetAttr(tr, s_sock);
+    if (sock == NULL) goto fail;
+    int fd = PyObject_AsFileDescriptor(sock);
+    Py_DECREF(sock);
+    if (fd < 0) {
+        PyErr_Clear(); /* (a closed socket: the reference's send raises, and _fatal runs there) */
+        goto not_mine;
+    }
+    long long writes;
+    if (get_ll(tr, s_writes, &writes) != 0 || set_ll(tr, s_writes, writes + 1) != 0 || PyObject_SetAttr(tr, s_unplaced_write, Py_None) != 0)
+        goto fail;
+    long long t0 = mono_now();
+    if (set_ll(tr, s_last_write_mono_ns, t0) != 0) goto fail;
+    ssize_t n;
+    for (;;) {
+        n = send(fd, view.buf, (size_t)view.len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n >= 0 || errno != EINTR) break;
+        if (PyErr_CheckSignals() != 0) goto fail; /* (a signal handler raised: so would the reference's send) */
+    }
+    long long t1 = mono_now();
+    int err = n < 0 ? errno : 0;
+    Py_ssize_t len = view.len;
+    PyBuffer_Release(&view);
+    long long t = t0, bound = 0;
+    PyObject *unplaced = Py_None;
+    int known = 1; /* t, bound and unplaced known here (else read back from the transport) */
+    if (n == len) {
+        long long tx_off;
+        if (get_ll(tr, s_tx_off, &tx_off) != 0 || set_ll(tr, s_tx_off, tx_off + n) != 0) return NULL;
+        bound = t1 - t0;
+        if (set_ll(tr, s_last_write_bound_ns, bound) != 0) return NULL;
+        if (bound > g_slow_ns) {
+            PyObject *plog = PyObject_GetAttr(tr, s_plog);
+            if (plog == NULL) return NULL;
+            int none = plog == Py_None;
+            Py_DECREF(plog);
+            if (none) {
+                if (dict_incr(g_slow_sends, s_bounded) != 0) return NULL;
+            } else if ((r = get_true(tr, s_lazy_placement)) < 0) {
+                return NULL;
+            } else if (r) {
+                unplaced = Py_BuildValue("(LLL)", t0, t1, tx_off + n);
+                if (unplaced == NULL) return NULL;
+                int rc = PyObject_SetAttr(tr, s_unplaced_write, unplaced);
+                Py_DECREF(unplaced); /* (the transport holds it) */
+                if (rc != 0) return NULL;
+            } else {
+                PyObject *got = PyObject_CallMethod(tr, "_restamp_write", "LL", t0, t1);
+                if (got == NULL) return NULL;
+                Py_DECREF(got);
+                known = 0;
+            }
+        }
+    } else if (n >= 0 || err == EAGAIN || err == EWOULDBLOCK) {
+        PyObject *got = PyObject_CallMethod(tr, "_sent", "OnLL", data, (Py_ssize_t)(n >= 0 ? n : 0), t0, t1);
+        if (got == NULL) return NULL;
+        Py_DECREF(got);
+        known = 0;
+    } else {
+        PyObject *exc = PyObject_CallFunction(PyExc_OSError, "is", err, strerror(err));
+        if (exc == NULL) return NULL;
+        PyObject *got = PyObject_CallMethodOneArg(tr, s_fatal, exc);
+        Py_DECREF(exc);
+        if (got == NULL) return NULL;
+        Py_DECREF(got);
+        known = 0;
+    }
+    PyObject *tv = NULL, *bv = NULL, *out = NULL;
+    if (known) {
+        tv = PyLong_FromLongLong(t);
+        bv = PyLong_FromLongLong(bound);
+        Py_INCREF(unplaced);
+    } else { /* t = k.last_write_mono_ns or mono_ns(); bound = k.last_write_bound_ns; unplaced = k.unplaced_write */
+        tv = PyObject_GetAttr(tr, s_last_write_mono_ns);
+        if (tv != NULL) {
+            int truth = PyObject_IsTrue(tv);
+            if (truth < 0) Py_CLEAR(tv);
+            else if (!truth) Py_SETREF(tv, PyLong_FromLongLong(mono_now()));
+        }
+        bv = PyObject_GetAttr(tr, s_last_write_bound_ns);
+        unplaced = PyObject_GetAttr(tr, s_unplaced_write);
+    }
+    if (tv == NULL || bv == NULL || unplaced == NULL) goto done;
+    if (proto != Py_None && (PyObject_SetAttr(proto, s_last_write_mono, tv) != 0 || PyObject_SetAttr(proto, s_last_write_bound, bv) != 0 ||
+                             PyObject_SetAttr(proto, s_unplaced, unplaced) != 0))
+        goto done;
+    out = PyTuple_Pack(2, tv, bv);
+done:
+    Py_XDECREF(tv);
+    Py_XDECREF(bv);
+    Py_XDECREF(unplaced);
+    return out;
+not_mine:
+    PyBuffer_Release(&view);
+    if (r < 0) return NULL;
+    Py_RETURN_NONE;
+fail:
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"tcp_counters", pk_tcp_counters, METH_O, "(tcpi_data_segs_in, tcpi_bytes_received) of a TCP socket, or None"},
     {"tcp_notsent", pk_tcp_notsent, METH_O, "tcpi_notsent_bytes of a TCP socket, or None"},
@@ -1055,6 +1323,9 @@ static PyMethodDef methods[] = {
     {"to_mono", pk_to_mono, METH_O, "kstamp._to_mono: a kernel stamp on the mono_ns scale"},
     {"read_packets", pk_read_packets, METH_VARARGS, "kstamp's read of several segments placed from the packet log"},
     {"read_one", pk_read_one, METH_O, "kstamp's one-segment read: bytes, None, True (end of stream) or False (split path)"},
+    {"read_split", pk_read_split, METH_O, "kstamp's read of several segments: the peek, the counters and read_packets"},
+    {"write_setup", pk_write_setup, METH_VARARGS, "write_setup(slow_sends, slow_send_ns)"},
+    {"send", (PyCFunction)(void (*)(void))pk_send, METH_FASTCALL, "send(protocol, transport, data) -> (t, bound), or None"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1077,6 +1348,11 @@ PyMODINIT_FUNC PyInit__pktring(void) {
         {&s_total_ns, "total_ns"}, {&s_protocol, "_protocol"}, {&s_cuts_received, "cuts_received"}, {&s_mv, "_mv"},
         {&s_head, "_head"}, {&s_pkey, "_pkey"}, {&s_irs1, "_irs1"}, {&s_anchor, "_anchor"}, {&s_unlogged_tail, "_unlogged_tail"},
         {&s_out_of_reach, "out_of_reach"},
+        {&s_eof, "_eof"}, {&s_lost, "_lost"}, {&s_wbuf, "_wbuf"}, {&s_writes, "writes"}, {&s_unplaced_write, "unplaced_write"},
+        {&s_last_write_mono_ns, "last_write_mono_ns"}, {&s_last_write_bound_ns, "last_write_bound_ns"}, {&s_tx_off, "_tx_off"},
+        {&s_lazy_placement, "lazy_placement"}, {&s_restamp_write, "_restamp_write"}, {&s_sent, "_sent"}, {&s_fatal, "_fatal"},
+        {&s_last_write_mono, "last_write_mono"}, {&s_last_write_bound, "last_write_bound"}, {&s_unplaced, "unplaced"},
+        {&s_bounded, "bounded"}, {&s_packets, "packets"}, {&s_fallback, "fallback"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (*names[i].slot != NULL) continue;

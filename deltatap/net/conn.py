@@ -106,7 +106,12 @@ class StampedProtocol(asyncio.Protocol):
         as :attr:`last_write_mono` and :attr:`last_write_bound` (and :attr:`unplaced`)."""
         k = self.kernel
         if k is not None:
-            k.write(data)
+            fast = k._wfast  # the C twin of the usual write and of what follows here, in one call (kstamp._send)
+            if fast is not None:
+                got = fast(self, k, data)
+                if got is not None:
+                    return got
+            k._write(data)
             t = k.last_write_mono_ns or mono_ns()
             bound = k.last_write_bound_ns
             self.unplaced = k.unplaced_write

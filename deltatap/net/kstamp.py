@@ -39,11 +39,15 @@ own, on the running loop's ``add_reader``/``add_writer`` (uvloop or asyncio): pl
 connections keep the loop's transports and Python's stamps).
 
 The usual read is one C call (``deltatap/net/_pktring.c``, where built: ``read_one`` does what
-:meth:`KernelStampTransport._one_segment` does up to the protocol's ``data_received``, ``read_packets`` what
-:meth:`KernelStampTransport._read_by_packets` does up to ``cuts_received``); the Python here stays the definition, runs
-with ``DELTATAP_NATIVE=0`` and is compared with the C on real loopback connections (tests/kernel/test_kstamp_native.py).
-Either way a read makes the same system calls: ``getsockopt(TCP_INFO)`` and one ``recvmsg`` for one segment; for
-several, a one-byte peek (the first buffer's stamp), the counters again, a peek of all and a discard.
+:meth:`KernelStampTransport._one_segment` does up to the protocol's ``data_received``; where several segments wait,
+``read_split`` what :meth:`KernelStampTransport._on_readable` does from its one-byte peek through
+:meth:`KernelStampTransport._read_by_packets` up to ``cuts_received``), and so is the usual write (``send``:
+:meth:`KernelStampTransport._write` into an empty buffer and :meth:`deltatap.net.conn.StampedProtocol.send`'s
+bookkeeping; a partial send, an error or bytes already waiting continue in the Python). The Python here stays the
+definition, runs with ``DELTATAP_NATIVE=0`` and is compared with the C on real loopback connections
+(tests/kernel/test_kstamp_native.py, tests/kernel/test_kstamp_write.py). Either way a read makes the same system calls:
+``getsockopt(TCP_INFO)`` and one ``recvmsg`` for one segment; for several, a one-byte peek (the first buffer's stamp),
+the counters again, a peek of all and a discard; a write, one ``send``.
 
 Servers: :func:`start_server` (used by :func:`deltatap.wire.make_stamping_site`); clients:
 :func:`connect` on an already-connected socket (used by :func:`deltatap.wire.make_stamping_connector`).
@@ -209,6 +213,15 @@ _read_packets: Callable[[Any, int], Any] | None = None
 if _pktacc is not None and hasattr(_pktacc, "read_packets"):
     _pktacc.read_setup(READ_LAG, MERGED_READS, _offset, _measure_offset, _READ_SIZE, _MAINTAIN_EVERY_NS, _SEARCH_FRAMES, _PLACEMENT_TOL_NS)
     _read_one, _read_packets, _to_mono = _pktacc.read_one, _pktacc.read_packets, _pktacc.to_mono  # noqa: F811
+# ``read_split``: what :meth:`KernelStampTransport._on_readable` does when ``read_one`` finds several segments waiting, from
+# its one-byte peek through :meth:`~KernelStampTransport._read_by_packets`, in one call (see _split_fast). ``send``: the
+# usual write, :meth:`KernelStampTransport._write` into an empty buffer and :meth:`deltatap.net.conn.StampedProtocol.send`'s
+# bookkeeping, in one call (anything else - a partial send, an error, bytes already waiting - continues in the Python).
+_read_split: Callable[[Any], Any] | None = None
+_send: Callable[[Any, Any, Any], Any] | None = None
+if _read_one is not None and hasattr(_pktacc, "send"):
+    _pktacc.write_setup(SLOW_SENDS, _SLOW_SEND_NS)
+    _read_split, _send = _pktacc.read_split, _pktacc.send
 
 
 class KernelStampTransport(asyncio.Transport):
@@ -223,7 +236,7 @@ class KernelStampTransport(asyncio.Transport):
         "_lost", "_eof", "_high", "_low", "_protocol_paused", "_server",
         "rx_mono_ns", "rx_bound_ns", "_empty_mono", "last_write_mono_ns", "last_write_bound_ns", "writes",
         "_plog", "_pkey", "_segs_in", "_rx_off", "_irs1", "_unlogged_tail", "_tkey", "_tx_off", "_iss1",
-        "lazy_placement", "unplaced_write", "_fast",
+        "lazy_placement", "unplaced_write", "_fast", "_wfast",
     )
 
     def __init__(
@@ -275,6 +288,7 @@ class KernelStampTransport(asyncio.Transport):
         self.lazy_placement = False
         self.unplaced_write: tuple[int, int, int] | None = None  # (t0, t1, stream offset after the write)
         self._fast = _read_one  # the C twin of _one_segment (None: the Python reference; a test may set either)
+        self._wfast = _send  # the C twin of the usual write (None: the Python reference, _write; likewise)
         if sock.family == socket.AF_INET:
             self._watch_packets(sock, extra)
         if server is not None:
@@ -345,6 +359,9 @@ class KernelStampTransport(asyncio.Transport):
                 if got is True:
                     self._peer_eof()
                     return
+                if _read_split is not None:  # several segments wait: the C twin of what follows, up to cuts_received
+                    self._split_fast()
+                    return
                 view = _read_view()
             else:
                 view = _read_view()
@@ -374,6 +391,43 @@ class KernelStampTransport(asyncio.Transport):
                     return
                 MERGED_READS["fallback"] += 1
             plog.maintain()
+        self._read_late(view, first, lag, counts, segments)
+
+    def _split_fast(self) -> None:
+        """The C twin (``read_split``) of :meth:`_on_readable` from its peek through :meth:`_read_by_packets` (the
+        one-byte peek, the counters again, ``READ_LAG``, ``MERGED_READS``, the placement from the packet log); what it
+        leaves (the log cannot place the bytes, or there is one piece) continues in the reference."""
+        try:
+            got = _read_split(self)  # type: ignore[misc]
+        except (BlockingIOError, InterruptedError):
+            return
+        except _SOCKET_ERRORS as exc:
+            self._fatal(exc)
+            return
+        if got is None:
+            return
+        if got is True:
+            self._peer_eof()
+            return
+        if len(got) == 2:
+            try:
+                self._protocol.cuts_received(*got)  # type: ignore[attr-defined]
+            except BaseException as exc:
+                self._fatal(exc, "protocol.cuts_received() failed")
+            return
+        first, lag, counts, segments, how = got
+        view = _read_view()
+        if how == 2:  # (one piece: the reference's own placement, as _read_by_packets does for read_packets' None)
+            if self._read_by_packets_ref(view, first):
+                MERGED_READS["packets"] += 1
+                return
+            MERGED_READS["fallback"] += 1
+        self._plog.maintain()  # type: ignore[union-attr]
+        self._read_late(view, first, lag, counts, segments)
+
+    def _read_late(self, view: memoryview, first: int, lag: int, counts: tuple[int, int] | None, segments: int) -> None:
+        """The read after the peek, where the packet log did not place it: one read when the process was prompt (or
+        the bytes unstamped), else split at the receive stamps' changes (:meth:`_arrivals`)."""
         if not first or lag < _PROMPT_NS:
             # read promptly (or unstamped): whatever else waits arrived within the same few µs
             t_read = _mono()
@@ -514,6 +568,9 @@ class KernelStampTransport(asyncio.Transport):
                 return True
             if got is not None:
                 return got
+        return self._read_by_packets_ref(view, first)
+
+    def _read_by_packets_ref(self, view: memoryview, first: int) -> bool:
         if first and not self._plog.reaches(first, _SEARCH_FRAMES):  # type: ignore[union-attr]
             MERGED_READS["out_of_reach"] += 1
             return False
@@ -714,6 +771,12 @@ class KernelStampTransport(asyncio.Transport):
 
     # ---- writing -------------------------------------------------------------------------
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        fast = self._wfast
+        if fast is None or fast(None, self, data) is None:
+            self._write(data)
+
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
+        """:meth:`write`'s reference (the C twin ``send`` does it all for a write into an empty buffer, in one call)."""
         if not data:  # hands nothing to the kernel: not a write to stamp
             return
         self.writes += 1
@@ -732,24 +795,32 @@ class KernelStampTransport(asyncio.Transport):
             except _SOCKET_ERRORS as exc:
                 self._fatal(exc)
                 return
-            t1 = _mono()
-            self._tx_off += n
-            if n == len(data):
-                self.last_write_bound_ns = t1 - t0  # the bytes left between the two readings
-                if t1 - t0 > _SLOW_SEND_NS:
-                    if self._plog is None:
-                        SLOW_SENDS["bounded"] += 1
-                    elif self.lazy_placement:
-                        self.unplaced_write = (t0, t1, self._tx_off)
-                    else:
-                        self._restamp_write(t0, t1)
-                return
-            self.last_write_bound_ns = -1  # (the rest waits for the socket: the write's last byte leaves later)
-            data = memoryview(data)[n:]
-            self._loop.add_writer(self._fd, self._on_writable)
-        else:  # (behind bytes still waiting for the socket: they leave later, when it drains)
-            self.last_write_mono_ns = _mono()
-            self.last_write_bound_ns = -1
+            self._sent(data, n, t0, _mono())
+            return
+        # (behind bytes still waiting for the socket: they leave later, when it drains)
+        self.last_write_mono_ns = _mono()
+        self.last_write_bound_ns = -1
+        self._buffer(data)
+
+    def _sent(self, data: bytes | bytearray | memoryview, n: int, t0: int, t1: int) -> None:
+        """``send`` took ``n`` bytes of ``data`` between the readings ``t0`` and ``t1`` (the C twin calls this for a
+        partial send, or none)."""
+        self._tx_off += n
+        if n == len(data):
+            self.last_write_bound_ns = t1 - t0  # the bytes left between the two readings
+            if t1 - t0 > _SLOW_SEND_NS:
+                if self._plog is None:
+                    SLOW_SENDS["bounded"] += 1
+                elif self.lazy_placement:
+                    self.unplaced_write = (t0, t1, self._tx_off)
+                else:
+                    self._restamp_write(t0, t1)
+            return
+        self.last_write_bound_ns = -1  # (the rest waits for the socket: the write's last byte leaves later)
+        self._loop.add_writer(self._fd, self._on_writable)
+        self._buffer(memoryview(data)[n:])
+
+    def _buffer(self, data: bytes | bytearray | memoryview) -> None:
         self._wbuf.append(bytes(data))
         self._wsize += len(data)
         self._maybe_pause_protocol()

@@ -519,13 +519,29 @@ def test_writes_the_kernel_merged_keep_their_own_arrivals(run, packet_stamps):
         assert late[b"one."] >= 3.0, late  # merged: the first write carries a later write's stamp
 
 
+@pytest.fixture
+def slow_sends_over(monkeypatch):
+    """``slow_sends_over(ns)``: a send counts as slow past ``ns`` for this test (the reference's threshold and the C
+    twin's copy of it; both put back after)."""
+    default = kstamp._SLOW_SEND_NS
+
+    def set_to(ns: int) -> None:
+        monkeypatch.setattr(kstamp, "_SLOW_SEND_NS", ns)
+        if kstamp._send is not None:
+            kstamp._pktacc.write_setup(kstamp.SLOW_SENDS, ns)
+
+    yield set_to
+    if kstamp._send is not None:
+        kstamp._pktacc.write_setup(kstamp.SLOW_SENDS, default)
+
+
 @LOOPS
-def test_a_slow_send_takes_its_departure_from_the_packet_log(run, packet_stamps, monkeypatch):
+def test_a_slow_send_takes_its_departure_from_the_packet_log(run, packet_stamps, slow_sends_over):
     """A write is stamped just before its ``send``; a send that took long (here: every send, the threshold set to 0)
     left somewhere between the readings before and after it. With the packet log the stamp becomes the departure of
     the segment that carried the write's last byte (bound 0), which precedes the peer's kernel arrival stamp;
     without it the stamp stays the reading before the send and the send's duration is its bound."""
-    monkeypatch.setattr(kstamp, "_SLOW_SEND_NS", 0)
+    slow_sends_over(0)
 
     async def scenario():
         protos: list[Recorder] = []

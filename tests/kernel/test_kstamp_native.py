@@ -1,9 +1,10 @@
-"""The stamped read path's C twin (deltatap/net/_pktring.c ``read_one`` and ``to_mono``) against the Python reference
-in deltatap/net/kstamp.py, on real loopback connections with the packet log.
+"""The stamped read path's C twin (deltatap/net/_pktring.c ``read_one``, ``read_split`` and ``to_mono``) against the
+Python reference in deltatap/net/kstamp.py, on real loopback connections with the packet log.
 
 ``read_one`` replaces :meth:`KernelStampTransport._one_segment` with what it calls (the ``TCP_INFO`` counters, the
 stamped ``recvmsg``, the stamp's move to the monotonic scale, the queue-empty bookkeeping, ``READ_LAG``) up to the
-protocol's ``data_received``. Two connections get the same writes (split writes, several writes merged into one read,
+protocol's ``data_received``; ``read_split`` the rest of the read where several segments wait (the one-byte peek, the
+counters again, the placement from the packet log, ``MERGED_READS``) up to ``cuts_received``. Two connections get the same writes (split writes, several writes merged into one read,
 late reads, end of stream), one read by the C twin and one by the reference (``transport._fast = None``): each must
 hand its protocol the bytes in the same deliveries, each stamped within the send that carried its last byte, with the
 same bounds (0: exact). A third connection switches between the two at random per read: the bookkeeping one leaves is
