@@ -304,9 +304,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_phase(name: str, args, work: Path) -> dict:
+def run_phase(name: str, args, work: Path, label: str | None = None) -> dict:
+    """One phase: ``direct``, ``tap`` (the tap as it runs by default) or ``tap-nodefer`` (the same tap with
+    ``DELTATAP_TAP_DEFER=0``: each upstream read watched before the next ready one is forwarded); ``label``: its
+    name in the result (its files' names: each phase its own)."""
     me = [sys.executable, str(Path(__file__).resolve())]
-    port_file = work / f"{name}-engine.port"
+    label = (label or name).replace("#", "-")
+    defer = {"tap": "1", "tap-nodefer": "0"}.get(name)
+    name = "tap" if defer is not None else name
+    port_file = work / f"{label}-engine.port"
     procs: dict[str, subprocess.Popen] = {}
     logs = []
     try:
@@ -316,14 +322,15 @@ def run_phase(name: str, args, work: Path) -> dict:
         res_metrics: dict[str, float] = {}
         if name == "tap":
             target, admin = _free_port(), _free_port()
-            log = open(work / "tap.log", "wb")
+            log = open(work / f"{label}-tap.log", "wb")
             logs.append(log)
             procs["tap"] = subprocess.Popen(
                 [sys.executable, "-m", "deltatap.app.cli", "tap", "--link", "edge", "--listen", f"127.0.0.1:{target}",
                  "--admin", f"127.0.0.1:{admin}", "--upstream", f"http://127.0.0.1:{engine_port}", "--otlp", "none",
-                 "--max-connections", str(args.streams + 100), "--grace-s", "1", "--workers", str(args.tap_workers)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+                 "--max-connections", str(args.streams + 100), "--grace-s", "1", "--workers", str(args.tap_workers)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                env={**os.environ, "DELTATAP_TAP_DEFER": defer})
             _wait_tcp(target, procs["tap"])
-        out = work / f"{name}-client.json"
+        out = work / f"{label}-client.json"
         procs["client"] = subprocess.Popen([*me, "--role", "client", "--port", str(target), "--streams", str(args.streams),
                                             "--ramp-rate", str(args.ramp_rate), "--duration", str(args.duration), "--client-out", str(out)])
         samples = {k: [] for k in procs}
@@ -361,6 +368,8 @@ def run_phase(name: str, args, work: Path) -> dict:
         if procs["client"].returncode != 0 or not out.is_file():
             raise SystemExit(f"soak: the {name} phase's client failed (rc {procs['client'].returncode})")
         res = json.loads(out.read_text())
+        if defer is not None:
+            res["tap_defer_watch"] = defer == "1"
         res["processes"] = {}
         for k, s in samples.items():
             if not s:
@@ -379,7 +388,7 @@ def run_phase(name: str, args, work: Path) -> dict:
         if "tap" in samples:
             import re
 
-            m = re.search(r"read stamps: (\w+)", (work / "tap.log").read_text(errors="replace"))
+            m = re.search(r"read stamps: (\w+)", (work / f"{label}-tap.log").read_text(errors="replace"))
             res["tap_stamp_source"] = m.group(1) if m else None  # packet, kernel or process (docs/tap.md)
             res["tap_rss_curve"] = [[t, rss] for t, rss, _ in samples["tap"]]  # (seconds since the client started, MB)
             res["tap_gc_full_curve"] = gc_curve
@@ -406,7 +415,9 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between two events of one stream (default 1)")
     ap.add_argument("--ramp-rate", type=float, default=1000.0, help="streams opened per second (default 1000)")
     ap.add_argument("--tap-workers", type=int, default=1, help="the tap's --workers: processes on its one port (default 1)")
-    ap.add_argument("--phases", default="direct,tap", help="comma-separated: direct, tap (default both)")
+    ap.add_argument("--phases", default="direct,tap",
+                    help="comma-separated, in order, repeats allowed: direct, tap, tap-nodefer (the tap with DELTATAP_TAP_DEFER=0); "
+                         "a repeat is reported as NAME#2, ... (default direct,tap)")
     ap.add_argument("--out", default=str(RESULTS), help=f"result JSON (default {RESULTS.relative_to(ROOT)})")
     ap.add_argument("--role", choices=["engine", "client"], help=argparse.SUPPRESS)
     ap.add_argument("--port-file", help=argparse.SUPPRESS)
@@ -420,8 +431,8 @@ def main() -> int:
         client_main(args.port, args.streams, args.ramp_rate, args.duration, args.client_out)
         return 0
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
-    if not phases or any(p not in ("direct", "tap") for p in phases):
-        ap.error("--phases: a comma-separated list of direct and tap")
+    if not phases or any(p not in ("direct", "tap", "tap-nodefer") for p in phases):
+        ap.error("--phases: a comma-separated list of direct, tap and tap-nodefer")
     if args.streams < 1 or args.duration <= 5 or args.interval <= 0 or args.ramp_rate <= 0:
         ap.error("--streams >= 1, --duration > 5, --interval > 0, --ramp-rate > 0")
     if args.streams / args.ramp_rate + 3 > args.duration:
@@ -440,9 +451,11 @@ def main() -> int:
                     "loadavg_start": os.getloadavg()},
         "phases": {},
     }
-    for name in phases:
+    for i, phase in enumerate(phases):
+        k = phases[:i].count(phase)
+        name = phase if k == 0 else f"{phase}#{k + 1}"
         print(f"soak: {name} phase, {args.streams} streams, {args.duration:g} s ...", file=sys.stderr)
-        result["phases"][name] = run_phase(name, args, work)
+        result["phases"][name] = run_phase(phase, args, work, name)
         ph = result["phases"][name]
         print(f"soak: {name}: opened {ph['opened']}, failed {ph['failed_connect']}, ended early {ph['ended_early']}, "
               f"{ph['events_per_s']} events/s, delay p50 {ph['delay_ms']['p50']} ms p99 {ph['delay_ms']['p99']} ms", file=sys.stderr)
@@ -459,6 +472,10 @@ def main() -> int:
             "all_streams_through_tap": result["phases"]["tap"]["opened"] == args.streams
             and result["phases"]["tap"]["ended_early"] == 0 and result["phases"]["tap"]["bad_status"] == 0,
         }
+        if "tap-nodefer" in result["phases"]:  # (deferral off and on: every run of each, in the order they ran)
+            result["summary"]["delay_p99_tap_runs_ms"] = [v["delay_ms"]["p99"] for k, v in result["phases"].items() if k.split("#")[0] == "tap"]
+            result["summary"]["delay_p99_tap_nodefer_runs_ms"] = [v["delay_ms"]["p99"] for k, v in result["phases"].items()
+                                                                   if k.split("#")[0] == "tap-nodefer"]
         print(f"soak: {json.dumps(result['summary'])}", file=sys.stderr)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -68,6 +68,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "grpc: a gRPC tap, HTTP/2 only (h2c, or TLS with ALPN h2 toward an https:// upstream), other connections closed")
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="run N tap processes on the listen port (SO_REUSEPORT); the admin port sums their metrics (default 1)")
+    p.add_argument("--no-defer-watch", action="store_true",
+                   help="watch each upstream read before the next ready one is forwarded (default: every ready read of a poll "
+                        "round is forwarded first, then each is watched, stamps unchanged; also DELTATAP_TAP_DEFER=0)")
     p.set_defaults(func=run)
 
 
@@ -169,6 +172,11 @@ def tune_gc() -> None:
 
 def run(args: argparse.Namespace) -> int:
     opts = build_options(args)
+    if args.no_defer_watch:  # (read when each upstream connection is made; the environment for --workers' processes too)
+        from deltatap.proxy import relay
+
+        os.environ["DELTATAP_TAP_DEFER"] = "0"
+        relay.DEFER_WATCH = False
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO)
     if args.workers < 1:

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import ssl as _ssl
+import weakref
 from collections import deque
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
@@ -58,6 +60,65 @@ UPSTREAM_CONNECT_TIMEOUT_S: float | None = None
 # what is kept of the bytes sent on a pooled upstream connection until it answers, to send again if it turns out
 # closed (Downstream.retry_stale); a request larger than this is not sent again (its client gets the close)
 REPLAY_MAX_BYTES = 1 << 20
+
+
+# Deferred watching (issue 19): the usual upstream read (Upstream.data_received's) is forwarded at once and its watch
+# (framing, the stream observer, the record) runs after the loop has handled every I/O callback of the poll round, so
+# the last read of a burst is not forwarded behind every earlier read's watch. DELTATAP_TAP_DEFER=0 (or `deltatap tap
+# --no-defer-watch`) watches each read at once, as before. Read when an Upstream is made.
+DEFER_WATCH = os.environ.get("DELTATAP_TAP_DEFER", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+class _Watches:
+    """One event loop's deferred watches, in the order their reads came: ``(up, d, data, t, bound, tw, bw)``, each read
+    already forwarded by ``d``'s write ``(tw, bw)``. One ``loop.call_soon`` per poll round runs them (after the round's
+    I/O callbacks, on uvloop and on asyncio's own loop alike); before any other work touches a pair with one pending
+    (``up.deferred``), :meth:`run` runs them all first, so each pair sees its events in exactly the undeferred order."""
+
+    __slots__ = ("loop", "items", "next", "scheduled", "__weakref__")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.items: list[tuple] = []
+        self.next = 0  # the first item not run yet (run() may be entered again from a watch: it continues from here)
+        self.scheduled = False  # a call_soon of _round is queued: later items of this round go with it
+
+    def _round(self) -> None:
+        self.scheduled = False
+        self.run()
+
+    def run(self) -> None:
+        """Watch every pending read, in order (a watch that raises closes its upstream connection, as the transport
+        does for a data_received that raises; the rest still run)."""
+        items = self.items
+        while self.next < len(items):
+            up, d, data, t, bound, tw, bw = items[self.next]
+            self.next += 1
+            up.deferred = False
+            try:
+                if _watch_read is None or not _watch_read(up, d, data, t, bound, tw, bw):
+                    up._watch(d, data, up.reader.feed(data), t, bound, tw, bw)
+            except BaseException as exc:  # noqa: BLE001 - what the transport does with a data_received that raises
+                up.kernel._fatal(exc, "protocol.data_received() failed")
+        items.clear()
+        self.next = 0
+
+
+_loop_watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watches] = weakref.WeakKeyDictionary()
+
+
+def _watches() -> _Watches | None:
+    """The running loop's deferred watches (None: deferral off, or no loop running)."""
+    if not DEFER_WATCH:
+        return None
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    w = _loop_watches.get(loop)
+    if w is None:
+        w = _loop_watches[loop] = _Watches(loop)
+    return w
 
 
 _TARGETS_MAX = 1024
@@ -162,6 +223,8 @@ class Downstream(_Side):
 
     def _head_timed_out(self) -> None:
         """No whole request head for ``--header-timeout-s`` (a slow or idle client): close, as servers do."""
+        if self.up is not None and self.up.deferred:  # (the pair's deferred watches first: Upstream.data_received)
+            self.up.watches.run()
         self.head_timer = None
         if self.closed or self.current is not None or self.exchanges or self.opaque:
             return
@@ -170,6 +233,8 @@ class Downstream(_Side):
         self.transport.close()
 
     def on_lost(self, exc: BaseException | None) -> None:
+        if self.up is not None and self.up.deferred:  # (the pair's deferred watches first: Upstream.data_received)
+            self.up.watches.run()
         self.closed = True
         if self.head_timer is not None:
             self.head_timer.cancel()
@@ -206,6 +271,8 @@ class Downstream(_Side):
 
     def on_eof(self) -> bool:
         """The client half-closed: pass it on after what it sent, keep relaying the response."""
+        if self.up is not None and self.up.deferred:  # (the pair's deferred watches first: Upstream.data_received)
+            self.up.watches.run()
         self.eof = True
         if self.tunnel is not None:
             self.tunnel.rec.ws.connection_closed("client")
@@ -230,15 +297,21 @@ class Downstream(_Side):
         return True
 
     def on_pause_writing(self) -> None:
+        if self.up is not None and self.up.deferred:  # (the pair's deferred watches first: Upstream.data_received)
+            self.up.watches.run()
         if self.up is not None:
             self.up.transport.pause_reading()
 
     def on_resume_writing(self) -> None:
+        if self.up is not None and self.up.deferred:  # (the pair's deferred watches first: Upstream.data_received)
+            self.up.watches.run()
         if self.up is not None and not self.up.transport.is_closing():
             self.up.transport.resume_reading()
 
     # ---- request bytes ---------------------------------------------------------------------
     def on_data(self, data: bytes, t: int, bound: int) -> None:
+        if self.up is not None and self.up.deferred:  # (the pair's deferred watches first: Upstream.data_received)
+            self.up.watches.run()
         if self.opaque:
             tun, up = self.tunnel, self.up
             if tun is not None and up is not None:  # WebSocket: forwarded first, its frames watched after
@@ -548,6 +621,8 @@ class Downstream(_Side):
         self._complete(ex)
 
     def _timed_out(self, ex: Exchange) -> None:
+        if self.up is not None and self.up.deferred:  # (the pair's deferred watches first: Upstream.data_received)
+            self.up.watches.run()
         ex.timer = None
         if ex.done:
             return
@@ -613,17 +688,23 @@ class Upstream(_Side):
         # the response reader frames what comes (not opaque): it changes only in a read that held a head or an
         # unframeable byte, which _watch's general path handles (a read of body bytes alone never changes it)
         self.plain = True
+        self.watches = _watches()  # where data_received defers its watch (None: watched at once)
+        self.deferred = False  # a read of this pair waits in self.watches to be watched
 
     def reusable(self) -> bool:
         return (self.keep_alive and not self.eof and not self.eof_sent and self.reader.idle and not self.reader.opaque
                 and self.lost_mono_ns is None and not self.transport.is_closing())
 
     def on_pause_writing(self) -> None:
+        if self.deferred:
+            self.watches.run()  # type: ignore[union-attr]
         d = self.down
         if d is not None:
             d.transport.pause_reading()
 
     def on_resume_writing(self) -> None:
+        if self.deferred:
+            self.watches.run()  # type: ignore[union-attr]
         d = self.down
         if d is not None and not d.transport.is_closing():
             d.transport.resume_reading()
@@ -631,7 +712,11 @@ class Upstream(_Side):
     # ---- response bytes --------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         """:meth:`on_data` for the usual read (kernel-stamped, framed bytes, paired, nothing kept to replay) in one
-        step: forwarded first, then framed and watched."""
+        step: forwarded first, then framed and watched — after the poll round's other reads are forwarded
+        (:class:`_Watches`; at once with deferral off)."""
+        w = self.watches
+        if self.deferred:
+            w.run()  # type: ignore[union-attr]
         k = self.kernel
         d = self.down
         if k is None or d is None or not self.plain or d.replay is not None or k.rx_mono_ns is None:
@@ -640,11 +725,20 @@ class Upstream(_Side):
         tw, bw = d.send(data)
         t = self.last_read_t = k.rx_mono_ns
         bound = self.last_read_bound = k.rx_bound_ns
+        if w is not None:
+            w.items.append((self, d, data, t, bound, tw, bw))
+            self.deferred = True
+            if not w.scheduled:
+                w.scheduled = True
+                w.loop.call_soon(w._round)
+            return
         if _watch_read is not None and _watch_read(self, d, data, t, bound, tw, bw):
             return  # (body bytes alone: framed, counted and observed in one C call; see _relay.c)
         self._watch(d, data, self.reader.feed(data), t, bound, tw, bw)
 
     def on_data(self, data: bytes, t: int, bound: int) -> None:
+        if self.deferred:
+            self.watches.run()  # type: ignore[union-attr]
         d = self.down
         if d is None:  # idle in the pool: an upstream that talks unasked is not reusable
             self.transport.close()
@@ -668,6 +762,8 @@ class Upstream(_Side):
     def cuts_received(self, data: bytes, pieces: list[tuple[int, int, int, int]]) -> None:
         """A late read that held several packets: forwarded in one write, watched packet by packet with each one's
         arrival (see :mod:`deltatap.net.kstamp`)."""
+        if self.deferred:
+            self.watches.run()  # type: ignore[union-attr]
         d = self.down
         if d is None:
             self.transport.close()
@@ -884,6 +980,8 @@ class Upstream(_Side):
 
     # ---- end of the connection -------------------------------------------------------------
     def on_eof(self) -> bool:
+        if self.deferred:
+            self.watches.run()  # type: ignore[union-attr]
         d = self.down
         if d is not None and d.replay is not None and d.retry_stale(self):
             return False
@@ -903,6 +1001,8 @@ class Upstream(_Side):
         return not (d is None or d.eof)
 
     def on_lost(self, exc: BaseException | None) -> None:
+        if self.deferred:
+            self.watches.run()  # type: ignore[union-attr]
         self.tap.pool_discard(self)
         d = self.down
         if d is None or (d.replay is not None and d.retry_stale(self)):
