@@ -229,25 +229,23 @@ def prepare(session: H1Pool, target: Target, body: bytes, headers: dict[str, str
 
 
 async def execute(session: H1Pool, target: Target, rec: RequestRecord, body: bytes, headers: dict[str, str],
-                  prepared: tuple[Exchange, bytes] | None = None, started: Any = None) -> ClientStream | None:
+                  prepared: tuple[Exchange, bytes] | None = None, started: Any = None, retried: bool = False) -> ClientStream | None:
     """Send one request and fill ``rec``; returns the parsed stream (None if there was none). ``prepared``:
     :func:`prepare`'s result; ``started``: the connection :meth:`H1Pool.start_now` already wrote it on (with
-    ``rec.send_mono_ns`` stamped just before that write); else the send is stamped and written here."""
+    ``rec.send_mono_ns`` stamped just before that write); else the send is stamped and written here. ``retried``:
+    the one retry of a request whose reused connection the server had closed (:meth:`H1Pool.exchange`)."""
     ex, data = prepared if prepared is not None else prepare(session, target, body, headers)
+    ex.on_end = None  # (awaited here)
     if rec.send_mono_ns is None:
         rec.send_mono_ns = mono_ns()
     deadline = _Deadline(target.timeout_s)
     try:
-        await session.exchange(ex, data, started=started)
+        await session.exchange(ex, data, started=started, retried=retried)
     except asyncio.CancelledError:
-        rec.end_mono_ns = mono_ns()
-        _head(rec, ex)
         if deadline.timed_out():
-            _fail(rec, Outcome.TIMEOUT, ErrorKind.TIMEOUT, f"no complete answer within {target.timeout_s:g} s")
-            _take_stream(rec, ex.sink)  # type: ignore[arg-type]
+            fail_unfinished(rec, ex, target, timed_out=True)
             return ex.sink  # type: ignore[return-value]
-        _fail(rec, Outcome.CLIENT_CANCEL, ErrorKind.CANCELLED, "the run ended before the response did")
-        _take_stream(rec, ex.sink)  # type: ignore[arg-type]
+        fail_unfinished(rec, ex, target, timed_out=False)
         raise
     except ConnectFailed as exc:
         rec.end_mono_ns = mono_ns()
@@ -255,6 +253,24 @@ async def execute(session: H1Pool, target: Target, rec: RequestRecord, body: byt
         return None
     finally:
         deadline.handle.cancel()
+    return settle(rec, ex, target)
+
+
+def fail_unfinished(rec: RequestRecord, ex: Exchange, target: Target, timed_out: bool) -> None:
+    """``rec`` of an exchange that did not end: its time ran out (``--request-timeout``) or the run ended first (what
+    its head and stream had got so far is kept)."""
+    rec.end_mono_ns = mono_ns()
+    _head(rec, ex)
+    if timed_out:
+        _fail(rec, Outcome.TIMEOUT, ErrorKind.TIMEOUT, f"no complete answer within {target.timeout_s:g} s")
+    else:
+        _fail(rec, Outcome.CLIENT_CANCEL, ErrorKind.CANCELLED, "the run ended before the response did")
+    _take_stream(rec, ex.sink)  # type: ignore[arg-type]
+
+
+def settle(rec: RequestRecord, ex: Exchange, target: Target) -> ClientStream | None:
+    """Fill ``rec`` from an exchange that ended (its response complete, or the connection's end or error); returns the
+    parsed stream (None if there was none)."""
     stream: ClientStream | None = ex.sink  # type: ignore[assignment]
     _head(rec, ex)
     if ex.error is not None:

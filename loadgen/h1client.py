@@ -82,11 +82,14 @@ class Exchange:
 
     __slots__ = (
         "new_sink", "fut", "head", "head_mono_ns", "head_bound_ns", "sink", "kept", "kept_bytes", "body_bytes",
-        "last_mono_ns", "last_bound_ns", "written_mono_ns", "written_bound_ns", "error", "got_bytes", "retry",
+        "last_mono_ns", "last_bound_ns", "written_mono_ns", "written_bound_ns", "error", "got_bytes", "retry", "on_end",
     )
 
-    def __init__(self, new_sink: Callable[[Head], Sink | None] | None = None) -> None:
+    def __init__(self, new_sink: Callable[[Head], Sink | None] | None = None, on_end: Callable[[], None] | None = None) -> None:
         self.new_sink = new_sink  # called with the final head: a sink for the body, or None to keep it
+        # called (in the connection's callback) when the exchange ends, for an exchange nobody awaits (no ``fut``):
+        # the load generator's callback-driven requests (loadgen/runner.py Flight)
+        self.on_end = on_end
         self.reset()
 
     def reset(self) -> None:
@@ -121,8 +124,11 @@ class Exchange:
 
     def _done(self) -> None:
         fut = self.fut
-        if fut is not None and not fut.done():
-            fut.set_result(None)
+        if fut is not None:
+            if not fut.done():
+                fut.set_result(None)
+        elif self.on_end is not None:
+            self.on_end()
 
 
 class _Conn(StampedProtocol):
@@ -198,6 +204,15 @@ class _Conn(StampedProtocol):
                 self._drop()
                 return
 
+    def cuts_received(self, data: bytes, pieces: list[tuple[int, int, int, int]]) -> None:
+        """A late read that held several packets (:mod:`deltatap.net.kstamp`, its C path): each piece read as if it had
+        come alone, with its own arrival, as the transport would hand them over one by one."""
+        n = len(data)
+        for s, e, t, bound in pieces:
+            self.on_data(data if s == 0 and e == n else data[s:e], t, bound)
+            if self.dead:
+                return
+
     def on_eof(self) -> bool | None:
         ex = self.ex
         self.dead = True
@@ -232,8 +247,8 @@ class _Conn(StampedProtocol):
 
     def _finish(self, ex: Exchange) -> None:
         self.ex = None
+        self.pool._release(self, self._keep and self.reader.idle)  # (first: whoever the end wakes may take it at once)
         ex._done()
-        self.pool._release(self, self._keep and self.reader.idle)
 
     def _drop(self) -> None:
         self.dead = True
@@ -329,17 +344,21 @@ class H1Pool:
         while idle:
             c = idle.pop()
             if c.usable:
-                ex.fut = asyncio.get_running_loop().create_future()
+                if ex.on_end is None:
+                    ex.fut = asyncio.get_running_loop().create_future()
                 c.start(ex, method or self.method, data)
                 return c
         return None
 
-    async def exchange(self, ex: Exchange, data: bytes, method: bytes | None = None, started: _Conn | None = None) -> Exchange:
+    async def exchange(self, ex: Exchange, data: bytes, method: bytes | None = None, started: _Conn | None = None,
+                       retried: bool = False) -> Exchange:
         """Send ``data`` (one serialised request) and wait for the whole response, filling ``ex``. Raises
         :class:`ConnectFailed`; a broken response is ``ex.error``. Cancelling closes the connection. ``started``:
-        the connection :meth:`start_now` already wrote ``data`` on (a reused one)."""
+        the connection :meth:`start_now` already wrote ``data`` on (a reused one). ``retried``: the first attempt was
+        made elsewhere (a reused connection the server had closed, ``ex.retry``): this is the one retry, on a new
+        connection or another idle one."""
         loop = asyncio.get_running_loop()
-        for attempt in (0, 1):
+        for attempt in ((1,) if retried else (0, 1)):
             if attempt == 0 and started is not None:
                 conn, reused = started, True
             else:

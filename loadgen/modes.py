@@ -63,11 +63,18 @@ def sessions_needed(mode: str, cfg: ModeConfig) -> int:
     return {"open": cfg.workers, "closed": cfg.concurrency, "batch": cfg.batch}[mode]
 
 
-async def _finish(tasks: set[asyncio.Task], drain_s: float) -> None:
-    """Let in-flight work end within ``drain_s``, then cancel the rest (recorded as client_cancel)."""
-    if not tasks:
-        return
-    _done, pending = await asyncio.wait(tasks, timeout=drain_s)
+async def _finish(tasks: set[asyncio.Task], drain_s: float, runner: Runner | None = None) -> None:
+    """Let in-flight work (tasks, and the runner's task-free requests) end within ``drain_s``, then cancel the rest
+    (recorded as client_cancel)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + drain_s
+    pending: set[asyncio.Task] = set()
+    if tasks:
+        _done, pending = await asyncio.wait(tasks, timeout=drain_s)
+    if runner is not None and runner.flights:
+        if not await runner.flights_ended(max(0.0, deadline - loop.time())):
+            runner.cancel_flights()
+            await runner.flights_ended(None)  # (the cancelled ones that had a task file their records from it)
     for t in pending:
         t.cancel()
     if pending:
@@ -84,47 +91,99 @@ async def open_loop(runner: Runner, cfg: ModeConfig, sessions: list[H1Pool]) -> 
     assert cfg.offsets_ns is not None
     t_start = cfg.start_mono_ns if cfg.start_mono_ns is not None else mono_ns() + cfg.start_delay_ns
     stop = t_start + int(cfg.duration_s * 1e9) if cfg.duration_s else None
-    horizon = 0  # every unit planned before horizon + lead has its task
+    horizon = 0  # every unit planned before horizon + lead is launched
     burst = 0
     tasks: set[asyncio.Task] = set()
     n = len(sessions)
-    for k, unit in enumerate(cfg.units):
-        t_k = t_start + cfg.offsets_ns[k]
-        if stop is not None and t_k >= stop:
-            break
-        if t_k - cfg.lead_ns > horizon:  # wake once per dispatch window and start every unit planned in it
-            await sleep_coarse_until(t_k - cfg.lead_ns)  # yields even when already late: reads keep flowing
-            horizon = mono_ns() + cfg.dispatch_ns
-            burst = 0
-        elif burst >= cfg.dispatch_burst:  # each new task's first step (ids, record, headers) runs before a due send
-            await asyncio.sleep(0)
-            burst = 0
-        burst += 1
-        task = asyncio.create_task(runner.unit(sessions[k % n], unit, t_k, k % n, stop))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    await _finish(set(tasks), cfg.drain_s)
+    bodies = runner.bodies
+    try:
+        for k, unit in enumerate(cfg.units):
+            t_k = t_start + cfg.offsets_ns[k]
+            if stop is not None and t_k >= stop:
+                break
+            if t_k - cfg.lead_ns > horizon:  # wake once per dispatch window and launch every unit planned in it
+                await sleep_coarse_until(t_k - cfg.lead_ns)  # yields even when already late: reads keep flowing
+                horizon = mono_ns() + cfg.dispatch_ns
+                burst = 0
+            elif burst >= cfg.dispatch_burst:  # each launch (ids, record, headers) runs before a due send: yield now and then
+                await asyncio.sleep(0)
+                burst = 0
+            burst += 1
+            if len(unit) == 1:  # a single request: no task; the send clock's timer sends it, callbacks read it
+                req = unit[0]
+                runner.launch(sessions[k % n], req, t_k, k % n, bodies.get(req.index))
+                continue
+            task = asyncio.create_task(runner.unit(sessions[k % n], unit, t_k, k % n, stop))  # a session's turns
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        await _finish(set(tasks), cfg.drain_s, runner)
+    finally:
+        runner.cancel_flights()  # (interrupted: nothing more is sent)
 
 
 @register("closed")
 async def closed_loop(runner: Runner, cfg: ModeConfig, sessions: list[H1Pool]) -> None:
+    """Each worker's next unit starts in the callback that ends its previous one: a single request with no task
+    (:meth:`Runner.launch`: written at once, on the connection just freed), a session's turns in a task."""
     it = itertools.cycle(cfg.units) if cfg.cycle else iter(cfg.units)
     await _shared_start(cfg)
     stop = mono_ns() + int(cfg.duration_s * 1e9) if cfg.duration_s else None
+    loop = asyncio.get_running_loop()
+    all_done = loop.create_future()  # every worker has run out of units (or the chain broke: its exception)
+    tasks: set[asyncio.Task] = set()
+    halted = False
+    active = cfg.concurrency
+    bodies = runner.bodies
 
-    async def worker(w: int) -> None:
-        for unit in it:
-            now = mono_ns()
-            if stop is not None and now >= stop:
+    def next_unit(w: int) -> None:
+        nonlocal active, halted
+        try:
+            for unit in it:
+                if halted or (stop is not None and mono_ns() >= stop):
+                    break
+                now = mono_ns()
+                if len(unit) == 1:
+                    req = unit[0]
+                    runner.launch(sessions[w], req, now, w, bodies.get(req.index), lambda _rec: next_unit(w))
+                    return
+                task = loop.create_task(runner.unit(sessions[w], unit, now, w, stop))
+                tasks.add(task)
+                task.add_done_callback(lambda t: unit_done(t, w))
                 return
-            await runner.unit(sessions[w], unit, now, w, stop)
+        except BaseException as exc:  # noqa: BLE001 - (in a callback): the mode raises it
+            halted = True
+            if not all_done.done():
+                all_done.set_exception(exc)
+            return
+        active -= 1
+        if active == 0 and not all_done.done():
+            all_done.set_result(None)
 
-    tasks = {asyncio.create_task(worker(w)) for w in range(cfg.concurrency)}
-    if stop is None:
-        await asyncio.gather(*tasks)
-        return
-    await asyncio.wait(tasks, timeout=max(0.0, (stop - mono_ns()) / 1e9))
-    await _finish(tasks, cfg.drain_s)
+    def unit_done(t: asyncio.Task, w: int) -> None:
+        nonlocal halted
+        tasks.discard(t)
+        if t.cancelled():
+            return
+        if t.exception() is not None:
+            halted = True
+            if not all_done.done():
+                all_done.set_exception(t.exception())  # type: ignore[arg-type]
+            return
+        next_unit(w)
+
+    try:
+        for w in range(cfg.concurrency):
+            next_unit(w)
+        await asyncio.wait({all_done}, timeout=None if stop is None else max(0.0, (stop - mono_ns()) / 1e9))
+        halted = True
+        if all_done.done() and all_done.exception() is not None:
+            raise all_done.exception()  # type: ignore[misc]
+        await _finish(set(tasks), cfg.drain_s if stop is not None else 1e9, runner)
+    finally:
+        halted = True  # (interrupted or over: no worker starts another unit)
+        runner.cancel_flights()
+        for t in tasks:
+            t.cancel()
 
 
 @register("batch")

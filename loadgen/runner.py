@@ -34,9 +34,9 @@ from deltatap.core.clock import mono_ns, to_unix_ns
 from deltatap.core.clocksync import ClockEstimate
 from deltatap.core.config import ConfigError
 from deltatap.core.vocab import SPAN_CLIENT, Attr, ClientEvent, Observer, Outcome, format_stamp_bounds
-from deltatap.loadgen.client import Target, execute, prepare
-from deltatap.loadgen.h1client import H1Pool
-from deltatap.loadgen.records import RequestRecord
+from deltatap.loadgen.client import Target, execute, fail_unfinished, prepare, settle
+from deltatap.loadgen.h1client import Exchange, H1Pool
+from deltatap.loadgen.records import ErrorKind, RequestRecord
 from deltatap.telemetry.spans import KIND_CLIENT, SAMPLED, STATUS_UNSET, SpanRecord, new_span_id, new_trace_id, traceparent
 from deltatap.telemetry.tracer import Telemetry, setup_telemetry
 from deltatap.net.aio import sleep_until
@@ -93,7 +93,7 @@ class SendClock:
         self.fd = -1
         self._spec = (ctypes.c_long * 4)()  # itimerspec (interval, value), reused by every arming
         self._armed = 0  # the instant the timer is set for (0: none)
-        self._heap: list[tuple[int, int, asyncio.Future[None], Callable[[], None] | None]] = []
+        self._heap: list[tuple[int, int, asyncio.Future[None] | None, Callable[[], None] | None]] = []
         self._n = 0
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -150,6 +150,22 @@ class SendClock:
             self._arm(t_ns)
         await fut
 
+    def at(self, t_ns: int, on_due: Callable[[], None]) -> None:
+        """Call ``on_due`` at the ``mono_ns`` instant ``t_ns``, in the timer's callback (at once if it has passed):
+        a send with no task waiting for it (:class:`Flight`). It must not raise."""
+        if self._loop is None:
+            self._open(asyncio.get_running_loop())
+        if t_ns <= mono_ns():
+            on_due()
+            return
+        if self.fd < 0:  # (no timerfd: the loop's own timer, to its millisecond)
+            self._loop.call_later((t_ns - mono_ns()) / 1e9, on_due)  # type: ignore[union-attr]
+            return
+        self._n += 1
+        heapq.heappush(self._heap, (t_ns, self._n, None, on_due))
+        if self._heap[0][3] is on_due:
+            self._arm(t_ns)
+
     def _fire(self) -> None:
         try:
             os.read(self.fd, 8)
@@ -160,12 +176,20 @@ class SendClock:
         now = mono_ns()
         while heap and heap[0][0] <= now:
             _t, _n, fut, on_due = heapq.heappop(heap)
-            if not fut.done():  # (a cancelled wait: neither sent nor woken)
+            if fut is None:  # a callback's instant (at())
+                on_due()  # type: ignore[misc]
+            elif not fut.done():  # (a cancelled wait: neither sent nor woken)
                 if on_due is not None:
                     on_due()
                 fut.set_result(None)
         if heap:
             self._arm(heap[0][0])
+
+
+def _fail_record(rec: RequestRecord, message: str) -> None:
+    rec.status = Outcome.UPSTREAM_ERROR
+    rec.error_kind = ErrorKind.DISCONNECTED
+    rec.error = message[:300]
 
 
 class LoadAborted(ConfigError):
@@ -201,6 +225,125 @@ class Counters:
     max_in_flight: int = 0
     errors: int = 0
     recent_ttft_ns: deque[int] = field(default_factory=lambda: deque(maxlen=256))
+
+
+class Flight:
+    """One single-turn request driven by callbacks, no task (:meth:`Runner.launch`): prepared when launched; at its
+    instant the send clock's callback stamps and writes it on an idle keep-alive connection (:meth:`fire`); the
+    connection's read callbacks parse the answer; its end (:meth:`_ended`, from the connection's callback) fills the
+    record as :func:`~deltatap.loadgen.client.execute` does (:func:`~deltatap.loadgen.client.settle`), files it and hands
+    the span over. The same outcomes as the task path: the request timeout is one loop timer (:meth:`_expire`), the run's
+    end cancels it (:meth:`cancel`); what needs an ``await`` — no idle connection (a connect), the one retry after a
+    reused connection the server had closed — goes on in a task running :func:`~deltatap.loadgen.client.execute`."""
+
+    __slots__ = ("runner", "session", "rec", "tid", "sid", "body", "headers", "ex", "data", "conn", "timer", "task",
+                 "on_done", "state")
+
+    def __init__(self, runner: Runner, session: H1Pool, req: PlannedRequest, planned_mono_ns: int, worker: int,
+                 body: bytes | None, on_done: Callable[[RequestRecord], None] | None) -> None:
+        self.runner = runner
+        self.session = session
+        self.rec, self.tid, self.sid, self.body, self.headers, self.ex, self.data = runner._begin(
+            session, req, planned_mono_ns, worker, None, 0, body)
+        self.ex.on_end = self._ended
+        self.conn: Any = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.on_done = on_done
+        self.state = 0  # 0 waiting for its instant, 1 sent, 2 ended, 3 cancelled before it was sent
+
+    def fire(self) -> None:
+        """At the planned instant (the send clock's callback): stamp and write on an idle connection."""
+        if self.state:
+            return
+        self.state = 1
+        rec, ex = self.rec, self.ex
+        rec.send_mono_ns = mono_ns()
+        r = self.runner
+        try:
+            conn = self.session.start_now(ex, self.data)  # (None: no idle connection)
+        except Exception:  # noqa: BLE001 - never out of the clock's callback: the task path sends on another connection
+            conn = None
+            ex.reset()
+        r._sent()
+        if conn is None:
+            self._go_async(False)
+            return
+        self.conn = conn
+        self.timer = asyncio.get_running_loop().call_later(r.target.timeout_s, self._expire)
+
+    def _go_async(self, retried: bool) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.conn = None
+        self.task = asyncio.get_running_loop().create_task(self._run_async(retried))
+        self.task.add_done_callback(self._task_done)
+
+    async def _run_async(self, retried: bool) -> None:
+        await execute(self.session, self.runner.target, self.rec, self.body, self.headers, (self.ex, self.data), None, retried)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        rec = self.rec
+        if task.cancelled():
+            if rec.status != Outcome.CLIENT_CANCEL:  # (cancelled before execute began: nothing was written)
+                fail_unfinished(rec, self.ex, self.runner.target, False)
+        elif (exc := task.exception()) is not None:  # a bug: the record says so, the mode's wait raises it
+            if rec.end_mono_ns is None:
+                rec.end_mono_ns = mono_ns()
+            _fail_record(rec, f"{type(exc).__name__}: {exc}")
+            self.runner._flight_error = exc
+        self._file()
+
+    def _ended(self) -> None:
+        """The exchange ended (the connection's callback): its record, or the one retry in a task."""
+        if self.state != 1 or self.task is not None:
+            return
+        if self.ex.retry:  # a reused connection the server had closed before any byte of the answer: one retry
+            self.ex.retry = False
+            self._go_async(True)
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.conn = None
+        settle(self.rec, self.ex, self.runner.target)
+        self._file()
+
+    def _expire(self) -> None:
+        """``--request-timeout`` passed: the connection is closed, the record says timeout."""
+        self.timer = None
+        if self.state == 1 and self.task is None:
+            self._unfinished(True)
+
+    def cancel(self) -> None:
+        """The run ended: a request in flight is recorded as cancelled; one not sent yet is not sent."""
+        if self.state == 0:
+            self.state = 3
+            self.runner._flight_ended(self, None)
+        elif self.state == 1:
+            if self.task is not None:
+                self.task.cancel()  # (its execute records the cancel, then it files the record)
+            else:
+                self._unfinished(False)
+
+    def _unfinished(self, timed_out: bool) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.abandon()
+        fail_unfinished(self.rec, self.ex, self.runner.target, timed_out)
+        self._file()
+
+    def _file(self) -> None:
+        if self.state == 2:
+            return
+        self.state = 2
+        r = self.runner
+        r._end(self.tid, self.sid, self.rec)
+        r._flight_ended(self, self.rec)
 
 
 class Runner:
@@ -242,8 +385,47 @@ class Runner:
         self._seq = 0  # the latest request's number; the next is _seq + seq_step
         self.seq_step = 1
         self.bodies: dict[int, bytes] = {}  # prebuilt request bodies of single-turn requests, by plan index
+        self.flights: set[Flight] = set()  # requests launched without a task (launch()) and not ended yet
+        self._flights_waiter: asyncio.Future[None] | None = None
+        self._flight_error: BaseException | None = None
 
     # ------------------------------------------------------------------ one request
+
+    def _begin(self, session: H1Pool, req: PlannedRequest, planned_mono_ns: int, worker: int,
+               history: list[dict[str, str]] | None, history_tokens: int, body: bytes | None,
+               ) -> tuple[RequestRecord, int, int, bytes, dict[str, str], Exchange, bytes]:
+        """A request's number, ids, record, headers and serialised bytes (before its send instant)."""
+        self._seq += self.seq_step
+        tid, sid = new_trace_id(), new_span_id()
+        rec = RequestRecord(
+            index=req.index, request_id=f"{self.run_id}-{self.phase[0]}{self._seq}", trace_id=f"{tid:032x}", span_id=f"{sid:016x}",
+            phase=self.phase, worker=worker, session=req.session, turn=req.turn, labels=req.labels,
+            max_tokens=req.max_tokens, planned_mono_ns=planned_mono_ns, input_tokens=req.input_tokens + history_tokens,
+        )
+        if body is None:
+            body = self.target.body(req.system, history or [], req.prompt, req.max_tokens)
+        headers = self.target.request_headers(rec, traceparent(tid, sid))
+        ex, data = prepare(session, self.target, body, headers)
+        return rec, tid, sid, body, headers, ex, data
+
+    def _sent(self) -> None:
+        c = self.counters
+        c.sent += 1
+        c.in_flight += 1
+        if c.in_flight > c.max_in_flight:
+            c.max_in_flight = c.in_flight
+
+    def _end(self, tid: int, sid: int, rec: RequestRecord) -> None:
+        """A request ended (any outcome): counted, its record filed, its span handed to the exporter."""
+        c = self.counters
+        c.in_flight -= 1
+        c.done += 1
+        if rec.status != Outcome.OK:
+            c.errors += 1
+        elif rec.first_token_mono_ns is not None and rec.submit_mono_ns is not None:
+            c.recent_ttft_ns.append(rec.first_token_mono_ns - rec.submit_mono_ns)
+        self.records.append(rec)
+        self._emit_span(tid, sid, rec)
 
     async def request(
         self,
@@ -256,18 +438,9 @@ class Runner:
         body: bytes | None = None,
         barrier: Barrier | None = None,
     ) -> RequestRecord:
-        self._seq += self.seq_step
-        tid, sid = new_trace_id(), new_span_id()
-        trace_id, span_id = f"{tid:032x}", f"{sid:016x}"
-        rec = RequestRecord(
-            index=req.index, request_id=f"{self.run_id}-{self.phase[0]}{self._seq}", trace_id=trace_id, span_id=span_id,
-            phase=self.phase, worker=worker, session=req.session, turn=req.turn, labels=req.labels,
-            max_tokens=req.max_tokens, planned_mono_ns=planned_mono_ns, input_tokens=req.input_tokens + history_tokens,
-        )
-        if body is None:
-            body = self.target.body(req.system, history or [], req.prompt, req.max_tokens)
-        headers = self.target.request_headers(rec, traceparent(tid, sid))
-        ex, data = prepare(session, self.target, body, headers)
+        """One request in its own task (a session's turn, a barrier batch, the warm-up's probes; :meth:`launch` is the
+        task-free form of a single request)."""
+        rec, tid, sid, body, headers, ex, data = self._begin(session, req, planned_mono_ns, worker, history, history_tokens, body)
         started = None
         if barrier is not None:
             await barrier.wait()
@@ -288,23 +461,57 @@ class Runner:
                 if started is not None:  # written, then cancelled before the task resumed: nobody reads the answer
                     started.abandon()
                 raise
-        c = self.counters
-        c.sent += 1
-        c.in_flight += 1
-        if c.in_flight > c.max_in_flight:
-            c.max_in_flight = c.in_flight
+        self._sent()
         try:
             await execute(session, self.target, rec, body, headers, (ex, data), started)
         finally:
-            c.in_flight -= 1
-            c.done += 1
-            if rec.status != Outcome.OK:
-                c.errors += 1
-            elif rec.first_token_mono_ns is not None and rec.submit_mono_ns is not None:
-                c.recent_ttft_ns.append(rec.first_token_mono_ns - rec.submit_mono_ns)
-            self.records.append(rec)
-            self._emit_span(tid, sid, rec)
+            self._end(tid, sid, rec)
         return rec
+
+    def launch(self, session: H1Pool, req: PlannedRequest, planned_mono_ns: int, worker: int, body: bytes | None = None,
+               on_done: Callable[[RequestRecord], None] | None = None) -> Flight:
+        """Send one single-turn request at ``planned_mono_ns`` with no task of its own (:class:`Flight`): the send clock's
+        callback stamps and writes it, the connection's callbacks read the answer, the record is filed and the span
+        handed over when it ends; then ``on_done(record)`` is called (in that callback). :meth:`flights_ended` waits for
+        every launched request, :meth:`cancel_flights` ends those still running."""
+        f = Flight(self, session, req, planned_mono_ns, worker, body, on_done)
+        self.flights.add(f)
+        self.clock_wait.at(planned_mono_ns, f.fire)
+        return f
+
+    async def flights_ended(self, timeout_s: float | None = None) -> bool:
+        """Wait until every launched request has ended (True), or ``timeout_s`` has passed (False). Raises what an
+        ``on_done`` callback raised."""
+        loop = asyncio.get_running_loop()
+        while self.flights and self._flight_error is None:
+            fut = self._flights_waiter = loop.create_future()
+            try:
+                await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+            except (TimeoutError, asyncio.TimeoutError):
+                return False
+            finally:
+                self._flights_waiter = None
+        if self._flight_error is not None:
+            err, self._flight_error = self._flight_error, None
+            raise err
+        return True
+
+    def cancel_flights(self) -> None:
+        """End every launched request still running as ``client_cancel`` (the run is over); those not sent yet are not
+        sent (and have no record, as a cancelled task's wait)."""
+        for f in list(self.flights):
+            f.cancel()
+
+    def _flight_ended(self, f: Flight, rec: RequestRecord | None) -> None:
+        self.flights.discard(f)
+        if rec is not None and f.on_done is not None:
+            try:
+                f.on_done(rec)
+            except BaseException as exc:  # noqa: BLE001 - (in a protocol's callback): the mode's wait raises it
+                self._flight_error = exc
+        w = self._flights_waiter
+        if w is not None and not w.done() and (not self.flights or self._flight_error is not None):
+            w.set_result(None)
 
     def _span_attributes(self, rec: RequestRecord) -> dict[str, Any]:
         """The client span's attributes for ``rec``."""
