@@ -232,11 +232,11 @@ class Flight:
     instant the send clock's callback stamps and writes it on an idle keep-alive connection (:meth:`fire`); the
     connection's read callbacks parse the answer; its end (:meth:`_ended`, from the connection's callback) fills the
     record as :func:`~deltatap.loadgen.client.execute` does (:func:`~deltatap.loadgen.client.settle`), files it and hands
-    the span over. The same outcomes as the task path: the request timeout is one loop timer (:meth:`_expire`), the run's
+    the span over. The same outcomes as the task path: the request timeout is the runner's one deadline timer (:meth:`_expire`), the run's
     end cancels it (:meth:`cancel`); what needs an ``await`` — no idle connection (a connect), the one retry after a
     reused connection the server had closed — goes on in a task running :func:`~deltatap.loadgen.client.execute`."""
 
-    __slots__ = ("runner", "session", "rec", "tid", "sid", "body", "headers", "ex", "data", "conn", "timer", "task",
+    __slots__ = ("runner", "session", "rec", "tid", "sid", "body", "headers", "ex", "data", "conn", "deadline", "task",
                  "on_done", "state")
 
     def __init__(self, runner: Runner, session: H1Pool, req: PlannedRequest, planned_mono_ns: int, worker: int,
@@ -247,7 +247,7 @@ class Flight:
             session, req, planned_mono_ns, worker, None, 0, body)
         self.ex.on_end = self._ended
         self.conn: Any = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.deadline = 0  # mono_ns when --request-timeout ends it (sent on a kept-alive connection: Runner._timed)
         self.task: asyncio.Task[None] | None = None
         self.on_done = on_done
         self.state = 0  # 0 waiting for its instant, 1 sent, 2 ended, 3 cancelled before it was sent
@@ -270,12 +270,11 @@ class Flight:
             self._go_async(False)
             return
         self.conn = conn
-        self.timer = asyncio.get_running_loop().call_later(r.target.timeout_s, self._expire)
+        self.deadline = rec.send_mono_ns + r.timeout_ns
+        r._time(self)
 
     def _go_async(self, retried: bool) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.runner._timed.pop(self, None)  # (the task's execute has its own deadline)
         self.conn = None
         self.task = asyncio.get_running_loop().create_task(self._run_async(retried))
         self.task.add_done_callback(self._task_done)
@@ -303,16 +302,13 @@ class Flight:
             self.ex.retry = False
             self._go_async(True)
             return
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.runner._timed.pop(self, None)
         self.conn = None
         settle(self.rec, self.ex, self.runner.target)
         self._file()
 
     def _expire(self) -> None:
         """``--request-timeout`` passed: the connection is closed, the record says timeout."""
-        self.timer = None
         if self.state == 1 and self.task is None:
             self._unfinished(True)
 
@@ -328,9 +324,7 @@ class Flight:
                 self._unfinished(False)
 
     def _unfinished(self, timed_out: bool) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.runner._timed.pop(self, None)
         conn, self.conn = self.conn, None
         if conn is not None:
             conn.abandon()
@@ -386,6 +380,11 @@ class Runner:
         self.seq_step = 1
         self.bodies: dict[int, bytes] = {}  # prebuilt request bodies of single-turn requests, by plan index
         self.flights: set[Flight] = set()  # requests launched without a task (launch()) and not ended yet
+        # those sent on a kept-alive connection, in the order sent: their deadlines come in that order, so one loop timer
+        # armed for the oldest one's serves them all (not one timer per request)
+        self._timed: dict[Flight, None] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self.timeout_ns = int(target.timeout_s * 1e9)
         self._flights_waiter: asyncio.Future[None] | None = None
         self._flight_error: BaseException | None = None
 
@@ -502,8 +501,32 @@ class Runner:
         for f in list(self.flights):
             f.cancel()
 
+    def _time(self, f: Flight) -> None:
+        self._timed[f] = None
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(max(0, f.deadline - mono_ns()) / 1e9, self._deadlines)
+
+    def _deadlines(self) -> None:
+        """The loop timer of the oldest sent flight's deadline: expire every flight whose time is up, then wait for the
+        next one's."""
+        self._timer = None
+        timed = self._timed
+        now = mono_ns()
+        while timed:
+            f = next(iter(timed))
+            if f.deadline > now:  # (a timer armed meanwhile, by a send in an expiry's callback, is for a later one)
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._timer = asyncio.get_running_loop().call_later((f.deadline - now) / 1e9, self._deadlines)
+                return
+            del timed[f]
+            f._expire()
+
     def _flight_ended(self, f: Flight, rec: RequestRecord | None) -> None:
         self.flights.discard(f)
+        if not self.flights and self._timer is not None:  # (nothing in flight: no deadline to keep)
+            self._timer.cancel()
+            self._timer = None
         if rec is not None and f.on_done is not None:
             try:
                 f.on_done(rec)

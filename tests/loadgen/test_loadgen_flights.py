@@ -79,9 +79,14 @@ async def test_a_launched_request_is_sent_at_its_instant_and_read_without_a_task
     assert [r.request_id for r in recs] == ["run1-m1", "run1-m2", "run1-m3", "run1-m4"]
 
 
-async def test_a_launched_request_times_out_like_a_task(telemetry):
+async def test_launched_requests_time_out_like_a_task_each_at_its_own_deadline(telemetry):
+    served = []
+
     async def handler(r, w, conn):
         await srv.read_request(r, conn)
+        served.append(conn)
+        if len(served) == 1:  # the first request read is answered, the others never are
+            await write_sse(w)
         await asyncio.sleep(5)
 
     async with RawServer(handler) as srv:
@@ -89,13 +94,23 @@ async def test_a_launched_request_times_out_like_a_task(telemetry):
         runner = Runner(t, None, telemetry, "run1")
         pool = make_session(t)
         try:
-            await pool.preconnect(1)
-            [rec] = await launched(runner, pool, plan(1))
+            await pool.preconnect(3)
+            a, b, c = plan(3)
+            now = mono_ns()
+            runner.launch(pool, a, now, 0)
+            runner.launch(pool, b, now + 100_000_000, 0)  # sent 0.1 s later: its deadline is 0.1 s later too
+            runner.launch(pool, c, now + 150_000_000, 0)
+            assert await runner.flights_ended(5)
         finally:
             await pool.close()
             runner.clock_wait.close()
-    assert (rec.status, rec.error_kind, rec.error) == (Outcome.TIMEOUT, ErrorKind.TIMEOUT, "no complete answer within 0.3 s")
-    assert 0.25e9 <= rec.end_mono_ns - rec.send_mono_ns < 5e9 and not pool._idle  # its connection closed, not reused
+    recs = sorted(runner.records, key=lambda r: r.index)
+    assert recs[0].status == Outcome.OK
+    for rec in recs[1:]:
+        assert (rec.status, rec.error_kind, rec.error) == (Outcome.TIMEOUT, ErrorKind.TIMEOUT, "no complete answer within 0.3 s")
+        assert 0.29e9 <= rec.end_mono_ns - rec.send_mono_ns < 5e9
+    assert recs[2].end_mono_ns - recs[1].end_mono_ns >= 40_000_000  # each at its own deadline, not swept together
+    assert not pool._idle and runner._timer is None  # their connections closed, not reused; no timer left behind
 
 
 async def test_the_runs_end_cancels_launched_requests_and_files_them(telemetry):
