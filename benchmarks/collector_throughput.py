@@ -25,6 +25,10 @@ with ``DELTATAP_NATIVE=0`` and with the accelerators.
 ``--stages N`` instead measures where the CPU goes, in-process and without gRPC: N requests' exports decoded,
 assembled, joined and turned into rows (ticks as at 60k spans/s every 50 ms), the CPU time of each stage per span,
 in one child process with ``DELTATAP_NATIVE=0`` and one with the accelerators.
+
+``--base DIR`` (with ``--stages`` or ``--compare-native``): every measuring child runs twice, alternating, once with this
+checkout's collector and once with the source tree ``DIR``'s (another checkout with its C built, e.g. the commit
+before a change; its packages are imported in place of the installed ones): before and after in one run.
 """
 
 from __future__ import annotations
@@ -42,6 +46,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+_TREE_ENV = "DELTATAP_BENCH_TREE"  # (--base: the source tree a measuring child imports deltatap from)
+
+
+class _TreeFinder:
+    """Imports deltatap's packages from another source tree (its folders as the distribution installs them)."""
+
+    def __init__(self, tree: str) -> None:
+        t = Path(tree)
+        self.map = {"deltatap": t / "deltatap", **{f"deltatap.{p}": t / p for p in ("collector", "configs", "loadgen", "proxy", "stack")}}
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        import importlib.util
+
+        folder = self.map.get(fullname)
+        if folder is None:
+            return None
+        return importlib.util.spec_from_file_location(fullname, folder / "__init__.py", submodule_search_locations=[str(folder)])
+
+
+if os.environ.get(_TREE_ENV):
+    sys.meta_path.insert(0, _TreeFinder(os.environ[_TREE_ENV]))
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue  # noqa: E402
@@ -146,7 +171,10 @@ def child(conn, cpu: int, max_open: int, orphan_wait_s: float) -> None:
                                                     pipeline=PipelineOptions(grace_s=0.2, join_hold_s=0.2, orphan_wait_s=orphan_wait_s, max_open_traces=max_open, keep_rows=0)))
         from deltatap.core import native
 
-        conn.send({"endpoint": rc.otlp_grpc_endpoint, "rss": rss_bytes(), "cpu": time.process_time(), "native": native.status()})
+        import deltatap.collector
+
+        conn.send({"endpoint": rc.otlp_grpc_endpoint, "rss": rss_bytes(), "cpu": time.process_time(), "native": native.status(),
+                   "tree": str(Path(deltatap.collector.__file__).parents[1])})
         while True:
             if conn.poll():
                 cmd = conn.recv()
@@ -176,22 +204,31 @@ async def send_all(endpoint: str, exports: list[bytes], inflight: int = 4) -> No
     await ch.close()
 
 
-def run_phase(exports: list[bytes], spans_total: int, rows_total: int, max_open: int, orphan_wait_s: float, timeout_s: float,
-              native: str | None = None) -> dict:
-    """One collector child (native: its DELTATAP_NATIVE, None: this process's) receiving ``exports``."""
+def _spawn(target, args: tuple, native: str | None = None, tree: str | None = None):
+    """A spawned child (native: its DELTATAP_NATIVE, None: this process's; tree: the source tree it imports deltatap
+    from, None: the installed one) and the parent's end of its pipe."""
     ctx = mp.get_context("spawn")
     parent_conn, child_conn = ctx.Pipe()
-    proc = ctx.Process(target=child, args=(child_conn, 0, max_open, orphan_wait_s), daemon=True)
-    saved = os.environ.get("DELTATAP_NATIVE")
-    if native is not None:
-        os.environ["DELTATAP_NATIVE"] = native  # the spawned child reads it at import
+    proc = ctx.Process(target=target, args=(child_conn, *args), daemon=True)
+    saved = {k: os.environ.get(k) for k in ("DELTATAP_NATIVE", _TREE_ENV)}
+    for k, v in (("DELTATAP_NATIVE", native), (_TREE_ENV, tree)):
+        if v is not None:
+            os.environ[k] = v  # the spawned child reads them at import
     try:
         proc.start()
     finally:
-        if saved is None:
-            os.environ.pop("DELTATAP_NATIVE", None)
-        else:
-            os.environ["DELTATAP_NATIVE"] = saved
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return proc, parent_conn
+
+
+def run_phase(exports: list[bytes], spans_total: int, rows_total: int, max_open: int, orphan_wait_s: float, timeout_s: float,
+              native: str | None = None, tree: str | None = None) -> dict:
+    """One collector child (native: its DELTATAP_NATIVE, None: this process's; tree: see :func:`_spawn`) receiving ``exports``."""
+    proc, parent_conn = _spawn(child, (0, max_open, orphan_wait_s), native, tree)
     hello = parent_conn.recv()
     try:
         os.sched_setaffinity(0, {1 % (os.cpu_count() or 1)})
@@ -229,7 +266,8 @@ def run_phase(exports: list[bytes], spans_total: int, rows_total: int, max_open:
     proc.join(timeout=30)
     if proc.is_alive():
         proc.kill()
-    return {"t_start": t_start, "t_spans": t_spans, "t_rows": t_rows, "cpu_rows": cpu_rows, "last": last, "rss_start": hello["rss"], "native": hello["native"]}
+    return {"t_start": t_start, "t_spans": t_spans, "t_rows": t_rows, "cpu_rows": cpu_rows, "last": last, "rss_start": hello["rss"], "native": hello["native"],
+            "tree": hello["tree"]}
 
 
 def throughput(r: dict, requests: int, spans: int) -> dict:
@@ -242,7 +280,7 @@ def throughput(r: dict, requests: int, spans: int) -> dict:
         "rows": r["last"].get("rows"), "joined": r["last"].get("joined"), "evicted": r["last"].get("evicted"),
         # the collector's own CPU time until every row was out: what other work on a shared machine distorts least
         "collector_cpu_s": r["cpu_rows"], "joined_spans_per_cpu_s": spans / r["cpu_rows"] if r["cpu_rows"] else None,
-        "accelerators": r["native"],
+        "accelerators": r["native"], "tree": r["tree"],
     }
 
 
@@ -290,7 +328,9 @@ def stages(n_requests: int) -> dict:
             cpu["rows"] += clock() - t2
     n_spans = n_requests * 4
     total = sum(cpu.values())
-    return {"requests": n_requests, "rows": rows, "accelerators": native.status(),
+    import deltatap.collector
+
+    return {"requests": n_requests, "rows": rows, "accelerators": native.status(), "tree": str(Path(deltatap.collector.__file__).parents[1]),
             "us_per_span": {k: v / n_spans * 1e6 for k, v in cpu.items()}, "total_us_per_span": total / n_spans * 1e6,
             "spans_per_cpu_s": n_spans / total}
 
@@ -363,13 +403,24 @@ def main() -> int:
     ap.add_argument("--rows-ab", type=int, default=0, metavar="N",
                     help="only compare the rows stage held in blocks with the rows built one by one, in-process, alternating "
                          "tick-sized chunks of N requests' rows (3 rounds; with and without the accelerators)")
+    ap.add_argument("--base", default=None, metavar="DIR",
+                    help="with --stages or --compare-native: also run every measuring child with the source tree DIR's collector, alternating")
+    ap.add_argument("--rounds", type=int, default=1, help="with --stages: rounds (each tree, with and without the accelerators)")
     ap.add_argument("--out", default=None, help="results file (default benchmarks/results/collector_throughput.json, "
                                                  "collector_throughput_native.json with --compare-native)")
     args = ap.parse_args()
     if args.requests <= 0 or args.open_traces <= 0 or args.compare_native < 0:
         ap.error("--requests and --open-traces must be positive, --compare-native not negative")
-    if args.stages < 0 or args.rows_ab < 0:
-        ap.error("--stages and --rows-ab must be positive")
+    if args.stages < 0 or args.rows_ab < 0 or args.rounds < 1:
+        ap.error("--stages and --rows-ab must be positive, --rounds at least 1")
+    base = None
+    if args.base is not None:
+        base = str(Path(args.base).resolve())
+        if not (Path(base) / "collector" / "pipeline.py").is_file() or not (Path(base) / "deltatap" / "__init__.py").is_file():
+            ap.error(f"--base {args.base}: not a deltatap source tree (no collector/pipeline.py and deltatap/__init__.py)")
+        if not (args.stages or args.compare_native):
+            ap.error("--base takes --stages N or --compare-native N")
+    trees = {"": None} if base is None else {"base_": base, "": None}  # (label prefix: tree)
     out_name = "collector_rows_ab.json" if args.rows_ab else "collector_stages.json" if args.stages else "collector_throughput_native.json" if args.compare_native else "collector_throughput.json"
     args.out = args.out or str(ROOT / "benchmarks" / "results" / out_name)
     if args.rows_ab:
@@ -391,17 +442,18 @@ def main() -> int:
         print(f"wrote {args.out}")
         return 0
     if args.stages:
-        got = {}
-        ctx = mp.get_context("spawn")
-        for label, setting in (("python", "0"), ("native", "1")):
-            parent_conn, child_conn = ctx.Pipe()
-            os.environ["DELTATAP_NATIVE"] = setting  # read by the spawned child at import
-            proc = ctx.Process(target=_stages_child, args=(child_conn, args.stages), daemon=True)
-            proc.start()
-            got[label] = parent_conn.recv()
-            proc.join(timeout=60)
-            print(label, json.dumps(got[label]), flush=True)
-        os.environ.pop("DELTATAP_NATIVE", None)
+        got: dict = {}
+        for r in range(args.rounds):
+            for label, setting in (("python", "0"), ("native", "1")):
+                for prefix, tree in trees.items():  # alternating: a change in the machine's load hits both alike
+                    proc, conn = _spawn(_stages_child, (args.stages,), setting, tree)
+                    one = conn.recv()
+                    proc.join(timeout=60)
+                    if tree is not None and not one["tree"].startswith(tree):
+                        raise SystemExit(f"--base {args.base}: its collector was not the one imported ({one['tree']})")
+                    key = prefix + label + (f"_{r + 1}" if args.rounds > 1 else "")
+                    got[key] = one
+                    print(key, json.dumps(one), flush=True)
         result = {"benchmark": "collector_stages", "command": "benchmarks/collector_throughput.py " + " ".join(sys.argv[1:]),
                   "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "stages": got, "load_average": os.getloadavg()}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -416,12 +468,16 @@ def main() -> int:
     print(f"built {len(exports)} exports ({spans} spans) in {time.monotonic() - t:.1f}s", flush=True)
     compare = {}
     if args.compare_native:
-        runs: dict[str, list[dict]] = {"python": [], "native": []}
+        runs: dict[str, list[dict]] = {p + label: [] for p in trees for label in ("python", "native")}
         for _ in range(args.compare_native):  # alternating: a change in the machine's load hits both alike
             for label, setting in (("python", "0"), ("native", "1")):
-                t_ = throughput(run_phase(exports, spans, args.requests, max_open=200_000, orphan_wait_s=10.0, timeout_s=600, native=setting), args.requests, spans)
-                runs[label].append(t_)
-                print(label, json.dumps(t_), flush=True)
+                for prefix, tree in trees.items():
+                    t_ = throughput(run_phase(exports, spans, args.requests, max_open=200_000, orphan_wait_s=10.0, timeout_s=600, native=setting, tree=tree),
+                                    args.requests, spans)
+                    if tree is not None and not t_["tree"].startswith(tree):
+                        raise SystemExit(f"--base {args.base}: its collector was not the one imported ({t_['tree']})")
+                    runs[prefix + label].append(t_)
+                    print(prefix + label, json.dumps(t_), flush=True)
         for label, rs in runs.items():
             per_cpu = [t_["joined_spans_per_cpu_s"] for t_ in rs if t_["joined_spans_per_cpu_s"]]
             wall = [t_["joined_spans_per_s"] for t_ in rs if t_["joined_spans_per_s"]]

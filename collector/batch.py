@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from deltatap.collector import colread
 from deltatap.collector.decompose import Decomposer, _any_bounded, _tap_names, plan_values
 from deltatap.collector.deltas import RESIDUAL, SYSTEM_TTFT
 from deltatap.collector.rows import DeltaColumns, DeltaValue, PointObs, Row, to_record
@@ -94,7 +95,7 @@ def delta_keys(row: Row) -> tuple[str, ...]:
 class RowBlock:
     """The points and deltas of requests that share one row plan and one set of deltas, as int64 columns."""
 
-    __slots__ = ("plan", "rows", "groups", "exs", "vals", "uncs", "names", "within", "ns", "err", "_lists", "_extra", "engine_last", "times", "_record")
+    __slots__ = ("plan", "rows", "groups", "exs", "vals", "uncs", "names", "within", "ns", "err", "_lists", "_extra", "engine_last", "times", "_record", "cols")
 
     def __init__(self, plan: Any, engine_last: str) -> None:
         self.plan = plan
@@ -112,6 +113,9 @@ class RowBlock:
         self._lists: tuple[list, list, list, list] | None = None
         self._extra = 0  # how many of the deltas come after the plan's point deltas
         self._record: tuple[list[str], list[list]] | None = None
+        # read as columns (collector/colread.py): {link: (request, first token) overhead columns}, {link: (up, down) gap
+        # columns (count, mean, p99, max)}, the links' attempts; else None: read from each request's Extracted
+        self.cols: tuple[dict, dict, dict] | None = None
 
     def materialise(self, row: BlockRow) -> None:
         """Fill ``row``'s points and deltas: the row plan's through its reference, then the block's own columns."""
@@ -148,7 +152,10 @@ class RowBlock:
     def close(self, dec: Decomposer) -> bool:
         """Work out every column; False when the numbers do not fit (the caller builds these rows the per-row way)."""
         n = len(self.exs)
-        v, u = _matrix(self.vals, n), _matrix(self.uncs, n)
+        if self.vals.__class__ is np.ndarray:  # read as columns
+            v, u = self.vals, self.uncs
+        else:
+            v, u = _matrix(self.vals, n), _matrix(self.uncs, n)  # type: ignore[arg-type]
         if v is None or u is None:
             return False
         if v.size and int(v.max()) - int(v.min()) >= 1 << 63 or u.size and int(u.max()) >= 1 << 62:
@@ -170,25 +177,32 @@ class RowBlock:
             add(name, same, v[:, e] - v[:, s], zero if same else u[:, es] + u[:, ss])
         n_plan = len(names)
         ex0 = self.exs[0]
-        for k, link in enumerate(ex0.tap_overhead):  # each tap's own overheads (request, first token)
+        overheads, gaps = self.cols[:2] if self.cols is not None else (ex0.tap_overhead, ex0.gaps)
+        for k, link in enumerate(overheads):  # each tap's own overheads (request, first token)
             for name, j in zip(dec.tap_names.get(link) or _tap_names(link), (0, 1), strict=True):
-                col = _column([ex.tap_overhead[link][j] for ex in self.exs])
+                col = overheads[link][j] if self.cols is not None else _column([ex.tap_overhead[link][j] for ex in self.exs])
                 if col is False:
                     return False
                 if col is not None:
                     add(name, True, col, zero)
         for link_out, link_in, *stat_names in dec.mid_links:  # each intermediary's added inter-token gaps
-            if link_out not in ex0.gaps or link_in not in ex0.gaps:
+            if link_out not in gaps or link_in not in gaps:
                 continue
-            ups = [ex.gaps[link_out].up for ex in self.exs]
-            downs = [ex.gaps[link_in].down for ex in self.exs]
-            has = (ups[0] is not None, downs[0] is not None)
-            if any((a is not None, b is not None) != has for a, b in zip(ups, downs)):
-                return False
-            if not all(has):
-                continue
-            for name, j in zip(stat_names, (1, 2, 3), strict=True):
-                a, b = _column([g[j] for g in ups]), _column([g[j] for g in downs])
+            if self.cols is not None:
+                up_c, down_c = gaps[link_out][0], gaps[link_in][1]
+                if up_c is None or down_c is None:
+                    continue
+                pairs = [(up_c[j], down_c[j]) for j in (1, 2, 3)]
+            else:
+                ups = [ex.gaps[link_out].up for ex in self.exs]
+                downs = [ex.gaps[link_in].down for ex in self.exs]
+                has = (ups[0] is not None, downs[0] is not None)
+                if any((a is not None, b is not None) != has for a, b in zip(ups, downs)):
+                    return False
+                if not all(has):
+                    continue
+                pairs = [(_column([g[j] for g in ups]), _column([g[j] for g in downs])) for j in (1, 2, 3)]
+            for name, (a, b) in zip(stat_names, pairs, strict=True):
                 if a is False or b is False:
                     return False
                 if a is not None and b is not None:
@@ -196,7 +210,7 @@ class RowBlock:
                         return False
                     add(name, False, a - b, zero)
         if SYSTEM_TTFT in names and len(set(names)) == len(names):  # system TTFT minus every TTFT term
-            terms = dec._residual_terms(ex0.attempts)
+            terms = dec._residual_terms(ex0.attempts if self.cols is None else self.cols[2])
             idx = [names.index(t) for t in terms if t in names]
             if len(idx) == len(terms):
                 i0 = names.index(SYSTEM_TTFT)
@@ -242,11 +256,15 @@ def _safe(col: np.ndarray) -> bool:
 
 def build_rows(dec: Decomposer, groups: Sequence[Any]) -> list[Row]:
     """The rows of joined ``groups`` (:class:`deltatap.collector.join.Group`), in order: held in blocks where they
-    can be, else built one by one (:meth:`Decomposer.build_row`)."""
-    rows: list[Row] = []
+    can be (read as columns where their layouts allow, :mod:`deltatap.collector.colread`), else built one by one
+    (:meth:`Decomposer.build_row`)."""
+    rows: list[Any] = [None] * len(groups)
+    done: list[RowBlock] = []
+    rest = _column_blocks(dec, groups, rows, done)
     blocks: dict[tuple, RowBlock] = {}
     extract, plan_of, finish, engine_last = dec.extract_flat, dec.row_plan, dec.finish_row, dec.engine_last
-    for g in groups:
+    for at in rest:
+        g = groups[at]
         spans = g.spans
         if not _any_bounded(spans):
             ex, vals, uncs, shapes, _ = extract(spans)
@@ -259,20 +277,75 @@ def build_rows(dec: Decomposer, groups: Sequence[Any]) -> list[Row]:
                 eng = None if blk.engine_last is None else vals[blk.engine_last]
                 row = finish(ex, spans, g.method, g.note, g.trace_ids, None, None, eng, (vals[i] for i in blk.times), BlockRow)
                 row._block, row._i = blk, len(blk.exs)
-                blk.rows.append((len(rows), row))
+                blk.rows.append((at, row))
                 blk.groups.append(g)
                 blk.exs.append(ex)
                 blk.vals.append(vals)  # type: ignore[union-attr]
                 blk.uncs.append(uncs)  # type: ignore[union-attr]
-                rows.append(row)
+                rows[at] = row
                 continue
-        rows.append(dec.build_row(spans, g.method, g.note, g.trace_ids))
-    for blk in blocks.values():
+        rows[at] = dec.build_row(spans, g.method, g.note, g.trace_ids)
+    for blk in (*done, *blocks.values()):
         if not blk.close(dec):
             for (at, _), g in zip(blk.rows, blk.groups, strict=True):
                 rows[at] = dec.build_row(g.spans, g.method, g.note, g.trace_ids)
         blk.groups, blk.rows = [], []  # (its rows hold it: no cycle left behind)
     return rows
+
+
+def _column_blocks(dec: Decomposer, groups: Sequence[Any], rows: list, done: list) -> list[int]:
+    """Read the groups that share a sequence of compact span layouts (at least ``colread.MIN_BLOCK`` of them) as
+    columns, one block per sequence, into ``rows`` (``done``: those blocks); the places of the others, in order."""
+    by: dict[tuple, list[int]] = {}
+    rest: list[int] = []
+    spans = [g.spans for g in groups]
+    for at, sp in enumerate(spans):
+        try:
+            key = tuple([s.layout for s in sp])
+        except AttributeError:  # a span read the plain way
+            rest.append(at)
+            continue
+        got = by.get(key)
+        if got is None:
+            by[key] = [at]
+        else:
+            got.append(at)
+    if len(by) == len(groups) - len(rest):  # every request its own sequence: nothing to read as columns
+        return list(range(len(groups)))
+    for key, ats in by.items():
+        if len(ats) < colread.MIN_BLOCK or not _read_columns(dec, key, [groups[at] for at in ats], [spans[at] for at in ats], ats, rows, done):
+            rest += ats
+    rest.sort()
+    return rest
+
+
+def _read_columns(dec: Decomposer, layouts: tuple, gs: list, sps: list[list], ats: list[int], rows: list, done: list) -> bool:
+    spans = sps[0]
+    lcs = []
+    for lay, span in zip(layouts, spans, strict=True):
+        prog = dec.layout_reader(lay)
+        if prog is None and lay not in dec._by_layout:  # not seen yet: compiled now
+            dec.program(span)
+            prog = dec.layout_reader(lay)
+        if prog is None:
+            return False
+        lc = colread.layout_columns(dec, lay, prog)
+        if lc is None:
+            return False
+        lcs.append(lc)
+    ex, _, _, shapes, _ = dec.extract_flat(spans)  # (the Shapes: one per layout)
+    rp = dec.row_plan(shapes)
+    if rp is None or ex.tap_overhead_bounds:
+        return False
+    got = colread.read_group(dec, lcs, gs, sps, rp, RowBlock, BlockRow)
+    if got is None:
+        return False
+    blk, brows = got
+    for at, row in zip(ats, brows, strict=True):
+        rows[at] = row
+    blk.rows, blk.groups = list(zip(ats, brows, strict=True)), gs
+    done.append(blk)
+    return True
 
 
 class BlockColumns(DeltaColumns):

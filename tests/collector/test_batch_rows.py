@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from deltatap.collector import colread
 from deltatap.collector import pipeline as pipeline_mod
 from deltatap.collector.batch import _DELTAS, _POINTS, BlockRow, build_rows, columns_of
 from deltatap.collector.compact import decode_compact
@@ -27,9 +28,9 @@ from deltatap.collector.pipeline import Pipeline, PipelineOptions
 from deltatap.collector.rows import JoinMethod, delta_columns, to_record
 from deltatap.collector.sinks import read_rows, write_rows
 from deltatap.core.topology import default_topology
-from deltatap.core.vocab import Attr, TapEvent
+from deltatap.core.vocab import Attr, ClientEvent, TapEvent
 
-from otlpfactory import MS, request, tap_span
+from otlpfactory import MS, client_span, request, tap_span
 from test_kinds_migration import _wire, requests
 
 _IDS = {Attr.REQUEST_ID, Attr.BODY_FINGERPRINT}
@@ -61,8 +62,12 @@ def _group(spans: list) -> SimpleNamespace:
     return SimpleNamespace(spans=spans, method=JoinMethod.TRACE_ID, note="", trace_ids=list(dict.fromkeys(s.trace_id for s in spans)))
 
 
-def _check(dec: Decomposer, ref: Decomposer, groups: list) -> list:
-    got = build_rows(dec, groups)
+def _check(dec: Decomposer, ref: Decomposer, groups: list, min_block: int = 2) -> list:
+    saved, colread.MIN_BLOCK = colread.MIN_BLOCK, min_block  # (here the columns take two requests of one layout sequence)
+    try:
+        got = build_rows(dec, groups)
+    finally:
+        colread.MIN_BLOCK = saved
     want = [ref.build_row(g.spans, g.method, g.note, g.trace_ids) for g in groups]
     cols, want_cols = columns_of(got).columns(), delta_columns(want)
     assert list(cols) == list(want_cols)
@@ -182,3 +187,95 @@ def test_rows_files_of_block_rows_are_byte_identical(tmp_path):
         assert (tmp_path / f"got.{suffix}").read_bytes() == (tmp_path / f"want.{suffix}").read_bytes(), suffix
     assert all(_POINTS.__get__(r) is None for r in got if r.__class__ is BlockRow)  # written from the columns
     assert read_rows(tmp_path / "got.jsonl") == want
+
+
+# ---- the span kinds' readers over a whole block (collector/colread.py)
+
+
+@st.composite
+def _column_batch(draw):
+    """Requests of a few layout sequences (client and taps, as the load generator and the taps send them) whose values
+    differ per request: statuses, firewall decisions, labels, request ids (now and then differing between spans), token
+    counts, clock offsets and uncertainties (some negative), gap statistics; sometimes a value the columns do not take
+    (a zero start, a gap past int64 nanoseconds, a time past 2**62): that block is read span by span."""
+    layouts = [{"client": draw(st.booleans()), "links": draw(st.sampled_from([("edge", "gw-fw", "fw-engine"), ("edge", "fw-engine"), ("fw-engine",)])),
+                "tokens": draw(st.sampled_from(["both", "in", "none"])), "outcome": draw(st.sampled_from(["ok", "", "upstream_error", "timeout"])),
+                "clock": draw(st.booleans()), "p99": draw(st.booleans()), "overhead": draw(st.booleans()), "decision": draw(st.booleans()),
+                "label": draw(st.booleans()), "status": draw(st.booleans())} for _ in range(draw(st.integers(1, 3)))]
+    n = draw(st.integers(2, 12))
+    odd = draw(st.sampled_from([None, None, None, "zero_start", "huge_gap", "huge_time"]))
+    rnd = random.Random(draw(st.integers(0, 2**32)))
+    out = []
+    for i in range(n):
+        lay = layouts[i % len(layouts)]
+        base = (1 << 62) + 5 if odd == "huge_time" and i == n - 1 else 1_700_000_000_000_000_000 + rnd.randrange(10**12)
+        tid = rnd.randbytes(16)
+        common = {Attr.REQUEST_ID: f"r{rnd.randrange(4)}"}
+        if lay["status"]:
+            common[Attr.HTTP_STATUS] = rnd.choice([200, 200, 404, 500, 503])
+        if lay["outcome"]:
+            common[Attr.OUTCOME] = lay["outcome"]
+        if lay["tokens"] != "none":
+            common[Attr.GENAI_INPUT_TOKENS] = rnd.randrange(1, 500)
+            if lay["tokens"] == "both":
+                common[Attr.GENAI_OUTPUT_TOKENS] = rnd.randrange(1, 500)
+        if lay["label"]:
+            common["deltatap.label.workload"] = rnd.choice(["chat", "rag"])
+        spans = []
+        if lay["client"]:
+            ev = {ClientEvent.SEND: base, ClientEvent.FIRST_TOKEN: base + rnd.randrange(50 * MS), ClientEvent.LAST_TOKEN: base + 90 * MS,
+                  ClientEvent.END: base + 91 * MS}
+            spans.append(client_span(tid, ev, {**common, Attr.RUN_ID: "bench"}))
+        for k, link in enumerate(lay["links"]):
+            o = k * MS + rnd.randrange(MS)
+            ev = {TapEvent.REQUEST_RECEIVED: base + o, TapEvent.REQUEST_FORWARDED: base + o + rnd.randrange(300_000),
+                  TapEvent.FIRST_TOKEN_RECEIVED: base + 40 * MS - o, TapEvent.FIRST_TOKEN_FORWARDED: base + 40 * MS - o + rnd.randrange(90_000),
+                  TapEvent.LAST_TOKEN_RECEIVED: base + 80 * MS, TapEvent.RESPONSE_END: base + 81 * MS}
+            a = dict(common)
+            if rnd.random() < 0.1:
+                a[Attr.REQUEST_ID] = f"r{rnd.randrange(4)}"  # a tap that saw another id: the most common one wins
+            a.update({Attr.GAP_COUNT: rnd.randrange(100), Attr.GAP_MEAN_MS: rnd.random() * 20, Attr.GAP_MAX_MS: rnd.random() * 90,
+                      Attr.GAP_FWD_MEAN_MS: rnd.random() * 20, Attr.GAP_FWD_MAX_MS: rnd.random() * 90, Attr.CONTENT_EVENTS: rnd.randrange(100)})
+            if lay["p99"]:
+                a[Attr.GAP_P99_MS], a[Attr.GAP_FWD_P99_MS] = rnd.random() * 30, rnd.randrange(60) + 0.0000005  # (x.5 ns: half to even)
+            if odd == "huge_gap" and i == 1:
+                a[Attr.GAP_MEAN_MS] = 1e300  # (nanoseconds past int64)
+            if lay["overhead"]:
+                a[Attr.OVERHEAD_REQUEST_NS], a[Attr.OVERHEAD_FIRST_TOKEN_NS] = rnd.randrange(300_000), rnd.randrange(90_000)
+            if lay["clock"]:
+                a[Attr.CLOCK_OFFSET_NS], a[Attr.CLOCK_UNCERTAINTY_NS] = rnd.randrange(-MS, MS), rnd.randrange(-1000, 50_000)
+            if lay["decision"] and link != "edge":
+                a[Attr.FIREWALL_DECISION] = rnd.choice(["", "allow", "block:policy", "allow:degraded"])
+            sp = tap_span(tid, link, ev, a)
+            if odd == "zero_start" and i == 0:
+                sp.start_time_unix_nano = 0
+            spans.append(sp)
+        out.append(request(spans, service="deltatap-tap").SerializeToString())
+    return out, odd
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(_column_batch())
+def test_blocks_read_as_columns_equal_per_row_rows(batch):
+    wires, odd = batch
+    topo = default_topology()
+    groups = [_group(decode_compact(w)) for w in wires]
+    got = _check(Decomposer(topo), Decomposer(topo), groups)
+    seqs = [tuple(s.layout for s in g.spans) for g in groups]
+    if odd is None:  # every layout sequence here met twice or more takes the columns
+        assert all(r.__class__ is BlockRow and r._block.cols is not None for r, q in zip(got, seqs, strict=True) if seqs.count(q) >= 2)
+
+
+def test_the_benchmarks_requests_are_read_as_columns_and_equal_the_per_row_rows():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from collector_throughput import build_exports
+
+    topo = default_topology()
+    spans = [s for w in build_exports(24, 12, with_client=True) for s in decode_compact(w)]
+    groups = [_group([s for s in spans if s.trace_id == t]) for t in dict.fromkeys(s.trace_id for s in spans)]
+    got = _check(Decomposer(topo), Decomposer(topo), groups, min_block=colread.MIN_BLOCK)
+    assert len(got) == 24 and all(r.__class__ is BlockRow and r._block.cols is not None for r in got)
+    assert len({id(r._block) for r in got}) == 1
