@@ -60,7 +60,11 @@ from deltatap.net import aio  # noqa: E402
 
 PROCS = ("client", "tap", "engine", "sink")
 SEGMENTS = ("client_send", "tap_request", "tap_request_unreported", "engine", "engine_wake", "engine_rest", "tap_first_token",
-            "tap_first_token_unreported", "client_read", "tap_awake_after_forward", "hop", "hop_less_unreported")
+            "tap_first_token_unreported", "client_read", "tap_awake_after_forward", "hop", "hop_less_unreported", "after_forward",
+            "engine_wake_less_after_forward")
+# a bound the tap does not report (yet): how long the read's callback kept the CPU after the request's forwarding write
+# (a scratch tree that sets it: docs/benchmarks.md, issue 15, session 19); analysed when a tap's spans carry it
+AFTER_FORWARD = "deltatap.overhead.after_forward_ns"
 # the referee's hop names for the two ports (load_wire maps a listening port to a hop of its default chain)
 TAP_HOP, ENGINE_HOP = "client>edge", "fw-engine>engine"
 
@@ -296,7 +300,8 @@ def analyse(detail: dict, spans: dict, wire, conds: list[str], sched: "SchedInde
             tap_tids: dict[str, int] | None = None) -> dict:
     from deltatap.core.clock import ANCHOR
 
-    rows: dict[str, dict[str, list[float]]] = {c: {k: [] for k in ("path", "left", "left_hop", *SEGMENTS)} for c in conds}
+    rows: dict[str, dict[str, list[float]]] = {c: {k: [] for k in ("path", "left", "left_hop", "left_hop_after", *SEGMENTS)} for c in conds}
+    wake_of: dict[str, float] = {}  # request id -> the engine's wake-up (ns), for the after-forward bound below
     # engine wake-ups that waited > 20 us for a CPU: who held the CPUs when it was woken, per condition
     holders: dict[str, dict[str, int]] = {c: {} for c in conds}
     not_asleep: dict[str, int] = {c: 0 for c in conds}
@@ -337,6 +342,7 @@ def analyse(detail: dict, spans: dict, wire, conds: list[str], sched: "SchedInde
                 not_asleep[cond] += 1
             else:
                 r["engine_wake"].append(wk[1] - arrive)
+                wake_of[rid] = wk[1] - arrive
                 r["engine_rest"].append(up.times["first"] - up.times["req_last"] - engine_ns - (wk[1] - arrive))
                 if wk[1] - wk[0] > 20_000:
                     key = "+".join(sched.running_at(wk[0]))
@@ -365,6 +371,12 @@ def analyse(detail: dict, spans: dict, wire, conds: list[str], sched: "SchedInde
             r["hop"].append(hop_o)
             # the hop bound against what the wire shows the two overheads left out (their writes' issue -> packet)
             r["hop_less_unreported"].append(hop_o - (tap_req - req_o) - (tap_ft - ft_o))
+            after = a.get(AFTER_FORWARD)
+            if after is not None:
+                r["after_forward"].append(after)
+                r["left_hop_after"].append(path_ns - req_o - ft_o - hop_o - after)
+                if rid in wake_of:
+                    r["engine_wake_less_after_forward"].append(wake_of[rid] - after)
         ev = sp["events"]
         for name, wt in (("request.body_received", tapside.times["req_last"]), ("request.forwarded", up.times["req_last"]),
                          ("first_token.received", up.times["first"]), ("first_token.forwarded", tapside.times["first"])):
@@ -393,6 +405,8 @@ def analyse(detail: dict, spans: dict, wire, conds: list[str], sched: "SchedInde
         g = out["conditions"][c]
         g["gap_us"] = round((float(np.percentile(t["left"], 50)) - d50) / 1e3, 1)
         g["gap_with_hop_us"] = round((float(np.percentile(t["left_hop"], 50)) - d50) / 1e3, 1) if t["left_hop"] else None
+        if t["left_hop_after"]:  # the same with the after-forward bound counted as reported too
+            g["gap_with_hop_and_after_forward_us"] = round((float(np.percentile(t["left_hop_after"], 50)) - d50) / 1e3, 1)
         dd = out["conditions"][f"direct@{lay}"]
         # the gap in segment means (means add up; medians do not): what each segment adds over the direct path
         g["mean_gap_by_segment_us"] = {
@@ -561,7 +575,9 @@ def print_report(result: dict) -> None:
             w = g["engine_wake_over_20us"]
             print(f"    engine wake-ups waiting > 20 us for a CPU: {w['share']}; CPUs held by {w['cpus_held_by']}")
         if "gap_us" in g:
-            print(f"    gap {g['gap_us']} us (with hop {g['gap_with_hop_us']}), mean gap {g['mean_gap_us']}; by segment (means) {g['mean_gap_by_segment_us']}")
+            after = f", with hop and after-forward {g['gap_with_hop_and_after_forward_us']}" if "gap_with_hop_and_after_forward_us" in g else ""
+            print(f"    gap {g['gap_us']} us (with hop {g['gap_with_hop_us']}{after}), mean gap {g['mean_gap_us']}; by segment (means) "
+                  f"{g['mean_gap_by_segment_us']}")
         sp = g.get("sched_per_request_us")
         if sp:
             print("    per request, CPU / run delay us: " + ", ".join(f"{n} {v['cpu']}/{v['run_delay']}" for n, v in sp.items()))
