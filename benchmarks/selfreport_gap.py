@@ -17,7 +17,11 @@ reader, reassembly and per-request matching are reused):
 * ``client_read``   the tap's (or the engine's) first-token packet -> the client's kernel receive stamp of it (~0)
 
 and reads every process's scheduler figures (``/proc/PID/task/*/schedstat``: CPU time and run delay, the time its
-threads were runnable but waited for a CPU) over each block of requests.
+threads were runnable but waited for a CPU) over each block of requests. With ``--perf-sched`` (perf, system-wide
+``sched_switch`` / ``sched_waking``, on CLOCK_MONOTONIC): ``engine_wake`` (the request's packet into the engine -> the
+engine running; ``engine_rest`` the rest of its segment), who held the CPUs at each engine waking that waited over
+20 µs, and ``tap_awake_after_forward`` (the request's packet to the engine -> the tap going to sleep). ``--tree
+NAME=DIR`` runs another tap from a source tree (path ``tap-NAME``, interleaved): before/after a change in one run.
 
 Conditions, interleaved in one run (blocks of ``--block`` requests, order shuffled per round): path ``direct`` or
 ``tap`` under each CPU layout: ``free`` (the scheduler places the four processes on the machine's CPUs) and each
