@@ -197,6 +197,10 @@ class Downstream(_Side):
         self.closed = False
         self.peer: str | None = None
         self.head_timer: asyncio.TimerHandle | None = None  # closes a connection that sends no whole head in time
+        # when (loop time) the head timer closes an idle connection; None while a request is in (the timer, left
+        # pending, then does nothing: one TimerHandle per --header-timeout-s, not per request; see _head_timed_out)
+        self.head_deadline: float | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.sniff: bytes | None = b""  # the connection's first bytes while they may still be HTTP/2's preface
         # what was sent on an upstream connection taken from the pool, until the first byte of an answer on it: the
         # upstream may have closed that connection while it was idle, and then it is sent again on a fresh one
@@ -215,17 +219,33 @@ class Downstream(_Side):
         peer = self.transport.get_extra_info("peername")
         self.peer = peer[0] if isinstance(peer, tuple) else None
         tap.connections.add(self)
+        self.loop = asyncio.get_running_loop()
         self._arm_head_timer()
 
     def _arm_head_timer(self) -> None:
-        if self.head_timer is None and not self.closed:
-            self.head_timer = asyncio.get_running_loop().call_later(self.tap.o.header_timeout_s, self._head_timed_out)
+        """The next whole head must come within ``--header-timeout-s`` from now. The timer is made once and moved
+        only when it fires (:meth:`_head_timed_out`): a keep-alive connection's requests each set the deadline,
+        none makes, cancels or reschedules a timer."""
+        if self.closed:
+            return
+        loop = self.loop or asyncio.get_running_loop()
+        self.head_deadline = deadline = loop.time() + self.tap.o.header_timeout_s
+        if self.head_timer is None:
+            self.head_timer = loop.call_at(deadline, self._head_timed_out)
 
     def _head_timed_out(self) -> None:
         """No whole request head for ``--header-timeout-s`` (a slow or idle client): close, as servers do."""
         if self.up is not None and self.up.deferred:  # (the pair's deferred watches first: Upstream.data_received)
             self.up.watches.run()
         self.head_timer = None
+        deadline = self.head_deadline
+        if deadline is None:  # a head came since the timer was armed (the idle connection's next arm makes a new one)
+            return
+        loop = self.loop or asyncio.get_running_loop()
+        if loop.time() < deadline:  # armed again since: it fires at the new deadline
+            self.head_timer = loop.call_at(deadline, self._head_timed_out)
+            return
+        self.head_deadline = None
         if self.closed or self.current is not None or self.exchanges or self.opaque:
             return
         self.tap.counters.header_timeouts += 1
@@ -427,9 +447,7 @@ class Downstream(_Side):
                         if len(cap) > tap.o.max_capture_bytes:
                             ex.capture = None
             elif kind == HEAD:
-                if self.head_timer is not None:
-                    self.head_timer.cancel()
-                    self.head_timer = None
+                self.head_deadline = None  # (the head timer, if pending, then does nothing when it fires)
                 self._begin(heads[h], (t, bound))
                 h += 1
             elif kind == END:
@@ -468,9 +486,12 @@ class Downstream(_Side):
         ex = Exchange(rec, span, Fingerprinter(tap.fp_key), head.method)
         self.current = ex
         self.exchanges.append(ex)
-        tap.exchange_started()
+        tap.in_flight += 1  # (Tap.exchange_started, inline)
+        tap.counters.in_flight += 1
+        if tap.in_flight == 1:
+            tap._idle.clear()
         if o.timeout_s is not None:
-            ex.timer = asyncio.get_running_loop().call_later(o.timeout_s, self._timed_out, ex)
+            ex.timer = (self.loop or asyncio.get_running_loop()).call_later(o.timeout_s, self._timed_out, ex)
         if self.up is None and self.connecting is None:
             self.connecting = asyncio.ensure_future(self._connect())
         if self.up is not None:
