@@ -5,12 +5,15 @@ loop running: its read handler is called directly after each send), an SSE-sized
 
 - ``one_segment``: one write, then one read (the packet log's fast path: ``TCP_INFO`` counters, one ``recvmsg``);
 - ``merged_4``: four writes, 0.1 ms, then one read holding all four (placed segment by segment from the packet log,
-  handed over at once to a protocol with ``cuts_received``, as the relay's).
+  handed over at once to a protocol with ``cuts_received``, as the relay's);
+- ``write``: one stamped write of the same event the other way (:meth:`deltatap.net.conn.StampedProtocol.send` on a
+  kernel-stamped transport, as the relay forwards each event; the peer drains every 64 writes, untimed).
 
 Each measurement runs in a child process, ``DELTATAP_NATIVE=0`` (the Python) and unset (the C twin,
-``deltatap/net/_pktring.c``: ``read_one`` for the first, ``read_packets`` for the second), alternating, ``--rounds``
-times; the figure is the CPU time (``thread_time``: user + system, the syscalls included) of the read handler per
-read. ``--base DIR``: also another source tree's read path with its C built (e.g. a worktree of an earlier commit),
+``deltatap/net/_pktring.c``: ``read_one`` for the first, ``read_split`` and ``read_packets`` for the second, ``send``
+for the third), alternating, ``--rounds`` times; the figure is the CPU time (``thread_time``: user + system, the syscalls
+included: on loopback a send also runs the receiver's TCP work) of the read handler per read, of ``send`` per write (and
+its user time alone, ``write_user_us``: the part the C twin can change). ``--base DIR``: also another source tree's read path with its C built (e.g. a worktree of an earlier commit),
 in the same alternation, for a before/after in one run. Needs CAP_NET_RAW (the packet log).
 
     .venv/bin/python benchmarks/read_path_cpu.py [--reads 20000] [--rounds 3] [--base /tmp/deltatap-base]
@@ -67,6 +70,34 @@ out["merged_4_us"] = cost / M / 1000
 out["merged_reads_placed"] = kstamp.MERGED_READS["packets"] - before["packets"]
 out["merged_reads"] = M
 out["bytes_ok"] = p.n == (N + 4 * M) * len(msg)
+from deltatap.net.conn import StampedProtocol
+class W(StampedProtocol):
+    def on_data(self, data, t, bound): pass
+w = W(); wtr = kstamp.KernelStampTransport(loop, c, w); w.connection_made(wtr)
+c.setblocking(False)
+out["write_accelerated"] = getattr(wtr, "_wfast", None) is not None
+import resource
+cost, user, got, sink = 0, 0.0, 0, bytearray(1 << 20)
+for i in range(0, N, 64):  # 64 writes timed at once (user time is counted in ticks: over a batch), then the peer drains
+    r0 = resource.getrusage(resource.RUSAGE_THREAD).ru_utime; t = time.thread_time_ns()
+    for _ in range(min(64, N - i)):
+        w.send(msg)
+    cost += time.thread_time_ns() - t; user += resource.getrusage(resource.RUSAGE_THREAD).ru_utime - r0
+    while True:
+        try:
+            k = s.recv_into(sink)
+        except BlockingIOError:
+            break
+        got += k
+s.setblocking(False)
+while got < N * len(msg):
+    try:
+        got += s.recv_into(sink)
+    except BlockingIOError:
+        time.sleep(0.001)
+out["write_us"] = cost / N / 1000
+out["write_user_us"] = user / N * 1e6
+out["write_bytes_ok"] = got == N * len(msg) and wtr.writes == N and not wtr._wbuf
 print(json.dumps(out))
 """
 
@@ -110,14 +141,18 @@ def main() -> int:
             runs["base_c"].append(child(True, args.reads, base))
     if not all(r["accelerated"] for r in runs["c"] + runs.get("base_c", [])):
         raise SystemExit("read_path_cpu: deltatap.net._pktring is not built (rebuild: .venv/bin/pip install -e '.[test]')")
+    if not all(r["bytes_ok"] and r["write_bytes_ok"] for rs in runs.values() for r in rs):
+        raise SystemExit("read_path_cpu: a measuring process lost or duplicated bytes")
+    if not all(r["write_accelerated"] for r in runs["c"]) or any(r["write_accelerated"] for r in runs["python"]):
+        raise SystemExit("read_path_cpu: the write's C twin (_pktring send) was not where it should be (rebuild the C)")
     if base and not all(r["tree"].startswith(base) for r in runs["base_c"]):
         raise SystemExit(f"read_path_cpu: --base {args.base}: its deltatap package was not the one imported")
-    keys = ("one_segment_us", "merged_4_us")
+    keys = ("one_segment_us", "merged_4_us", "write_us", "write_user_us")
     summary = {mode: {k: round(statistics.median(r[k] for r in rs), 2) for k in keys} for mode, rs in runs.items()}
     result = {
         "command": "python benchmarks/read_path_cpu.py " + " ".join(sys.argv[1:]),
         "what": "CPU us (thread_time, syscalls included) of one stamped read with the packet log: one segment, and four "
-                "merged segments placed from the log; Python reference (DELTATAP_NATIVE=0) "
+                "merged segments placed from the log; of one stamped write (send) of the same 98-byte event; Python reference (DELTATAP_NATIVE=0) "
                 "vs C accelerator (vs --base's C); median of the rounds",
         "base": base,
         "loadavg_1m_before": os.getloadavg()[0],

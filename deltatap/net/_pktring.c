@@ -33,6 +33,7 @@
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE
 #include <Python.h>
+#include <structmember.h>
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -607,8 +608,60 @@ static PyObject *pk_read_setup(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Attributes of the read and write path's objects (the transport, READ_LAG: classes with __slots__) read and set
+ * straight in their slots: the generic attribute protocol was ~15 % of a tap's CPU per SSE event in C callers' lookups
+ * (perf, soak 2000 streams). Only where the object's type uses the generic getattr/setattr and the name resolves to a
+ * writable object slot (a member descriptor found in the type's MRO, which takes precedence over any instance dict);
+ * the offset is cached per (type, name) and checked against the type's version tag (any change to the type or its
+ * bases gives it a new one). Anything else, and an unset slot (AttributeError), takes the generic path. */
+#define SLOT_CACHE 64
+typedef struct {
+    PyTypeObject *type;
+    unsigned int version;
+    PyObject *name;
+    Py_ssize_t off;
+} slot_entry;
+static slot_entry g_slots[SLOT_CACHE];
+
+static Py_ssize_t slot_offset(PyObject *obj, PyObject *name) {
+    PyTypeObject *t = Py_TYPE(obj);
+    if (t->tp_getattro != PyObject_GenericGetAttr || t->tp_setattro != PyObject_GenericSetAttr) return -1;
+    slot_entry *e = &g_slots[(((uintptr_t)t >> 4) ^ (((uintptr_t)name >> 4) * 31u)) % SLOT_CACHE];
+    if (e->type == t && e->name == name && (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && e->version == t->tp_version_tag)
+        return e->off;
+    PyObject *d = _PyType_Lookup(t, name); /* (borrowed; sets no exception) */
+    if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type || !(t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) return -1;
+    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+    if (m->type != T_OBJECT_EX || (m->flags & READONLY) || m->offset < (Py_ssize_t)sizeof(PyObject)) return -1;
+    e->type = t;
+    e->version = t->tp_version_tag;
+    e->name = name;
+    e->off = m->offset;
+    return m->offset;
+}
+
+/* obj.<name> (a new reference), or NULL with an exception */
+static PyObject *aget(PyObject *obj, PyObject *name) {
+    Py_ssize_t off = slot_offset(obj, name);
+    if (off >= 0) {
+        PyObject *v = *(PyObject **)((char *)obj + off);
+        if (v != NULL) return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(obj, name);
+}
+
+/* obj.<name> = v: 0, or -1 with an exception */
+static int aset(PyObject *obj, PyObject *name, PyObject *v) {
+    Py_ssize_t off = slot_offset(obj, name);
+    if (off < 0) return PyObject_SetAttr(obj, name, v);
+    PyObject **p = (PyObject **)((char *)obj + off), *old = *p;
+    *p = Py_NewRef(v);
+    Py_XDECREF(old);
+    return 0;
+}
+
 static int get_ll(PyObject *obj, PyObject *name, long long *out) {
-    PyObject *v = PyObject_GetAttr(obj, name);
+    PyObject *v = aget(obj, name);
     if (v == NULL) return -1;
     *out = PyLong_AsLongLong(v);
     Py_DECREF(v);
@@ -618,7 +671,7 @@ static int get_ll(PyObject *obj, PyObject *name, long long *out) {
 static int set_ll(PyObject *obj, PyObject *name, long long value) {
     PyObject *v = PyLong_FromLongLong(value);
     if (v == NULL) return -1;
-    int rc = PyObject_SetAttr(obj, name, v);
+    int rc = aset(obj, name, v);
     Py_DECREF(v);
     return rc;
 }
@@ -682,7 +735,7 @@ static int lag_add(long long ns) {
     if (ns < 0) ns = 0;
     int bucket = ns ? 64 - __builtin_clzll((unsigned long long)ns) : 0;
     if (bucket > 47) bucket = 47;
-    PyObject *buckets = PyObject_GetAttr(g_read_lag, s_buckets);
+    PyObject *buckets = aget(g_read_lag, s_buckets);
     if (buckets == NULL) return -1;
     int rc = -1;
     if (!PyList_Check(buckets) || PyList_GET_SIZE(buckets) <= bucket) {
@@ -719,7 +772,7 @@ static PyObject *pk_read_one(PyObject *self, PyObject *tr) {
         PyErr_SetString(PyExc_RuntimeError, "read_one: read_setup() first");
         return NULL;
     }
-    PyObject *sock = PyObject_GetAttr(tr, s_sock), *plog = NULL, *data = NULL;
+    PyObject *sock = aget(tr, s_sock), *plog = NULL, *data = NULL;
     if (sock == NULL) return NULL;
     unsigned char info[TCP_INFO_LEN];
     int fd = PyObject_AsFileDescriptor(sock);
@@ -741,7 +794,7 @@ static PyObject *pk_read_one(PyObject *self, PyObject *tr) {
     long long segments = segs - segs_in;
     if (segments > 1) Py_RETURN_FALSE;
     if (set_ll(tr, s_segs_in, segs) != 0) return NULL;
-    plog = PyObject_GetAttr(tr, s_plog);
+    plog = aget(tr, s_plog);
     if (plog == NULL) return NULL;
     int rc = plog == Py_None ? 0 : maintain(plog);
     Py_DECREF(plog);
@@ -818,13 +871,13 @@ static int checked_cuts(PyObject *tr, PyObject *plog, const unsigned char *pat, 
                         cut_t **out, Py_ssize_t *nc, int *unlogged) {
     long long irs1, rx_off, head;
     *out = NULL;
-    PyObject *v = PyObject_GetAttr(tr, s_irs1);
+    PyObject *v = aget(tr, s_irs1);
     if (v == NULL) return -1;
     if (v == Py_None) {
         Py_DECREF(v);
         v = PyObject_CallMethodNoArgs(tr, s_anchor);
         if (v == NULL) return -1;
-        if (PyObject_SetAttr(tr, s_irs1, v) != 0) {
+        if (aset(tr, s_irs1, v) != 0) {
             Py_DECREF(v);
             return -1;
         }
@@ -838,7 +891,7 @@ static int checked_cuts(PyObject *tr, PyObject *plog, const unsigned char *pat, 
     if (irs1 == -1 && PyErr_Occurred()) return -1;
     if (get_ll(tr, s_rx_off, &rx_off) != 0 || get_ll(plog, s_head, &head) != 0) return -1;
     uint32_t base = (uint32_t)((irs1 + rx_off) & 0xFFFFFFFFLL);
-    PyObject *mv = PyObject_GetAttr(plog, s_mv);
+    PyObject *mv = aget(plog, s_mv);
     if (mv == NULL) return -1;
     ring_t r;
     int rc = ring_get(mv, &r, 0);
@@ -859,7 +912,7 @@ static int checked_cuts(PyObject *tr, PyObject *plog, const unsigned char *pat, 
     int how = place_cuts(segs, count, base, n, last ? last : first, g_buf_len, cuts, nc, unlogged, &why_a);
     PyMem_Free(segs);
     if (how != CUTS_PLACED) *unlogged = 0;
-    if (PyObject_SetAttr(tr, s_unlogged_tail, *unlogged ? Py_True : Py_False) != 0) {
+    if (aset(tr, s_unlogged_tail, *unlogged ? Py_True : Py_False) != 0) {
         PyMem_Free(cuts);
         return -1;
     }
@@ -881,7 +934,7 @@ static int checked_cuts(PyObject *tr, PyObject *plog, const unsigned char *pat, 
  * cannot place the bytes: nothing taken in), None (the reference's own path: one cut, no cuts_received); raises
  * OSError where the reference's _recv calls _fatal */
 static PyObject *read_packets(PyObject *tr, long long first) {
-    PyObject *proto = PyObject_GetAttr(tr, s_protocol), *bulk, *plog = NULL, *key = NULL, *out = NULL, *data = NULL, *pieces = NULL;
+    PyObject *proto = aget(tr, s_protocol), *bulk, *plog = NULL, *key = NULL, *out = NULL, *data = NULL, *pieces = NULL;
     if (proto == NULL) return NULL;
     if (_PyObject_LookupAttr(proto, s_cuts_received, &bulk) < 0) {
         Py_DECREF(proto);
@@ -894,15 +947,15 @@ static PyObject *read_packets(PyObject *tr, long long first) {
     cut_t *cuts = NULL;
     Py_ssize_t nc = 0;
     int unlogged = 0;
-    plog = PyObject_GetAttr(tr, s_plog);
+    plog = aget(tr, s_plog);
     if (plog == NULL) return NULL;
-    key = PyObject_GetAttr(tr, s_pkey);
+    key = aget(tr, s_pkey);
     if (key == NULL || key_pattern(key, pat) != 0) goto done;
     if (first) { /* PacketLog.reaches(first, _SEARCH_FRAMES) */
         long long head;
         ring_t r;
         if (get_ll(plog, s_head, &head) != 0) goto done;
-        PyObject *mv = PyObject_GetAttr(plog, s_mv);
+        PyObject *mv = aget(plog, s_mv);
         if (mv == NULL) goto done;
         int rc = ring_get(mv, &r, 0);
         Py_DECREF(mv);
@@ -930,7 +983,7 @@ static PyObject *read_packets(PyObject *tr, long long first) {
     }
     int fd = -1;
     {
-        PyObject *sock = PyObject_GetAttr(tr, s_sock);
+        PyObject *sock = aget(tr, s_sock);
         if (sock == NULL) goto done;
         fd = sock_fd(sock);
         Py_DECREF(sock);
@@ -950,12 +1003,12 @@ static PyObject *read_packets(PyObject *tr, long long first) {
     int rc = checked_cuts(tr, plog, pat, n, last, first, &cuts, &nc, &unlogged);
     if (rc < 0) goto done;
     if (rc == 0) {
-        PyObject *irs1 = PyObject_GetAttr(tr, s_irs1);
+        PyObject *irs1 = aget(tr, s_irs1);
         if (irs1 == NULL) goto done;
         int known = irs1 != Py_None;
         Py_DECREF(irs1);
         if (known) { /* the anchor may be stale: once more */
-            if (PyObject_SetAttr(tr, s_irs1, Py_None) != 0) goto done;
+            if (aset(tr, s_irs1, Py_None) != 0) goto done;
             rc = checked_cuts(tr, plog, pat, n, last, first, &cuts, &nc, &unlogged);
             if (rc < 0) goto done;
         }
@@ -1080,7 +1133,7 @@ static PyObject *pk_read_split(PyObject *self, PyObject *tr) {
         PyErr_SetString(PyExc_RuntimeError, "read_split: read_setup() first");
         return NULL;
     }
-    PyObject *sock = PyObject_GetAttr(tr, s_sock);
+    PyObject *sock = aget(tr, s_sock);
     if (sock == NULL) return NULL;
     int fd = sock_fd(sock);
     Py_DECREF(sock);
@@ -1169,7 +1222,7 @@ static PyObject *pk_write_setup(PyObject *self, PyObject *args) {
 
 /* truthiness of tr.<name>: 1, 0, or -1 with an exception */
 static int get_true(PyObject *obj, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(obj, name);
+    PyObject *v = aget(obj, name);
     if (v == NULL) return -1;
     int r = PyObject_IsTrue(v);
     Py_DECREF(v);
@@ -1201,14 +1254,14 @@ static PyObject *pk_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     int r = 0;
     if (view.len == 0 || (r = get_true(tr, s_eof)) != 0 || (r = get_true(tr, s_lost)) != 0) goto not_mine;
     {
-        PyObject *wbuf = PyObject_GetAttr(tr, s_wbuf);
+        PyObject *wbuf = aget(tr, s_wbuf);
         if (wbuf == NULL) goto fail;
         Py_ssize_t waiting = PyObject_Size(wbuf);
         Py_DECREF(wbuf);
         if (waiting < 0) goto fail;
         if (waiting) goto not_mine;
     }
-    PyObject *sock = PyObject_GetAttr(tr, s_sock);
+    PyObject *sock = aget(tr, s_sock);
     if (sock == NULL) goto fail;
     int fd = PyObject_AsFileDescriptor(sock);
     Py_DECREF(sock);
@@ -1217,7 +1270,7 @@ static PyObject *pk_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         goto not_mine;
     }
     long long writes;
-    if (get_ll(tr, s_writes, &writes) != 0 || set_ll(tr, s_writes, writes + 1) != 0 || PyObject_SetAttr(tr, s_unplaced_write, Py_None) != 0)
+    if (get_ll(tr, s_writes, &writes) != 0 || set_ll(tr, s_writes, writes + 1) != 0 || aset(tr, s_unplaced_write, Py_None) != 0)
         goto fail;
     long long t0 = mono_now();
     if (set_ll(tr, s_last_write_mono_ns, t0) != 0) goto fail;
@@ -1240,7 +1293,7 @@ static PyObject *pk_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         bound = t1 - t0;
         if (set_ll(tr, s_last_write_bound_ns, bound) != 0) return NULL;
         if (bound > g_slow_ns) {
-            PyObject *plog = PyObject_GetAttr(tr, s_plog);
+            PyObject *plog = aget(tr, s_plog);
             if (plog == NULL) return NULL;
             int none = plog == Py_None;
             Py_DECREF(plog);
@@ -1251,7 +1304,7 @@ static PyObject *pk_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             } else if (r) {
                 unplaced = Py_BuildValue("(LLL)", t0, t1, tx_off + n);
                 if (unplaced == NULL) return NULL;
-                int rc = PyObject_SetAttr(tr, s_unplaced_write, unplaced);
+                int rc = aset(tr, s_unplaced_write, unplaced);
                 Py_DECREF(unplaced); /* (the transport holds it) */
                 if (rc != 0) return NULL;
             } else {
@@ -1281,18 +1334,18 @@ static PyObject *pk_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         bv = PyLong_FromLongLong(bound);
         Py_INCREF(unplaced);
     } else { /* t = k.last_write_mono_ns or mono_ns(); bound = k.last_write_bound_ns; unplaced = k.unplaced_write */
-        tv = PyObject_GetAttr(tr, s_last_write_mono_ns);
+        tv = aget(tr, s_last_write_mono_ns);
         if (tv != NULL) {
             int truth = PyObject_IsTrue(tv);
             if (truth < 0) Py_CLEAR(tv);
             else if (!truth) Py_SETREF(tv, PyLong_FromLongLong(mono_now()));
         }
-        bv = PyObject_GetAttr(tr, s_last_write_bound_ns);
-        unplaced = PyObject_GetAttr(tr, s_unplaced_write);
+        bv = aget(tr, s_last_write_bound_ns);
+        unplaced = aget(tr, s_unplaced_write);
     }
     if (tv == NULL || bv == NULL || unplaced == NULL) goto done;
-    if (proto != Py_None && (PyObject_SetAttr(proto, s_last_write_mono, tv) != 0 || PyObject_SetAttr(proto, s_last_write_bound, bv) != 0 ||
-                             PyObject_SetAttr(proto, s_unplaced, unplaced) != 0))
+    if (proto != Py_None && (aset(proto, s_last_write_mono, tv) != 0 || aset(proto, s_last_write_bound, bv) != 0 ||
+                             aset(proto, s_unplaced, unplaced) != 0))
         goto done;
     out = PyTuple_Pack(2, tv, bv);
 done:
