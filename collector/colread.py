@@ -52,7 +52,7 @@ class _No(Exception):
 class LayoutColumns:
     """What the spans of one layout say, as columns: compiled once per (layout, reader) from the reader's Site."""
 
-    __slots__ = ("dtype", "observer", "times", "ends", "unc", "offset", "common", "link", "overhead", "gaps", "content",
+    __slots__ = ("dtype", "tdtype", "observer", "times", "ends", "unc", "offset", "common", "link", "overhead", "gaps", "content",
                  "status", "outcome", "decision", "decides", "tokens", "tokenizer", "labels", "rid")
 
     def __init__(self, lay: Any, prog: Any, kind: Any) -> None:
@@ -64,6 +64,8 @@ class LayoutColumns:
         fixed = dict(lay.fixed)
         self.dtype = np.dtype({"names": ["sid", "par", *(f"f{i}" for i in range(len(codes)))],
                                "formats": ["S8", "S8", *(_DT[c] for c in codes)]})
+        k = 2 + len(names)  # the times (uint64) come first, after the span and parent ids
+        self.tdtype = np.dtype({"names": ["t"], "formats": [("<u8", (k,))], "offsets": [16], "itemsize": self.dtype.itemsize})
 
         def code(p: int | None) -> str | None:  # the struct code at position p (None: not a packed number)
             return codes[p] if p is not None and p < n_packed else None
@@ -205,27 +207,32 @@ class LayoutColumns:
 class _Cols:
     """One place in a group's layout sequence: the spans' packed numbers as columns, and their per-span values."""
 
-    __slots__ = ("lc", "arr", "others", "shift")
+    __slots__ = ("lc", "arr", "others", "shift", "t")
 
     def __init__(self, lc: LayoutColumns, spans: list) -> None:
         self.lc, self.others = lc, [s.others for s in spans]
-        self.arr = np.frombuffer(b"".join([s.packed for s in spans]), lc.dtype)
-        self.shift = None if lc.offset is None else self.num(lc.offset)
-        if self.shift is not None and np.abs(self.shift).max(initial=0) >= _TIME_MAX:
+        buf = b"".join([s.packed for s in spans])
+        self.arr = np.frombuffer(buf, lc.dtype)
+        t = np.frombuffer(buf, lc.tdtype)["t"]  # start, end and every event's time: an (n, k) uint64 matrix
+        if t.size and int(t.max()) >= _TIME_MAX:
+            raise _No
+        self.t = t.astype(np.int64)
+        self.shift = None if lc.offset is None else self.arr[f"f{lc.offset}"]
+        if self.shift is not None and self.shift.size and int(np.abs(self.shift).max()) >= _TIME_MAX:
             raise _No
 
     def num(self, p: int) -> np.ndarray:
-        col = self.arr[f"f{p}"]
-        if col.dtype.kind == "u":
-            if col.size and int(col.max()) >= _TIME_MAX:
-                raise _No
-            col = col.astype(np.int64)
-        return col
+        return self.t[:, p] if p < self.t.shape[1] else self.arr[f"f{p}"]
 
     def time(self, p: int) -> np.ndarray:
         """A time on the collector's clock."""
-        col = self.num(p)
+        col = self.t[:, p]
         return col if self.shift is None else col - self.shift
+
+    def times(self, ps: list[int]) -> np.ndarray:
+        """Several times on the collector's clock, as an (n, len(ps)) matrix."""
+        m = self.t[:, ps]
+        return m if self.shift is None else m - self.shift[:, None]
 
     def get(self, at: tuple[str, Any], n: int) -> Any:
         kind, x = at
@@ -246,7 +253,7 @@ class _Cols:
                 out.append(None)
                 continue
             f = self.arr[f"f{p}"]
-            if f.size and not (np.isfinite(f).all() and np.abs(f).max() < _FLOAT_MAX):
+            if f.size and not np.abs(f).max() < _FLOAT_MAX:  # (NaN too)
                 raise _No
             out.append(np.rint(f * 1e6).astype(np.int64))
         return tuple(out)
@@ -290,7 +297,8 @@ def _read(dec: Any, cols: list[_Cols], groups: list, spans: list[list], rp: Any,
     gaps: dict[str, tuple[Any, Any]] = {}
     for c in cols:
         lc = c.lc
-        times += [c.time(p) for p in lc.times]
+        if lc.times:
+            times.append(c.times(lc.times))
         uncs.append(np.zeros(n, np.int64) if lc.unc is None else np.maximum(c.num(lc.unc), 0))
         ends += [c.time(p) for p in lc.ends]
         ob = lc.observer
@@ -317,10 +325,9 @@ def _read(dec: Any, cols: list[_Cols], groups: list, spans: list[list], rp: Any,
                 raise _No
             labels.append((name, [str(v) for v in vals]))
         if lc.common:
-            s = c.time(0)
-            if not (c.num(0) != 0).all():
+            if not c.t[:, 0].all():  # (a zero start is not a start)
                 raise _No
-            starts.append(s)
+            starts.append(c.time(0))
         if lc.tokens:
             if ob in tokens:
                 raise _No
@@ -359,7 +366,7 @@ def _read(dec: Any, cols: list[_Cols], groups: list, spans: list[list], rp: Any,
 
     # the block: its observations' times and the spans' uncertainties as matrices, overheads and gaps as columns
     blk = block_cls(rp, dec.engine_last)
-    v = np.stack(times, axis=1) if times else np.zeros((n, 0), np.int64)
+    v = np.concatenate(times, axis=1) if times else np.zeros((n, 0), np.int64)
     blk.vals, blk.uncs = v, np.stack(uncs, axis=1)
     blk.cols = (overhead, gaps, ex.attempts)
     eng = np.maximum.reduce(ends) if ends else (v[:, blk.engine_last] if blk.engine_last is not None else None)
