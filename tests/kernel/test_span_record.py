@@ -214,7 +214,7 @@ def odd_records(draw):
 
 
 @needs_acc
-@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(odd_records(), min_size=1, max_size=3))
 def test_accelerator_matches_the_reference_on_malformed_records(spans):
     c, c_logs, py, py_logs = both(spans)
@@ -347,7 +347,7 @@ _traceparent = st.one_of(
 )
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(_traceparent, st.one_of(st.none(), st.sampled_from(["", "a=b", "a=b,c=d", "bad state", "x=" + "y" * 600])))
 def test_incoming_context_as_the_propagator_reads_it(tp, state):
     headers = {"traceparent": tp}

@@ -46,7 +46,7 @@ def cut(data: bytes, points: list[int]) -> list[bytes]:
 
 
 @native
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(PIECES, max_size=60), st.lists(st.integers(0, 1 << 14), max_size=12), st.sampled_from([bytes, bytearray, memoryview]))
 def test_any_stream_split_anywhere_gives_the_same_events(pieces, points, kind):
     data = b"".join(pieces)
@@ -79,7 +79,7 @@ def event_stream(draw) -> bytes:
 
 
 @native
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=700, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(event_stream(), st.lists(st.integers(0, 1 << 14), max_size=12))
 def test_field_lines_split_anywhere_give_the_same_events(data, points):
     parts = cut(data, points)
@@ -87,7 +87,7 @@ def test_field_lines_split_anywhere_give_the_same_events(data, points):
 
 
 @native
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(st.binary(max_size=400), st.lists(st.integers(0, 400), max_size=8))
 def test_random_bytes_give_the_same_events(data, points):
     parts = cut(data, points)
@@ -159,7 +159,7 @@ JSON_TEXT = st.one_of(
 )
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=700, deadline=None)
 @given(JSON_TEXT, st.sampled_from(["", " ", "\n", "x", "{}"]), st.sampled_from(["", " ", "\t"]))
 def test_event_json_is_decoded_exactly_as_json_loads_does(text, tail, lead):
     """sse decodes each event's data with json's C scanner alone when the value fills the text: the same object, or
@@ -177,7 +177,7 @@ def test_event_json_is_decoded_exactly_as_json_loads_does(text, tail, lead):
 
 
 @native
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(event_stream(), st.lists(st.integers(0, 1 << 14), max_size=12))
 def test_both_builds_of_the_c_parser_give_the_same_events(data, points):
     """deltatap.core._sse's parser and deltatap.core._content's (the same source built again with the stream observer,

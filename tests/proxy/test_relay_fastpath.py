@@ -164,7 +164,7 @@ def cases(draw):
     return pieces, stamps, n, close
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(case=cases())
 def test_hot_path_watches_reads_as_the_reference_loop(case, telemetry):
     pieces, stamps, n, close = case
