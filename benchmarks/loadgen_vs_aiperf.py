@@ -28,6 +28,10 @@ Phases (a fresh process per run, the tools alternating run by run, ``--repeat`` 
   takes it from the kept body after the run, that part is timed on its own), CPU µs per response, medians of
   ``--repeat`` rounds, each tree in its own process, alternating. Robust to a loaded machine where the end-to-end
   phases are not.
+* ``calls`` (only when named): the closed loop at the first ``--concurrency`` for ``--closed-requests`` requests, in
+  one process per tree with cProfile on while the measured requests are sent: Python function calls (and C builtins
+  called from Python) per request — the load generator's own steps per request, a count the machine's load does not
+  move (the CPU figures of the other phases move with it).
 
 deltatap exports its client spans over OTLP/HTTP to a span sink in its own process (benchmarks/tap_sink.py);
 its CPU per request is reported for the whole process (start-up included) and for the send phase alone
@@ -350,6 +354,52 @@ print(json.dumps({"read_us_per_response": read / n * 1e6, "text_us_per_response"
 """
 
 
+CALLS_SNIPPET = r"""
+import asyncio, cProfile, json, pstats, sys
+from deltatap.loadgen import modes, run as run_mod
+from deltatap.loadgen.options import LoadOptions
+from deltatap.loadgen.runner import load_telemetry
+from deltatap.net import aio
+cfg = json.load(sys.stdin)
+prof = cProfile.Profile()
+closed = modes.MODES["closed"]
+
+async def profiled(runner, mcfg, sessions):
+    if runner.phase != "measure":  # (the warm-up is not counted)
+        return await closed(runner, mcfg, sessions)
+    prof.enable()
+    try:
+        await closed(runner, mcfg, sessions)
+    finally:
+        prof.disable()
+
+modes.MODES["closed"] = profiled
+opts = LoadOptions(target=cfg["url"], model="engine", workload=cfg["workload"], requests=cfg["n"], concurrency=cfg["c"],
+                   progress=False, gpu=False, seed=1)
+tel = load_telemetry(cfg["otlp"])
+res = aio.run(run_mod.run_load(opts, tel))
+tel.shutdown()
+st = pstats.Stats(prof)
+calls = sum(v[1] for v in st.stats.values())  # every Python function and C builtin called, each call once
+n = res.summary["request_count"]
+print(json.dumps({"requests": n, "ok": n - res.summary["error_request_count"], "calls_per_request": calls / n}))
+"""
+
+
+def run_calls(engine: Engine, sink: Sink, workload: Path, c: int, n: int, shim_path: Path | None, cwd: Path) -> dict:
+    """Python-level steps per request of the closed loop (function calls counted by cProfile while the measured
+    requests are sent): what a change of the load generator's own code saves, whatever the machine's load."""
+    env = dict(os.environ)
+    if shim_path is not None:
+        env["PYTHONPATH"] = str(shim_path)
+    cfg = json.dumps({"url": engine.url, "otlp": sink.url, "workload": str(workload), "c": c, "n": n})
+    proc = subprocess.run([PY, "-c", CALLS_SNIPPET], input=cfg, capture_output=True, text=True, env=env,
+                          cwd=cwd if shim_path is not None else ROOT, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"calls phase failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def engine_feeds(tokens: int) -> list[bytes]:
     """The payload slices the client's stream gets from the engine's response, in order (chunked framing removed):
     the role chunk, each token, then the last token's write also carries the finish, usage and [DONE] events."""
@@ -442,7 +492,7 @@ def main() -> int:
     p.add_argument("--interval-ms", type=float, default=3.0)
     p.add_argument("--tokens", type=int, default=4, help="max_tokens of every request (the engine honours it)")
     p.add_argument("--processes-tokens", type=int, default=1, help="max_tokens in the --processes phase (its engine has no delays)")
-    p.add_argument("--phases", default="closed,processes,open", help="which phases to run (comma-separated)")
+    p.add_argument("--phases", default="closed,processes,open", help="which phases to run (comma-separated): closed, processes, open, and stream, calls when named")
     p.add_argument("--no-aiperf", action="store_true", help="measure deltatap alone")
     p.add_argument("--stamps", default="default", help="open loop: deltatap also with these stamp sources, comma-separated: "
                    "default (kernel + packet stamps where available), kernel (DELTATAP_PACKET_STAMPS=0), python (DELTATAP_KERNEL_STAMPS=0), "
@@ -480,7 +530,7 @@ def main() -> int:
         "engine": {"kind": "raw asyncio (uvloop) SSE server defined in this benchmark", "first_ms": a.first_ms,
                    "interval_ms": a.interval_ms, "max_tokens": a.tokens, "input_tokens": INPUT_TOKENS},
         "span_export": "OTLP/HTTP to benchmarks/tap_sink.py in its own process",
-        "aiperf": aiperf or "not found: deltatap measured alone", "closed": {}, "processes": {}, "open": {}, "stream": {},
+        "aiperf": aiperf or "not found: deltatap measured alone", "closed": {}, "processes": {}, "open": {}, "stream": {}, "calls": {},
         "trees": {t: str(d) for t, d in trees.items()},
     }
     with tempfile.TemporaryDirectory(prefix="lg-bench-") as td:
@@ -529,6 +579,13 @@ def main() -> int:
                     print(f"stream           {tool:<8} read {r['read_us_per_response']:6.1f} us + text {r['text_us_per_response']:6.1f} us"
                           f" ({'from the kept body, after the run' if r['text_after_the_run'] else 'kept while reading'}) per response"
                           f" of {r['content_events']} content events  load {os.getloadavg()[0]:.1f}", flush=True)
+            for rep in range(a.repeat if "calls" in phases else 0):
+                for tool in dts:
+                    tname = tool.partition("@")[2]
+                    r = run_calls(engine, sink, workload, concs[0], a.closed_requests, shims.get(tname), tmp)
+                    result["calls"].setdefault(tool, {"runs": []})["runs"].append(r)
+                    print(f"calls c={concs[0]:<7} {tool:<8} {r['calls_per_request']:6.1f} Python function calls per request"
+                          f" ({r['ok']} of {r['requests']} ok)  load {os.getloadavg()[0]:.1f}", flush=True)
             # the tools alternate run by run, so a change in the machine's load hits both alike
             for c in concs if "closed" in phases else []:
                 for rep in range(a.repeat):
