@@ -299,7 +299,7 @@ class H1Pool:
     def serialise(self, headers: dict[str, str], body: bytes) -> bytes:
         """The whole request as bytes: head (the pool's request line and Host, then ``headers`` in order,
         ``Content-Length``) and body."""
-        head = self._prefix + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + f"Content-Length: {len(body)}\r\n\r\n"
+        head = self._prefix + "".join([f"{k}: {v}\r\n" for k, v in headers.items()]) + f"Content-Length: {len(body)}\r\n\r\n"
         return head.encode() + body
 
     async def _open(self) -> _Conn:

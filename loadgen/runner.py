@@ -421,8 +421,8 @@ class Runner:
         c.done += 1
         if rec.status != Outcome.OK:
             c.errors += 1
-        elif rec.first_token_mono_ns is not None and rec.submit_mono_ns is not None:
-            c.recent_ttft_ns.append(rec.first_token_mono_ns - rec.submit_mono_ns)
+        elif rec.first_token_mono_ns is not None and (submit := rec.submit_mono_ns) is not None:
+            c.recent_ttft_ns.append(rec.first_token_mono_ns - submit)
         self.records.append(rec)
         self._emit_span(tid, sid, rec)
 
@@ -571,8 +571,8 @@ class Runner:
         attrs = self._span_attributes(rec)
         off = to_unix_ns(0)  # to_unix_ns(t) == t + off
         events: list[tuple[str, int, dict[str, Any] | None]] = []
-        if rec.submit_mono_ns is not None:
-            events.append((_EV_SEND, rec.submit_mono_ns + off, None))
+        if (submit := rec.submit_mono_ns) is not None:
+            events.append((_EV_SEND, submit + off, None))
         if rec.first_token_mono_ns is not None:
             events.append((_EV_FIRST, rec.first_token_mono_ns + off, None))
         if rec.last_token_mono_ns is not None:
