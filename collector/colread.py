@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -323,7 +324,7 @@ def _read(dec: Any, cols: list[_Cols], groups: list, spans: list[list], rp: Any,
             vals = c.get(at, n)
             if name == "run_id" and not all(vals):
                 raise _No
-            labels.append((name, [str(v) for v in vals]))
+            labels.append((name, list(map(str, vals))))
         if lc.common:
             if not c.t[:, 0].all():  # (a zero start is not a start)
                 raise _No
@@ -352,7 +353,11 @@ def _read(dec: Any, cols: list[_Cols], groups: list, spans: list[list], rp: Any,
     per_row = [st[1].tolist() if st[0] == "col" else [st[1]] * n for st in statuses]
     per_row.append(decisions or [None] * n)
     which: dict[tuple, int] = {}
-    inv = [which.setdefault(k, len(which)) for k in zip(*per_row, strict=True)]
+    if all(col.count(col[0]) == n for col in per_row):  # (the usual block: one combination)
+        which[tuple(col[0] for col in per_row)] = 0
+        inv = [0] * n
+    else:
+        inv = [which.setdefault(k, len(which)) for k in zip(*per_row, strict=True)]
     answers = []
     for combo in which:
         ex.http_status = dict(zip(status_obs, combo, strict=False))
@@ -393,7 +398,7 @@ def _read(dec: Any, cols: list[_Cols], groups: list, spans: list[list], rp: Any,
     if not labels:
         lab_l: list = [None] * n
     elif len(set(names)) == len(names):
-        lab_l = [dict(zip(names, t, strict=True)) for t in zip(*(vals for _, vals in labels), strict=True)]
+        lab_l = list(map(dict, map(zip, repeat(names, n), zip(*(vals for _, vals in labels), strict=True))))
     else:
         lab_l = []
         for t in zip(*(vals for _, vals in labels), strict=True):
@@ -402,8 +407,9 @@ def _read(dec: Any, cols: list[_Cols], groups: list, spans: list[list], rp: Any,
                 lab.setdefault(name, val)
             lab_l.append(lab)
     none = [None] * n
-    per_link = [[_new(LinkGaps, t) for t in zip(_stats(up, n) or none, _stats(down, n) or none, strict=True)] for up, down in gaps.values()]
-    gap_l = [dict(zip(gaps, t, strict=True)) for t in zip(*per_link, strict=True)] if gaps else None
+    # (map over C callables: no bytecode per request)
+    per_link = [list(map(_new, repeat(LinkGaps, n), zip(_stats(up, n) or none, _stats(down, n) or none, strict=True))) for up, down in gaps.values()]
+    gap_l = list(map(dict, map(zip, repeat(tuple(gaps), n), zip(*per_link, strict=True)))) if gaps else None
     one = answers[0] if len(answers) == 1 else None
     rows = []
     for i, g in enumerate(groups):
@@ -433,4 +439,4 @@ def _stats(side: tuple | None, n: int) -> list | None:
     if side is None:
         return None
     parts = [c.tolist() if c is not None else [None] * n for c in side]
-    return [_new(GapStats, t) for t in zip(*parts, strict=True)]
+    return list(map(_new, repeat(GapStats, n), zip(*parts, strict=True)))
