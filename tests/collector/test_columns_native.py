@@ -84,7 +84,7 @@ def test_the_accelerator_is_registered_and_used():
     assert native.status()["deltatap.collector._columns"] == "used"
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(item, max_size=8), max_size=4))
 def test_same_as_the_reference(batches):
     assert run(batches, True) == run(batches, False)

@@ -51,7 +51,7 @@ def test_the_accelerator_is_registered_and_used():
     assert decompose.plan_values is not _plan_values
 
 
-@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(value, max_size=12), st.lists(value, max_size=6), entries(point), entries(delta))
 def test_same_as_the_reference(vals, uncs, points, deltas):
     want = outcome(_plan_values, vals, uncs, points, deltas)
@@ -65,7 +65,7 @@ def test_same_as_the_reference(vals, uncs, points, deltas):
             assert want == ("ok", view(direct[0]), view(direct[1]))
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_valid_plans_are_taken_by_the_accelerator(data):
     """What a row plan makes (exact ints in range, bool flags) never falls back, and gives the reference's dicts."""
