@@ -99,7 +99,7 @@ _attrs = st.dictionaries(st.text(min_size=1, max_size=30), _values, max_size=12)
 _event = st.tuples(st.text(max_size=30), _attrs, st.integers(min_value=0, max_value=(1 << 64) - 1))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     spans=st.lists(
         st.tuples(

@@ -263,7 +263,7 @@ def _replay(tap: Tap, calls: list, n: int, close: bool, native: bool, monkeypatc
     return seen, took, exs
 
 
-_SETTINGS = settings(max_examples=600, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
+_SETTINGS = settings(max_examples=400, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 @pytest.mark.timeout(600)  # (600 generated cases: ~15 s on a quiet 2-core machine, several times that on a loaded one)

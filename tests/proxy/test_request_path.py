@@ -123,7 +123,7 @@ def _feed(tap: Tap, data: bytes, cuts: list[int]) -> tuple[_Down, _Up, list[tupl
 _TRACE = re.compile(rb"(traceparent: [^\r]*|x-request-id: [0-9a-f]{32})\r\n")
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(case=cases())
 def test_requests_are_forwarded_then_accounted_whatever_the_reads(case, telemetry):
     data, specs, cuts = case
