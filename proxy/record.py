@@ -16,7 +16,7 @@ from typing import Any
 from deltatap.core.clocksync import ClockEstimate
 from deltatap.core.redact import redact_query
 from deltatap.core.sse import StreamFacts, StreamObserver
-from deltatap.core.vocab import Attr, Observer, Outcome, TapEvent, format_stamp_bounds
+from deltatap.core.vocab import STAMP_EXACT_NS, Attr, Observer, Outcome, TapEvent, format_stamp_bounds
 from deltatap.proxy.errors import Failure
 from deltatap.proxy.grpc import DEADLINE_SLACK_NS, GrpcObserver, GrpcRequestObserver
 from deltatap.proxy.websocket import WsTunnel
@@ -187,6 +187,67 @@ def events(rec: TapRecord) -> list[tuple[str, int]]:
     return sorted(present, key=_stamp)  # stable: equal stamps keep the order above
 
 
+# the event names as plain strings, in events()'s logical order
+(_E_RECEIVED, _E_BODY, _E_FORWARDED, _E_HEADERS, _E_HEADERS_FWD, _E_FT, _E_FT_FWD, _E_LT, _E_LT_FWD, _E_END, _E_UP_CLOSED,
+ _E_UP_ERROR, _E_TIMEOUT, _E_DOWN_CLOSED) = map(str, (
+    TapEvent.REQUEST_RECEIVED, TapEvent.REQUEST_BODY_RECEIVED, TapEvent.REQUEST_FORWARDED, TapEvent.RESPONSE_HEADERS,
+    TapEvent.RESPONSE_HEADERS_FORWARDED, TapEvent.FIRST_TOKEN_RECEIVED, TapEvent.FIRST_TOKEN_FORWARDED,
+    TapEvent.LAST_TOKEN_RECEIVED, TapEvent.LAST_TOKEN_FORWARDED, TapEvent.RESPONSE_END, TapEvent.UPSTREAM_CLOSED,
+    TapEvent.UPSTREAM_ERROR, TapEvent.TIMEOUT, TapEvent.DOWNSTREAM_CLOSED))
+
+
+def span_events(rec: TapRecord, off: int) -> list[tuple[str, int, None]]:
+    """:func:`events` as a span lists them: ``(name, mono_ns + off, None)`` (``off``: mono -> Unix), built in one pass
+    (the same order: a stable sort of the same sequence)."""
+    s = rec.stream
+    if isinstance(s, GrpcObserver) or rec.grpc_request is not None:
+        return [(n, t + off, None) for n, t in events(rec)]
+    out = [(_E_RECEIVED, rec.received + off, None)]
+    add = out.append
+    t = rec.body_received
+    if t is not None:
+        add((_E_BODY, t + off, None))
+    t = rec.forwarded
+    if t is not None:
+        add((_E_FORWARDED, t + off, None))
+    t = rec.response_headers
+    if t is not None:
+        add((_E_HEADERS, t + off, None))
+    t = rec.response_headers_forwarded
+    if t is not None:
+        add((_E_HEADERS_FWD, t + off, None))
+    if s is not None:
+        t = s.first_token_mono_ns
+        if t is not None:
+            add((_E_FT, t + off, None))
+        t = s.first_token_forwarded_mono_ns
+        if t is not None:
+            add((_E_FT_FWD, t + off, None))
+        t = s.last_token_mono_ns
+        if t is not None:
+            add((_E_LT, t + off, None))
+        t = s.last_token_forwarded_mono_ns
+        if t is not None:
+            add((_E_LT_FWD, t + off, None))
+    t = rec.response_end
+    if t is not None:
+        add((_E_END, t + off, None))
+    t = rec.upstream_closed
+    if t is not None:
+        add((_E_UP_CLOSED, t + off, None))
+    t = rec.upstream_error
+    if t is not None:
+        add((_E_UP_ERROR, t + off, None))
+    t = rec.timeout
+    if t is not None:
+        add((_E_TIMEOUT, t + off, None))
+    t = rec.downstream_closed
+    if t is not None:
+        add((_E_DOWN_CLOSED, t + off, None))
+    out.sort(key=_stamp)  # stable: equal stamps keep the order above
+    return out
+
+
 _stamp = itemgetter(1)
 
 
@@ -325,6 +386,38 @@ def attributes(rec: TapRecord, *, link: str, downstream: str, downstream_kind: s
     return record_attributes(rec, consts, clock, rec.final_outcome())
 
 
+_STREAM_BOUND_EVENTS = frozenset((TapEvent.FIRST_TOKEN_RECEIVED, TapEvent.LAST_TOKEN_RECEIVED, TapEvent.FIRST_TOKEN_FORWARDED,
+                                  TapEvent.LAST_TOKEN_FORWARDED))
+
+
+def _stamp_bounds(rec: TapRecord) -> str | None:
+    """``format_stamp_bounds(bounds(rec))`` without the merged dict: the record's own bounds in their order, then the
+    stream's (where the record holds none of the stream's events and no gRPC observer adds its own)."""
+    b = rec.bounds
+    s = rec.stream
+    if s is None:
+        return format_stamp_bounds(b) if b else None
+    if isinstance(s, GrpcObserver) or rec.grpc_request is not None or not _STREAM_BOUND_EVENTS.isdisjoint(b):
+        return format_stamp_bounds(bounds(rec))
+    parts = [f"{ev}={x}/{y}" for ev, (x, y) in b.items() if x + y > STAMP_EXACT_NS]
+    if s.first_token_mono_ns is not None:
+        if s.first_token_bound_ns > STAMP_EXACT_NS:
+            parts.append(f"{_E_FT}={s.first_token_bound_ns}/0")
+        if s.last_token_bound_ns > STAMP_EXACT_NS:
+            parts.append(f"{_E_LT}={s.last_token_bound_ns}/0")
+    if s.first_token_forwarded_mono_ns is not None and s.first_token_forwarded_bound_ns > STAMP_EXACT_NS:
+        parts.append(f"{_E_FT_FWD}=0/{s.first_token_forwarded_bound_ns}")
+    if s.last_token_forwarded_mono_ns is not None and s.last_token_forwarded_bound_ns > STAMP_EXACT_NS:
+        parts.append(f"{_E_LT_FWD}=0/{s.last_token_forwarded_bound_ns}")
+    return ",".join(parts) or None
+
+
+def _p99_ms(g: Any) -> float:
+    """``g.p99_ns() / 1e6``: below 100 gaps (all of them among the kept largest) the nearest-rank p99 is the largest
+    gap (GapStats.quantile_ns: rank ``ceil(0.99 * count) == count``), which ``max_ns`` holds."""
+    return (g.max_ns if g.count < 100 and g._top_k >= 100 else g.p99_ns()) / 1e6
+
+
 def record_attributes(rec: TapRecord, consts: SpanConstants, clock: ClockEstimate | None, outcome: Outcome) -> dict[str, Any]:
     """:func:`attributes` with the tap's constants made once and the record's outcome (:meth:`TapRecord.final_outcome`)
     known."""
@@ -335,7 +428,7 @@ def record_attributes(rec: TapRecord, consts: SpanConstants, clock: ClockEstimat
     a[Attr.CHUNKS] = rec.chunks
     s = rec.stream
     a[Attr.STREAMING] = s is not None
-    a[Attr.OUTCOME] = outcome.value
+    a[Attr.OUTCOME] = outcome._value_
     a[Attr.HTTP_METHOD] = rec.method
     a[Attr.URL_PATH] = path = rec.path
     if rec.query:
@@ -353,14 +446,26 @@ def record_attributes(rec: TapRecord, consts: SpanConstants, clock: ClockEstimat
         a[Attr.ERROR_CAUSE] = failure.cause
     elif status is not None and status >= 500:
         a[Attr.ERROR_TYPE] = str(status)
-    for name, value in ((Attr.OVERHEAD_REQUEST_NS, rec.overhead_request_ns), (Attr.OVERHEAD_FIRST_TOKEN_NS, rec.overhead_first_token_ns),
-                        (Attr.OVERHEAD_HOP_NS, rec.overhead_hop_ns)):
-        if value is not None:
-            a[name] = value
+    # the overhead figures (TapRecord's properties, inline)
+    forwarded = rec.forwarded
+    if forwarded is not None:
+        begun = rec.body_received if rec.body_received is not None else rec.head
+        if begun is not None:
+            a[Attr.OVERHEAD_REQUEST_NS] = max(0, forwarded - begun)
+    if s is not None:
+        ftf = s.first_token_forwarded_mono_ns
+        if ftf is not None:
+            if s.first_token_mono_ns is not None:
+                a[Attr.OVERHEAD_FIRST_TOKEN_NS] = max(0, ftf - s.first_token_mono_ns)
+            if forwarded is not None:
+                req = rec.bounds.get(TapEvent.REQUEST_FORWARDED)
+                ft = s.first_token_forwarded_bound_ns
+                if req is not None and req[1] >= 0 and ft is not None and ft >= 0:
+                    a[Attr.OVERHEAD_HOP_NS] = req[1] + ft
     if clock is not None:
         a[Attr.CLOCK_OFFSET_NS] = clock.offset_ns
         a[Attr.CLOCK_UNCERTAINTY_NS] = clock.uncertainty_ns
-    stamp_bounds = format_stamp_bounds(bounds(rec))
+    stamp_bounds = _stamp_bounds(rec)
     if stamp_bounds:
         a[Attr.STAMP_BOUNDS] = stamp_bounds
     if s is not None:
@@ -370,13 +475,13 @@ def record_attributes(rec: TapRecord, consts: SpanConstants, clock: ClockEstimat
         g, gf = s.gaps, s.gaps_forwarded
         a[Attr.GAP_COUNT] = g.count
         if g.count:
-            a[Attr.GAP_MEAN_MS] = g.mean_ns / 1e6
+            a[Attr.GAP_MEAN_MS] = g.total_ns / g.count / 1e6
             a[Attr.GAP_MAX_MS] = g.max_ns / 1e6
-            a[Attr.GAP_P99_MS] = g.p99_ns() / 1e6
+            a[Attr.GAP_P99_MS] = _p99_ms(g)
         if gf.count:
-            a[Attr.GAP_FWD_MEAN_MS] = gf.mean_ns / 1e6
+            a[Attr.GAP_FWD_MEAN_MS] = gf.total_ns / gf.count / 1e6
             a[Attr.GAP_FWD_MAX_MS] = gf.max_ns / 1e6
-            a[Attr.GAP_FWD_P99_MS] = gf.p99_ns() / 1e6
+            a[Attr.GAP_FWD_P99_MS] = _p99_ms(gf)
     else:
         a[Attr.STREAM_FORMAT] = "none"
     op = _path_ops.get(path) or _operation(path)
@@ -405,7 +510,7 @@ def record_attributes(rec: TapRecord, consts: SpanConstants, clock: ClockEstimat
                 a[attr] = timings[key]
     if rec.ws is not None:
         rec.ws.attributes(a)
-    if isinstance(s, GrpcObserver):
+    if s is not None and isinstance(s, GrpcObserver):
         s.span_attributes(a)
     if rec.grpc_request is not None:
         rec.grpc_request.span_attributes(a)

@@ -266,6 +266,7 @@ class Tap:
 
     # ---- exchanges ------------------------------------------------------------------------
     def exchange_started(self) -> None:
+        """A request began (the HTTP/1.1 relay does this inline in ``Downstream._begin``)."""
         self.in_flight += 1
         self.counters.in_flight += 1
         self._idle.clear()
@@ -286,16 +287,20 @@ class Tap:
                         d.transport.close()
         try:
             outcome = rec.outcome = rec.final_outcome()  # (settled: the record is over)
-            _bump(c.requests, outcome.value)
-            over = rec.overhead_request_ns
-            if over is not None:
-                c.overhead_request.observe_ns(over)
-            over = rec.overhead_first_token_ns
-            if over is not None:
-                c.overhead_first_token.observe_ns(over)
+            requests = c.requests
+            key = outcome._value_
+            requests[key] = requests.get(key, 0) + 1
+            forwarded = rec.forwarded
+            if forwarded is not None:  # (TapRecord.overhead_request_ns, inline)
+                begun = rec.body_received if rec.body_received is not None else rec.head
+                if begun is not None:
+                    c.overhead_request.observe_ns(max(0, forwarded - begun))
             s = rec.stream
-            if s is not None and s.first_token_mono_ns is not None and rec.forwarded is not None:
-                c.upstream_ttft.observe_ns(max(0, s.first_token_mono_ns - rec.forwarded))
+            if s is not None and s.first_token_mono_ns is not None:
+                if s.first_token_forwarded_mono_ns is not None:  # (TapRecord.overhead_first_token_ns, inline)
+                    c.overhead_first_token.observe_ns(max(0, s.first_token_forwarded_mono_ns - s.first_token_mono_ns))
+                if forwarded is not None:
+                    c.upstream_ttft.observe_ns(max(0, s.first_token_mono_ns - forwarded))
             c.request_bytes += rec.request_bytes
             c.response_bytes += rec.response_bytes
             emit(self.telemetry, self.span_name, span, rec, record_attributes(rec, self.span_constants, self.clock, outcome),

@@ -27,8 +27,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from deltatap.core.clock import to_unix_ns
 from deltatap.core.vocab import Outcome
-from deltatap.proxy.record import TapRecord, events
+from deltatap.proxy.record import TapRecord, span_events
 from deltatap.telemetry.spans import KIND_SERVER, STATUS_ERROR, STATUS_UNSET, SpanRecord, new_span_id, new_trace_id, traceparent
+from deltatap.telemetry.spans import _rand
 from deltatap.telemetry.tracer import Telemetry
 
 _W3C = TraceContextTextMapPropagator()
@@ -38,6 +39,7 @@ _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
 _SAMPLED = int(TraceFlags.SAMPLED)
 _ERRORS = (Outcome.UPSTREAM_ERROR, Outcome.TIMEOUT)
 _new = tuple.__new__
+_bits = _rand.getrandbits  # (new_span_id / new_trace_id inline: the same generator, the same draws)
 
 
 @dataclass(slots=True)
@@ -70,7 +72,20 @@ def _incoming(headers: Any) -> tuple[int, int, int, str] | None:
 
 def begin(headers: Any) -> SpanStart:
     """New span ids under the incoming W3C context (a new trace when there is none)."""
-    parent = _incoming(headers) if "traceparent" in headers else None
+    if "traceparent" not in headers:
+        span_id = _bits(64) or 1
+        trace_id = _bits(128) or 1
+        return SpanStart(trace_id, span_id, _SAMPLED, "", None, {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-01"})
+    tp = headers.get("traceparent")
+    if isinstance(tp, str) and "tracestate" not in headers and len(tp) <= _MAX_TRACEPARENT:
+        m = _TRACEPARENT_RE.search(tp)
+        if m is not None and m.group(1) == "00" and not m.group(5):  # the common case (_incoming's first branch, inline)
+            tid, sid, flags = m.group(2, 3, 4)
+            if tid != _ZERO_TRACE and sid != _ZERO_SPAN:
+                span_id = _bits(64) or 1
+                # (the pattern's hex is lower case: the incoming trace id and flags are the text traceparent() writes)
+                return SpanStart(int(tid, 16), span_id, int(flags, 16), "", int(sid, 16), {"traceparent": f"00-{tid}-{span_id:016x}-{flags}"})
+    parent = _incoming(headers)
     span_id = new_span_id()
     if parent is None:
         trace_id, flags, state, parent_id = new_trace_id(), _SAMPLED, "", None
@@ -89,7 +104,7 @@ def emit(
     if respect_sampling and not start.trace_flags & _SAMPLED:
         return
     off = to_unix_ns(0)  # to_unix_ns(t) == t + off
-    evs = [(n, t + off, None) for n, t in events(rec)]  # (never empty: request.received is always there)
+    evs = span_events(rec, off)  # (never empty: request.received is always there)
     code, desc = STATUS_UNSET, None
     outcome = rec.outcome  # (Tap.finish settled it)
     if (outcome if outcome is not None else rec.final_outcome()) in _ERRORS or (rec.status or 0) >= 500:

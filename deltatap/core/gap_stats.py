@@ -70,8 +70,6 @@ class GapStats:
             return 0.0
         rank = max(1, math.ceil(q * self.count))  # 1-based, ascending
         from_top = self.count - rank + 1
-        if from_top == 1 and self._top:  # the largest gap (always kept): max_ns, without a pass over the kept ones
-            return float(self.max_ns)
         if from_top <= len(self._top):
             return float(heapq.nlargest(from_top, self._top)[-1])
         if rank <= self._zeros:
