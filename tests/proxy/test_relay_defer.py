@@ -28,16 +28,13 @@ import pytest
 import uvloop
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from _pairs import ScriptedDown, socketless_pair, socketless_tap
 from tap_helpers import wait_spans
-from test_relay_native import _Down, _snapshot, cases
+from test_relay_native import _snapshot, cases
 
-from deltatap.core.fingerprint import Fingerprinter
 from deltatap.core.vocab import Attr
-from deltatap.proxy import TapOptions, relay
-from deltatap.proxy.record import TapRecord
-from deltatap.proxy.relay import Exchange, Upstream
+from deltatap.proxy import relay
 from deltatap.proxy.server import Tap
-from deltatap.proxy.spans import begin
 
 
 # ---- the loop ---------------------------------------------------------------------------------
@@ -143,25 +140,13 @@ async def _replay_rounds(tap: Tap, case, defer: bool) -> tuple[list, list]:
     pairs_in, rounds, timeouts = case
     sides = []
     for calls, n, close in pairs_in:
-        d = _Down(tap)
-        d.closed = True  # (no socket: no head timer)
-        d.transport = _Transport()
-        d.script = [c[2] for c in calls]
-        up = Upstream(tap)
+        up, d, exs = socketless_pair(tap, n, ScriptedDown)
         assert (up.watches is not None) == defer
-        up.transport = _Transport()
-        up.down, d.up = d, up
+        d.transport, up.transport = _Transport(), _Transport()
+        d.script = [c[2] for c in calls]
         raised: list = []
         kernel = types.SimpleNamespace(rx_mono_ns=None, rx_bound_ns=0, _fatal=lambda exc, msg, raised=raised: raised.append(repr(exc)))
         up.kernel = kernel
-        exs = []
-        for i in range(n):
-            ex = Exchange(TapRecord(received=i, method="POST", path="/v1/chat/completions"), begin({}), Fingerprinter(tap.fp_key), b"POST")
-            ex.request_done = True
-            tap.exchange_started()
-            d.exchanges.append(ex)
-            up.reader.expect(b"POST")
-            exs.append(ex)
         sides.append((up, d, kernel, exs, raised, list(calls), close))
     done = [0] * len(sides)
     seen = []
@@ -206,7 +191,7 @@ def test_deferred_watches_leave_what_the_undeferred_leave(case, telemetry, span_
     results = []
     for defer in (True, False):
         span_exporter.clear()
-        tap = Tap(TapOptions(upstream="http://127.0.0.1:9", link="fw-engine"), telemetry)
+        tap = socketless_tap(telemetry)
         with monkeypatch.context() as m:
             m.setattr(relay, "DEFER_WATCH", defer)
             seen, transport_calls = asyncio.run(_replay_rounds(tap, case, defer))

@@ -17,18 +17,15 @@ import dataclasses
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from _pairs import socketless_pair, socketless_tap
 from raw_peer import RawUpstream, raw_exchange, reply
 from tap_helpers import wait_spans
 
-from deltatap.core.fingerprint import Fingerprinter
 from deltatap.core.vocab import Attr, TapEvent
 from deltatap.net import h1
 from deltatap.net.conn import StampedProtocol
-from deltatap.proxy import TapOptions
-from deltatap.proxy.record import TapRecord
-from deltatap.proxy.relay import Downstream, Exchange, Upstream
+from deltatap.proxy.relay import Exchange, Upstream
 from deltatap.proxy.server import Tap
-from deltatap.proxy.spans import begin
 
 _EVENTS = {
     "role": b'data: {"id":"c1","model":"m","choices":[{"index":0,"delta":{"role":"assistant"}}]}',
@@ -103,29 +100,10 @@ def _snapshot(ex: Exchange) -> dict:
     return snap
 
 
-class _Side(Downstream):
-    """A downstream side whose slow writes are placed (as the kernel's packet log places them: a later departure
-    than the write's stamp), so that which stamp each record field took shows."""
-
-    def place(self, unplaced, t, bound):
-        return (t, bound) if unplaced is None else (unplaced[0] + 12_345, 0)
-
-
 def _replay(tap: Tap, pieces: list[bytes], stamps: list[tuple[int, int, int, int, bool]], n: int, close: bool, fast: bool):
     """Feed ``pieces`` as successive reads of one upstream connection, watched by the hot path (``fast``) or by the
     reference loop; returns what each read returned and left, and each exchange's state after."""
-    d = _Side(tap)
-    d.closed = True  # (no socket: no head timer)
-    up = Upstream(tap)
-    up.down, d.up = d, up
-    exs = []
-    for i in range(n):
-        ex = Exchange(TapRecord(received=i, method="POST", path="/v1/chat/completions"), begin({}), Fingerprinter(tap.fp_key), b"POST")
-        ex.request_done = True
-        tap.exchange_started()
-        d.exchanges.append(ex)
-        up.reader.expect(b"POST")
-        exs.append(ex)
+    up, d, exs = socketless_pair(tap, n)
 
     def watch(data: bytes, events: list[tuple], t: int, bound: int, tw: int, bw: int) -> tuple[int, int]:
         if fast:
@@ -168,7 +146,7 @@ def cases(draw):
 @given(case=cases())
 def test_hot_path_watches_reads_as_the_reference_loop(case, telemetry):
     pieces, stamps, n, close = case
-    tap = Tap(TapOptions(upstream="http://127.0.0.1:9", link="fw-engine"), telemetry)
+    tap = socketless_tap(telemetry)
     assert _replay(tap, pieces, stamps, n, close, fast=True) == _replay(tap, pieces, stamps, n, close, fast=False)
 
 

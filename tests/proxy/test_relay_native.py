@@ -24,18 +24,17 @@ import types
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from _pairs import ScriptedDown, socketless_pair, socketless_tap
 from raw_peer import RawUpstream, raw_exchange, reply
 from tap_helpers import wait_spans
 
-from deltatap.core.fingerprint import Fingerprinter
 from deltatap.core.sse import StreamObserver
 from deltatap.core.vocab import Attr
 from deltatap.net import h1
-from deltatap.proxy import TapOptions, relay
+from deltatap.proxy import relay
 from deltatap.proxy.record import TapRecord
 from deltatap.proxy.relay import Downstream, Exchange, Upstream
 from deltatap.proxy.server import Tap
-from deltatap.proxy.spans import begin
 
 pytestmark = pytest.mark.skipif(relay._watch_read is None, reason="deltatap.proxy._relay is not built or DELTATAP_NATIVE turns it off")
 
@@ -155,23 +154,6 @@ def cases(draw):
     return calls, n, close
 
 
-class _Down(Downstream):
-    """A downstream side without a socket: each write gets the case's stamp (and is left unplaced when the case says
-    so, as the kernel's packet log leaves a slow write); a placed write departs later than its stamp, so which stamp
-    each record field took shows."""
-
-    script: list = []
-
-    def send(self, data):
-        tw, bw, unplaced = self.script.pop(0)
-        self.unplaced = (tw, tw + 1, 0) if unplaced else None
-        self.last_write_mono, self.last_write_bound = tw, bw
-        return tw, bw
-
-    def place(self, unplaced, t, bound):
-        return (t, bound) if unplaced is None else (unplaced[0] + 12_345, 0)
-
-
 def _gaps(g) -> tuple:
     return (g.count, g.total_ns, g.max_ns, g._zeros, sorted(g._top), dict(g._buckets), g._last)
 
@@ -220,21 +202,10 @@ def _replay(tap: Tap, calls: list, n: int, close: bool, native: bool, monkeypatc
     else:
         monkeypatch.setattr(relay, "_watch_read", None)
         monkeypatch.setattr(relay, "_watch_cuts", None)
-    d = _Down(tap)
-    d.closed = True  # (no socket: no head timer)
+    up, d, exs = socketless_pair(tap, n, ScriptedDown)
     d.script = [c[2] for c in calls]
-    up = Upstream(tap)
-    up.down, d.up = d, up
     kernel = types.SimpleNamespace(rx_mono_ns=None, rx_bound_ns=0)  # the read's kernel stamp, as the transport hands it
     up.kernel = kernel
-    exs = []
-    for i in range(n):
-        ex = Exchange(TapRecord(received=i, method="POST", path="/v1/chat/completions"), begin({}), Fingerprinter(tap.fp_key), b"POST")
-        ex.request_done = True
-        tap.exchange_started()
-        d.exchanges.append(ex)
-        up.reader.expect(b"POST")
-        exs.append(ex)
     if prepare is not None:
         prepare(exs)
     seen = []
@@ -271,7 +242,7 @@ _SETTINGS = settings(max_examples=400, deadline=None, database=None, suppress_he
 @given(case=cases())
 def test_accelerator_leaves_every_read_as_the_python_path(case, telemetry, monkeypatch):
     calls, n, close = case
-    tap = Tap(TapOptions(upstream="http://127.0.0.1:9", link="fw-engine"), telemetry)
+    tap = socketless_tap(telemetry)
     with monkeypatch.context() as m:
         native = _replay(tap, calls, n, close, True, m)[0]
     with monkeypatch.context() as m:
@@ -292,7 +263,7 @@ def test_accelerator_takes_the_body_reads(how, telemetry, monkeypatch):
     """The accelerator is not idle: of a streamed response read one write per read (or as one cuts list after the
     head, or the whole response as one cuts list, as a busy tap reads it), it takes every body read between the head
     and the message's end, and leaves the record as the Python does."""
-    tap = Tap(TapOptions(upstream="http://127.0.0.1:9", link="fw-engine"), telemetry)
+    tap = socketless_tap(telemetry)
     t = 1_000_000
     if how == "cuts":
         calls = [("read", [(_STREAM[0], t, 0)], (t + 5, 0, False)),
@@ -328,7 +299,7 @@ class _Bomb(int):
 def test_accelerator_raises_what_the_python_raises(how, where, telemetry, monkeypatch):
     """A step that raises mid-read — the record's counter, or the observer's Python ``take`` (for the events the C
     observer hands to it) — gives the same exception, and leaves the same state, either way."""
-    tap = Tap(TapOptions(upstream="http://127.0.0.1:9", link="fw-engine"), telemetry)
+    tap = socketless_tap(telemetry)
     original = StreamObserver.take
 
     def take(self, ev, t, bound=0):
