@@ -79,10 +79,13 @@ class StreamFormat(ABC):
 
 
 FORMATS: dict[str, StreamFormat] = {}
+_PATH_FORMATS: dict[str, str | None] = {}  # format_for_path's answers, per path (emptied when a format registers)
+_PATH_FORMATS_MAX = 1024  # distinct paths remembered (a tap sees the same few; emptied when full)
 
 
 def register_format(cls: type[StreamFormat]) -> type[StreamFormat]:
     FORMATS[cls.name] = cls()
+    _PATH_FORMATS.clear()
     return cls
 
 
@@ -94,13 +97,24 @@ def get_format(name: str) -> StreamFormat:
 
 
 def format_for_path(path: str | None) -> str | None:
+    """The format whose path suffixes ``path`` (its part before any ``?``, without trailing ``/``) ends with, in
+    registration order (the answer is remembered per path until a format registers)."""
     if not path:
         return None
+    try:
+        return _PATH_FORMATS[path]
+    except KeyError:
+        pass
     p = path.split("?", 1)[0].rstrip("/")
+    name = None
     for fmt in FORMATS.values():
         if any(p.endswith(s) for s in fmt.paths):
-            return fmt.name
-    return None
+            name = fmt.name
+            break
+    if len(_PATH_FORMATS) >= _PATH_FORMATS_MAX:
+        _PATH_FORMATS.clear()
+    _PATH_FORMATS[path] = name
+    return name
 
 
 def detect_format(obj: Any, event: str = "", hint: str | None = None) -> str | None:

@@ -10,6 +10,8 @@ compares them on generated messages split at random points, malformed chunk size
 * feed_head(data, pos, buf, request, max_head): Reader._feed_head in one call (leading empty lines, the head's end,
   the size limit, parse_head, the Head with its name index and keep_alive) and, for a request, Reader._begin's
   framing (Content-Length / chunked / none, the protocol-switch hold) with its errors (test_h1_head_native.py);
+  for the usual final response, given the request's method, its framing likewise (Content-Length / chunked / to
+  the close / none; tests/kernel/test_h1_response_tapcpu.py);
 * rewrite_head(raw, host_header, target_prefix, additions) -> bytes: proxy/headers.py's rewrite_request_head's bytes;
 * body(data, pos, state, remaining, buf, out) -> (pos, state, remaining, buf, how, arg): Reader.feed's body
   states (Content-Length, chunk size / data / CRLF, trailers) stepped over the read until the message ends
@@ -408,6 +410,8 @@ static int keep_alive(const Facts *f, PyObject *version) {
     return !(PyBytes_GET_SIZE(version) == 8 && memcmp(PyBytes_AS_STRING(version), "HTTP/1.0", 8) == 0) || f->conn_keep_alive;
 }
 
+static int length_framing(const Facts *f, long long *length, const char **err);
+
 /* Reader._begin's framing of a request: 0 no body, 1 Content-Length (*length), 2 chunked; -1 with *err */
 static int request_framing(const Facts *f, long long *length, const char **err) {
     *length = 0;
@@ -423,6 +427,12 @@ static int request_framing(const Facts *f, long long *length, const char **err) 
         return 2;
     }
     if (!f->cl_count) return 0;
+    return length_framing(f, length, err);
+}
+
+/* _content_length of a head with Content-Length: 1 with *length, 0 (a zero length), -1 with *err */
+static int length_framing(const Facts *f, long long *length, const char **err) {
+    *length = 0;
     if (f->cl_conflict) {
         *err = "conflicting Content-Length values";
         return -1;
@@ -442,6 +452,21 @@ static int request_framing(const Facts *f, long long *length, const char **err) 
     }
     *length = v;
     return v ? 1 : 0;
+}
+
+/* Reader._begin's framing of a final response to ``method`` (a request's method, as the reader expects it), for the
+   usual response only: 0 no body (the message ends with its head), 1 Content-Length (*length), 2 chunked, 3 read
+   until the connection closes; -1 with *err (the head cannot be framed); 4 not decided here (an interim or 101
+   response, a response to HEAD or CONNECT, a 204 or 304: _begin decides) */
+static int response_framing(const Facts *f, long status, PyObject *method, long long *length, const char **err) {
+    *length = 0;
+    if (status < 200 || status == 204 || status == 304) return 4;
+    Py_ssize_t mn = PyBytes_GET_SIZE(method);
+    const char *mp = PyBytes_AS_STRING(method);
+    if ((mn == 4 && memcmp(mp, "HEAD", 4) == 0) || (mn == 7 && memcmp(mp, "CONNECT", 7) == 0)) return 4;
+    if (f->te_any) return f->te_chunked_last ? 2 : 3;
+    if (!f->cl_count) return 3;
+    return length_framing(f, length, err);
 }
 
 /* ---- feed_head: Reader._feed_head up to the framing, one call per head --------------------- */
@@ -493,15 +518,24 @@ static Py_ssize_t head_end_at(const char *b, Py_ssize_t n, Py_ssize_t start);
    (1, new_pos, event_start, head, fail_start, framing, length, hold)
                                         a head ended at new_pos (the HEAD event's start: event_start). A request's
                                         framing is decided as Reader._begin decides it (0 no body, 1 Content-Length
-                                        of length, 2 chunked; hold: it asks to switch protocols); a response's is
-                                        left to _begin (framing -1; its ValueError fails at fail_start). */
+                                        of length, 2 chunked; hold: it asks to switch protocols). A response's,
+                                        given the request's ``method`` (the optional sixth argument), likewise for
+                                        the usual final response (0, 1, 2 as for a request, 3 read to the close;
+                                        a head it cannot frame fails as (2, fail_start, reason)); for any other
+                                        response, or without ``method``, it is left to _begin (framing -1; its
+                                        ValueError fails at fail_start). */
 static PyObject *h1_feed_head(PyObject *mod, PyObject *const *argv, Py_ssize_t argc) {
-    if (argc != 5) {
-        PyErr_SetString(PyExc_TypeError, "feed_head(data, pos, buf, request, max_head)");
+    if (argc != 5 && argc != 6) {
+        PyErr_SetString(PyExc_TypeError, "feed_head(data, pos, buf, request, max_head[, method])");
         return NULL;
     }
     if (!PyBytes_Check(argv[2])) {
         PyErr_SetString(PyExc_TypeError, "feed_head(): buf must be bytes");
+        return NULL;
+    }
+    PyObject *method = argc == 6 && argv[5] != Py_None ? argv[5] : NULL;
+    if (method != NULL && !PyBytes_Check(method)) {
+        PyErr_SetString(PyExc_TypeError, "feed_head(): method must be bytes or None");
         return NULL;
     }
     if (HeadType == NULL) {
@@ -596,6 +630,13 @@ static PyObject *h1_feed_head(PyObject *mod, PyObject *const *argv, Py_ssize_t a
         }
         hold = (PyBytes_GET_SIZE(p.method) == 7 && memcmp(PyBytes_AS_STRING(p.method), "CONNECT", 7) == 0) ||
                (f.upgrade && f.conn_upgrade);
+    } else if (method != NULL) {
+        framing = response_framing(&f, p.status, method, &length, &err);
+        if (framing < 0) {
+            result = Py_BuildValue("(ins)", 2, fail_at, err);
+            goto out;
+        }
+        if (framing == 4) framing = -1;
     }
     index = build_index(p.headers);
     if (index == NULL) goto out;

@@ -24,6 +24,9 @@
  *   write_setup(slow_sends, slow_ns)  binds kstamp.SLOW_SENDS and _SLOW_SEND_NS
  *   send(protocol, transport, data)   KernelStampTransport._write into an empty buffer + StampedProtocol.send's
  *                                 bookkeeping -> (t, bound); None: the reference's path (see pk_send)
+ *   readable(transport)           KernelStampTransport._on_readable as the loop's reader callback: read_one and its
+ *                                 outcome handed on, no Python frame of the transport's for the usual read (see
+ *                                 pk_readable)
  *
  * ``ring``: any buffer laid out as TPACKET_V2 frames of FRAME bytes (the packet log's mmap, or a bytearray in the
  * tests); its length / FRAME is the number of frames. Every read from it is bounds-checked against its length:
@@ -1208,6 +1211,95 @@ static PyObject *pk_read_split(PyObject *self, PyObject *tr) {
     return Py_BuildValue("(LLNLi)", first, lag, counts, segments, how);
 }
 
+/* ---- the read handler --------------------------------------------------------------------------------------- */
+
+/* readable(transport): KernelStampTransport._on_readable as the loop's reader callback itself (add_reader(fd,
+ * readable, transport)), so that the usual read runs no Python frame of the transport's: the transport lost, nothing;
+ * a transport without the packet log, or whose _fast is not read_one (the reference's, or a test's), its own
+ * _on_readable; else read_one, and its outcome handed on as _on_readable hands it: bytes to the protocol's
+ * data_received (an exception from it to _fatal(exc, "protocol.data_received() failed")), None nothing, True
+ * _peer_eof(), False (several segments wait) _several(). read_one's BlockingIOError / InterruptedError end the call;
+ * any other OSError goes to _fatal(exc); any other exception propagates, as from the reference. */
+static PyObject *s_data_received, *s_fast, *s_peer_eof, *s_several, *s_on_readable, *s_dr_failed;
+
+static int fatal_call(PyObject *tr, PyObject *msg) {
+    /* the pending exception to tr._fatal(exc[, msg]), handled there as the reference's ``except ... as exc`` block
+     * does (sys.exc_info() is it during the call): 0, or -1 with _fatal's own exception */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL) PyException_SetTraceback(value, tb);
+    PyObject *ot, *ov, *otb;
+    PyErr_GetExcInfo(&ot, &ov, &otb);
+    Py_XINCREF(type);
+    Py_XINCREF(value);
+    Py_XINCREF(tb);
+    PyErr_SetExcInfo(type, value, tb);
+    PyObject *r = msg == NULL ? PyObject_CallMethodOneArg(tr, s_fatal, value)
+                              : PyObject_CallMethodObjArgs(tr, s_fatal, value, msg, NULL);
+    PyErr_SetExcInfo(ot, ov, otb);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *call0(PyObject *obj, PyObject *name) {
+    PyObject *r = PyObject_CallMethodNoArgs(obj, name);
+    if (r == NULL) return NULL;
+    Py_DECREF(r);
+    Py_RETURN_NONE;
+}
+
+static PyObject *pk_readable(PyObject *self, PyObject *tr) {
+    PyObject *v = aget(tr, s_lost);
+    if (v == NULL) return NULL;
+    int lost = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (lost < 0) return NULL;
+    if (lost) Py_RETURN_NONE;
+    v = aget(tr, s_plog);
+    if (v == NULL) return NULL;
+    int plog = v != Py_None;
+    Py_DECREF(v);
+    v = plog ? aget(tr, s_fast) : NULL;
+    if (plog && v == NULL) return NULL;
+    int fast = v != NULL && PyCFunction_Check(v) && PyCFunction_GET_FUNCTION(v) == (PyCFunction)pk_read_one;
+    Py_XDECREF(v);
+    if (!fast) return call0(tr, s_on_readable); /* (the reference, whole) */
+    PyObject *got = pk_read_one(NULL, tr);
+    if (got == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_BlockingIOError) || PyErr_ExceptionMatches(PyExc_InterruptedError)) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        if (PyErr_ExceptionMatches(PyExc_OSError)) return fatal_call(tr, NULL) < 0 ? NULL : Py_NewRef(Py_None);
+        return NULL;
+    }
+    if (PyBytes_CheckExact(got)) {
+        PyObject *proto = aget(tr, s_protocol), *r = NULL;
+        if (proto != NULL) {
+            r = PyObject_CallMethodOneArg(proto, s_data_received, got);
+            Py_DECREF(proto);
+        }
+        Py_DECREF(got);
+        if (r != NULL) {
+            Py_DECREF(r);
+            Py_RETURN_NONE;
+        }
+        return fatal_call(tr, s_dr_failed) < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    if (got == Py_None) return got;
+    if (got == Py_True) {
+        Py_DECREF(got);
+        return call0(tr, s_peer_eof);
+    }
+    Py_DECREF(got); /* (False: several segments wait) */
+    return call0(tr, s_several);
+}
+
 /* ---- the stamped write ------------------------------------------------------------------------------------- */
 
 static PyObject *pk_write_setup(PyObject *self, PyObject *args) {
@@ -1379,6 +1471,7 @@ static PyMethodDef methods[] = {
     {"read_split", pk_read_split, METH_O, "kstamp's read of several segments: the peek, the counters and read_packets"},
     {"write_setup", pk_write_setup, METH_VARARGS, "write_setup(slow_sends, slow_send_ns)"},
     {"send", (PyCFunction)(void (*)(void))pk_send, METH_FASTCALL, "send(protocol, transport, data) -> (t, bound), or None"},
+    {"readable", pk_readable, METH_O, "readable(transport): KernelStampTransport._on_readable as the loop's reader callback"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1406,6 +1499,8 @@ PyMODINIT_FUNC PyInit__pktring(void) {
         {&s_lazy_placement, "lazy_placement"}, {&s_restamp_write, "_restamp_write"}, {&s_sent, "_sent"}, {&s_fatal, "_fatal"},
         {&s_last_write_mono, "last_write_mono"}, {&s_last_write_bound, "last_write_bound"}, {&s_unplaced, "unplaced"},
         {&s_bounded, "bounded"}, {&s_packets, "packets"}, {&s_fallback, "fallback"},
+        {&s_data_received, "data_received"}, {&s_fast, "_fast"}, {&s_peer_eof, "_peer_eof"}, {&s_several, "_several"},
+        {&s_on_readable, "_on_readable"}, {&s_dr_failed, "protocol.data_received() failed"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (*names[i].slot != NULL) continue;

@@ -327,17 +327,36 @@ class Reader:
         return []
 
     def _feed_head(self, data: bytes, pos: int, out: list[tuple]) -> int:
-        if _acc is not None:  # the C accelerator: this method and a request's framing (_begin) in one call
-            r = _acc.feed_head(data, pos, self._buf, self.request, self.max_head)
+        if _acc is not None:  # the C accelerator: this method and the usual head's framing (_begin) in one call
+            if self.request:
+                r = _acc.feed_head(data, pos, self._buf, True, self.max_head)
+            else:  # (a response's framing needs the request's method, as _begin takes it)
+                methods = self._methods
+                r = _acc.feed_head(data, pos, self._buf, False, self.max_head, methods[0] if methods else b"GET")
             kind = r[0]
             if kind == 1:  # (1, new_pos, event_start, head, fail_start, framing, length, hold)
                 self._buf = b""
                 new_pos, head, framing = r[1], r[3], r[5]
-                if framing < 0:  # a response: framed by _begin
+                if framing < 0:  # a response that _begin frames (interim, 101, to HEAD or CONNECT, 204, 304)
                     try:
                         self._begin(head, out, r[2], new_pos)
                     except ValueError as exc:
                         return self._fail(out, r[4], str(exc))
+                    return new_pos
+                if not self.request:  # the usual final response, framed as _begin frames it
+                    out.append((HEAD, r[2], new_pos, head))
+                    self.head = head
+                    if methods:
+                        methods.popleft()
+                    if framing == 1:
+                        self._state = _S_LENGTH
+                        self._remaining = r[6]
+                    elif framing == 2:
+                        self._state = _S_CHUNK_SIZE
+                    elif framing == 3:
+                        self._state = _S_CLOSE
+                    else:
+                        self._end(out, new_pos)
                     return new_pos
                 self.head = head  # a request, framed as _begin frames it
                 out.append((HEAD, r[2], new_pos, head))

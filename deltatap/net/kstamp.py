@@ -222,6 +222,13 @@ _send: Callable[[Any, Any, Any], Any] | None = None
 if _read_one is not None and hasattr(_pktacc, "send"):
     _pktacc.write_setup(SLOW_SENDS, _SLOW_SEND_NS)
     _read_split, _send = _pktacc.read_split, _pktacc.send
+# ``readable``: :meth:`KernelStampTransport._on_readable` itself in C, registered as the loop's reader callback
+# (``add_reader(fd, readable, transport)``): the usual read (``read_one``) and its hand-over to the protocol without a
+# Python frame of the transport's; everything else it hands to the Python methods _on_readable calls (a transport whose
+# ``_fast`` is not ``read_one`` to _on_readable whole). None: the loop calls :meth:`KernelStampTransport._on_readable`.
+_readable: Callable[[Any], Any] | None = None
+if _read_one is not None and hasattr(_pktacc, "readable"):
+    _readable = _pktacc.readable
 
 
 class KernelStampTransport(asyncio.Transport):
@@ -328,9 +335,16 @@ class KernelStampTransport(asyncio.Transport):
             self._force_close(None)
             raise
         if not self._closing and not self._paused:
-            self._loop.add_reader(self._fd, self._on_readable)
+            self._add_reader()
 
     # ---- reading -------------------------------------------------------------------------
+    def _add_reader(self) -> None:
+        """Have the loop call :meth:`_on_readable` (its C twin ``readable`` where built) when the socket is readable."""
+        if _readable is not None:
+            self._loop.add_reader(self._fd, _readable, self)
+        else:
+            self._loop.add_reader(self._fd, self._on_readable)
+
     def _on_readable(self) -> None:
         """Take in what has arrived and hand it to the protocol with its kernel stamp. When the
         first waiting packet is more than ``_PROMPT_NS`` old (the process was late), peek first,
@@ -359,16 +373,24 @@ class KernelStampTransport(asyncio.Transport):
                 if got is True:
                     self._peer_eof()
                     return
-                if _read_split is not None:  # several segments wait: the C twin of what follows, up to cuts_received
-                    self._split_fast()
-                    return
-                view = _read_view()
-            else:
-                view = _read_view()
-                if self._one_segment(view):
-                    return
+                self._several()
+                return
+            view = _read_view()
+            if self._one_segment(view):
+                return
         else:
             view = _read_view()
+        self._read_merged(view)
+
+    def _several(self) -> None:
+        """:meth:`_on_readable` where ``read_one`` found several segments waiting."""
+        if _read_split is not None:  # the C twin of what follows, up to cuts_received
+            self._split_fast()
+            return
+        self._read_merged(_read_view())
+
+    def _read_merged(self, view: memoryview) -> None:
+        """:meth:`_on_readable` from its one-byte peek: the counters, the packet log's placement, else the late read."""
         r = self._recv(view[:1], _PEEK_NOCOPY)
         if r is None:
             return
@@ -764,7 +786,7 @@ class KernelStampTransport(asyncio.Transport):
         if self._closing or not self._paused:
             return
         self._paused = False
-        self._loop.add_reader(self._fd, self._on_readable)
+        self._add_reader()
 
     def is_reading(self) -> bool:
         return not self._paused and not self._closing
