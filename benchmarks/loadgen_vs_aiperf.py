@@ -382,7 +382,10 @@ tel.shutdown()
 st = pstats.Stats(prof)
 calls = sum(v[1] for v in st.stats.values())  # every Python function and C builtin called, each call once
 n = res.summary["request_count"]
-print(json.dumps({"requests": n, "ok": n - res.summary["error_request_count"], "calls_per_request": calls / n}))
+top = sorted(st.stats.items(), key=lambda kv: -kv[1][1])[:40]  # the most called, per request, with own time
+print(json.dumps({"requests": n, "ok": n - res.summary["error_request_count"], "calls_per_request": calls / n,
+                  "top_calls_per_request": [[f"{f[0].rsplit('/', 2)[-1] if f[0] != '~' else ''}:{f[1]}:{f[2]}", round(v[1] / n, 2),
+                                             round(v[2] / n * 1e6, 2)] for f, v in top]}))
 """
 
 

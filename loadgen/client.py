@@ -278,7 +278,7 @@ def settle(rec: RequestRecord, ex: Exchange, target: Target) -> ClientStream | N
         _fail(rec, Outcome.UPSTREAM_ERROR, ErrorKind.DISCONNECTED, ex.error)
         _take_stream(rec, stream)
         return stream
-    status = ex.status or 0
+    status = ex.head.status if ex.head is not None else 0  # (ex.status, without the property's step)
     if status >= 400:
         rec.end_mono_ns = mono_ns()
         rec.server_message = server_message(ex.body)
@@ -322,13 +322,13 @@ def _take_stream(rec: RequestRecord, stream: ClientStream | None) -> None:
     rec.sse_events = stream.events
     rec.content_events = len(stream.event_times)
     rec.malformed_events = stream.malformed
-    rec.leading_whitespace_events = stream.leading_whitespace
+    rec.leading_whitespace_events = stream.leading_whitespace_events
     rec.chunk_mono_ns = stream.event_times
     rec.first_token_mono_ns = stream.first_token_mono_ns
     rec.last_token_mono_ns = stream.event_times[-1] if stream.event_times else None
     if stream.first_token_mono_ns is not None:
         rec.stamp_bounds[ClientEvent.FIRST_TOKEN] = (stream.first_token_bound_ns, 0)
-        rec.stamp_bounds[ClientEvent.LAST_TOKEN] = (stream.last_bound_ns, 0)
+        rec.stamp_bounds[ClientEvent.LAST_TOKEN] = (stream.last_token_bound_ns, 0)
     rec.usage_input_tokens = stream.facts.input_tokens
     rec.usage_output_tokens = stream.facts.output_tokens
     rec.finish_reason = ",".join(stream.facts.finish_reasons) or None

@@ -155,14 +155,13 @@ class _Conn(StampedProtocol):
             self._drop()
             return
         ex.got_bytes = True
-        n = len(data)
         for ev in self.reader.feed(data):
             kind = ev[0]
             if kind == BODY:
                 if ex is None:
                     continue
                 s, e = ev[1], ev[2]
-                chunk = data if s == 0 and e == n else data[s:e]
+                chunk = data[s:e]  # (all of a bytes read: the read itself, not a copy)
                 ex.body_bytes += e - s
                 ex.last_mono_ns, ex.last_bound_ns = t, bound
                 sink = ex.sink
@@ -207,9 +206,8 @@ class _Conn(StampedProtocol):
     def cuts_received(self, data: bytes, pieces: list[tuple[int, int, int, int]]) -> None:
         """A late read that held several packets (:mod:`deltatap.net.kstamp`, its C path): each piece read as if it had
         come alone, with its own arrival, as the transport would hand them over one by one."""
-        n = len(data)
         for s, e, t, bound in pieces:
-            self.on_data(data if s == 0 and e == n else data[s:e], t, bound)
+            self.on_data(data[s:e], t, bound)  # (a bytes slice of all of it is the read itself)
             if self.dead:
                 return
 
@@ -299,7 +297,11 @@ class H1Pool:
     def serialise(self, headers: dict[str, str], body: bytes) -> bytes:
         """The whole request as bytes: head (the pool's request line and Host, then ``headers`` in order,
         ``Content-Length``) and body."""
-        head = self._prefix + "".join([f"{k}: {v}\r\n" for k, v in headers.items()]) + f"Content-Length: {len(body)}\r\n\r\n"
+        try:  # (": ".join of each (name, value) pair: no Python step per header)
+            lines = "\r\n".join(map(": ".join, headers.items()))
+        except TypeError:  # a value that is not a string: formatted
+            lines = "\r\n".join([f"{k}: {v}" for k, v in headers.items()])
+        head = self._prefix + lines + ("\r\n" if lines else "") + f"Content-Length: {len(body)}\r\n\r\n"
         return head.encode() + body
 
     async def _open(self) -> _Conn:

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -135,16 +136,16 @@ async def closed_loop(runner: Runner, cfg: ModeConfig, sessions: list[H1Pool]) -
     active = cfg.concurrency
     bodies = runner.bodies
 
-    def next_unit(w: int) -> None:
+    def next_unit(w: int, _ended: object = None) -> None:
         nonlocal active, halted
         try:
             for unit in it:
-                if halted or (stop is not None and mono_ns() >= stop):
-                    break
                 now = mono_ns()
+                if halted or (stop is not None and now >= stop):
+                    break
                 if len(unit) == 1:
                     req = unit[0]
-                    runner.launch(sessions[w], req, now, w, bodies.get(req.index), lambda _rec: next_unit(w))
+                    runner.launch(sessions[w], req, now, w, bodies.get(req.index), again[w])
                     return
                 task = loop.create_task(runner.unit(sessions[w], unit, now, w, stop))
                 tasks.add(task)
@@ -158,6 +159,8 @@ async def closed_loop(runner: Runner, cfg: ModeConfig, sessions: list[H1Pool]) -
         active -= 1
         if active == 0 and not all_done.done():
             all_done.set_result(None)
+
+    again = [functools.partial(next_unit, w) for w in range(cfg.concurrency)]  # on_done: the worker's next unit
 
     def unit_done(t: asyncio.Task, w: int) -> None:
         nonlocal halted

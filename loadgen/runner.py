@@ -167,10 +167,8 @@ class SendClock:
             self._arm(t_ns)
 
     def _fire(self) -> None:
-        try:
-            os.read(self.fd, 8)
-        except (BlockingIOError, InterruptedError):
-            pass
+        # The expiry is consumed by re-arming (timerfd_settime clears the count: the descriptor is not readable until
+        # the new instant), so a read is needed only when nothing is left to wait for: one system call less per wake.
         self._armed = 0
         heap = self._heap
         now = mono_ns()
@@ -183,7 +181,12 @@ class SendClock:
                     on_due()
                 fut.set_result(None)
         if heap:
-            self._arm(heap[0][0])
+            self._arm(heap[0][0])  # (or already armed for it, after the expiry, by a callback above)
+        else:
+            try:
+                os.read(self.fd, 8)
+            except (BlockingIOError, InterruptedError):
+                pass
 
 
 def _fail_record(rec: RequestRecord, message: str) -> None:
@@ -419,12 +422,13 @@ class Runner:
         c = self.counters
         c.in_flight -= 1
         c.done += 1
+        submit = rec.submit_mono_ns
         if rec.status != Outcome.OK:
             c.errors += 1
-        elif rec.first_token_mono_ns is not None and (submit := rec.submit_mono_ns) is not None:
+        elif rec.first_token_mono_ns is not None and submit is not None:
             c.recent_ttft_ns.append(rec.first_token_mono_ns - submit)
         self.records.append(rec)
-        self._emit_span(tid, sid, rec)
+        self._emit_span(tid, sid, rec, submit)
 
     async def request(
         self,
@@ -538,13 +542,9 @@ class Runner:
 
     def _span_attributes(self, rec: RequestRecord) -> dict[str, Any]:
         """The client span's attributes for ``rec``."""
-        attrs = dict(self._static_attrs)
-        attrs[Attr.REQUEST_ID] = rec.request_id
-        attrs[Attr.OUTCOME] = str(rec.status)
-        attrs[Attr.GENAI_REQUEST_MAX_TOKENS] = rec.max_tokens
-        attrs[Attr.CHUNKS] = rec.transport_chunks
-        attrs[Attr.EVENTS] = rec.sse_events
-        attrs[Attr.CONTENT_EVENTS] = rec.content_events
+        attrs = {**self._static_attrs, Attr.REQUEST_ID: rec.request_id, Attr.OUTCOME: str(rec.status),
+                 Attr.GENAI_REQUEST_MAX_TOKENS: rec.max_tokens, Attr.CHUNKS: rec.transport_chunks,
+                 Attr.EVENTS: rec.sse_events, Attr.CONTENT_EVENTS: rec.content_events}
         if rec.http_status is not None:
             attrs[Attr.HTTP_STATUS] = rec.http_status
         if rec.stream_format:
@@ -567,11 +567,14 @@ class Runner:
             attrs[Attr.STAMP_BOUNDS] = stamp_bounds
         return attrs
 
-    def _emit_span(self, trace_id: int, span_id: int, rec: RequestRecord) -> None:
+    def _emit_span(self, trace_id: int, span_id: int, rec: RequestRecord, submit: int | None = -1) -> None:
+        """``submit``: the record's ``submit_mono_ns`` (T_submit) where the caller has it (-1: read it here)."""
+        if submit == -1:
+            submit = rec.submit_mono_ns
         attrs = self._span_attributes(rec)
         off = to_unix_ns(0)  # to_unix_ns(t) == t + off
         events: list[tuple[str, int, dict[str, Any] | None]] = []
-        if (submit := rec.submit_mono_ns) is not None:
+        if submit is not None:
             events.append((_EV_SEND, submit + off, None))
         if rec.first_token_mono_ns is not None:
             events.append((_EV_FIRST, rec.first_token_mono_ns + off, None))
