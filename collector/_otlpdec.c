@@ -37,13 +37,15 @@ typedef struct { slice_t *a; Py_ssize_t n, cap; } svec;
 typedef struct { uint64_t *a; Py_ssize_t n, cap; } uvec;
 typedef struct { char *a; Py_ssize_t n, cap; } cbuf;
 
-static int svec_push(svec *v, const uint8_t *p, Py_ssize_t n) {
-    if (v->n == v->cap) {
-        Py_ssize_t cap = v->cap ? v->cap * 2 : 32;
-        slice_t *a = PyMem_Realloc(v->a, (size_t)cap * sizeof(slice_t));
-        if (!a) { PyErr_NoMemory(); return -1; }
-        v->a = a; v->cap = cap;
-    }
+static int svec_grow(svec *v) {
+    Py_ssize_t cap = v->cap ? v->cap * 2 : 32;
+    slice_t *a = PyMem_Realloc(v->a, (size_t)cap * sizeof(slice_t));
+    if (!a) { PyErr_NoMemory(); return -1; }
+    v->a = a; v->cap = cap;
+    return 0;
+}
+static inline int svec_push(svec *v, const uint8_t *p, Py_ssize_t n) {
+    if (v->n == v->cap && svec_grow(v) < 0) return -1;
     v->a[v->n].p = p; v->a[v->n].n = n; v->n++;
     return 0;
 }
@@ -68,14 +70,15 @@ static int cbuf_reserve(cbuf *b, Py_ssize_t extra) {
     }
     return 0;
 }
-static int cbuf_put(cbuf *b, const void *p, Py_ssize_t n) {
-    if (cbuf_reserve(b, n) < 0) return -1;
+/* (the fast paths inline: a span's signatures are a few hundred small appends) */
+static inline int cbuf_put(cbuf *b, const void *p, Py_ssize_t n) {
+    if ((n < 0 || n > b->cap - b->n) && cbuf_reserve(b, n) < 0) return -1;
     if (n) memcpy(b->a + b->n, p, (size_t)n);
     b->n += n;
     return 0;
 }
-static int cbuf_u64(cbuf *b, uint64_t x) { return cbuf_put(b, &x, 8); }
-static int cbuf_lp(cbuf *b, const void *p, Py_ssize_t n) {  /* length-prefixed */
+static inline int cbuf_u64(cbuf *b, uint64_t x) { return cbuf_put(b, &x, 8); }
+static inline int cbuf_lp(cbuf *b, const void *p, Py_ssize_t n) {  /* length-prefixed */
     uint64_t ln = (uint64_t)n;
     if (cbuf_put(b, &ln, 8) < 0) return -1;
     return cbuf_put(b, p, n);
@@ -171,50 +174,64 @@ static PyObject *shared(PyObject *s) {
 
 typedef struct {
     char code;         /* 'q', 'd', '?', 's' (a string: code ""), 'o' (code "", not a string) */
-    PyObject *value;   /* owned */
+    PyObject *value;   /* owned; for 'q', 'd', '?' and 's' made on first need (val_obj): a number that is only
+                          packed, or a string that only shapes the layout, never becomes an object */
     PyObject *shape;   /* borrowed marker, or NULL for a string (the value is its shape) */
-    const uint8_t *sp; Py_ssize_t sn;  /* a string's UTF-8 bytes (for the signature) */
+    const uint8_t *sp; Py_ssize_t sn;  /* a string's UTF-8 bytes (for the signature; checked valid) */
     PyObject *sown;    /* owns the bytes behind sp when they came from the reference */
+    int64_t q; double dv; int bv;  /* the number itself ('q', 'd', '?') */
 } val_t;
 
 static void val_clear(val_t *v) { Py_CLEAR(v->value); Py_CLEAR(v->sown); }
 
-/* An AnyValue's (code, value, shape) as compact._value gives it: the common encodings here, the rest through
- * the reference (compact._value). 0 ok, -1 error (exception set). */
+/* the value's object (borrowed from *v, which owns it), made now if it was not yet: what compact._value gives */
+static PyObject *val_obj(val_t *v) {
+    if (v->value) return v->value;
+    switch (v->code) {
+    case 'q': v->value = PyLong_FromLongLong((long long)v->q); break;
+    case 'd': v->value = PyFloat_FromDouble(v->dv); break;
+    case '?': v->value = PyBool_FromLong(v->bv); break;
+    case 's': {
+        PyObject *s = PyUnicode_DecodeUTF8((const char *)v->sp, v->sn, "strict");  /* (valid: checked in dec_value) */
+        v->value = s ? shared(s) : NULL;
+        break;
+    }
+    default: PyErr_SetString(PyExc_SystemError, "value without an object"); break;
+    }
+    return v->value;
+}
+
+/* An AnyValue's (code, value, shape) as compact._value gives it: the common encodings here (their object made
+ * by val_obj when needed), the rest through the reference (compact._value). 0 ok, -1 error (exception set). */
 static int dec_value(const uint8_t *r, Py_ssize_t n, val_t *out) {
     out->value = NULL; out->sown = NULL; out->shape = NULL; out->sp = NULL; out->sn = 0;
     if (n == 9 && r[0] == 0x21) {
         union { uint64_t u; double d; } x;
         x.u = le64(r + 1);
-        out->code = 'd'; out->shape = g_shape_double;
-        out->value = PyFloat_FromDouble(x.d);
-        return out->value ? 0 : -1;
+        out->code = 'd'; out->shape = g_shape_double; out->dv = x.d;
+        return 0;
     }
     if (n >= 2 && (r[0] == 0x18 || r[0] == 0x10 || r[0] == 0x0A)) {
         const uint8_t *p = r + 1, *end = r + n;
         uint64_t v;
         if (r[0] == 0x18) {
             if (!rd_varint(&p, end, &v, 10) && p == end) {
-                out->code = 'q'; out->shape = g_shape_int;
-                out->value = PyLong_FromLongLong((long long)(int64_t)v);
-                return out->value ? 0 : -1;
+                out->code = 'q'; out->shape = g_shape_int; out->q = (int64_t)v;
+                return 0;
             }
         } else if (r[0] == 0x10) {
             if (!rd_varint(&p, end, &v, 10) && p == end) {
-                out->code = '?'; out->shape = g_shape_bool;
-                out->value = PyBool_FromLong(v != 0);
+                out->code = '?'; out->shape = g_shape_bool; out->bv = v != 0;
                 return 0;
             }
         } else if (!rd_varint(&p, end, &v, 5) && v == (uint64_t)(end - p)) {
-            PyObject *s = PyUnicode_DecodeUTF8((const char *)p, end - p, "strict");
-            if (s) {
-                s = shared(s);
-                if (!s) return -1;
-                out->code = 's'; out->value = s; out->sp = p; out->sn = end - p;
+            int ok = valid_utf8(p, end - p);
+            if (ok < 0) return -1;
+            if (ok) {
+                out->code = 's'; out->sp = p; out->sn = end - p;
                 return 0;
             }
-            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return -1;
-            PyErr_Clear();  /* the reference decides (it raises OtlpDecodeError) */
+            /* not UTF-8: the reference decides (it raises OtlpDecodeError) */
         }
     }
     /* anything else: the reference */
@@ -485,8 +502,10 @@ static int do_span(dec_t *d, const uint8_t *p, const uint8_t *end, PyObject *res
         if (!dec) goto done;
         for (Py_ssize_t i = 0; i < nv; i++) {
             val_t *v = &d->v[i];
-            PyObject *shape = v->code == 's' ? (v->sown ? v->sown : v->value) : v->shape;
-            PyObject *t = PyTuple_Pack(3, code_obj(v->code), v->value, shape);
+            PyObject *vo = val_obj(v);
+            if (!vo) { Py_DECREF(dec); goto done; }
+            PyObject *shape = v->code == 's' ? (v->sown ? v->sown : vo) : v->shape;
+            PyObject *t = PyTuple_Pack(3, code_obj(v->code), vo, shape);
             if (!t) { Py_DECREF(dec); goto done; }
             PyList_SET_ITEM(dec, i, t);
         }
@@ -528,7 +547,14 @@ static int do_span(dec_t *d, const uint8_t *p, const uint8_t *end, PyObject *res
                 Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(pidx, j));
                 if (i == -1 && PyErr_Occurred()) goto done;
                 if (i < 0 || i >= nv) { PyErr_SetString(PyExc_IndexError, "plan index out of range"); goto done; }
-                val = d->v[i].value;
+                val_t *v = &d->v[i];
+                if (!v->value && v->code == cs[j]) {  /* a number decoded here, packed as what it is: no object */
+                    if (cs[j] == 'q') { memcpy(w, &v->q, 8); w += 8; continue; }
+                    if (cs[j] == 'd') { memcpy(w, &v->dv, 8); w += 8; continue; }
+                    if (cs[j] == '?') { *w++ = (uint8_t)v->bv; continue; }
+                }
+                val = val_obj(v);
+                if (!val) goto done;
             } else val = PyTuple_GET_ITEM(rpk, j - npk);
             if (cs[j] == 'q') {
                 long long x = PyLong_AsLongLong(val);
@@ -550,8 +576,10 @@ static int do_span(dec_t *d, const uint8_t *p, const uint8_t *end, PyObject *res
             Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(oidx, j));
             if (i == -1 && PyErr_Occurred()) goto done;
             if (i < 0 || i >= nv) { PyErr_SetString(PyExc_IndexError, "plan index out of range"); goto done; }
-            Py_INCREF(d->v[i].value);
-            PyTuple_SET_ITEM(others, j, d->v[i].value);
+            PyObject *vo = val_obj(&d->v[i]);
+            if (!vo) goto done;
+            Py_INCREF(vo);
+            PyTuple_SET_ITEM(others, j, vo);
         }
         for (Py_ssize_t j = 0; j < nro; j++) {
             PyObject *x = PyTuple_GET_ITEM(rot, j);

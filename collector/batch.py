@@ -50,29 +50,23 @@ class BlockRow(Row):
 
     __slots__ = ("_block", "_i")
 
-    @property  # type: ignore[override]
-    def points(self) -> dict[str, PointObs]:
+    def _points(self) -> dict[str, PointObs]:
         v = _POINTS.__get__(self)
         if v is None:
             self._block.materialise(self)
             v = _POINTS.__get__(self)
         return v
 
-    @points.setter
-    def points(self, v: dict[str, PointObs]) -> None:
-        _POINTS.__set__(self, v)
-
-    @property  # type: ignore[override]
-    def deltas(self) -> dict[str, DeltaValue]:
+    def _deltas(self) -> dict[str, DeltaValue]:
         v = _DELTAS.__get__(self)
         if v is None:
             self._block.materialise(self)
             v = _DELTAS.__get__(self)
         return v
 
-    @deltas.setter
-    def deltas(self, v: dict[str, DeltaValue]) -> None:
-        _DELTAS.__set__(self, v)
+    # (set through the slots' own C setters: Row's __init__ sets both on every row)
+    points = property(_points, _POINTS.__set__)  # type: ignore[assignment]
+    deltas = property(_deltas, _DELTAS.__set__)  # type: ignore[assignment]
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Row):
