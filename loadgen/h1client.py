@@ -150,6 +150,9 @@ class _Conn(StampedProtocol):
         ex.written_mono_ns, ex.written_bound_ns = self.send(data)
 
     def on_data(self, data: bytes, t: int, bound: int) -> None:
+        pre = self.pool.before_read
+        if pre is not None:
+            pre()
         ex = self.ex
         if ex is None or self.dead:  # bytes nobody asked for: the connection is not usable any more
             self._drop()
@@ -290,6 +293,9 @@ class H1Pool:
             lines.append(f"User-Agent: {USER_AGENT}")
         self._prefix = "\r\n".join(lines) + "\r\n"
         self._idle: list[_Conn] = []
+        # called before each read is handled (a read's stamp is the socket's, not taken here): the open loop's sends
+        # that are due go out first (loadgen/runner.py SendClock.release_due)
+        self.before_read: Callable[[], None] | None = None
         self._all: set[_Conn] = set()
         self.closed = False
         self.opened = 0  # connections made so far

@@ -97,6 +97,8 @@ async def open_loop(runner: Runner, cfg: ModeConfig, sessions: list[H1Pool]) -> 
     tasks: set[asyncio.Task] = set()
     n = len(sessions)
     bodies = runner.bodies
+    for s in sessions:  # a send due while the loop handles a backlog of reads goes out before them
+        s.before_read = runner.clock_wait.release_due
     try:
         for k, unit in enumerate(cfg.units):
             t_k = t_start + cfg.offsets_ns[k]
@@ -120,6 +122,8 @@ async def open_loop(runner: Runner, cfg: ModeConfig, sessions: list[H1Pool]) -> 
         await _finish(set(tasks), cfg.drain_s, runner)
     finally:
         runner.cancel_flights()  # (interrupted: nothing more is sent)
+        for s in sessions:
+            s.before_read = None
 
 
 @register("closed")

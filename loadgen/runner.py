@@ -166,6 +166,18 @@ class SendClock:
         if self._heap[0][3] is on_due:
             self._arm(t_ns)
 
+    def release_due(self) -> None:
+        """Call every ``at()`` callback whose instant has come, now: the open loop's connections call this before they
+        handle a read (:attr:`deltatap.loadgen.h1client.H1Pool.before_read`), so that a send due while the loop works
+        through a backlog of reads (after its thread waited for a CPU, the reads that came before the timer's expiry
+        are handed over first) is written before them instead of after. The timer stays armed: its wake finds what is
+        left."""
+        heap = self._heap
+        if heap:
+            now = mono_ns()
+            while heap and heap[0][0] <= now and heap[0][2] is None:
+                heapq.heappop(heap)[3]()  # type: ignore[misc]
+
     def _fire(self) -> None:
         # The expiry is consumed by re-arming (timerfd_settime clears the count: the descriptor is not readable until
         # the new instant), so a read is needed only when nothing is left to wait for: one system call less per wake.

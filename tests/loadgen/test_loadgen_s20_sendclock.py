@@ -1,0 +1,161 @@
+"""Session 20's send-clock and request-path steps, on real sockets and the real timer descriptor: the clock's wake
+consumes its expiry by re-arming (no read, and no wake left pending: the loop does not spin on a readable descriptor),
+a send due while the loop works through reads goes out before them (``H1Pool.before_read`` ->
+``SendClock.release_due``), and the request head's serialisation (no comprehension) writes what it always wrote."""
+
+from __future__ import annotations
+
+import asyncio
+import select
+import socket
+import sys
+import threading
+import time
+
+import pytest
+
+from test_loadgen_h1client import SSE_HEAD, chunked, sse_body, target
+from deltatap.core.clock import mono_ns
+from deltatap.core.vocab import Outcome
+from deltatap.loadgen.client import make_session
+from deltatap.loadgen.h1client import H1Pool
+from deltatap.loadgen.runner import Runner, SendClock
+from deltatap.loadgen.workloads.base import PlannedRequest
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd: Linux")
+
+
+class CountingClock(SendClock):
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.fires = 0
+
+    def _fire(self) -> None:
+        self.fires += 1
+        super()._fire()
+
+
+@linux
+async def test_each_instant_is_one_wake_and_the_descriptor_is_left_quiet():
+    clock = CountingClock()
+    got: list[tuple[int, int]] = []
+    try:
+        t0 = mono_ns()
+        instants = [t0 + 3_000_000, t0 + 6_000_000, t0 + 9_000_000]
+        for k, t in enumerate(instants):
+            clock.at(t, lambda k=k: got.append((k, mono_ns())))
+        assert clock.fd >= 0
+        deadline = time.monotonic() + 5
+        while len(got) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.002)
+        await asyncio.sleep(0.02)  # a descriptor left readable would wake the loop again and again meanwhile
+        assert [k for k, _ in got] == [0, 1, 2]
+        assert all(t >= instants[k] for k, t in got)  # never early
+        assert 3 <= clock.fires <= 6  # one wake per instant (at most one more each, if two were armed at once)
+        assert select.select([clock.fd], [], [], 0)[0] == []  # nothing pending: the last wake read its expiry
+        assert clock._heap == []
+    finally:
+        clock.close()
+
+
+@linux
+async def test_release_due_calls_only_what_has_come_and_the_timer_finds_the_rest():
+    clock = CountingClock()
+    got: list[int] = []
+    try:
+        t0 = mono_ns()
+        clock.at(t0 + 1_000_000, lambda: got.append(1))
+        clock.at(t0 + 2_000_000, lambda: got.append(2))
+        clock.at(t0 + 40_000_000, lambda: got.append(3))
+        clock.release_due()
+        assert got == []  # nothing due yet
+        while mono_ns() < t0 + 2_500_000:  # (the loop's thread busy: the timer cannot wake it)
+            pass
+        clock.release_due()
+        assert got == [1, 2] and clock.fires == 0
+        deadline = time.monotonic() + 5
+        while len(got) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.01)
+        assert got == [1, 2, 3]  # each once
+        assert select.select([clock.fd], [], [], 0)[0] == []
+    finally:
+        clock.close()
+
+
+class OneShotServer:
+    """A thread that answers every request on each accepted connection at once with a whole SSE response: it answers
+    while the client's event loop thread is busy."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        answer = SSE_HEAD + b"".join(chunked(e) for e in sse_body(2)) + b"0\r\n\r\n"
+        self.sock.settimeout(10)
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:
+            return
+        with conn:
+            conn.settimeout(10)
+            buf = b""
+            try:
+                while True:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                    head, sep, rest = buf.partition(b"\r\n\r\n")
+                    if not sep:
+                        continue
+                    length = int([ln.split(b":")[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")][0])
+                    if len(rest) < length:
+                        continue
+                    buf = rest[length:]
+                    conn.sendall(answer)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@linux
+async def test_a_send_due_during_a_backlog_of_reads_goes_out_before_them(telemetry):
+    srv = OneShotServer()
+    t = target(f"http://127.0.0.1:{srv.port}")
+    runner = Runner(t, None, telemetry, "run1")
+    pool = make_session(t)
+    order: list[str] = []
+    try:
+        await pool.preconnect(1)
+        pool.before_read = runner.clock_wait.release_due  # (what the open loop sets on its sessions)
+        req = PlannedRequest(index=0, prompt="hello", max_tokens=2, input_tokens=1)
+        runner.launch(pool, req, mono_ns(), 0, on_done=lambda rec: order.append("read"))  # written now
+        due = mono_ns() + 5_000_000
+        runner.clock_wait.at(due, lambda: order.append("send" if mono_ns() >= due else "early"))
+        time.sleep(0.03)  # the loop's thread busy: the answer arrives (first), then the timer expires
+        assert await runner.flights_ended(5)
+        await asyncio.sleep(0.01)
+    finally:
+        await pool.close()
+        runner.clock_wait.close()
+        srv.close()
+    assert runner.records[0].status == Outcome.OK and runner.records[0].content_events == 2
+    assert order == ["send", "read"]  # the due send before the read that waited with it
+
+
+def test_the_request_head_is_serialised_as_before():
+    pool = H1Pool("http://127.0.0.1:8080/v1/chat/completions", header_names=("Content-Type", "x-request-id"))
+    body = b'{"a":1}'
+    headers = {"Content-Type": "application/json", "x-request-id": "run-m1", "X-Extra": "v"}
+    want = pool._prefix + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + f"Content-Length: {len(body)}\r\n\r\n"
+    assert pool.serialise(headers, body) == want.encode() + body
+    assert pool.serialise({}, b"") == (pool._prefix + "Content-Length: 0\r\n\r\n").encode()
+    odd = {"X-Number": 7, "X-Text": "t"}  # (a value that is not a string: formatted, as before)
+    assert pool.serialise(odd, b"") == (pool._prefix + "X-Number: 7\r\nX-Text: t\r\nContent-Length: 0\r\n\r\n").encode()
+    assert pool._prefix.startswith("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: ")
