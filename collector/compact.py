@@ -85,9 +85,9 @@ class Layout:
         """A span of this layout as one tuple, each attribute at :attr:`positions` (absent: :attr:`none`)."""
         return self._numbers(span.packed) + span.others + self._tail
 
-    def start_and(self, p: int, q: int) -> Callable[[CompactSpan], tuple] | None:
-        """A reader of (start, value at position ``p``, value at ``q``) of :meth:`values`, which unpacks no other
-        number; None when ``p`` or ``q`` is a packed number (then read :meth:`values`)."""
+    def start_and(self, head: Any, p: int, q: int) -> Callable[[CompactSpan], tuple] | None:
+        """A reader of (``head``, start, value at position ``p``, value at ``q``) of :meth:`values`, which unpacks no
+        other number; None when ``p`` or ``q`` is a packed number (then read :meth:`values`)."""
         n, tail = self._n_packed, self._tail
         n_others = len(self.other_keys)
         if p < n or q < n:
@@ -95,7 +95,7 @@ class Layout:
         a, b = p - n, q - n
         va = None if a < n_others else tail[a - n_others]
         vb = None if b < n_others else tail[b - n_others]
-        return lambda span: (_START(span.packed)[0], span.others[a] if a < n_others else va, span.others[b] if b < n_others else vb)
+        return lambda span: (head, _START(span.packed)[0], span.others[a] if a < n_others else va, span.others[b] if b < n_others else vb)
 
 
 _START = struct.Struct("<16xQ").unpack_from  # a span's start: the first number after its span and parent ids

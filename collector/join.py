@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from typing import Any
 
 from deltatap.collector.assembly import Fragment
 from deltatap.collector.compact import CompactSpan
@@ -83,23 +84,32 @@ class Joiner:
         self._by_layout: dict = {}  # compact span layout -> (link index, reader of start, request id, fingerprint) or False
 
     def _facts(self, span) -> tuple:
-        """(link index, start, request id, body fingerprint) of a span (:meth:`Decomposer.join_facts`); of a compact
-        span whose layout says where they are, read alone (:meth:`~deltatap.collector.compact.Layout.start_and`)."""
-        if span.__class__ is CompactSpan:
-            got = self._by_layout.get(span.layout)
-            if got is None:
-                got = self._layout_facts(span)
-            if got:
-                return (got[0], *got[1](span))
-        return self._decomposer.join_facts(span)
+        """(link index, start, request id, body fingerprint) of a span (:meth:`Decomposer.join_facts`)."""
+        return self._facts_of((span,))[0]
 
-    def _layout_facts(self, span: CompactSpan) -> tuple | bool:
+    def _facts_of(self, spans) -> list[tuple]:
+        """:meth:`_facts` of each span; a compact span whose layout says where they are is read alone
+        (:meth:`~deltatap.collector.compact.Layout.start_and`)."""
+        out = []
+        append, by_layout = out.append, self._by_layout
+        for span in spans:
+            if span.__class__ is CompactSpan:
+                read = by_layout.get(span.layout)
+                if read is None:
+                    read = self._layout_facts(span)
+                if read:
+                    append(read(span))
+                    continue
+            append(self._decomposer.join_facts(span))
+        return out
+
+    def _layout_facts(self, span: CompactSpan) -> Any:
         dec, lay = self._decomposer, span.layout
         prog, _ = dec.program(span)
-        read = lay.start_and(prog.p_rid, prog.p_fp) if dec.layout_reader(lay) is prog else None
+        read = lay.start_and(dec.link_of(prog), prog.p_rid, prog.p_fp) if dec.layout_reader(lay) is prog else None
         if len(self._by_layout) >= 4096:
             self._by_layout.clear()
-        got = self._by_layout[lay] = False if read is None else (dec.link_of(prog), read)
+        got = self._by_layout[lay] = False if read is None else read
         return got
 
     @property
@@ -111,9 +121,7 @@ class Joiner:
         g.fragments.append(f)
         rids, fps = g.rids, g.fps
         lo, hi, start_ns = g.lo, g.hi, g.start_ns
-        facts = self._facts
-        for s in f.spans:
-            idx, st, rid, fp = facts(s)
+        for idx, st, rid, fp in self._facts_of(f.spans):
             if rid:
                 rids.add(str(rid))
             if fp:
