@@ -16,7 +16,7 @@ from typing import Any
 from deltatap.core.clocksync import ClockEstimate
 from deltatap.core.redact import redact_query
 from deltatap.core.sse import StreamFacts, StreamObserver
-from deltatap.core.vocab import STAMP_EXACT_NS, Attr, Observer, Outcome, TapEvent, format_stamp_bounds
+from deltatap.core.vocab import Attr, Observer, Outcome, TapEvent, format_stamp_bounds
 from deltatap.proxy.errors import Failure
 from deltatap.proxy.grpc import DEADLINE_SLACK_NS, GrpcObserver, GrpcRequestObserver
 from deltatap.proxy.websocket import WsTunnel
@@ -108,19 +108,44 @@ class TapRecord:
             return Outcome.HTTP_ERROR
         return Outcome.OK
 
+    def overheads(self) -> tuple[int | None, int | None, int | None]:
+        """The tap's three overhead figures, ``(request, first_token, hop)`` — the definition the properties below and
+        the tap's end (``Tap.finish``: its histograms, the span's attributes) read, in one call.
+
+        request: the request's last byte read (its head's read for a request without a body) to its last byte
+        written upstream; first_token: the first token's read to its write downstream; hop: what those two cannot
+        stamp, bounded (:attr:`overhead_hop_ns`). Each None unless both of its ends are known."""
+        forwarded = self.forwarded
+        begun = self.body_received if self.body_received is not None else self.head
+        request = first_token = None  # (below, ``d if d > 0 else 0``: max(0, d) without the builtin's call)
+        if begun is not None and forwarded is not None:
+            request = forwarded - begun
+            if request < 0:
+                request = 0
+        s = self.stream
+        if s is None:
+            return request, None, None
+        ftf = s.first_token_forwarded_mono_ns
+        if ftf is None:
+            return request, None, None
+        ft_read = s.first_token_mono_ns
+        if ft_read is not None:
+            first_token = ftf - ft_read if ftf > ft_read else 0
+        if forwarded is None:
+            return request, first_token, None
+        req = self.bounds.get(_E_FORWARDED)
+        ft = s.first_token_forwarded_bound_ns
+        if req is None or req[1] < 0 or ft is None or ft < 0:
+            return request, first_token, None
+        return request, first_token, req[1] + ft
+
     @property
     def overhead_request_ns(self) -> int | None:
-        start = self.body_received if self.body_received is not None else self.head
-        if start is None or self.forwarded is None:
-            return None
-        return max(0, self.forwarded - start)
+        return self.overheads()[0]
 
     @property
     def overhead_first_token_ns(self) -> int | None:
-        s = self.stream
-        if s is None or s.first_token_mono_ns is None or s.first_token_forwarded_mono_ns is None:
-            return None
-        return max(0, s.first_token_forwarded_mono_ns - s.first_token_mono_ns)
+        return self.overheads()[1]
 
     @property
     def overhead_hop_ns(self) -> int | None:
@@ -131,63 +156,10 @@ class TapRecord:
         hop]`` (plus the propagation of a link that is not loopback). None unless both writes' bounds are known
         (a write that waited behind others and was placed at its departure from the packet log counts 0: its stamp
         already is its departure)."""
-        s = self.stream
-        if s is None or s.first_token_forwarded_mono_ns is None or self.forwarded is None:
-            return None
-        req = self.bounds.get(TapEvent.REQUEST_FORWARDED)
-        ft = s.first_token_forwarded_bound_ns
-        if req is None or req[1] < 0 or ft is None or ft < 0:
-            return None
-        return req[1] + ft
+        return self.overheads()[2]
 
 
-def bounds(rec: TapRecord) -> dict[str, tuple[int, int]]:
-    """Every event's interval ``(before_ns, after_ns)`` that is known, the stream's included."""
-    out = dict(rec.bounds)
-    s = rec.stream
-    if isinstance(s, GrpcObserver):
-        out.update(s.span_bounds())
-    if rec.grpc_request is not None:
-        out.update(rec.grpc_request.span_bounds())
-    if s is not None:
-        if s.first_token_mono_ns is not None:
-            out[TapEvent.FIRST_TOKEN_RECEIVED] = (s.first_token_bound_ns, 0)
-            out[TapEvent.LAST_TOKEN_RECEIVED] = (s.last_token_bound_ns, 0)
-        if s.first_token_forwarded_mono_ns is not None:
-            out[TapEvent.FIRST_TOKEN_FORWARDED] = (0, max(0, s.first_token_forwarded_bound_ns))
-        if s.last_token_forwarded_mono_ns is not None:
-            out[TapEvent.LAST_TOKEN_FORWARDED] = (0, max(0, s.last_token_forwarded_bound_ns))
-    return out
-
-
-def events(rec: TapRecord) -> list[tuple[str, int]]:
-    """``(event name, mono_ns)`` pairs, in time order (ties keep the logical order below)."""
-    s = rec.stream
-    pairs: list[tuple[str, int | None]] = [
-        (TapEvent.REQUEST_RECEIVED, rec.received),
-        (TapEvent.REQUEST_BODY_RECEIVED, rec.body_received),
-        (TapEvent.REQUEST_FORWARDED, rec.forwarded),
-        (TapEvent.RESPONSE_HEADERS, rec.response_headers),
-        (TapEvent.RESPONSE_HEADERS_FORWARDED, rec.response_headers_forwarded),
-        (TapEvent.FIRST_TOKEN_RECEIVED, s.first_token_mono_ns if s else None),
-        (TapEvent.FIRST_TOKEN_FORWARDED, s.first_token_forwarded_mono_ns if s else None),
-        (TapEvent.LAST_TOKEN_RECEIVED, s.last_token_mono_ns if s else None),
-        (TapEvent.LAST_TOKEN_FORWARDED, s.last_token_forwarded_mono_ns if s else None),
-        (TapEvent.RESPONSE_END, rec.response_end),
-        (TapEvent.UPSTREAM_CLOSED, rec.upstream_closed),
-        (TapEvent.UPSTREAM_ERROR, rec.upstream_error),
-        (TapEvent.TIMEOUT, rec.timeout),
-        (TapEvent.DOWNSTREAM_CLOSED, rec.downstream_closed),
-    ]
-    if isinstance(s, GrpcObserver):
-        pairs += s.span_events()
-    if rec.grpc_request is not None:
-        pairs += rec.grpc_request.span_events()
-    present = [(str(name), t) for name, t in pairs if t is not None]
-    return sorted(present, key=_stamp)  # stable: equal stamps keep the order above
-
-
-# the event names as plain strings, in events()'s logical order
+# the tap's event names as plain strings (their values: the span's event names), in the span's logical order
 (_E_RECEIVED, _E_BODY, _E_FORWARDED, _E_HEADERS, _E_HEADERS_FWD, _E_FT, _E_FT_FWD, _E_LT, _E_LT_FWD, _E_END, _E_UP_CLOSED,
  _E_UP_ERROR, _E_TIMEOUT, _E_DOWN_CLOSED) = map(str, (
     TapEvent.REQUEST_RECEIVED, TapEvent.REQUEST_BODY_RECEIVED, TapEvent.REQUEST_FORWARDED, TapEvent.RESPONSE_HEADERS,
@@ -196,12 +168,34 @@ def events(rec: TapRecord) -> list[tuple[str, int]]:
     TapEvent.UPSTREAM_ERROR, TapEvent.TIMEOUT, TapEvent.DOWNSTREAM_CLOSED))
 
 
-def span_events(rec: TapRecord, off: int) -> list[tuple[str, int, None]]:
-    """:func:`events` as a span lists them: ``(name, mono_ns + off, None)`` (``off``: mono -> Unix), built in one pass
-    (the same order: a stable sort of the same sequence)."""
+def bounds(rec: TapRecord) -> dict[str, tuple[int, int]]:
+    """Every event's interval ``(before_ns, after_ns)`` that is known, the stream's included: the record's own in
+    their order, then a gRPC observer's, then the stream's tokens'."""
+    out = rec.bounds.copy()
     s = rec.stream
-    if isinstance(s, GrpcObserver) or rec.grpc_request is not None:
-        return [(n, t + off, None) for n, t in events(rec)]
+    if s is None:
+        if rec.grpc_request is not None:
+            out.update(rec.grpc_request.span_bounds())
+        return out
+    if isinstance(s, GrpcObserver):
+        out.update(s.span_bounds())
+    if rec.grpc_request is not None:
+        out.update(rec.grpc_request.span_bounds())
+    if s.first_token_mono_ns is not None:
+        out[_E_FT] = (s.first_token_bound_ns, 0)
+        out[_E_LT] = (s.last_token_bound_ns, 0)
+    if s.first_token_forwarded_mono_ns is not None:
+        b = s.first_token_forwarded_bound_ns
+        out[_E_FT_FWD] = (0, b if b > 0 else 0)
+    if s.last_token_forwarded_mono_ns is not None:
+        b = s.last_token_forwarded_bound_ns
+        out[_E_LT_FWD] = (0, b if b > 0 else 0)
+    return out
+
+
+def span_events(rec: TapRecord, off: int) -> list[tuple[str, int, None]]:
+    """The span's events: ``(event name, mono_ns + off, None)`` (``off``: mono -> Unix; None: no event attributes)
+    for every event the record holds, in time order (ties keep the logical order below: a stable sort)."""
     out = [(_E_RECEIVED, rec.received + off, None)]
     add = out.append
     t = rec.body_received
@@ -216,6 +210,7 @@ def span_events(rec: TapRecord, off: int) -> list[tuple[str, int, None]]:
     t = rec.response_headers_forwarded
     if t is not None:
         add((_E_HEADERS_FWD, t + off, None))
+    s = rec.stream
     if s is not None:
         t = s.first_token_mono_ns
         if t is not None:
@@ -244,8 +239,17 @@ def span_events(rec: TapRecord, off: int) -> list[tuple[str, int, None]]:
     t = rec.downstream_closed
     if t is not None:
         add((_E_DOWN_CLOSED, t + off, None))
-    out.sort(key=_stamp)  # stable: equal stamps keep the order above
+    if isinstance(s, GrpcObserver):
+        out += [(str(n), t + off, None) for n, t in s.span_events() if t is not None]
+    if rec.grpc_request is not None:
+        out += [(str(n), t + off, None) for n, t in rec.grpc_request.span_events() if t is not None]
+    out.sort(key=_stamp)
     return out
+
+
+def events(rec: TapRecord) -> list[tuple[str, int]]:
+    """``(event name, mono_ns)`` pairs, in time order: :func:`span_events` at mono time."""
+    return [(n, t) for n, t, _ in span_events(rec, 0)]
 
 
 _stamp = itemgetter(1)
@@ -386,41 +390,10 @@ def attributes(rec: TapRecord, *, link: str, downstream: str, downstream_kind: s
     return record_attributes(rec, consts, clock, rec.final_outcome())
 
 
-_STREAM_BOUND_EVENTS = frozenset((TapEvent.FIRST_TOKEN_RECEIVED, TapEvent.LAST_TOKEN_RECEIVED, TapEvent.FIRST_TOKEN_FORWARDED,
-                                  TapEvent.LAST_TOKEN_FORWARDED))
-
-
-def _stamp_bounds(rec: TapRecord) -> str | None:
-    """``format_stamp_bounds(bounds(rec))`` without the merged dict: the record's own bounds in their order, then the
-    stream's (where the record holds none of the stream's events and no gRPC observer adds its own)."""
-    b = rec.bounds
-    s = rec.stream
-    if s is None:
-        return format_stamp_bounds(b) if b else None
-    if isinstance(s, GrpcObserver) or rec.grpc_request is not None or not _STREAM_BOUND_EVENTS.isdisjoint(b):
-        return format_stamp_bounds(bounds(rec))
-    parts = [f"{ev}={x}/{y}" for ev, (x, y) in b.items() if x + y > STAMP_EXACT_NS]
-    if s.first_token_mono_ns is not None:
-        if s.first_token_bound_ns > STAMP_EXACT_NS:
-            parts.append(f"{_E_FT}={s.first_token_bound_ns}/0")
-        if s.last_token_bound_ns > STAMP_EXACT_NS:
-            parts.append(f"{_E_LT}={s.last_token_bound_ns}/0")
-    if s.first_token_forwarded_mono_ns is not None and s.first_token_forwarded_bound_ns > STAMP_EXACT_NS:
-        parts.append(f"{_E_FT_FWD}=0/{s.first_token_forwarded_bound_ns}")
-    if s.last_token_forwarded_mono_ns is not None and s.last_token_forwarded_bound_ns > STAMP_EXACT_NS:
-        parts.append(f"{_E_LT_FWD}=0/{s.last_token_forwarded_bound_ns}")
-    return ",".join(parts) or None
-
-
-def _p99_ms(g: Any) -> float:
-    """``g.p99_ns() / 1e6``: below 100 gaps (all of them among the kept largest) the nearest-rank p99 is the largest
-    gap (GapStats.quantile_ns: rank ``ceil(0.99 * count) == count``), which ``max_ns`` holds."""
-    return (g.max_ns if g.count < 100 and g._top_k >= 100 else g.p99_ns()) / 1e6
-
-
-def record_attributes(rec: TapRecord, consts: SpanConstants, clock: ClockEstimate | None, outcome: Outcome) -> dict[str, Any]:
+def record_attributes(rec: TapRecord, consts: SpanConstants, clock: ClockEstimate | None, outcome: Outcome,
+                      overheads: tuple[int | None, int | None, int | None] | None = None) -> dict[str, Any]:
     """:func:`attributes` with the tap's constants made once and the record's outcome (:meth:`TapRecord.final_outcome`)
-    known."""
+    known (and its :meth:`TapRecord.overheads`, where the caller has them already)."""
     a: dict[str, Any] = consts.head.copy()
     a[Attr.REQUEST_ID] = rec.request_id
     a[Attr.BODY_BYTES_IN] = rec.request_bytes
@@ -446,26 +419,17 @@ def record_attributes(rec: TapRecord, consts: SpanConstants, clock: ClockEstimat
         a[Attr.ERROR_CAUSE] = failure.cause
     elif status is not None and status >= 500:
         a[Attr.ERROR_TYPE] = str(status)
-    # the overhead figures (TapRecord's properties, inline)
-    forwarded = rec.forwarded
-    if forwarded is not None:
-        begun = rec.body_received if rec.body_received is not None else rec.head
-        if begun is not None:
-            a[Attr.OVERHEAD_REQUEST_NS] = max(0, forwarded - begun)
-    if s is not None:
-        ftf = s.first_token_forwarded_mono_ns
-        if ftf is not None:
-            if s.first_token_mono_ns is not None:
-                a[Attr.OVERHEAD_FIRST_TOKEN_NS] = max(0, ftf - s.first_token_mono_ns)
-            if forwarded is not None:
-                req = rec.bounds.get(TapEvent.REQUEST_FORWARDED)
-                ft = s.first_token_forwarded_bound_ns
-                if req is not None and req[1] >= 0 and ft is not None and ft >= 0:
-                    a[Attr.OVERHEAD_HOP_NS] = req[1] + ft
+    request, first_token, hop = overheads if overheads is not None else rec.overheads()
+    if request is not None:
+        a[Attr.OVERHEAD_REQUEST_NS] = request
+    if first_token is not None:
+        a[Attr.OVERHEAD_FIRST_TOKEN_NS] = first_token
+    if hop is not None:
+        a[Attr.OVERHEAD_HOP_NS] = hop
     if clock is not None:
         a[Attr.CLOCK_OFFSET_NS] = clock.offset_ns
         a[Attr.CLOCK_UNCERTAINTY_NS] = clock.uncertainty_ns
-    stamp_bounds = _stamp_bounds(rec)
+    stamp_bounds = format_stamp_bounds(bounds(rec))
     if stamp_bounds:
         a[Attr.STAMP_BOUNDS] = stamp_bounds
     if s is not None:
@@ -475,13 +439,13 @@ def record_attributes(rec: TapRecord, consts: SpanConstants, clock: ClockEstimat
         g, gf = s.gaps, s.gaps_forwarded
         a[Attr.GAP_COUNT] = g.count
         if g.count:
-            a[Attr.GAP_MEAN_MS] = g.total_ns / g.count / 1e6
+            a[Attr.GAP_MEAN_MS] = g.mean_ns / 1e6
             a[Attr.GAP_MAX_MS] = g.max_ns / 1e6
-            a[Attr.GAP_P99_MS] = _p99_ms(g)
+            a[Attr.GAP_P99_MS] = g.p99_ns() / 1e6
         if gf.count:
-            a[Attr.GAP_FWD_MEAN_MS] = gf.total_ns / gf.count / 1e6
+            a[Attr.GAP_FWD_MEAN_MS] = gf.mean_ns / 1e6
             a[Attr.GAP_FWD_MAX_MS] = gf.max_ns / 1e6
-            a[Attr.GAP_FWD_P99_MS] = _p99_ms(gf)
+            a[Attr.GAP_FWD_P99_MS] = gf.p99_ns() / 1e6
     else:
         a[Attr.STREAM_FORMAT] = "none"
     op = _path_ops.get(path) or _operation(path)

@@ -266,10 +266,11 @@ class Tap:
 
     # ---- exchanges ------------------------------------------------------------------------
     def exchange_started(self) -> None:
-        """A request began (the HTTP/1.1 relay does this inline in ``Downstream._begin``)."""
+        """A request began."""
         self.in_flight += 1
         self.counters.in_flight += 1
-        self._idle.clear()
+        if self.in_flight == 1:  # (_idle is set only where in_flight reaches 0: clear it once, not per request)
+            self._idle.clear()
 
     def count_upstream_error(self, error_type: str) -> None:
         _bump(self.counters.upstream_errors, error_type)
@@ -287,23 +288,18 @@ class Tap:
                         d.transport.close()
         try:
             outcome = rec.outcome = rec.final_outcome()  # (settled: the record is over)
-            requests = c.requests
-            key = outcome._value_
-            requests[key] = requests.get(key, 0) + 1
-            forwarded = rec.forwarded
-            if forwarded is not None:  # (TapRecord.overhead_request_ns, inline)
-                begun = rec.body_received if rec.body_received is not None else rec.head
-                if begun is not None:
-                    c.overhead_request.observe_ns(max(0, forwarded - begun))
+            _bump(c.requests, outcome._value_)
+            overheads = request, first_token, _hop = rec.overheads()
+            if request is not None:
+                c.overhead_request.observe_ns(request)
+            if first_token is not None:
+                c.overhead_first_token.observe_ns(first_token)
             s = rec.stream
-            if s is not None and s.first_token_mono_ns is not None:
-                if s.first_token_forwarded_mono_ns is not None:  # (TapRecord.overhead_first_token_ns, inline)
-                    c.overhead_first_token.observe_ns(max(0, s.first_token_forwarded_mono_ns - s.first_token_mono_ns))
-                if forwarded is not None:
-                    c.upstream_ttft.observe_ns(max(0, s.first_token_mono_ns - forwarded))
+            if s is not None and s.first_token_mono_ns is not None and rec.forwarded is not None:
+                c.upstream_ttft.observe_ns(max(0, s.first_token_mono_ns - rec.forwarded))
             c.request_bytes += rec.request_bytes
             c.response_bytes += rec.response_bytes
-            emit(self.telemetry, self.span_name, span, rec, record_attributes(rec, self.span_constants, self.clock, outcome),
+            emit(self.telemetry, self.span_name, span, rec, record_attributes(rec, self.span_constants, self.clock, outcome, overheads),
                  self.o.respect_sampling)
         except Exception:  # pragma: no cover - a bug here must not break traffic
             log.exception("tap %s: failed to record a span", self.o.link)

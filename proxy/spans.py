@@ -18,8 +18,7 @@ parent-based sampling and records none for those.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.trace import TraceFlags
@@ -29,7 +28,6 @@ from deltatap.core.clock import to_unix_ns
 from deltatap.core.vocab import Outcome
 from deltatap.proxy.record import TapRecord, span_events
 from deltatap.telemetry.spans import KIND_SERVER, STATUS_ERROR, STATUS_UNSET, SpanRecord, new_span_id, new_trace_id, traceparent
-from deltatap.telemetry.spans import _rand
 from deltatap.telemetry.tracer import Telemetry
 
 _W3C = TraceContextTextMapPropagator()
@@ -39,11 +37,12 @@ _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
 _SAMPLED = int(TraceFlags.SAMPLED)
 _ERRORS = (Outcome.UPSTREAM_ERROR, Outcome.TIMEOUT)
 _new = tuple.__new__
-_bits = _rand.getrandbits  # (new_span_id / new_trace_id inline: the same generator, the same draws)
 
 
-@dataclass(slots=True)
-class SpanStart:
+class SpanStart(NamedTuple):
+    """A tap span's ids and context, known when its request begins (made with ``tuple.__new__``: no Python-level
+    ``__init__`` per request; its fields read as C-level getters)."""
+
     trace_id: int
     span_id: int
     trace_flags: int
@@ -72,20 +71,7 @@ def _incoming(headers: Any) -> tuple[int, int, int, str] | None:
 
 def begin(headers: Any) -> SpanStart:
     """New span ids under the incoming W3C context (a new trace when there is none)."""
-    if "traceparent" not in headers:
-        span_id = _bits(64) or 1
-        trace_id = _bits(128) or 1
-        return SpanStart(trace_id, span_id, _SAMPLED, "", None, {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-01"})
-    tp = headers.get("traceparent")
-    if isinstance(tp, str) and "tracestate" not in headers and len(tp) <= _MAX_TRACEPARENT:
-        m = _TRACEPARENT_RE.search(tp)
-        if m is not None and m.group(1) == "00" and not m.group(5):  # the common case (_incoming's first branch, inline)
-            tid, sid, flags = m.group(2, 3, 4)
-            if tid != _ZERO_TRACE and sid != _ZERO_SPAN:
-                span_id = _bits(64) or 1
-                # (the pattern's hex is lower case: the incoming trace id and flags are the text traceparent() writes)
-                return SpanStart(int(tid, 16), span_id, int(flags, 16), "", int(sid, 16), {"traceparent": f"00-{tid}-{span_id:016x}-{flags}"})
-    parent = _incoming(headers)
+    parent = _incoming(headers) if "traceparent" in headers else None
     span_id = new_span_id()
     if parent is None:
         trace_id, flags, state, parent_id = new_trace_id(), _SAMPLED, "", None
@@ -94,7 +80,7 @@ def begin(headers: Any) -> SpanStart:
     out = {"traceparent": traceparent(trace_id, span_id, flags)}
     if state:
         out["tracestate"] = state
-    return SpanStart(trace_id, span_id, flags, state, parent_id, out)
+    return _new(SpanStart, (trace_id, span_id, flags, state, parent_id, out))
 
 
 def emit(

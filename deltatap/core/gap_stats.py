@@ -64,14 +64,21 @@ class GapStats:
     def mean_ns(self) -> float:
         return self.total_ns / self.count if self.count else 0.0
 
-    def quantile_ns(self, q: float) -> float:
-        """Nearest-rank quantile; exact while the rank falls among the kept largest gaps."""
-        if not self.count:
+    def quantile_ns(self, q: float = 0.99) -> float:
+        """Nearest-rank quantile; exact while the rank falls among the kept largest gaps. ``q`` is 0.99 unless given:
+        :meth:`p99_ns` is this method."""
+        n = self.count
+        if not n:
             return 0.0
-        rank = max(1, math.ceil(q * self.count))  # 1-based, ascending
-        from_top = self.count - rank + 1
-        if from_top <= len(self._top):
-            return float(heapq.nlargest(from_top, self._top)[-1])
+        rank = math.ceil(q * n)  # 1-based, ascending
+        if rank < 1:
+            rank = 1
+        from_top = n - rank + 1
+        top = self._top
+        if from_top == 1 and top:  # the largest gap (always kept): max_ns, without a pass over the kept ones
+            return float(self.max_ns)
+        if from_top <= len(top):
+            return float(heapq.nlargest(from_top, top)[-1])
         if rank <= self._zeros:
             return 0.0
         seen = self._zeros
@@ -81,5 +88,4 @@ class GapStats:
                 return 2 * _GAMMA**k / (_GAMMA + 1)
         return float(self.max_ns)  # pragma: no cover - counts always add up
 
-    def p99_ns(self) -> float:
-        return self.quantile_ns(0.99)
+    p99_ns = quantile_ns  # ``p99_ns()``: quantile_ns at its default, 0.99 (one call, not a call that makes another)

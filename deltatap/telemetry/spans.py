@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 _rand = random.Random(os.urandom(32))
+_bits = _rand.getrandbits  # (bound once: reseeding at a fork reseeds this same generator)
 os.register_at_fork(after_in_child=lambda: _rand.seed(os.urandom(32)))
 SCOPE = InstrumentationScope(INSTRUMENTATION_SCOPE, __version__)
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -47,11 +48,11 @@ STATUS_UNSET, STATUS_OK, STATUS_ERROR = StatusCode.UNSET.value, StatusCode.OK.va
 
 
 def new_trace_id() -> int:
-    return _rand.getrandbits(128) or 1
+    return _bits(128) or 1
 
 
 def new_span_id() -> int:
-    return _rand.getrandbits(64) or 1
+    return _bits(64) or 1
 
 
 def traceparent(trace_id: int, span_id: int, flags: int = SAMPLED) -> str:
