@@ -50,21 +50,33 @@ def test_loads_with_no_network(tmp_path):
     assert proc.stdout.strip() == "2"
 
 
+_WORKLOADS = ("synthetic-uniform", "synthetic-skewed", "conversation", "code-completion", "chatbot", "firewall")
+
+# (one interpreter for every command: each one's start and imports would be most of the test's time)
+_RUN_ALL = """
+import sys
+from deltatap.app.cli import main
+load, plans, run = sys.argv[1].split(), sys.argv[2:-1], sys.argv[-1]
+for out in plans:
+    if main([*load, "--requests", "3", "--plan-only", "--workload", out.rsplit("/", 1)[-1], "--out", out]) != 0:
+        sys.exit(9)
+print(f"rc={main([*load, '--requests', '3', '--concurrency', '1', '--out', run])}")
+"""
+
+
 def test_a_whole_run_needs_no_network(tmp_path):
     """``deltatap load`` (tokenizer, every workload's planning, the run, the outputs) inside a network
     namespace with only loopback: nothing is downloaded at run time."""
     if not shutil.which("unshare") or subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
         pytest.skip("unshare -n is not permitted on this machine")
     env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path / "empty-cache"), "HF_HUB_OFFLINE": "1"}
-    load = f"{sys.executable} -m deltatap.app.cli load --target http://127.0.0.1:9 --no-progress --no-gpu --otlp none"
-    script = "; ".join(
-        ["ip link set lo up"]
-        + [f"{load} --workload {w} --requests 3 --plan-only --out {tmp_path / w} || exit 9"
-           for w in ("synthetic-uniform", "synthetic-skewed", "conversation", "code-completion", "chatbot", "firewall")]
-        + [f"{load} --requests 3 --concurrency 1 --out {tmp_path / 'run'}; echo rc=$?"]
-    )
-    proc = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    load = "load --target http://127.0.0.1:9 --no-progress --no-gpu --otlp none"
+    proc = subprocess.run(["unshare", "-n", "sh", "-c", 'ip link set lo up; exec "$@"', "sh", sys.executable, "-c", _RUN_ALL, load,
+                           *(str(tmp_path / w) for w in _WORKLOADS), str(tmp_path / "run")],
+                          capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "rc=1" in proc.stdout  # ran to the end: no request succeeded (nothing listens), outputs written
+    for w in _WORKLOADS:  # every workload planned its requests
+        assert len((tmp_path / w / "requests.jsonl").read_text().splitlines()) == 3, w
     summary = (tmp_path / "run" / "summary.json").read_text()
     assert '"unreachable": 3' in summary
