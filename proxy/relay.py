@@ -164,7 +164,21 @@ class Exchange:
 class _Side(StampedProtocol):
     """What both sides of a pair share: a slow write's departure placed only when its stamp matters
     (:attr:`deltatap.net.kstamp.KernelStampTransport.lazy_placement`; :meth:`StampedProtocol.send` keeps each write's
-    stamp, and in :attr:`~StampedProtocol.unplaced` the last write if slow and its departure not looked up yet)."""
+    stamp, and in :attr:`~StampedProtocol.unplaced` the last write if slow and its departure not looked up yet).
+
+    The attributes read and written on every read and write (here, and in each side's ``__slots__``) live in slots:
+    the C calls on the read and write path (``deltatap.net._pktring.send``, ``deltatap.proxy._relay``) reach them
+    without an instance-dict lookup. The sides keep an instance dict (StampedProtocol's other attributes, a test's)."""
+
+    __slots__ = ("transport", "kernel", "last_write_mono", "last_write_bound", "unplaced")
+
+    def __init__(self) -> None:
+        # (StampedProtocol's class defaults, which these slots hide)
+        self.transport = None
+        self.kernel = None
+        self.last_write_mono = None
+        self.last_write_bound = 0
+        self.unplaced = None
 
     def on_made(self) -> None:
         if self.kernel is not None:
@@ -180,7 +194,12 @@ class _Side(StampedProtocol):
 class Downstream(_Side):
     """One client connection."""
 
+    __slots__ = ("tap", "reader", "up", "connecting", "to_up", "exchanges", "current", "withheld", "head_first", "expect_methods",
+                 "opaque", "tunnel", "eof", "closed", "peer", "head_timer", "head_deadline", "loop", "sniff", "replay",
+                 "replay_size")
+
     def __init__(self, tap: Tap) -> None:
+        super().__init__()
         self.tap = tap
         self.reader = h1.Reader(True)
         self.up: Upstream | None = None
@@ -697,7 +716,11 @@ class Upstream(_Side):
     (:data:`_watch_read`, :data:`_watch_cuts`: framing, ``response_bytes``, ``chunks``, ``end``, the observer's feed
     and ``forwarded``); every other read, and every read without it, takes :meth:`_watch`, the definition."""
 
+    __slots__ = ("tap", "reader", "down", "eof_sent", "eof", "keep_alive", "last_read_t", "last_read_bound", "plain", "watches",
+                 "deferred")
+
     def __init__(self, tap: Tap) -> None:
+        super().__init__()
         self.tap = tap
         self.reader = h1.Reader(False)
         self.down: Downstream | None = None

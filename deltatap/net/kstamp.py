@@ -43,7 +43,9 @@ The usual read is one C call (``deltatap/net/_pktring.c``, where built: ``read_o
 ``read_split`` what :meth:`KernelStampTransport._on_readable` does from its one-byte peek through
 :meth:`KernelStampTransport._read_by_packets` up to ``cuts_received``), and so is the usual write (``send``:
 :meth:`KernelStampTransport._write` into an empty buffer and :meth:`deltatap.net.conn.StampedProtocol.send`'s
-bookkeeping; a partial send, an error or bytes already waiting continue in the Python). The Python here stays the
+bookkeeping; a partial send, an error or bytes already waiting continue in the Python), and the loop's reader
+callback itself is C where built (``readable``: :meth:`KernelStampTransport._on_readable` up to the protocol's
+``data_received``, ``_peer_eof`` or the split path, with its error handling). The Python here stays the
 definition, runs with ``DELTATAP_NATIVE=0`` and is compared with the C on real loopback connections
 (tests/kernel/test_kstamp_native.py, tests/kernel/test_kstamp_write.py). Either way a read makes the same system calls:
 ``getsockopt(TCP_INFO)`` and one ``recvmsg`` for one segment; for several, a one-byte peek (the first buffer's stamp),
