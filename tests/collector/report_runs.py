@@ -36,11 +36,13 @@ def _phases(packaged: dict) -> dict[str, dict]:
 
 
 def make_runs(tmp: Path, names: tuple[str, ...] = ("demo", "cascades", "blocks")) -> dict[str, object]:
-    """name -> DemoResult (``out_dir``, ``rows``, ``report`` ...), each run in ``tmp/<name>``."""
+    """name -> DemoResult (``out_dir``, ``rows``, ``report`` ...), each run in ``tmp/<name>``. The runs go at the same
+    time, each its own stack on its own ports: a run mostly waits (rates, timeouts, the collector's grace), and what
+    these tests read (which requests were blocked or cut, the reports' layout and colours) does not depend on load."""
     packaged = yaml.safe_load(find_config(DEFAULT_CONFIG).read_text(encoding="utf-8"))["load"]
-    out = {}
-    for name in names:
-        cfg = _config(tmp, name, _phases(packaged)[name])
-        console = Console(file=io.StringIO(), width=100)
-        out[name] = asyncio.run(asyncio.wait_for(run_demo(tmp / name, cfg, console=console), 120))
-    return out
+    cfgs = {name: _config(tmp, name, _phases(packaged)[name]) for name in names}
+
+    async def all_runs() -> list:
+        return await asyncio.gather(*(run_demo(tmp / name, cfgs[name], console=Console(file=io.StringIO(), width=100)) for name in names))
+
+    return dict(zip(names, asyncio.run(asyncio.wait_for(all_runs(), 180)), strict=True))
