@@ -15,7 +15,9 @@ points and deltas filled by the same code as every other row (:meth:`Decomposer.
 ``deltas`` dicts are made from the block the first time something reads them (a rows file, a report, a re-export),
 through the row plan's reference (:func:`deltatap.collector.decompose.plan_values`) and the block's columns, so the
 row equals the one :meth:`Decomposer.build_row` builds (tests/collector/test_batch_rows.py checks it on generated
-span sets).
+span sets). A block read as columns (:mod:`deltatap.collector.colread`) keeps its rows' ``gaps`` (each tap's
+inter-token gap statistics) as columns too until one is read (:func:`~deltatap.collector.colread.gap_rows`): the
+aggregates never read them, a rows file or a report does.
 
 Everything else takes the per-row way, :meth:`Decomposer.build_row`: spans stating stamp intervals, Shapes without a
 row plan (one point observed twice at one rank: retries), and a block whose numbers do not fit the arithmetic (a
@@ -34,11 +36,11 @@ import numpy as np
 from deltatap.collector import colread
 from deltatap.collector.decompose import Decomposer, _any_bounded, _tap_names, plan_values
 from deltatap.collector.deltas import RESIDUAL, SYSTEM_TTFT
-from deltatap.collector.rows import DeltaColumns, DeltaValue, PointObs, Row, to_record
+from deltatap.collector.rows import DeltaColumns, DeltaValue, LinkGaps, PointObs, Row, to_record
 from deltatap.collector.settle import SETTLED, settle_rows
 
-_POINTS, _DELTAS = Row.points, Row.deltas  # the Row slots BlockRow fills on first read
-_LAZY = ("points", "deltas")
+_POINTS, _DELTAS, _GAPS = Row.points, Row.deltas, Row.gaps  # the Row slots BlockRow fills on first read
+_LAZY = ("points", "deltas", "gaps")
 _LAZY_FREE = tuple(f for f in SETTLED if f not in _LAZY)
 _SAFE = 1 << 58  # a column whose values stay within +-2**58: a sum of up to 31 of them fits in int64
 _new = tuple.__new__
@@ -46,7 +48,8 @@ _EMPTY: dict = {}  # (never written to: to_record only reads)
 
 
 class BlockRow(Row):
-    """A :class:`Row` whose ``points`` and ``deltas`` live in a :class:`RowBlock` until first read."""
+    """A :class:`Row` whose ``points`` and ``deltas`` (and, read as columns, ``gaps``) live in a :class:`RowBlock`
+    until first read."""
 
     __slots__ = ("_block", "_i")
 
@@ -64,9 +67,17 @@ class BlockRow(Row):
             v = _DELTAS.__get__(self)
         return v
 
-    # (set through the slots' own C setters: Row's __init__ sets both on every row)
+    def _gaps(self) -> dict[str, LinkGaps]:
+        v = _GAPS.__get__(self)
+        if v is None:
+            self._block.materialise_gaps(self)
+            v = _GAPS.__get__(self)
+        return v
+
+    # (set through the slots' own C setters: Row's __init__ sets them on every row)
     points = property(_points, _POINTS.__set__)  # type: ignore[assignment]
     deltas = property(_deltas, _DELTAS.__set__)  # type: ignore[assignment]
+    gaps = property(_gaps, _GAPS.__set__)  # type: ignore[assignment]
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Row):
@@ -89,7 +100,7 @@ def delta_keys(row: Row) -> tuple[str, ...]:
 class RowBlock:
     """The points and deltas of requests that share one row plan and one set of deltas, as int64 columns."""
 
-    __slots__ = ("plan", "rows", "groups", "exs", "vals", "uncs", "names", "within", "ns", "err", "_lists", "_extra", "engine_last", "times", "_record", "cols")
+    __slots__ = ("plan", "rows", "groups", "exs", "vals", "uncs", "names", "within", "ns", "err", "_lists", "_extra", "engine_last", "times", "_record", "cols", "_gaps")
 
     def __init__(self, plan: Any, engine_last: str) -> None:
         self.plan = plan
@@ -110,6 +121,7 @@ class RowBlock:
         # read as columns (collector/colread.py): {link: (request, first token) overhead columns}, {link: (up, down) gap
         # columns (count, mean, p99, max)}, the links' attempts; else None: read from each request's Extracted
         self.cols: tuple[dict, dict, dict] | None = None
+        self._gaps: list[dict] | None = None  # each request's gaps, once one was read (colread.gap_rows)
 
     def materialise(self, row: BlockRow) -> None:
         """Fill ``row``'s points and deltas: the row plan's through its reference, then the block's own columns."""
@@ -124,7 +136,14 @@ class RowBlock:
                 deltas[name] = _new(DeltaValue, (n, e, w))
         _POINTS.__set__(row, points)
         _DELTAS.__set__(row, deltas)
-        settle_rows([row], _LAZY)  # settled as the pipeline settles every row it builds
+        settle_rows([row], _LAZY[:2])  # settled as the pipeline settles every row it builds
+
+    def materialise_gaps(self, row: BlockRow) -> None:
+        """Fill ``row``'s gaps from the block's gap columns (a block read as columns)."""
+        if self._gaps is None:
+            self._gaps = colread.gap_rows(self.cols[1], len(self.vals))  # type: ignore[index]
+        _GAPS.__set__(row, self._gaps[row._i])
+        settle_rows([row], _LAZY[2:])
 
     def record_items(self, i: int) -> zip:
         """The point and delta columns of the flat record (:func:`~deltatap.collector.rows.to_record`) of the block's

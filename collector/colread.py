@@ -406,10 +406,6 @@ def _read(dec: Any, cols: list[_Cols], groups: list, spans: list[list], rp: Any,
             for name, val in zip(names, t, strict=True):
                 lab.setdefault(name, val)
             lab_l.append(lab)
-    none = [None] * n
-    # (map over C callables: no bytecode per request)
-    per_link = [list(map(_new, repeat(LinkGaps, n), zip(_stats(up, n) or none, _stats(down, n) or none, strict=True))) for up, down in gaps.values()]
-    gap_l = list(map(dict, map(zip, repeat(tuple(gaps), n), zip(*per_link, strict=True)))) if gaps else None
     one = answers[0] if len(answers) == 1 else None
     rows = []
     for i, g in enumerate(groups):
@@ -417,11 +413,20 @@ def _read(dec: Any, cols: list[_Cols], groups: list, spans: list[list], rp: Any,
         tl = g.trace_ids
         tids = (tl[0],) if len(tl) == 1 else tuple(dict.fromkeys(tl or [s.trace_id for s in spans[i]]))  # (finish_row's)
         row = row_cls(tids[0] if tids else "", rid_l[i], g.method, g.note, start_l[i], outcome, status, decision, lab_l[i] or {}, tin_l[i], tout_l[i],
-                      tsrc, None, None, gap_l[i] if gap_l else {}, Cascade({}, eng_l[i], None, None, dict.fromkeys(links, 1)), tids)
+                      tsrc, None, None, None if gaps else {}, Cascade({}, eng_l[i], None, None, dict.fromkeys(links, 1)), tids)
         row._block, row._i = blk, i
         rows.append(row)
     blk.exs = [None] * n
     return blk, rows
+
+
+def gap_rows(gaps: dict[str, tuple[Any, Any]], n: int) -> list[dict]:
+    """Each request's ``gaps`` (:class:`LinkGaps` per link) from a block's gap columns ({link: (up, down)}, each side
+    (count, mean, p99, max) columns or None): built when a row's gaps are first read (:class:`~deltatap.collector.batch.BlockRow`)."""
+    none = [None] * n
+    # (map over C callables: no bytecode per request)
+    per_link = [list(map(_new, repeat(LinkGaps, n), zip(_stats(up, n) or none, _stats(down, n) or none, strict=True))) for up, down in gaps.values()]
+    return list(map(dict, map(zip, repeat(tuple(gaps), n), zip(*per_link, strict=True))))
 
 
 def _pick(per_answer: list, inv: list[int], n: int) -> list:
