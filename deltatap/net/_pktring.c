@@ -1218,9 +1218,13 @@ static PyObject *pk_read_split(PyObject *self, PyObject *tr) {
  * a transport without the packet log, or whose _fast is not read_one (the reference's, or a test's), its own
  * _on_readable; else read_one, and its outcome handed on as _on_readable hands it: bytes to the protocol's
  * data_received (an exception from it to _fatal(exc, "protocol.data_received() failed")), None nothing, True
- * _peer_eof(), False (several segments wait) _several(). read_one's BlockingIOError / InterruptedError end the call;
- * any other OSError goes to _fatal(exc); any other exception propagates, as from the reference. */
-static PyObject *s_data_received, *s_fast, *s_peer_eof, *s_several, *s_on_readable, *s_dr_failed;
+ * _peer_eof(), False (several segments wait) what _several -> _split_fast does: read_split, and its outcome handed
+ * on likewise (data and pieces to the protocol's cuts_received, an exception from it to _fatal(exc, "protocol.
+ * cuts_received() failed"); None nothing; True _peer_eof(); the reference's continuation to _split_rest(got)).
+ * read_one's or read_split's BlockingIOError / InterruptedError end the call; any other OSError goes to _fatal(exc);
+ * any other exception propagates, as from the reference. kstamp registers it only where its _read_split is
+ * read_split. */
+static PyObject *s_data_received, *s_fast, *s_peer_eof, *s_on_readable, *s_dr_failed, *s_cr_failed, *s_split_rest;
 
 static int fatal_call(PyObject *tr, PyObject *msg) {
     /* the pending exception to tr._fatal(exc[, msg]), handled there as the reference's ``except ... as exc`` block
@@ -1296,8 +1300,44 @@ static PyObject *pk_readable(PyObject *self, PyObject *tr) {
         Py_DECREF(got);
         return call0(tr, s_peer_eof);
     }
-    Py_DECREF(got); /* (False: several segments wait) */
-    return call0(tr, s_several);
+    Py_DECREF(got); /* (False: several segments wait: _several, whose _read_split is read_split, as _split_fast does) */
+    got = pk_read_split(NULL, tr);
+    if (got == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_BlockingIOError) || PyErr_ExceptionMatches(PyExc_InterruptedError)) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        if (PyErr_ExceptionMatches(PyExc_OSError)) return fatal_call(tr, NULL) < 0 ? NULL : Py_NewRef(Py_None);
+        return NULL;
+    }
+    if (got == Py_None) return got;
+    if (got == Py_True) {
+        Py_DECREF(got);
+        return call0(tr, s_peer_eof);
+    }
+    if (!PyTuple_Check(got)) {
+        Py_DECREF(got);
+        PyErr_SetString(PyExc_SystemError, "readable: read_split returned neither a tuple, None nor True");
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(got) == 2) { /* (data, pieces): the protocol's cuts_received */
+        PyObject *proto = aget(tr, s_protocol), *r = NULL;
+        if (proto != NULL) {
+            r = PyObject_CallMethodObjArgs(proto, s_cuts_received, PyTuple_GET_ITEM(got, 0), PyTuple_GET_ITEM(got, 1), NULL);
+            Py_DECREF(proto);
+        }
+        Py_DECREF(got);
+        if (r != NULL) {
+            Py_DECREF(r);
+            Py_RETURN_NONE;
+        }
+        return fatal_call(tr, s_cr_failed) < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    PyObject *r = PyObject_CallMethodOneArg(tr, s_split_rest, got); /* (the reference goes on) */
+    Py_DECREF(got);
+    if (r == NULL) return NULL;
+    Py_DECREF(r);
+    Py_RETURN_NONE;
 }
 
 /* ---- the stamped write ------------------------------------------------------------------------------------- */
@@ -1499,8 +1539,9 @@ PyMODINIT_FUNC PyInit__pktring(void) {
         {&s_lazy_placement, "lazy_placement"}, {&s_restamp_write, "_restamp_write"}, {&s_sent, "_sent"}, {&s_fatal, "_fatal"},
         {&s_last_write_mono, "last_write_mono"}, {&s_last_write_bound, "last_write_bound"}, {&s_unplaced, "unplaced"},
         {&s_bounded, "bounded"}, {&s_packets, "packets"}, {&s_fallback, "fallback"},
-        {&s_data_received, "data_received"}, {&s_fast, "_fast"}, {&s_peer_eof, "_peer_eof"}, {&s_several, "_several"},
+        {&s_data_received, "data_received"}, {&s_fast, "_fast"}, {&s_peer_eof, "_peer_eof"}, {&s_split_rest, "_split_rest"},
         {&s_on_readable, "_on_readable"}, {&s_dr_failed, "protocol.data_received() failed"},
+        {&s_cr_failed, "protocol.cuts_received() failed"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (*names[i].slot != NULL) continue;

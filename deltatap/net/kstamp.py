@@ -225,11 +225,13 @@ if _read_one is not None and hasattr(_pktacc, "send"):
     _pktacc.write_setup(SLOW_SENDS, _SLOW_SEND_NS)
     _read_split, _send = _pktacc.read_split, _pktacc.send
 # ``readable``: :meth:`KernelStampTransport._on_readable` itself in C, registered as the loop's reader callback
-# (``add_reader(fd, readable, transport)``): the usual read (``read_one``) and its hand-over to the protocol without a
-# Python frame of the transport's; everything else it hands to the Python methods _on_readable calls (a transport whose
-# ``_fast`` is not ``read_one`` to _on_readable whole). None: the loop calls :meth:`KernelStampTransport._on_readable`.
+# (``add_reader(fd, readable, transport)``): the usual read (``read_one``), and where several segments wait what
+# :meth:`~KernelStampTransport._split_fast` does (``read_split``), with their hand-over to the protocol, without a Python
+# frame of the transport's; what is left it hands to the Python methods _on_readable calls (``_split_rest``,
+# ``_peer_eof``; a transport whose ``_fast`` is not ``read_one`` to _on_readable whole). None: the loop calls
+# :meth:`KernelStampTransport._on_readable`.
 _readable: Callable[[Any], Any] | None = None
-if _read_one is not None and hasattr(_pktacc, "readable"):
+if _read_split is not None and hasattr(_pktacc, "readable"):  # (it calls read_one and read_split themselves)
     _readable = _pktacc.readable
 
 
@@ -439,6 +441,11 @@ class KernelStampTransport(asyncio.Transport):
             except BaseException as exc:
                 self._fatal(exc, "protocol.cuts_received() failed")
             return
+        self._split_rest(got)
+
+    def _split_rest(self, got: tuple[int, int, tuple[int, int] | None, int, int]) -> None:
+        """:meth:`_split_fast` where ``read_split`` left the read to the reference: ``(first, lag, counts, segments,
+        how)`` (how 2: its own placement first; 1 and 0: the late read)."""
         first, lag, counts, segments, how = got
         view = _read_view()
         if how == 2:  # (one piece: the reference's own placement, as _read_by_packets does for read_packets' None)

@@ -178,3 +178,47 @@ def test_the_loop_is_given_the_c_handler() -> None:
     finally:
         c.close()
         tr.abort()
+
+
+class _RaisesOnCuts(Recorder):
+    def cuts_received(self, data: bytes, pieces) -> None:
+        super().cuts_received(data, pieces)
+        raise ValueError("from cuts_received")
+
+    def data_received(self, data: bytes) -> None:  # (a burst read whole, not placed: the test sends another)
+        self.plain = getattr(self, "plain", 0) + 1
+
+
+def test_an_exception_from_cuts_received_closes_as_the_reference_does(caplog) -> None:
+    """A merged read placed from the packet log (several segments waiting), its protocol's cuts_received raising: the
+    C handler (read_split in it) and _on_readable log and close alike."""
+    outcomes = []
+    for handler in (kstamp._readable, kstamp.KernelStampTransport._on_readable):
+        c, s, tr, _p = _pair(True)
+        try:
+            for _ in range(20):  # past TCP's quick-ack start, so that back-to-back writes merge in the queue
+                c.send(b"w")
+                _settle([s], [1])
+                handler(tr)
+            p = _RaisesOnCuts()
+            p.connection_made(tr)
+            tr._protocol = p
+            caplog.clear()
+            for _attempt in range(10):  # (bounded: until a burst is read as several placed segments)
+                for i in range(4):
+                    c.send(b"data: %d\n\n" % i)
+                    time.sleep(0.0003)
+                _settle([s], [36])
+                with caplog.at_level("ERROR", logger="deltatap.net.kstamp"):
+                    while not tr._lost and _waiting(s):  # (bounded: each call takes what waits)
+                        handler(tr)
+                if p.got:
+                    break
+            logged = [(r.getMessage(), r.exc_info[0], str(r.exc_info[1])) for r in caplog.records]
+            outcomes.append((logged, [d for d, _ in p.got], tr._lost))
+        finally:
+            c.close()
+            if not tr._lost:
+                tr.abort()
+    assert outcomes[0] == outcomes[1] == ([("protocol.cuts_received() failed", ValueError, "from cuts_received")],
+                                          [b"data: 0\n\ndata: 1\n\ndata: 2\n\ndata: 3\n\n"], True)
