@@ -1,16 +1,19 @@
 """Session 20's send-clock and request-path steps, on real sockets and the real timer descriptor: the clock's wake
 consumes its expiry by re-arming (no read, and no wake left pending: the loop does not spin on a readable descriptor),
 a send due while the loop works through reads goes out before them (``H1Pool.before_read`` ->
-``SendClock.release_due``), and the request head's serialisation (no comprehension) writes what it always wrote."""
+``SendClock.release_due``), the request head's serialisation (no comprehension) writes what it always wrote, and what
+the send phase made is frozen with the rest at its end (no young-generation scan of the run's records after it)."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import select
 import socket
 import sys
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -19,7 +22,7 @@ from deltatap.core.clock import mono_ns
 from deltatap.core.vocab import Outcome
 from deltatap.loadgen.client import make_session
 from deltatap.loadgen.h1client import H1Pool
-from deltatap.loadgen.runner import Runner, SendClock
+from deltatap.loadgen.runner import Runner, SendClock, send_phase_gc
 from deltatap.loadgen.workloads.base import PlannedRequest
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd: Linux")
@@ -159,3 +162,20 @@ def test_the_request_head_is_serialised_as_before():
     odd = {"X-Number": 7, "X-Text": "t"}  # (a value that is not a string: formatted, as before)
     assert pool.serialise(odd, b"") == (pool._prefix + "X-Number: 7\r\nX-Text: t\r\nContent-Length: 0\r\n\r\n").encode()
     assert pool._prefix.startswith("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: ")
+
+
+def test_what_the_send_phase_made_joins_the_oldest_generation_and_its_cycles_are_still_collected():
+    class Node:
+        pass
+
+    with send_phase_gc():
+        kept = [Node() for _ in range(2000)]  # (the run's records: alive after the phase)
+        a = Node()
+        a.me = a  # the run's cyclic garbage
+        gone = weakref.ref(a)
+        del a
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    oldest = {id(o) for o in gc.get_objects(generation=2)}
+    assert all(id(o) in oldest for o in kept)  # not young objects the first collection after the phase would scan
+    gc.collect()
+    assert gone() is None  # memory stays bounded: a full collection still finds the cycles
