@@ -310,7 +310,16 @@ def run_phase(name: str, args, work: Path, label: str | None = None) -> dict:
     name in the result (its files' names: each phase its own)."""
     me = [sys.executable, str(Path(__file__).resolve())]
     label = (label or name).replace("#", "-")
-    defer = {"tap": "1", "tap-nodefer": "0"}.get(name)
+    trees = dict(t.split("=", 1) for t in args.tree)
+    defer = {"tap": "1", "tap-nodefer": "0", **{f"tap-{n}": "1" for n in trees}}.get(name)
+    env, cwd = {}, ROOT
+    if name.startswith("tap-") and name[4:] in trees:  # the tap from --tree NAME=DIR (a shim of it first on its path; run outside the checkout)
+        from tap_cpu_ab import shim
+
+        shim_dir = work / f"shim-{name[4:]}"
+        if not shim_dir.exists():
+            shim(Path(trees[name[4:]]).resolve(), shim_dir)
+        env, cwd = {"PYTHONPATH": str(shim_dir)}, work
     name = "tap" if defer is not None else name
     port_file = work / f"{label}-engine.port"
     procs: dict[str, subprocess.Popen] = {}
@@ -327,8 +336,8 @@ def run_phase(name: str, args, work: Path, label: str | None = None) -> dict:
             procs["tap"] = subprocess.Popen(
                 [sys.executable, "-m", "deltatap.app.cli", "tap", "--link", "edge", "--listen", f"127.0.0.1:{target}",
                  "--admin", f"127.0.0.1:{admin}", "--upstream", f"http://127.0.0.1:{engine_port}", "--otlp", "none",
-                 "--max-connections", str(args.streams + 100), "--grace-s", "1", "--workers", str(args.tap_workers)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                env={**os.environ, "DELTATAP_TAP_DEFER": defer})
+                 "--max-connections", str(args.streams + 100), "--grace-s", "1", "--workers", str(args.tap_workers)], stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                env={**os.environ, "DELTATAP_TAP_DEFER": defer, **env})
             _wait_tcp(target, procs["tap"])
         out = work / f"{label}-client.json"
         procs["client"] = subprocess.Popen([*me, "--role", "client", "--port", str(target), "--streams", str(args.streams),
@@ -417,7 +426,10 @@ def main() -> int:
     ap.add_argument("--tap-workers", type=int, default=1, help="the tap's --workers: processes on its one port (default 1)")
     ap.add_argument("--phases", default="direct,tap",
                     help="comma-separated, in order, repeats allowed: direct, tap, tap-nodefer (the tap with DELTATAP_TAP_DEFER=0); "
-                         "a repeat is reported as NAME#2, ... (default direct,tap)")
+                         "a repeat is reported as NAME#2, ... (default direct,tap); with --tree NAME=DIR also tap-NAME")
+    ap.add_argument("--tree", metavar="NAME=DIR", action="append", default=[],
+                    help="a deltatap source tree whose tap the phase tap-NAME runs (e.g. before and after a change, alternating "
+                         "in one run; each phase's tap CPU per event is in its processes.tap.cpu_us_per_event)")
     ap.add_argument("--out", default=str(RESULTS), help=f"result JSON (default {RESULTS.relative_to(ROOT)})")
     ap.add_argument("--role", choices=["engine", "client"], help=argparse.SUPPRESS)
     ap.add_argument("--port-file", help=argparse.SUPPRESS)
@@ -431,8 +443,14 @@ def main() -> int:
         client_main(args.port, args.streams, args.ramp_rate, args.duration, args.client_out)
         return 0
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
-    if not phases or any(p not in ("direct", "tap", "tap-nodefer") for p in phases):
-        ap.error("--phases: a comma-separated list of direct, tap and tap-nodefer")
+    trees = {}
+    for spec in args.tree:
+        tname, _, folder = spec.partition("=")
+        if not tname or tname in ("nodefer",) or not (Path(folder) / "setup.py").is_file():
+            ap.error(f"--tree {spec}: give NAME=DIR with DIR a deltatap source tree (setup.py in it)")
+        trees[tname] = folder
+    if not phases or any(p not in ("direct", "tap", "tap-nodefer", *(f"tap-{n}" for n in trees)) for p in phases):
+        ap.error("--phases: a comma-separated list of direct, tap, tap-nodefer and tap-NAME (a --tree's NAME)")
     if args.streams < 1 or args.duration <= 5 or args.interval <= 0 or args.ramp_rate <= 0:
         ap.error("--streams >= 1, --duration > 5, --interval > 0, --ramp-rate > 0")
     if args.streams / args.ramp_rate + 3 > args.duration:

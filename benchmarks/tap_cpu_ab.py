@@ -22,11 +22,12 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from tap_cpu import measure, start_tap  # noqa: E402
+from tap_cpu import PATH, drive, measure, start_tap  # noqa: E402
 from tap_overhead import free_port, stop_all, wait_port  # noqa: E402
 
 from deltatap.net import aio  # noqa: E402
@@ -50,6 +51,58 @@ def shim(tree: Path, into: Path) -> Path:
     return into
 
 
+# a tap whose cProfile counts only between SIGUSR1 (enable) and SIGUSR2 (disable, write the stats): the measured
+# requests' Python function calls, not the start-up's
+_COUNTED = (
+    "import cProfile, signal, sys; from deltatap.app.cli import main; p = cProfile.Profile(); "
+    "signal.signal(signal.SIGUSR1, lambda *a: p.enable()); "
+    "signal.signal(signal.SIGUSR2, lambda *a: (p.disable(), p.dump_stats({out!r}))); sys.exit(main(sys.argv[1:]))"
+)
+
+
+def count_calls(py: str, trees: dict[str, Path], shims: dict[str, Path], up_port: int, tmp: Path, args: argparse.Namespace) -> dict:
+    """Python function calls per request of each tree's tap (cProfile's count over ``--calls`` requests at each
+    concurrency, after a warm-up; the profiler is on only while they run): a figure the host's load does not move."""
+    import signal
+
+    from pstats import Stats
+
+    from tap_overhead import free_port
+
+    body = json.dumps({"model": "mock", "messages": [{"role": "user", "content": "hello"}], "max_tokens": args.tokens, "stream": True,
+                       "stream_options": {"include_usage": True}}).encode()
+    q = f"?first_ms=0&gap_ms={args.gap_ms}"
+    out: dict = {}
+    for name, tree in trees.items():
+        for conc in args.concurrency:
+            prof = tmp / f"calls-{name}-{conc}.prof"
+            port = free_port()
+            tap = subprocess.Popen(
+                [py, "-c", _COUNTED.format(out=str(prof)), "tap", "--link", "fw-engine", "--listen", f"127.0.0.1:{port}", "--no-admin",
+                 "--upstream", f"http://127.0.0.1:{up_port}", "--otlp", "none"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(shims[name])}, cwd=tmp)
+            try:
+                wait_port(port, tap, "deltatap tap (counted)")
+                url = f"http://127.0.0.1:{port}{PATH}{q}"
+                aio.run(drive(url, conc, min(200, args.calls), body))
+                tap.send_signal(signal.SIGUSR1)
+                time.sleep(0.2)
+                ok = aio.run(drive(url, conc, args.calls, body))
+                tap.send_signal(signal.SIGUSR2)
+                deadline = time.monotonic() + 30
+                while not prof.exists() and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                time.sleep(0.5)
+            finally:
+                tap.terminate()
+                tap.wait(30)
+            st = Stats(str(prof))
+            total = sum(v[1] for v in st.stats.values())  # (every call, recursive ones included)
+            out.setdefault(str(conc), {})[f"tap-{name}"] = {"requests": args.calls, "ok": ok, "calls_per_request": round(total / args.calls, 1)}
+            print(f"calls c={conc} tap-{name}: {total / args.calls:.1f} per request", flush=True)
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tree", action="append", required=True, metavar="NAME=DIR", help="a source tree to run a tap from (twice or more)")
@@ -59,6 +112,9 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=8, help="content events per stream (default 8)")
     p.add_argument("--gap-ms", type=float, default=1.0, help="gap between content events (default 1)")
     p.add_argument("--otlp", choices=["http", "file", "none"], default="none", help="the taps' span export (default none)")
+    p.add_argument("--calls", type=int, default=0, metavar="N",
+                   help="also count each tree's Python function calls per request over N requests per concurrency (cProfile, "
+                        "the profiler on only while they run; span export none), after the CPU rounds")
     p.add_argument("--out", default=str(HERE / "results" / "tap_cpu_ab.json"))
     args = p.parse_args()
     args.out = str(Path(args.out).resolve())
@@ -83,8 +139,9 @@ def main() -> int:
         procs.append(up)
         wait_port(up_port, up, "mock upstream")
         urls, pids = {"direct": f"http://127.0.0.1:{up_port}/v1/chat/completions"}, {"upstream": up.pid}
+        shims: dict[str, Path] = {}
         for name, tree in trees.items():
-            path = shim(tree, tmp / f"shim-{name}")
+            path = shims[name] = shim(tree, tmp / f"shim-{name}")
             check = subprocess.run([py, "-c", "import deltatap.proxy.relay as r; print(r.__file__)"], capture_output=True, text=True,
                                    env={**os.environ, "PYTHONPATH": str(path)}, cwd=tmp, check=True)
             if not Path(check.stdout.strip()).resolve().is_relative_to(tree):
@@ -97,6 +154,7 @@ def main() -> int:
             proc.terminate()
         for proc in procs[1:]:
             proc.wait(30)
+        calls = count_calls(py, trees, shims, up_port, tmp, args) if args.calls else None
     finally:
         stop_all(procs)
     result = {
@@ -111,6 +169,8 @@ def main() -> int:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "levels": levels,
     }
+    if calls is not None:
+        result["python_calls_per_request"] = calls
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
