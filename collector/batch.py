@@ -138,12 +138,15 @@ class RowBlock:
         _DELTAS.__set__(row, deltas)
         settle_rows([row], _LAZY[:2])  # settled as the pipeline settles every row it builds
 
-    def materialise_gaps(self, row: BlockRow) -> None:
-        """Fill ``row``'s gaps from the block's gap columns (a block read as columns)."""
+    def gap_rows(self) -> list[dict]:
+        """Each request's gaps, from the block's gap columns (a block read as columns), built once."""
         if self._gaps is None:
             self._gaps = colread.gap_rows(self.cols[1], len(self.vals))  # type: ignore[index]
-        _GAPS.__set__(row, self._gaps[row._i])
-        settle_rows([row], _LAZY[2:])
+        return self._gaps
+
+    def materialise_gaps(self, row: BlockRow) -> None:
+        """Fill ``row``'s gaps (:func:`fill_gaps` of one row)."""
+        fill_gaps([row])
 
     def record_items(self, i: int) -> zip:
         """The point and delta columns of the flat record (:func:`~deltatap.collector.rows.to_record`) of the block's
@@ -394,9 +397,20 @@ def columns_of(rows: list[Row]) -> BlockColumns:
     return cols
 
 
+def fill_gaps(rows: Sequence[Any]) -> None:
+    """Fill the gaps of the rows among ``rows`` whose gaps are still held in their block, settled as the pipeline
+    settles every row (a rows file fills a whole batch's at once)."""
+    held = [r for r in rows if r.__class__ is BlockRow and _GAPS.__get__(r) is None]
+    for r in held:
+        _GAPS.__set__(r, r._block.gap_rows()[r._i])
+    if held:
+        settle_rows(held, _LAZY[2:])
+
+
 def records(rows: Sequence[Row], topology: Any) -> list[dict[str, Any]]:
     """:func:`~deltatap.collector.rows.to_record` of each row; a held row's points and deltas come from its block's
     columns (:meth:`RowBlock.record_items`), everything else from ``to_record`` itself."""
+    fill_gaps(rows)
     out = []
     for r in rows:
         if _held(r):

@@ -58,3 +58,16 @@ def test_rows_equal_after_gaps_are_read_in_any_order(n: int):
     want = [p.decomposer.build_row(g.spans, g.method, g.note, g.trace_ids) for g in groups]
     for r, w in zip(reversed(rows), reversed(want), strict=True):
         assert r == w
+
+
+def test_a_rows_file_batch_fills_every_held_rows_gaps_at_once():
+    from deltatap.collector.batch import records
+
+    p, groups = _pipeline_and_groups(20)
+    rows = p._rows(groups)
+    assert all(Row.gaps.__get__(r) is None for r in rows)
+    want = [p.decomposer.build_row(g.spans, g.method, g.note, g.trace_ids) for g in groups]
+    assert records(rows, p.topo) == [to_record(w, p.topo) for w in want]
+    assert all(Row.gaps.__get__(r) == w.gaps for r, w in zip(rows, want, strict=True))  # filled by records()
+    if settle._acc is not None:
+        assert not any(gc.is_tracked(Row.gaps.__get__(r)) for r in rows)
