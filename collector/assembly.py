@@ -76,8 +76,9 @@ class TraceAssembler:
         closed = self._closed
         stats = self.stats
         touched: dict[str, _Open] = {}
+        n = 0
         for sp in spans:
-            stats.spans_received += 1
+            n += 1
             tid = sp.trace_id
             tr = opened.get(tid)
             if tr is None:
@@ -90,11 +91,12 @@ class TraceAssembler:
                     old_tid = next(iter(opened))
                     evicted.append(self._close(old_tid, now, evicted=True))
             tr.spans.append(sp)
-            tr.last = now
-            if not sp.parent_span_id:
+            if not tr.rooted and not sp.parent_span_id:  # (rooted once, rooted for good)
                 tr.rooted = True
             touched[tid] = tr
+        stats.spans_received += n
         for tid, tr in touched.items():
+            tr.last = now
             if tid in opened:
                 heapq.heappush(self._heap, (now + (self.grace_s if tr.rooted else self.orphan_wait_s), tid))
         return evicted
