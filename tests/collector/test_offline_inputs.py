@@ -52,7 +52,10 @@ async def _run(base: Path, topo_path: Path) -> None:
     topo = load_topology_offline(topo_path)
     cfg = load_stack_config(ROOT / "configs" / "demo.yaml")
     collector = await start_collector(CollectorOptions(otlp_grpc=None, otlp_http="127.0.0.1:0", metrics=None, topology=topo,
-                                                       out_dir=base / "collector", rows_format="parquet", pipeline=PipelineOptions(grace_s=0.3)))
+                                                       out_dir=base / "collector", rows_format="parquet",
+                                                       # (no client span: each trace is an orphan, closed this long after its
+                                                       # last span - the default grace of a rooted trace - not the default 10 s)
+                                                       pipeline=PipelineOptions(grace_s=0.3, orphan_wait_s=2.0)))
     tels = [setup_telemetry(n, otlp=collector.otlp_http_url) for n in ("deltatap-engine", "deltatap-tap-edge")]
     client_tel = setup_telemetry("deltatap-loadgen", otlp="none")  # the load generator's spans go nowhere
     engine = tap = None
@@ -150,10 +153,19 @@ def test_offline_topology_needs_no_tap_listen(run):
 # ------------------------------------------------------------------ summary: C.1 from run.json
 
 
-def test_summary_fills_appendix_c1_from_the_loadgen_run_json(run, tmp_path):
+@pytest.fixture(scope="module")
+def summary_cli(run, tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """``deltatap summary`` of the run's collector directory and load-generator records, piped at 80 columns, with
+    ``--out``: what it printed and the directory it wrote (read by two tests: one interpreter start, not two)."""
     base, topo = run
-    out = tmp_path / "out"
+    out = tmp_path_factory.mktemp("summary") / "out"
     p = _cli("summary", str(base / "collector"), "--records", str(base / "load" / "records.jsonl"), "--topology", str(topo), "--out", str(out))
+    return p, out
+
+
+def test_summary_fills_appendix_c1_from_the_loadgen_run_json(run, summary_cli):
+    base, topo = run
+    p, out = summary_cli
     assert p.returncode == 0, p.stderr
     doc = json.loads((out / "report.json").read_text())
     c1 = {r["field"]: r["value"] for r in doc["sections"]["minimum"]["tables"]["minimum"]["rows"]}
@@ -173,14 +185,14 @@ def test_summary_fills_appendix_c1_from_the_loadgen_run_json(run, tmp_path):
     assert "ITL (per request) P50" in p.stdout and "inter-chunk gap P50" in p.stdout and "ITL P50" not in p.stdout
 
 
-def test_piped_output_at_80_columns_is_not_cropped(run):
+def test_piped_output_at_80_columns_is_not_cropped(run, summary_cli):
     base, topo = run
     p = _cli("report", "--from", str(base / "collector"), str(base / "load"), "--topology", str(topo))
     assert p.returncode == 0, p.stderr
     assert "…" not in p.stdout
     for name in ("tap_edge_first_token", "output_path_overhead_last", "Residual (network + interaction)"):
         assert name in p.stdout, name
-    p = _cli("summary", str(base / "collector"), "--records", str(base / "load" / "records.jsonl"), "--topology", str(topo))
+    p = summary_cli[0]
     assert p.returncode == 0, p.stderr
     assert "…" not in p.stdout and "tap_edge_first_token" in p.stdout
 
