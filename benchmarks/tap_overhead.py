@@ -236,8 +236,9 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15 of stat(5))
 
 
-async def run(args: argparse.Namespace, urls: dict[str, str], spans: Path, engine_pid: int | None = None) -> dict:
-    levels = [(1, args.n1), (50, args.n50), (200, args.n200)]
+async def run(args: argparse.Namespace, urls: dict[str, str], spans: Path, engine_pid: int | None = None,
+              pids: dict[str, int] | None = None) -> dict:
+    levels = [] if args.max_rps_only else [(1, args.n1), (50, args.n50), (200, args.n200)]
     result: dict = {"levels": {}, "throughput_rps": {}}
     result["_paths"] = paths = {}  # request id -> path time (ns), for self_reported (left out of the JSON)
     for conc, n in levels:
@@ -275,10 +276,26 @@ async def run(args: argparse.Namespace, urls: dict[str, str], spans: Path, engin
             result["loopback_rtt_us"] = {"p50": pct(rtt, 50) / 1e3, "p99": pct(rtt, 99) / 1e3, "n": len(rtt)}
         print(f"c={conc}: " + ", ".join(f"{p} p50 {lvl['ttft_ms'][p]['p50']:.3f} p99 {lvl['ttft_ms'][p]['p99']:.3f} ms" for p in urls)
               + f" (engine {lvl.get('engine_cpu_cores', '?')} cores)", flush=True)
-    for path, url in urls.items():
-        tput_url = url.replace("/v1/chat/completions", "/v1/chat/completions?first_ms=0&tokens=1")
-        result["throughput_rps"][path] = await throughput(tput_url, 64, args.tput_s)
-        print(f"max rps {path}: {result['throughput_rps'][path]:.0f}", flush=True)
+    # the maximum rate per path: --tput-rounds rounds, the paths in a shuffled order each round (their median kept;
+    # each round's figures in throughput_rps_rounds), so that paths compared share the host's load
+    # (and the proxy's CPU per request at that rate, from /proc/PID/stat, where its process is known)
+    rounds: dict[str, list[float]] = {p: [] for p in urls}
+    cpu: dict[str, list[float]] = {p: [] for p in urls if pids and p in pids}
+    for rnd in range(args.tput_rounds):
+        order = list(urls)
+        random.Random(rnd * 17 + 5).shuffle(order)
+        for path in order:
+            tput_url = urls[path].replace("/v1/chat/completions", "/v1/chat/completions?first_ms=0&tokens=1")
+            c0 = proc_cpu_s(pids[path]) if path in cpu else 0.0
+            rounds[path].append(await throughput(tput_url, 64, args.tput_s))
+            if path in cpu and rounds[path][-1] > 0:
+                cpu[path].append(round((proc_cpu_s(pids[path]) - c0) / (rounds[path][-1] * args.tput_s) * 1e6, 1))
+            print(f"max rps {path} (round {rnd + 1}): {rounds[path][-1]:.0f}"
+                  + (f", {cpu[path][-1]} us CPU per request" if path in cpu and cpu[path] else ""), flush=True)
+    for path, v in rounds.items():
+        result["throughput_rps"][path] = sorted(v)[len(v) // 2]
+    result["throughput_rps_rounds"] = rounds
+    result["throughput_cpu_us_per_request_rounds"] = cpu
     return result
 
 
@@ -333,6 +350,9 @@ def main() -> int:
     p.add_argument("--n50", type=int, default=2000)
     p.add_argument("--n200", type=int, default=4000)
     p.add_argument("--tput-s", type=float, default=4.0)
+    p.add_argument("--tput-rounds", type=int, default=1, help="rounds of the maximum-rate phase, paths shuffled each round (median kept)")
+    p.add_argument("--max-rps-only", action="store_true",
+                   help="only the maximum-rate phase (no TTFT levels, no self-report): with --base-tree, before/after in one run")
     p.add_argument("--otlp", choices=["http", "file"], default="http",
                    help="the tap's span export: OTLP/HTTP to a sink process (default; what a deployment does) or OTLP JSON lines to a file")
     p.add_argument("--python-stamps", action="store_true",
@@ -341,6 +361,9 @@ def main() -> int:
     p.add_argument("--base-tree", metavar="DIR",
                    help="also run the tap from this source tree (e.g. `git worktree add /tmp/base HEAD~1`) as path tap-base, "
                         "interleaved with the others in the same run (before/after a change)")
+    p.add_argument("--tap-tree", metavar="DIR",
+                   help="run the tap path itself from this source tree rather than the checkout (with --base-tree: two trees, "
+                        "neither with the checkout's uncommitted work)")
     p.add_argument("--pin", metavar="LAYOUT",
                    help="pin the processes to CPUs for the whole run, e.g. client=0,tap=0,sink=0,engine=1 (every tap and Envoy take "
                         "the tap's; benchmarks/selfreport_gap.py: the engine then never waits for a CPU a proxy holds)")
@@ -383,7 +406,12 @@ def main() -> int:
             wait_port(port, proc, what)
             return proc
 
-        taps = [start_tap(tap_port, "deltatap tap")]
+        tree_env, tree_cwd = None, None
+        if args.tap_tree:  # the tap path from another source tree (a shim of it first on the path; run outside the checkout)
+            from tap_cpu_ab import shim
+
+            tree_env, tree_cwd = {"PYTHONPATH": str(shim(Path(args.tap_tree).resolve(), tmp / "shim-tap"))}, tmp
+        taps = [start_tap(tap_port, "deltatap tap", tree_env, tree_cwd)]
         urls = {"direct": f"http://127.0.0.1:{up_port}/v1/chat/completions", "tap": f"http://127.0.0.1:{tap_port}/v1/chat/completions"}
         if args.python_stamps:
             py_port = free_port()
@@ -426,18 +454,26 @@ def main() -> int:
             set_affinity(os.getpid(), layout["client"])
         t_start = time.monotonic()
         load_before = os.getloadavg()
-        result = aio.run(run(args, urls, spans, up.pid))
+        pids = {"tap": taps[0].pid}
+        if args.base_tree:
+            pids["tap-base"] = taps[-1].pid
+        if envoy is not None:
+            pids["envoy"] = ev.pid
+        result = aio.run(run(args, urls, spans, up.pid, pids))
         result["loadavg_1m"] = {"before": load_before[0], "after": os.getloadavg()[0]}
         for t in taps:
             t.terminate()
         for t in taps:
             t.wait(30)
-        result["self_reported_vs_external"] = self_reported(result, spans)
-        if args.python_stamps:
+        result["self_reported_vs_external"] = {} if args.max_rps_only else self_reported(result, spans)
+        if args.python_stamps and not args.max_rps_only:
             result["self_reported_vs_external_pystamps"] = self_reported(result, spans, "tap-pystamps")
         if args.base_tree:
-            result["self_reported_vs_external_base"] = self_reported(result, spans, "tap-base")
+            if not args.max_rps_only:
+                result["self_reported_vs_external_base"] = self_reported(result, spans, "tap-base")
             result["base_tree"] = str(Path(args.base_tree).resolve())
+        if args.tap_tree:
+            result["tap_tree"] = str(Path(args.tap_tree).resolve())
         result.pop("_paths", None)
         result["wall_s"] = time.monotonic() - t_start
     finally:
