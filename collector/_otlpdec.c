@@ -19,6 +19,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -30,6 +31,61 @@ static PyObject *g_code_none, *g_code_q, *g_code_d, *g_code_b;
 static PyObject *g_err;
 static Py_ssize_t g_max_values, g_max_kplans, g_max_plans;
 static int g_ready = 0;
+
+/* ---- a span made without running CompactSpan.__init__ in Python ---------------------------------------
+ * configure() finds the class's seven slots and checks, by calling the class once, that __init__ does exactly
+ * what span_new does (the four arguments into the first four slots, None into the other three, nothing else:
+ * no __dict__, no other slot); if anything differs, every span is made by calling the class. */
+#define N_SLOTS 7
+static const char *SLOT_NAMES[N_SLOTS] = {"trace_id", "layout", "packed", "others", "_attrs", "_events", "_times"};
+static Py_ssize_t g_slot_off[N_SLOTS];
+static int g_direct = 0;
+
+static PyObject *span_new(PyObject *const *args) {
+    if (!g_direct) return PyObject_Vectorcall(g_span_cls, args, 4, NULL);
+    PyTypeObject *tp = (PyTypeObject *)g_span_cls;
+    PyObject *o = tp->tp_alloc(tp, 0);  /* zeroed, and tracked by the garbage collector as the class call would */
+    if (!o) return NULL;
+    for (int k = 0; k < N_SLOTS; k++)
+        *(PyObject **)((char *)o + g_slot_off[k]) = Py_NewRef(k < 4 ? args[k] : Py_None);
+    return o;
+}
+
+static PyObject *slot_of(PyObject *o, int k) { return *(PyObject **)((char *)o + g_slot_off[k]); }
+
+/* 1: span_new may fill the slots itself, 0: it calls the class, -1: error */
+static int check_direct(PyObject *cls) {
+    if (!PyType_Check(cls)) return 0;
+    PyTypeObject *tp = (PyTypeObject *)cls;
+    if (tp->tp_new != PyBaseObject_Type.tp_new || tp->tp_dictoffset != 0 || tp->tp_weaklistoffset != 0
+        || tp->tp_alloc != PyType_GenericAlloc || tp->tp_base != &PyBaseObject_Type
+        || tp->tp_basicsize != PyBaseObject_Type.tp_basicsize + N_SLOTS * (Py_ssize_t)sizeof(PyObject *))
+        return 0;
+    for (int k = 0; k < N_SLOTS; k++) {
+        PyObject *d = PyObject_GetAttrString(cls, SLOT_NAMES[k]);
+        if (!d) { PyErr_Clear(); return 0; }
+        int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX
+                 && !(((PyMemberDescrObject *)d)->d_member->flags & READONLY);
+        if (ok) g_slot_off[k] = ((PyMemberDescrObject *)d)->d_member->offset;
+        Py_DECREF(d);
+        if (!ok) return 0;
+    }
+    /* what the class call makes of four distinct objects */
+    PyObject *a[4] = {PyUnicode_FromString("t"), PyTuple_New(0), PyBytes_FromStringAndSize("p", 1), PyTuple_New(0)};
+    int rc = 0;
+    if (a[0] && a[1] && a[2] && a[3]) {
+        PyObject *o = PyObject_Vectorcall(cls, a, 4, NULL);
+        if (!o) { PyErr_Clear(); }
+        else {
+            rc = Py_IS_TYPE(o, tp);
+            for (int k = 0; k < N_SLOTS && rc; k++) rc = slot_of(o, k) == (k < 4 ? a[k] : Py_None);
+            Py_DECREF(o);
+        }
+    }
+    for (int k = 0; k < 4; k++) Py_XDECREF(a[k]);
+    if (PyErr_Occurred()) return -1;
+    return rc;
+}
 
 /* ---- growable vectors ------------------------------------------------------------------------------ */
 typedef struct { const uint8_t *p; Py_ssize_t n; } slice_t;
@@ -589,7 +645,7 @@ static int do_span(dec_t *d, const uint8_t *p, const uint8_t *end, PyObject *res
         hx = hex_of(d, tid.p);
         if (!hx) goto done;
         PyObject *args[4] = {hx, layout, packed, others};
-        span = PyObject_Vectorcall(g_span_cls, args, 4, NULL);
+        span = span_new(args);
         if (!span) goto done;
         if (PyList_Append(d->out, span) < 0) goto done;
         rc = 0;
@@ -711,8 +767,16 @@ static PyObject *otlp_configure(PyObject *self, PyObject *args) {
     Py_INCREF(err);
     Py_XSETREF(g_err, err);
     g_max_values = mv > 0 ? mv : 1; g_max_kplans = mk > 0 ? mk : 1; g_max_plans = mp > 0 ? mp : 1;
+    g_direct = 0;
+    int direct = check_direct(g_span_cls);
+    if (direct < 0) return NULL;
+    g_direct = direct;
     g_ready = 1;
     Py_RETURN_NONE;
+}
+
+static PyObject *otlp_direct(PyObject *self, PyObject *unused) {
+    return PyBool_FromLong(g_direct);
 }
 
 static PyObject *otlp_reset(PyObject *self, PyObject *unused) {
@@ -722,6 +786,7 @@ static PyObject *otlp_reset(PyObject *self, PyObject *unused) {
 }
 
 static PyMethodDef methods[] = {
+    {"direct", otlp_direct, METH_NOARGS, "direct() -> whether spans are made without calling CompactSpan (configure() checked it may)"},
     {"reset", otlp_reset, METH_NOARGS, "reset(): forget the recent signatures (compact clears its caches: the span kinds changed)"},
     {"decode", otlp_decode, METH_O, "decode(data) -> list of CompactSpan, or None: the reference decides"},
     {"configure", otlp_configure, METH_VARARGS, "configure(...): the caches, callbacks and markers of collector.compact"},
