@@ -54,7 +54,7 @@ def shim(tree: Path, into: Path) -> Path:
 # a tap whose cProfile counts only between SIGUSR1 (enable) and SIGUSR2 (disable, write the stats): the measured
 # requests' Python function calls, not the start-up's
 _COUNTED = (
-    "import cProfile, signal, sys; from deltatap.app.cli import main; p = cProfile.Profile(); "
+    "import cProfile, signal, sys, time; from deltatap.app.cli import main; p = cProfile.Profile(time.thread_time); "
     "signal.signal(signal.SIGUSR1, lambda *a: p.enable()); "
     "signal.signal(signal.SIGUSR2, lambda *a: (p.disable(), p.dump_stats({out!r}))); sys.exit(main(sys.argv[1:]))"
 )
