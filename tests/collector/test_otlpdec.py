@@ -160,7 +160,7 @@ def mutated(draw):
     return bytes(data)
 
 
-@settings(max_examples=1200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated())
 def test_mutated_requests(data):
     assert_same(data)

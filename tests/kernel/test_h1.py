@@ -1003,7 +1003,7 @@ def cut(stream: bytes, offsets: list[int]) -> list[bytes]:
     return [stream[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
-PROPERTY = settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+PROPERTY = settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 def check_all(data, stream: bytes, request: bool, methods: list[bytes], msgs: list[Msg], accepts: dict[str, bool]) -> None:

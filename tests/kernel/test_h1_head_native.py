@@ -29,7 +29,7 @@ from tests.kernel.test_h1_native import both, cut, head_fields, reference
 
 native = pytest.mark.skipif(h1._acc is None, reason="deltatap.net._h1 is not built or DELTATAP_NATIVE turns it off")
 
-MANY = settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+MANY = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 METHODS = st.one_of(
     st.sampled_from([b"GET", b"POST", b"PUT", b"HEAD", b"CONNECT", b"OPTIONS", b"get", b"connect", b"FOO", b"X_CUSTOM",

@@ -23,7 +23,7 @@ from tests.kernel.test_h1 import request_stream, response_stream, wire
 
 pytestmark = pytest.mark.skipif(h1._acc is None, reason="deltatap.net._h1 is not built or DELTATAP_NATIVE turns it off")
 
-EXAMPLES = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+EXAMPLES = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 @contextlib.contextmanager
