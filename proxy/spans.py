@@ -57,10 +57,10 @@ def _incoming(headers: Any) -> tuple[int, int, int, str] | None:
     if isinstance(tp, str) and "tracestate" not in headers and len(tp) <= _MAX_TRACEPARENT:
         m = _TRACEPARENT_RE.search(tp)
         if m is not None and m.group(1) == "00" and not m.group(5):  # the common case, read as the propagator reads it
-            tid, sid = m.group(2), m.group(3)
+            tid, sid, flags = m.group(2, 3, 4)
             if tid == _ZERO_TRACE or sid == _ZERO_SPAN:
                 return None
-            return int(tid, 16), int(sid, 16), int(m.group(4), 16), ""
+            return int(tid, 16), int(sid, 16), int(flags, 16), ""
     # anything else (tracestate, other versions, malformed): the propagator decides
     parent = trace.get_current_span(_W3C.extract(headers)).get_span_context()
     if not parent.is_valid:

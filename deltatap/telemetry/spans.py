@@ -56,8 +56,9 @@ def new_span_id() -> int:
 
 
 def traceparent(trace_id: int, span_id: int, flags: int = SAMPLED) -> str:
-    """The W3C ``traceparent`` naming this span."""
-    return f"00-{trace_id:032x}-{span_id:016x}-{int(flags):02x}"
+    """The W3C ``traceparent`` naming this span (``%``-formatted: a 128-bit id's hex is about twice as fast so as
+    through ``format()``'s spec)."""
+    return "00-%032x-%016x-%02x" % (trace_id, span_id, int(flags))
 
 
 class SpanOrigin:

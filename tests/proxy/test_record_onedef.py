@@ -129,3 +129,25 @@ def test_quantile_nearest_rank(make) -> None:
         for q in (0.0, 0.01, 0.5, 0.9, 0.99, 0.999, 1.0):
             assert g.quantile_ns(q) == float(ordered[max(1, math.ceil(q * count)) - 1]), (count, q)
         assert g.p99_ns() == g.quantile_ns(0.99) and g.mean_ns == sum(ordered) / count
+
+
+def test_traceparent_text_and_begin() -> None:
+    """traceparent() (%-formatted) writes the W3C text as format() writes it; begin() sends upstream the traceparent
+    naming its span, under the incoming context or a new trace, as the propagator reads it back."""
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    from deltatap.proxy.spans import begin
+    from deltatap.telemetry.spans import traceparent
+
+    r = random.Random(3)
+    for _ in range(500):
+        t, s, f = r.getrandbits(r.choice((1, 64, 128))) or 1, r.getrandbits(r.choice((1, 64))) or 1, r.choice((0, 1, 255))
+        assert traceparent(t, s, f) == f"00-{t:032x}-{s:016x}-{f:02x}"
+    w3c = TraceContextTextMapPropagator()
+    incoming = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"}
+    for headers in ({}, incoming):
+        start = begin(headers)
+        sent = trace.get_current_span(w3c.extract(start.trace_headers)).get_span_context()
+        assert (sent.trace_id, sent.span_id, int(sent.trace_flags)) == (start.trace_id, start.span_id, start.trace_flags)
+    assert start.trace_id == 0x0af7651916cd43dd8448eb211c80319c and start.parent_span_id == 0xb7ad6b7169203331 and start.trace_flags == 0
