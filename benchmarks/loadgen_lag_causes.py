@@ -17,7 +17,9 @@ Variants, each in a fresh process, alternating run by run (``--repeat``):
 * ``batch512``: export batches of 512 spans (the span processor's default, as before session 17);
 * ``before``: both;
 * ``latedue``: as ``now`` but a send that comes due while the loop handles reads waits for the timer's own wake (the
-  open loop's ``H1Pool.before_read`` hook a no-op: ``SendClock.release_due`` as before session 20).
+  open loop's ``H1Pool.before_read`` hook a no-op: ``SendClock.release_due`` as before session 20);
+* ``noslice``: as ``now`` but the event loop thread keeps the system's scheduler slice while sending
+  (``loadgen.runner.SEND_SLICE_NS`` 0, as before session 20).
 
     .venv/bin/python benchmarks/loadgen_lag_causes.py [--rate 1000] [--seconds 10] [--repeat 2]
 
@@ -43,7 +45,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 RESULTS = HERE / "results" / "loadgen_lag_causes.json"
-VARIANTS = ("now", "gc", "batch512", "before", "latedue")
+VARIANTS = ("now", "gc", "batch512", "before", "latedue", "noslice")
 
 
 def overlap_ns(a: int, b: int, spans: list[tuple[int, int]]) -> int:
@@ -103,6 +105,8 @@ def one_run(url: str, sink: str, workload: str, variant: str, rate: float, secon
                 gc.unfreeze()
 
         run_mod.send_phase_gc = collector_on
+    if variant == "noslice":  # the loop thread's scheduler slice left at the system's default (before session 20)
+        runner_mod.SEND_SLICE_NS = 0
     if variant == "latedue":
         runner_mod.SendClock.release_due = lambda self: None  # type: ignore[method-assign]
     telemetry = runner_mod.load_telemetry(sink)

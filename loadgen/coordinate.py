@@ -284,7 +284,7 @@ def child_main(pipe: Any, index: int, otlp: str | None, progress: Any, anchor: c
 async def _child(pipe: Any, index: int, otlp: str | None, progress: Any) -> None:
     from deltatap.loadgen.modes import MODES, ModeConfig, open_sessions, preconnect
     from deltatap.loadgen.run import loop_wait_s, process_cpu_s
-    from deltatap.loadgen.runner import Runner, load_telemetry, send_phase_gc
+    from deltatap.loadgen.runner import Runner, load_telemetry, send_phase_gc, send_phase_slice
 
     loop = asyncio.get_running_loop()
     telemetry = load_telemetry(otlp)
@@ -303,7 +303,7 @@ async def _child(pipe: Any, index: int, otlp: str | None, progress: Any) -> None
             _tag, cfg.start_mono_ns = await loop.run_in_executor(None, pipe.recv)
             ticker = asyncio.create_task(_publish_progress(runner, progress, index))
             try:
-                with send_phase_gc():
+                with send_phase_gc(), send_phase_slice():
                     cpu0, wait0 = process_cpu_s(), loop_wait_s()
                     await MODES[plan["mode"]](runner, cfg, sessions)
                     cpu_s, wait1 = process_cpu_s() - cpu0, loop_wait_s()

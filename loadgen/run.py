@@ -25,7 +25,7 @@ from deltatap.loadgen.coordinate import Assignment, Coordinator, ProcessGroup, j
 from deltatap.loadgen.modes import MODES, ModeConfig, open_sessions, preconnect, sessions_needed
 from deltatap.loadgen.options import DEFAULT_MODEL, LoadOptions
 from deltatap.loadgen.records import RecordWriter, RequestRecord
-from deltatap.loadgen.runner import Counters, LoadAborted, Runner, new_run_id, send_phase_gc
+from deltatap.loadgen.runner import Counters, LoadAborted, Runner, new_run_id, send_phase_gc, send_phase_slice
 from deltatap.loadgen.summary import summarize
 from deltatap.loadgen.tokens import reference_tokenizer
 from deltatap.loadgen.workloads.base import PlannedRequest, WorkloadSpec, load_workload, spec_from_mapping, write_requests
@@ -205,7 +205,7 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
             counters: Any = runner.counters if group is None else _SummedCounters(runner.counters, group)
             progress = LiveProgress(counters, total)
             progress.start()
-        with send_phase_gc():
+        with send_phase_gc(), send_phase_slice():
             cpu0, wait0 = process_cpu_s(), loop_wait_s()
             await MODES[options.mode](runner, cfg, sessions)
             send_cpu_s, wait1 = process_cpu_s() - cpu0, loop_wait_s()

@@ -80,6 +80,62 @@ def send_phase_gc() -> Iterator[None]:
         gc.unfreeze()
 
 
+# the event loop thread's scheduler slice while sending (Linux >= 6.12, EEVDF: ``sched_setattr``'s ``sched_runtime`` of a
+# normal task; 0: left as it is). A shorter slice than the default (~1.4 ms here) gives the thread an earlier deadline
+# when its timer wakes it, so it preempts the task running on a busy CPU instead of waiting behind it. (0.2 ms cut the
+# late sends too but chopped the loop's longer turns: the tail was no better; docs/benchmarks.md, session 20.)
+SEND_SLICE_NS = 500_000
+
+
+class _SchedAttr(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_uint32), ("sched_policy", ctypes.c_uint32), ("sched_flags", ctypes.c_uint64),
+                ("sched_nice", ctypes.c_int32), ("sched_priority", ctypes.c_uint32), ("sched_runtime", ctypes.c_uint64),
+                ("sched_deadline", ctypes.c_uint64), ("sched_period", ctypes.c_uint64), ("sched_util_min", ctypes.c_uint32),
+                ("sched_util_max", ctypes.c_uint32)]
+
+
+_SYS_SCHED_SETATTR, _SYS_SCHED_GETATTR = 314, 315  # (x86-64)
+
+
+def _thread_slice(slice_ns: int) -> int | None:
+    """Set the calling thread's slice (a normal task's ``sched_runtime``); returns the one it had, or None where the
+    system does not take it (another architecture, an older kernel, a policy other than normal)."""
+    if not sys.platform.startswith("linux") or os.uname().machine != "x86_64":
+        return None
+    try:
+        libc = SendClock._libc or ctypes.CDLL(None, use_errno=True)
+        SendClock._libc = libc
+        attr = _SchedAttr()
+        if libc.syscall(_SYS_SCHED_GETATTR, 0, ctypes.byref(attr), ctypes.sizeof(attr), 0) != 0:
+            return None
+        if attr.sched_policy != 0:  # (only SCHED_OTHER: a batch, idle or real-time thread is left as it is)
+            return None
+        old = attr.sched_runtime
+        attr.size = ctypes.sizeof(attr)
+        attr.sched_runtime = slice_ns
+        if libc.syscall(_SYS_SCHED_SETATTR, 0, ctypes.byref(attr), 0) != 0:
+            return None
+        return old
+    except (OSError, AttributeError):
+        return None
+
+
+@contextlib.contextmanager
+def send_phase_slice(slice_ns: int | None = None) -> Iterator[None]:
+    """While requests are sent, the calling thread (the event loop's) asks the scheduler for a short slice
+    (:data:`SEND_SLICE_NS`), then gets its own back. On a host whose CPUs are busy, a thread woken by the send clock's
+    timer otherwise waits until the running task's slice ends or its lag lets it in; with the short slice its
+    virtual deadline comes first and it runs at once. Where the system does not offer it, nothing changes. (A thread
+    started inside the block inherits the slice; the span export's, started before, keeps the system's.)"""
+    slice_ns = SEND_SLICE_NS if slice_ns is None else slice_ns
+    old = _thread_slice(slice_ns) if slice_ns > 0 else None
+    try:
+        yield
+    finally:
+        if old is not None:
+            _thread_slice(old)
+
+
 class SendClock:
     """Wakes the tasks waiting for their planned send at the nanosecond, with one ``timerfd`` on the loop (Linux).
 

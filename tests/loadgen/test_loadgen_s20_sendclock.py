@@ -2,12 +2,15 @@
 consumes its expiry by re-arming (no read, and no wake left pending: the loop does not spin on a readable descriptor),
 a send due while the loop works through reads goes out before them (``H1Pool.before_read`` ->
 ``SendClock.release_due``), the request head's serialisation (no comprehension) writes what it always wrote, and what
-the send phase made is frozen with the rest at its end (no young-generation scan of the run's records after it)."""
+the send phase made is frozen with the rest at its end (no young-generation scan of the run's records after it), and
+the event loop thread's short scheduler slice while sending, given back after."""
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
+import os
 import select
 import socket
 import sys
@@ -22,7 +25,7 @@ from deltatap.core.clock import mono_ns
 from deltatap.core.vocab import Outcome
 from deltatap.loadgen.client import make_session
 from deltatap.loadgen.h1client import H1Pool
-from deltatap.loadgen.runner import Runner, SendClock, send_phase_gc
+from deltatap.loadgen.runner import SEND_SLICE_NS, Runner, SendClock, _SchedAttr, send_phase_gc, send_phase_slice
 from deltatap.loadgen.workloads.base import PlannedRequest
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd: Linux")
@@ -179,3 +182,47 @@ def test_what_the_send_phase_made_joins_the_oldest_generation_and_its_cycles_are
     assert all(id(o) in oldest for o in kept)  # not young objects the first collection after the phase would scan
     gc.collect()
     assert gone() is None  # memory stays bounded: a full collection still finds the cycles
+
+
+def _slice_now() -> int | None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    attr = _SchedAttr()
+    if libc.syscall(315, 0, ctypes.byref(attr), ctypes.sizeof(attr), 0) != 0:
+        return None
+    return attr.sched_runtime
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.uname().machine != "x86_64", reason="sched_setattr: Linux x86-64")
+def test_the_send_phase_asks_for_a_short_slice_and_gives_the_thread_its_own_back():
+    before = _slice_now()
+    if before is None or before == SEND_SLICE_NS:
+        pytest.skip("the system does not say the thread's slice")
+    inside: list[int | None] = []
+    other: list[int | None] = []
+
+    class Boom(Exception):
+        pass
+
+    asked, said = threading.Event(), threading.Event()
+
+    def export_like() -> None:  # a thread started before the phase, as the span export's is
+        asked.wait(5)
+        other.append(_slice_now())
+        said.set()
+
+    t = threading.Thread(target=export_like)
+    t.start()
+    with pytest.raises(Boom), send_phase_slice():
+        inside.append(_slice_now())
+        asked.set()
+        said.wait(5)
+        raise Boom
+    t.join(5)
+    release = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])
+    if release < (6, 12):
+        pytest.skip("the kernel keeps no slice of a normal task's own (before Linux 6.12)")
+    assert inside == [SEND_SLICE_NS]  # the calling (event loop) thread's
+    assert other == [before]  # no other thread's (the span export's keeps the default)
+    assert _slice_now() == before  # given back, on every path
+    with send_phase_slice(0):  # 0: left as it is
+        assert _slice_now() == before
