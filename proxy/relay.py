@@ -505,10 +505,7 @@ class Downstream(_Side):
         ex = Exchange(rec, span, Fingerprinter(tap.fp_key), head.method)
         self.current = ex
         self.exchanges.append(ex)
-        tap.in_flight += 1  # (Tap.exchange_started, inline)
-        tap.counters.in_flight += 1
-        if tap.in_flight == 1:
-            tap._idle.clear()
+        tap.exchange_started()
         if o.timeout_s is not None:
             ex.timer = (self.loop or asyncio.get_running_loop()).call_later(o.timeout_s, self._timed_out, ex)
         if self.up is None and self.connecting is None:
