@@ -170,7 +170,7 @@ async def start_server(state: ServerState) -> tuple[web.AppRunner, int]:
     app.router.add_post("/bad/truncated", truncated)
     app.router.add_get("/v1/models", models)
     app.router.add_get(CLOCK_PATH, clock)
-    runner = make_stamping_runner(app)
+    runner = make_stamping_runner(app, shutdown_timeout=1.0)  # (cleanup: an answer still sleeping is cancelled after 1 s, not awaited)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
