@@ -24,6 +24,7 @@ import heapq
 import os
 import secrets
 import sys
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 from collections.abc import Callable, Iterator
@@ -120,20 +121,35 @@ def _thread_slice(slice_ns: int) -> int | None:
         return None
 
 
+class _SliceHeld(threading.local):
+    depth = 0  # send phases open on this thread (several runs share one loop: `deltatap compare`, the tests' demos)
+    old: int | None = None  # the thread's slice before the first of them
+
+
+_slice_held = _SliceHeld()
+
+
 @contextlib.contextmanager
 def send_phase_slice(slice_ns: int | None = None) -> Iterator[None]:
     """While requests are sent, the calling thread (the event loop's) asks the scheduler for a short slice
     (:data:`SEND_SLICE_NS`), then gets its own back. On a host whose CPUs are busy, a thread woken by the send clock's
     timer otherwise waits until the running task's slice ends or its lag lets it in; with the short slice its
     virtual deadline comes first and it runs at once. Where the system does not offer it, nothing changes. (A thread
-    started inside the block inherits the slice; the span export's, started before, keeps the system's.)"""
+    started inside the block inherits the slice; the span export's, started before, keeps the system's.) Runs that
+    share one loop overlap in any order: the first send phase on a thread sets the slice, the last to end gives the
+    thread's own back."""
     slice_ns = SEND_SLICE_NS if slice_ns is None else slice_ns
-    old = _thread_slice(slice_ns) if slice_ns > 0 else None
+    held = _slice_held
+    if held.depth == 0:
+        held.old = _thread_slice(slice_ns) if slice_ns > 0 else None
+    held.depth += 1
     try:
         yield
     finally:
-        if old is not None:
-            _thread_slice(old)
+        held.depth -= 1
+        if held.depth == 0 and held.old is not None:
+            _thread_slice(held.old)
+            held.old = None
 
 
 class SendClock:

@@ -226,3 +226,26 @@ def test_the_send_phase_asks_for_a_short_slice_and_gives_the_thread_its_own_back
     assert _slice_now() == before  # given back, on every path
     with send_phase_slice(0):  # 0: left as it is
         assert _slice_now() == before
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.uname().machine != "x86_64", reason="sched_setattr: Linux x86-64")
+def test_overlapping_send_phases_on_one_thread_give_the_threads_own_slice_back():
+    # two runs sharing one loop (`deltatap compare`'s baseline and full runs, the report tests' demos): their send phases
+    # begin and end in any order; the first sets the slice, the last to end restores the thread's own
+    before = _slice_now()
+    if before is None or before == SEND_SLICE_NS:
+        pytest.skip("the system does not say the thread's slice")
+    release = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])
+    if release < (6, 12):
+        pytest.skip("the kernel keeps no slice of a normal task's own (before Linux 6.12)")
+    a, b = send_phase_slice(), send_phase_slice()
+    a.__enter__()
+    b.__enter__()
+    assert _slice_now() == SEND_SLICE_NS
+    a.__exit__(None, None, None)  # the first run ends while the second still sends
+    assert _slice_now() == SEND_SLICE_NS
+    b.__exit__(None, None, None)
+    assert _slice_now() == before
+    with send_phase_slice():  # and the next run begins from the thread's own again
+        assert _slice_now() == SEND_SLICE_NS
+    assert _slice_now() == before
