@@ -249,3 +249,24 @@ def test_overlapping_send_phases_on_one_thread_give_the_threads_own_slice_back()
     with send_phase_slice():  # and the next run begins from the thread's own again
         assert _slice_now() == SEND_SLICE_NS
     assert _slice_now() == before
+
+
+def test_overlapping_send_phases_keep_the_collector_off_until_the_last_ends():
+    # the garbage collector is the process's: with two runs in one loop, the first run's end must not turn it back on
+    # under the second's sends, and the last end gives back what the process had before (on or off)
+    import gc
+
+    for was in (True, False):
+        (gc.enable if was else gc.disable)()
+        try:
+            a, b = send_phase_gc(), send_phase_gc()
+            a.__enter__()
+            b.__enter__()
+            assert not gc.isenabled()
+            a.__exit__(None, None, None)
+            assert not gc.isenabled()  # the second run still sends
+            b.__exit__(None, None, None)
+            assert gc.isenabled() is was
+            assert gc.get_freeze_count() == 0  # nothing left frozen out of every scan
+        finally:
+            gc.enable()
