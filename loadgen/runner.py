@@ -131,7 +131,7 @@ def _thread_slice(slice_ns: int) -> int | None:
 
 
 class _SliceHeld(threading.local):
-    depth = 0  # send phases open on this thread (several runs share one loop: `deltatap compare`, the tests' demos)
+    depth = 0  # send phases open on this thread (several runs in one loop: `run_load` called concurrently, as the tests' demos do)
     old: int | None = None  # the thread's slice before the first of them
 
 

@@ -230,7 +230,7 @@ def test_the_send_phase_asks_for_a_short_slice_and_gives_the_thread_its_own_back
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or os.uname().machine != "x86_64", reason="sched_setattr: Linux x86-64")
 def test_overlapping_send_phases_on_one_thread_give_the_threads_own_slice_back():
-    # two runs sharing one loop (`deltatap compare`'s baseline and full runs, the report tests' demos): their send phases
+    # two runs sharing one loop (`run_load` called concurrently, as the report tests' demos do): their send phases
     # begin and end in any order; the first sets the slice, the last to end restores the thread's own
     before = _slice_now()
     if before is None or before == SEND_SLICE_NS:
