@@ -343,29 +343,19 @@ class Reader:
                     except ValueError as exc:
                         return self._fail(out, r[4], str(exc))
                     return new_pos
-                if not self.request:  # the usual final response, framed as _begin frames it
-                    out.append((HEAD, r[2], new_pos, head))
-                    self.head = head
-                    if methods:
-                        methods.popleft()
-                    if framing == 1:
-                        self._state = _S_LENGTH
-                        self._remaining = r[6]
-                    elif framing == 2:
-                        self._state = _S_CHUNK_SIZE
-                    elif framing == 3:
-                        self._state = _S_CLOSE
-                    else:
-                        self._end(out, new_pos)
-                    return new_pos
-                self.head = head  # a request, framed as _begin frames it
+                self.head = head  # a request or the usual final response, framed as _begin frames it
                 out.append((HEAD, r[2], new_pos, head))
-                self._hold = r[7]
+                if self.request:
+                    self._hold = r[7]
+                elif methods:
+                    methods.popleft()
                 if framing == 1:
                     self._state = _S_LENGTH
                     self._remaining = r[6]
                 elif framing == 2:
                     self._state = _S_CHUNK_SIZE
+                elif framing == 3:  # (a response only: read to the connection's close)
+                    self._state = _S_CLOSE
                 else:
                     self._end(out, new_pos)
                 return new_pos
