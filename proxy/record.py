@@ -178,14 +178,12 @@ def bounds(rec: TapRecord) -> dict[str, tuple[int, int]]:
     their order, then a gRPC observer's, then the stream's tokens'."""
     out = rec.bounds.copy()
     s = rec.stream
-    if s is None:
-        if rec.grpc_request is not None:
-            out.update(rec.grpc_request.span_bounds())
-        return out
     if isinstance(s, GrpcObserver):
         out.update(s.span_bounds())
     if rec.grpc_request is not None:
         out.update(rec.grpc_request.span_bounds())
+    if s is None:
+        return out
     if s.first_token_mono_ns is not None:
         out[_E_FT] = (s.first_token_bound_ns, 0)
         out[_E_LT] = (s.last_token_bound_ns, 0)
