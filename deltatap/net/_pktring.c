@@ -1257,6 +1257,32 @@ static PyObject *call0(PyObject *obj, PyObject *name) {
     Py_RETURN_NONE;
 }
 
+/* read_one's or read_split's exception, as _on_readable meets it: BlockingIOError / InterruptedError end the call,
+ * any other OSError goes to _fatal(exc), anything else propagates */
+static PyObject *read_failed(PyObject *tr) {
+    if (PyErr_ExceptionMatches(PyExc_BlockingIOError) || PyErr_ExceptionMatches(PyExc_InterruptedError)) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (PyErr_ExceptionMatches(PyExc_OSError)) return fatal_call(tr, NULL) < 0 ? NULL : Py_NewRef(Py_None);
+    return NULL;
+}
+
+/* the protocol's method ``name`` called with args[0..n): its exception to _fatal(exc, failed) */
+static PyObject *hand_over(PyObject *tr, PyObject *name, PyObject *const *args, size_t n, PyObject *failed) {
+    PyObject *proto = aget(tr, s_protocol), *r = NULL;
+    if (proto != NULL) {
+        PyObject *call[3] = {proto, n > 0 ? args[0] : NULL, n > 1 ? args[1] : NULL};
+        r = PyObject_VectorcallMethod(name, call, (1 + n) | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(proto);
+    }
+    if (r != NULL) {
+        Py_DECREF(r);
+        Py_RETURN_NONE;
+    }
+    return fatal_call(tr, failed) < 0 ? NULL : Py_NewRef(Py_None);
+}
+
 static PyObject *pk_readable(PyObject *self, PyObject *tr) {
     PyObject *v = aget(tr, s_lost);
     if (v == NULL) return NULL;
@@ -1274,26 +1300,11 @@ static PyObject *pk_readable(PyObject *self, PyObject *tr) {
     Py_XDECREF(v);
     if (!fast) return call0(tr, s_on_readable); /* (the reference, whole) */
     PyObject *got = pk_read_one(NULL, tr);
-    if (got == NULL) {
-        if (PyErr_ExceptionMatches(PyExc_BlockingIOError) || PyErr_ExceptionMatches(PyExc_InterruptedError)) {
-            PyErr_Clear();
-            Py_RETURN_NONE;
-        }
-        if (PyErr_ExceptionMatches(PyExc_OSError)) return fatal_call(tr, NULL) < 0 ? NULL : Py_NewRef(Py_None);
-        return NULL;
-    }
+    if (got == NULL) return read_failed(tr);
     if (PyBytes_CheckExact(got)) {
-        PyObject *proto = aget(tr, s_protocol), *r = NULL;
-        if (proto != NULL) {
-            r = PyObject_CallMethodOneArg(proto, s_data_received, got);
-            Py_DECREF(proto);
-        }
+        PyObject *r = hand_over(tr, s_data_received, &got, 1, s_dr_failed);
         Py_DECREF(got);
-        if (r != NULL) {
-            Py_DECREF(r);
-            Py_RETURN_NONE;
-        }
-        return fatal_call(tr, s_dr_failed) < 0 ? NULL : Py_NewRef(Py_None);
+        return r;
     }
     if (got == Py_None) return got;
     if (got == Py_True) {
@@ -1302,14 +1313,7 @@ static PyObject *pk_readable(PyObject *self, PyObject *tr) {
     }
     Py_DECREF(got); /* (False: several segments wait: _several, whose _read_split is read_split, as _split_fast does) */
     got = pk_read_split(NULL, tr);
-    if (got == NULL) {
-        if (PyErr_ExceptionMatches(PyExc_BlockingIOError) || PyErr_ExceptionMatches(PyExc_InterruptedError)) {
-            PyErr_Clear();
-            Py_RETURN_NONE;
-        }
-        if (PyErr_ExceptionMatches(PyExc_OSError)) return fatal_call(tr, NULL) < 0 ? NULL : Py_NewRef(Py_None);
-        return NULL;
-    }
+    if (got == NULL) return read_failed(tr);
     if (got == Py_None) return got;
     if (got == Py_True) {
         Py_DECREF(got);
@@ -1321,17 +1325,9 @@ static PyObject *pk_readable(PyObject *self, PyObject *tr) {
         return NULL;
     }
     if (PyTuple_GET_SIZE(got) == 2) { /* (data, pieces): the protocol's cuts_received */
-        PyObject *proto = aget(tr, s_protocol), *r = NULL;
-        if (proto != NULL) {
-            r = PyObject_CallMethodObjArgs(proto, s_cuts_received, PyTuple_GET_ITEM(got, 0), PyTuple_GET_ITEM(got, 1), NULL);
-            Py_DECREF(proto);
-        }
+        PyObject *r = hand_over(tr, s_cuts_received, PySequence_Fast_ITEMS(got), 2, s_cr_failed);
         Py_DECREF(got);
-        if (r != NULL) {
-            Py_DECREF(r);
-            Py_RETURN_NONE;
-        }
-        return fatal_call(tr, s_cr_failed) < 0 ? NULL : Py_NewRef(Py_None);
+        return r;
     }
     PyObject *r = PyObject_CallMethodOneArg(tr, s_split_rest, got); /* (the reference goes on) */
     Py_DECREF(got);
