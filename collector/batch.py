@@ -70,7 +70,7 @@ class BlockRow(Row):
     def _gaps(self) -> dict[str, LinkGaps]:
         v = _GAPS.__get__(self)
         if v is None:
-            self._block.materialise_gaps(self)
+            fill_gaps((self,))
             v = _GAPS.__get__(self)
         return v
 
@@ -143,10 +143,6 @@ class RowBlock:
         if self._gaps is None:
             self._gaps = colread.gap_rows(self.cols[1], len(self.vals))  # type: ignore[index]
         return self._gaps
-
-    def materialise_gaps(self, row: BlockRow) -> None:
-        """Fill ``row``'s gaps (:func:`fill_gaps` of one row)."""
-        fill_gaps([row])
 
     def record_items(self, i: int) -> zip:
         """The point and delta columns of the flat record (:func:`~deltatap.collector.rows.to_record`) of the block's
