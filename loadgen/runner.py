@@ -525,7 +525,7 @@ class Runner:
         elif rec.first_token_mono_ns is not None and submit is not None:
             c.recent_ttft_ns.append(rec.first_token_mono_ns - submit)
         self.records.append(rec)
-        self._emit_span(tid, sid, rec, submit)
+        self._emit_span(tid, sid, rec)
 
     async def request(
         self,
@@ -664,10 +664,8 @@ class Runner:
             attrs[Attr.STAMP_BOUNDS] = stamp_bounds
         return attrs
 
-    def _emit_span(self, trace_id: int, span_id: int, rec: RequestRecord, submit: int | None = -1) -> None:
-        """``submit``: the record's ``submit_mono_ns`` (T_submit) where the caller has it (-1: read it here)."""
-        if submit == -1:
-            submit = rec.submit_mono_ns
+    def _emit_span(self, trace_id: int, span_id: int, rec: RequestRecord) -> None:
+        submit = rec.submit_mono_ns
         attrs = self._span_attributes(rec)
         off = to_unix_ns(0)  # to_unix_ns(t) == t + off
         events: list[tuple[str, int, dict[str, Any] | None]] = []
