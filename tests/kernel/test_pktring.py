@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from deltatap.net import pktstamp
 from deltatap.net.pktstamp import _FRAME, PacketLog
+from tests.kernel.test_kstamp import _wait_kernel_stamping
 
 try:
     acc = importlib.import_module("deltatap.net._pktring")
@@ -228,22 +229,6 @@ def _wait_waiting(s: socket.socket, n: int) -> None:
     raise AssertionError(f"{n} bytes did not arrive")
 
 
-def _stamping_on(c: socket.socket, s: socket.socket) -> None:
-    """Linux switches receive stamping on for the whole system from a work queue when no other socket had it on (the
-    first one after every earlier test's sockets closed): packets in the moment after setsockopt may carry no stamp.
-    Probe until one arrives stamped; the queue is empty again after."""
-    view = memoryview(bytearray(16))
-    deadline = time.monotonic() + 5
-    while True:
-        c.send(b"?")
-        _wait_waiting(s, 1)
-        n, stamp = pktstamp._recv_stamped(s, view, 0)
-        if stamp > 0:
-            break
-        assert time.monotonic() < deadline, "receive stamping did not come on within 5 s"
-        time.sleep(0.001)
-
-
 def test_tcp_counters_and_notsent_match_the_reference() -> None:
     c, s = _pair()
     try:
@@ -269,7 +254,7 @@ def test_the_stamped_recv_matches_the_reference() -> None:
     """The same peeks return the same (bytes, stamp) through both; reads take the same bytes; nothing waiting and a
     closed socket raise the same; end of stream reads 0 bytes in both."""
     c, s = _pair()
-    _stamping_on(c, s)
+    _wait_kernel_stamping()  # (turned on for the system from a work queue: this pair's first packets may come unstamped)
     view = memoryview(bytearray(4096))
     try:
         with pytest.raises(BlockingIOError):
