@@ -87,14 +87,14 @@ class _Loop:
         cb(*args)
 
 
-def _pair(fast: bool):
+def _pair(fast: bool, cls: type = kstamp.KernelStampTransport):
     with socket.create_server(("127.0.0.1", 0)) as lsock:
         c = socket.create_connection(lsock.getsockname(), timeout=5)
         s, _ = lsock.accept()
     c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     s.setsockopt(socket.SOL_SOCKET, kstamp.SO_TIMESTAMPING, kstamp.RX_FLAGS)
     p = Recorder()
-    tr = kstamp.KernelStampTransport(_Loop(), s, p)
+    tr = cls(_Loop(), s, p)
     p.connection_made(tr)
     assert tr._plog is not None, "the packet log does not watch the connection"
     if not fast:

@@ -87,15 +87,8 @@ class _Counted(kstamp.KernelStampTransport):
 
 
 def _counted_pair():
-    with socket.create_server(("127.0.0.1", 0)) as lsock:
-        c = socket.create_connection(lsock.getsockname(), timeout=5)
-        s, _ = lsock.accept()
-    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    s.setsockopt(socket.SOL_SOCKET, kstamp.SO_TIMESTAMPING, kstamp.RX_FLAGS)
-    p = Recorder()
-    tr = _Counted(_Loop(), s, p)
+    c, s, tr, p = _pair(True, _Counted)
     tr.calls = 0
-    p.connection_made(tr)
     return c, s, tr, p
 
 
