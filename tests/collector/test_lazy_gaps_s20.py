@@ -6,35 +6,17 @@ pipeline settles every row (no dict or tuple of it left for the garbage collecto
 from __future__ import annotations
 
 import gc
-import sys
-from pathlib import Path
 
 import pytest
 
 from deltatap.collector import settle
 from deltatap.collector.batch import BlockRow
-from deltatap.collector.compact import decode_compact
-from deltatap.collector.pipeline import Pipeline, PipelineOptions
 from deltatap.collector.rows import Row, to_record
-
-
-def _pipeline_and_groups(n: int):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    try:
-        import collector_throughput as ct
-    finally:
-        sys.path.pop(0)
-    p = Pipeline(options=PipelineOptions(grace_s=0.2, join_hold_s=0.2, orphan_wait_s=10.0, keep_rows=0))
-    for data in ct.build_exports(n, 50, with_client=True):
-        for f in p.assembler.add(decode_compact(data), 0.0):
-            p.joiner.add(f, 0.0)
-    for f in p.assembler.flush(1.0):
-        p.joiner.add(f, 1.0)
-    return p, p.joiner.flush()
+from tests.collector.test_rows_settle import bench_groups
 
 
 def test_block_rows_build_their_gaps_on_first_read_as_the_per_request_way():
-    p, groups = _pipeline_and_groups(60)
+    p, groups = bench_groups(60)
     rows = p._rows(groups)
     assert len(rows) == 60
     held = [r for r in rows if r.__class__ is BlockRow and Row.gaps.__get__(r) is None]
@@ -53,7 +35,7 @@ def test_block_rows_build_their_gaps_on_first_read_as_the_per_request_way():
 
 @pytest.mark.parametrize("n", [9])
 def test_rows_equal_after_gaps_are_read_in_any_order(n: int):
-    p, groups = _pipeline_and_groups(n)
+    p, groups = bench_groups(n)
     rows = p._rows(groups)
     want = [p.decomposer.build_row(g.spans, g.method, g.note, g.trace_ids) for g in groups]
     for r, w in zip(reversed(rows), reversed(want), strict=True):
@@ -63,7 +45,7 @@ def test_rows_equal_after_gaps_are_read_in_any_order(n: int):
 def test_a_rows_file_batch_fills_every_held_rows_gaps_at_once():
     from deltatap.collector.batch import records
 
-    p, groups = _pipeline_and_groups(20)
+    p, groups = bench_groups(20)
     rows = p._rows(groups)
     assert all(Row.gaps.__get__(r) is None for r in rows)
     want = [p.decomposer.build_row(g.spans, g.method, g.note, g.trace_ids) for g in groups]

@@ -29,7 +29,8 @@ from deltatap.collector.sketches import Aggregator
 native = pytest.mark.skipif(settle._acc is None, reason="the C row settler is not built or DELTATAP_NATIVE turns it off: the reference runs")
 
 
-def _bench_rows(n: int) -> list[Row]:
+def bench_groups(n: int) -> tuple[Pipeline, list]:
+    """A pipeline and the joined groups of ``n`` of benchmarks/collector_throughput.py's requests (not yet rows)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     try:
         import collector_throughput as ct
@@ -41,7 +42,12 @@ def _bench_rows(n: int) -> list[Row]:
             p.joiner.add(f, 0.0)
     for f in p.assembler.flush(1.0):
         p.joiner.add(f, 1.0)
-    rows = p._rows(p.joiner.flush())  # (settled there)
+    return p, p.joiner.flush()
+
+
+def _bench_rows(n: int) -> list[Row]:
+    p, groups = bench_groups(n)
+    rows = p._rows(groups)  # (settled there)
     assert len(rows) == n
     return rows
 
