@@ -353,8 +353,8 @@ def main() -> int:
     p.add_argument("--tput-rounds", type=int, default=1, help="rounds of the maximum-rate phase, paths shuffled each round (median kept)")
     p.add_argument("--max-rps-only", action="store_true",
                    help="only the maximum-rate phase (no TTFT levels, no self-report): with --base-tree, before/after in one run")
-    p.add_argument("--otlp", choices=["http", "file"], default="http",
-                   help="the tap's span export: OTLP/HTTP to a sink process (default; what a deployment does) or OTLP JSON lines to a file")
+    p.add_argument("--otlp", choices=["http", "file", "none"], default="http",
+                   help="the tap's span export: OTLP/HTTP to a sink process (default; what a deployment does), OTLP JSON lines to a file, or none (what the export costs)")
     p.add_argument("--python-stamps", action="store_true",
                    help="also run a second tap with DELTATAP_KERNEL_STAMPS=0 (path tap-pystamps: uvloop's transports, "
                         "reads stamped in Python), side by side with the default kernel-stamped tap")
@@ -392,7 +392,7 @@ def main() -> int:
                                  "--echo-port", str(args.echo_port)], stdout=subprocess.DEVNULL)
         procs.append(sink)
         wait_port(sink_port, sink, "OTLP sink")
-        otlp = f"http://127.0.0.1:{sink_port}" if args.otlp == "http" else f"file:{spans}"
+        otlp = {"http": f"http://127.0.0.1:{sink_port}", "file": f"file:{spans}", "none": "none"}[args.otlp]
         up = subprocess.Popen([py, str(HERE / "tap_mock_upstream.py"), "--port", str(up_port)], stdout=subprocess.DEVNULL)
         procs.append(up)
         wait_port(up_port, up, "mock upstream")
