@@ -333,17 +333,22 @@ done:
     return rc;
 }
 
+/* watch(): 1 watched, 0 left to the Python path, -1 an error */
+static int watch_read(PyObject *const *args) {
+    Ctx c;
+    int rc = ctx_take(&c, args[0], args[1]);
+    if (rc <= 0) return rc;
+    rc = watch_one(&c, args[2], args[3], args[4], args[5], args[6]);
+    ctx_clear(&c);
+    return rc;
+}
+
 static PyObject *relay_watch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 7) {
         PyErr_SetString(PyExc_TypeError, "watch(up, d, data, t, bound, tw, bw)");
         return NULL;
     }
-    Ctx c;
-    int rc = ctx_take(&c, args[0], args[1]);
-    if (rc < 0) return NULL;
-    if (rc == 0) Py_RETURN_FALSE;
-    rc = watch_one(&c, args[2], args[3], args[4], args[5], args[6]);
-    ctx_clear(&c);
+    int rc = watch_read(args);
     if (rc < 0) return NULL;
     return PyBool_FromLong(rc);
 }
@@ -408,6 +413,346 @@ static PyObject *relay_watch_cuts(PyObject *mod, PyObject *const *args, Py_ssize
     return PyLong_FromSsize_t(i);
 }
 
+/* ---- the read itself: Upstream.data_received and _Watches.run ---------------------------------------------
+
+reads_setup() makes two method descriptors (method_descriptor, as list.append's: the reader callback's
+PyObject_VectorcallMethod calls them without a bound method or a Python frame) that relay.py puts in place of its
+definitions, Upstream.data_received and _Watches.run, which stay the Python path (and the whole path with
+DELTATAP_NATIVE=0):
+
+* data_received(data): with deferral off (up.watches None) the definition runs; else the pair's pending watches
+  run first (w.run(), as the definition); a read that is not the usual one (no kernel or no downstream, not plain,
+  bytes kept to replay, no kernel stamp) goes to StampedProtocol.data_received, as the definition sends it; the
+  usual one is forwarded (d.send(data): for StampedProtocol.send itself, its C twin k._wfast(d, k, data) first, as
+  send calls it, and send only where that returns None), stamped (last_read_t / last_read_bound), its item
+  (up, d, data, t, bound, tw, bw) appended to w.items, up.deferred set and w._round queued once per round
+  (w.loop.call_soon), in the definition's order.
+* run(): _Watches.run's loop over w.items from w.next (read from the attribute on every turn: a watch may run it
+  again), each item watched by relay.py's _watch_read (this module's watch() called directly) and else by
+  up._watch(d, data, up.reader.feed(data), ...); an exception from an item goes to up.kernel._fatal(exc,
+  "protocol.data_received() failed") with sys.exc_info() set as the definition's except block has it, and the rest
+  still run; then the list is cleared and w.next set to 0. */
+static PyObject *DataReceivedPy, *RunPy, *StampedDataReceived, *StampedSend, *RelayGlobals;
+static PyObject *S_watches, *S_deferred, *S_kernel, *S_down, *S_replay, *S_rx_mono_ns, *S_rx_bound_ns, *S_send, *S_wfast,
+    *S_items, *S_scheduled, *S_loop, *S_round, *S_call_soon, *S_run, *S_next, *S_watch_read, *S_watch, *S_feed, *S_fatal,
+    *S_dr_failed;
+
+/* the pending exception to tr._fatal(exc, msg) with sys.exc_info() set to it during the call (the definition's
+   ``except BaseException as exc`` block): 0, or -1 with the exception _fatal (or the lookup of tr) raised */
+static int fatal_call(PyObject *up) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL) PyException_SetTraceback(value, tb);
+    PyObject *ot, *ov, *otb;
+    PyErr_GetExcInfo(&ot, &ov, &otb);
+    Py_XINCREF(type);
+    Py_XINCREF(value);
+    Py_XINCREF(tb);
+    PyErr_SetExcInfo(type, value, tb);
+    PyObject *r = NULL, *tr = PyObject_GetAttr(up, S_kernel);
+    if (tr != NULL) {
+        PyObject *args[3] = {tr, value, S_dr_failed};
+        r = PyObject_VectorcallMethod(S_fatal, args, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(tr);
+    }
+    PyErr_SetExcInfo(ot, ov, otb);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* truthiness of obj.name: 1, 0, -1 */
+static int attr_true(PyObject *obj, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* obj.name is None: 1, 0, -1 */
+static int attr_none(PyObject *obj, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    int r = v == Py_None;
+    Py_DECREF(v);
+    return r;
+}
+
+/* one item of _Watches.run: 0, or -1 with an exception (for _fatal) */
+static int run_item(PyObject *const *it) {
+    PyObject *f = PyDict_GetItemWithError(RelayGlobals, S_watch_read); /* (borrowed: held below while called) */
+    if (f == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_NameError, "name '_watch_read' is not defined");
+        return -1;
+    }
+    int took = 0;
+    if (f != Py_None) {
+        if (PyCFunction_Check(f) && PyCFunction_GET_FUNCTION(f) == (PyCFunction)(void (*)(void))relay_watch) {
+            took = watch_read(it);
+        } else {
+            Py_INCREF(f);
+            PyObject *r = PyObject_Vectorcall(f, it, 7, NULL);
+            Py_DECREF(f);
+            if (r == NULL) return -1;
+            took = PyObject_IsTrue(r);
+            Py_DECREF(r);
+        }
+        if (took < 0) return -1;
+        if (took) return 0;
+    }
+    PyObject *up = it[0], *reader = PyObject_GetAttr(up, S_reader);
+    if (reader == NULL) return -1;
+    PyObject *fargs[2] = {reader, it[2]};
+    PyObject *events = PyObject_VectorcallMethod(S_feed, fargs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(reader);
+    if (events == NULL) return -1;
+    PyObject *wargs[8] = {up, it[1], it[2], events, it[3], it[4], it[5], it[6]};
+    PyObject *r = PyObject_VectorcallMethod(S_watch, wargs, 8 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(events);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *watches_run(PyObject *w, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 0) {
+        PyErr_SetString(PyExc_TypeError, "run() takes no arguments");
+        return NULL;
+    }
+    if (RelayGlobals == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "deltatap.proxy._relay.reads_setup() was not called");
+        return NULL;
+    }
+    PyObject *items = PyObject_GetAttr(w, S_items);
+    if (items == NULL) return NULL;
+    if (!PyList_CheckExact(items)) { /* (the definition's, for anything else) */
+        Py_DECREF(items);
+        return PyObject_Vectorcall(RunPy, &w, 1, NULL);
+    }
+    for (;;) {
+        PyObject *v = PyObject_GetAttr(w, S_next);
+        if (v == NULL) goto error;
+        Py_ssize_t next = PyLong_AsSsize_t(v);
+        Py_DECREF(v);
+        if (next == -1 && PyErr_Occurred()) goto error;
+        if (next < 0) { /* (the definition's indexing from the end: not an item this loop makes) */
+            Py_DECREF(items);
+            return PyObject_Vectorcall(RunPy, &w, 1, NULL);
+        }
+        if (next >= PyList_GET_SIZE(items)) break;
+        PyObject *item = PyList_GET_ITEM(items, next);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 7) {
+            PyErr_SetString(PyExc_ValueError, "_Watches.run: an item that is not (up, d, data, t, bound, tw, bw)");
+            goto error;
+        }
+        Py_INCREF(item);
+        v = PyLong_FromSsize_t(next + 1);
+        int rc = v == NULL ? -1 : PyObject_SetAttr(w, S_next, v);
+        Py_XDECREF(v);
+        if (rc == 0) rc = PyObject_SetAttr(PyTuple_GET_ITEM(item, 0), S_deferred, Py_False);
+        if (rc < 0) {
+            Py_DECREF(item);
+            goto error;
+        }
+        if (run_item(&PyTuple_GET_ITEM(item, 0)) < 0 && fatal_call(PyTuple_GET_ITEM(item, 0)) < 0) {
+            Py_DECREF(item);
+            goto error;
+        }
+        Py_DECREF(item);
+    }
+    if (PyList_SetSlice(items, 0, PyList_GET_SIZE(items), NULL) < 0 || PyObject_SetAttr(w, S_next, Zero) < 0) goto error;
+    Py_DECREF(items);
+    Py_RETURN_NONE;
+error:
+    Py_DECREF(items);
+    return NULL;
+}
+
+/* tw, bw = d.send(data): 0, -1 */
+static int send_down(PyObject *d, PyObject *data, PyObject **tw, PyObject **bw) {
+    PyObject *got = NULL;
+    if (_PyType_Lookup(Py_TYPE(d), S_send) == StampedSend) { /* StampedProtocol.send: its C twin first, as it calls it */
+        PyObject *k = PyObject_GetAttr(d, S_kernel);
+        if (k == NULL) return -1;
+        if (k != Py_None) {
+            PyObject *fast = PyObject_GetAttr(k, S_wfast);
+            if (fast == NULL) {
+                Py_DECREF(k);
+                return -1;
+            }
+            if (fast != Py_None) {
+                PyObject *fargs[3] = {d, k, data};
+                got = PyObject_Vectorcall(fast, fargs, 3, NULL);
+                if (got == Py_None) Py_CLEAR(got);
+                else if (got == NULL) {
+                    Py_DECREF(fast);
+                    Py_DECREF(k);
+                    return -1;
+                }
+            }
+            Py_DECREF(fast);
+        }
+        Py_DECREF(k);
+    }
+    if (got == NULL) {
+        PyObject *sargs[2] = {d, data};
+        got = PyObject_VectorcallMethod(S_send, sargs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (got == NULL) return -1;
+    }
+    if (!PyTuple_CheckExact(got) || PyTuple_GET_SIZE(got) != 2) { /* (unpacked as Python unpacks) */
+        PyObject *seq = PySequence_Tuple(got);
+        Py_DECREF(got);
+        if (seq == NULL) return -1;
+        if (PyTuple_GET_SIZE(seq) != 2) {
+            if (PyTuple_GET_SIZE(seq) > 2) PyErr_SetString(PyExc_ValueError, "too many values to unpack (expected 2)");
+            else PyErr_Format(PyExc_ValueError, "not enough values to unpack (expected 2, got %zd)", PyTuple_GET_SIZE(seq));
+            Py_DECREF(seq);
+            return -1;
+        }
+        got = seq;
+    }
+    *tw = Py_NewRef(PyTuple_GET_ITEM(got, 0));
+    *bw = Py_NewRef(PyTuple_GET_ITEM(got, 1));
+    Py_DECREF(got);
+    return 0;
+}
+
+static PyObject *up_data_received(PyObject *up, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "data_received(data)");
+        return NULL;
+    }
+    if (RelayGlobals == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "deltatap.proxy._relay.reads_setup() was not called");
+        return NULL;
+    }
+    PyObject *data = args[0], *pargs[2] = {up, data};
+    PyObject *w = PyObject_GetAttr(up, S_watches), *k = NULL, *d = NULL, *tw = NULL, *bw = NULL, *t = NULL, *bound = NULL,
+             *out = NULL;
+    if (w == NULL) return NULL;
+    if (w == Py_None) { /* deferral off: the definition, whole */
+        Py_DECREF(w);
+        return PyObject_Vectorcall(DataReceivedPy, pargs, 2, NULL);
+    }
+    int r = attr_true(up, S_deferred);
+    if (r < 0) goto done;
+    if (r) {
+        PyObject *rr = PyObject_VectorcallMethod(S_run, &w, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (rr == NULL) goto done;
+        Py_DECREF(rr);
+    }
+    if ((k = PyObject_GetAttr(up, S_kernel)) == NULL || (d = PyObject_GetAttr(up, S_down)) == NULL) goto done;
+    int usual = k != Py_None && d != Py_None;
+    if (usual && (usual = attr_true(up, S_plain)) < 0) goto done;
+    if (usual && (usual = attr_none(d, S_replay)) < 0) goto done;
+    if (usual && (r = attr_none(k, S_rx_mono_ns)) < 0) goto done;
+    if (usual && r) usual = 0;
+    if (!usual) {
+        out = PyObject_Vectorcall(StampedDataReceived, pargs, 2, NULL); /* (-> on_data) */
+        if (out != NULL) Py_SETREF(out, Py_NewRef(Py_None));
+        goto done;
+    }
+    if (send_down(d, data, &tw, &bw) < 0) goto done;
+    if ((t = PyObject_GetAttr(k, S_rx_mono_ns)) == NULL || PyObject_SetAttr(up, S_last_read_t, t) < 0) goto done;
+    if ((bound = PyObject_GetAttr(k, S_rx_bound_ns)) == NULL || PyObject_SetAttr(up, S_last_read_bound, bound) < 0) goto done;
+    {
+        PyObject *item = PyTuple_Pack(7, up, d, data, t, bound, tw, bw);
+        if (item == NULL) goto done;
+        PyObject *items = PyObject_GetAttr(w, S_items);
+        if (items == NULL) {
+            Py_DECREF(item);
+            goto done;
+        }
+        int rc = PyList_CheckExact(items) ? PyList_Append(items, item) : -2;
+        if (rc == -2) {
+            PyObject *rr = PyObject_CallMethod(items, "append", "O", item);
+            rc = rr == NULL ? -1 : 0;
+            Py_XDECREF(rr);
+        }
+        Py_DECREF(items);
+        Py_DECREF(item);
+        if (rc < 0 || PyObject_SetAttr(up, S_deferred, Py_True) < 0) goto done;
+    }
+    if ((r = attr_true(w, S_scheduled)) < 0) goto done;
+    if (!r) {
+        if (PyObject_SetAttr(w, S_scheduled, Py_True) < 0) goto done;
+        PyObject *loop = PyObject_GetAttr(w, S_loop);
+        if (loop == NULL) goto done;
+        PyObject *rnd = PyObject_GetAttr(w, S_round);
+        if (rnd == NULL) {
+            Py_DECREF(loop);
+            goto done;
+        }
+        PyObject *cargs[2] = {loop, rnd};
+        PyObject *h = PyObject_VectorcallMethod(S_call_soon, cargs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(loop);
+        Py_DECREF(rnd);
+        if (h == NULL) goto done;
+        Py_DECREF(h);
+    }
+    out = Py_NewRef(Py_None);
+done:
+    Py_DECREF(w);
+    Py_XDECREF(k);
+    Py_XDECREF(d);
+    Py_XDECREF(tw);
+    Py_XDECREF(bw);
+    Py_XDECREF(t);
+    Py_XDECREF(bound);
+    return out;
+}
+
+static PyMethodDef data_received_def = {"data_received", (PyCFunction)(void (*)(void))up_data_received, METH_FASTCALL,
+                                        "Upstream.data_received in C (deltatap.proxy._relay; relay.py's is the definition)"};
+static PyMethodDef run_def = {"run", (PyCFunction)(void (*)(void))watches_run, METH_FASTCALL,
+                              "_Watches.run in C (deltatap.proxy._relay; relay.py's is the definition)"};
+
+/* reads_setup(upstream_type, watches_type, data_received, run, stamped_data_received, stamped_send, relay_globals)
+   -> (data_received, run): the C methods for upstream_type and watches_type; the functions given are the
+   definitions they fall back to */
+static PyObject *relay_reads_setup(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyFunction_Check(args[2]) ||
+        !PyFunction_Check(args[3]) || !PyFunction_Check(args[4]) || !PyFunction_Check(args[5]) || !PyDict_Check(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "reads_setup(upstream_type, watches_type, data_received, run, "
+                                         "stamped_data_received, stamped_send, relay_globals)");
+        return NULL;
+    }
+    if (Body == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "reads_setup(): setup() first");
+        return NULL;
+    }
+#define INTERN(var, s) \
+    if (var == NULL && (var = PyUnicode_InternFromString(s)) == NULL) return NULL;
+    INTERN(S_watches, "watches") INTERN(S_deferred, "deferred") INTERN(S_kernel, "kernel") INTERN(S_down, "down")
+    INTERN(S_replay, "replay") INTERN(S_rx_mono_ns, "rx_mono_ns") INTERN(S_rx_bound_ns, "rx_bound_ns")
+    INTERN(S_send, "send") INTERN(S_wfast, "_wfast") INTERN(S_items, "items") INTERN(S_scheduled, "scheduled")
+    INTERN(S_loop, "loop") INTERN(S_round, "_round") INTERN(S_call_soon, "call_soon") INTERN(S_run, "run")
+    INTERN(S_next, "next") INTERN(S_watch_read, "_watch_read") INTERN(S_watch, "_watch") INTERN(S_feed, "feed")
+    INTERN(S_fatal, "_fatal") INTERN(S_dr_failed, "protocol.data_received() failed")
+#undef INTERN
+    PyObject *dr = PyDescr_NewMethod((PyTypeObject *)args[0], &data_received_def);
+    if (dr == NULL) return NULL;
+    PyObject *run = PyDescr_NewMethod((PyTypeObject *)args[1], &run_def);
+    if (run == NULL) {
+        Py_DECREF(dr);
+        return NULL;
+    }
+    PyObject **objs[5] = {&DataReceivedPy, &RunPy, &StampedDataReceived, &StampedSend, &RelayGlobals};
+    for (int i = 0; i < 5; i++) {
+        Py_INCREF(args[i + 2]);
+        Py_XSETREF(*objs[i], args[i + 2]);
+    }
+    PyObject *out = PyTuple_Pack(2, dr, run);
+    Py_DECREF(dr);
+    Py_DECREF(run);
+    return out;
+}
+
 static PyObject *relay_setup(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8 || !PyCallable_Check(args[0]) || !PyAnySet_Check(args[1]) || !PyType_Check(args[5]) ||
         !PyType_Check(args[6]) || !PyType_Check(args[7])) {
@@ -456,6 +801,9 @@ static PyMethodDef methods[] = {
      "watch(up, d, data, t, bound, tw, bw) -> bool: the read watched (True), or left to the Python path"},
     {"watch_cuts", (PyCFunction)(void (*)(void))relay_watch_cuts, METH_FASTCALL,
      "watch_cuts(up, d, data, pieces, start, tw, bw) -> int: the first piece from start on not watched here"},
+    {"reads_setup", (PyCFunction)(void (*)(void))relay_reads_setup, METH_FASTCALL,
+     "reads_setup(upstream_type, watches_type, data_received, run, stamped_data_received, stamped_send, relay_globals)"
+     " -> (data_received, run): the C methods that relay.py puts in place of its definitions"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1088,6 +1088,12 @@ if _relay_acc is not None and h1._body is not None:
     _relay_acc.setup(h1._body, h1._BODY_STATES, StreamObserver if _native_observer else None,
                      _sse._ObservingParser, _sse._gaps_observe, h1.Reader, Exchange, TapRecord)
     _watch_read, _watch_cuts = _relay_acc.watch, _relay_acc.watch_cuts
+    # the usual read itself in C as well: Upstream.data_received and _Watches.run become C methods (method
+    # descriptors: the reader callback calls them without a Python frame); the definitions stay here as
+    # _py_data_received / _py_run, which the C calls for every read it does not handle (see _relay.c)
+    _py_data_received, _py_run = Upstream.data_received, _Watches.run
+    Upstream.data_received, _Watches.run = _relay_acc.reads_setup(  # type: ignore[method-assign]
+        Upstream, _Watches, _py_data_received, _py_run, StampedProtocol.data_received, StampedProtocol.send, globals())
 
 
 _CLOSED = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_closed", "the upstream closed the connection before the response began")
