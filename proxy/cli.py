@@ -133,7 +133,8 @@ async def _serve(opts: TapOptions, args: argparse.Namespace, report_fd: int | No
     from deltatap.proxy.server import start_tap
 
     try:
-        telemetry = setup_telemetry(f"deltatap-tap-{opts.link}", otlp=args.otlp, protocol=args.otlp_protocol,
+        # OTLP/HTTP is exported from this event loop (no export thread: deltatap/telemetry/otlp_loop.py); gRPC and file keep the thread
+        telemetry = setup_telemetry(f"deltatap-tap-{opts.link}", otlp=args.otlp, protocol=args.otlp_protocol, on_loop=True,
                                     resource_attributes={"deltatap.link": opts.link, Attr.STAMP_SOURCE: stamp_source()})
     except TelemetryConfigError as exc:
         raise ConfigError(str(exc)) from None

@@ -53,12 +53,18 @@ class _Base(SpanExporter):
         self.last_reason = ""  # of the last failure: "export_timeout" or "export_failed"
         self._stop = threading.Event()  # set by shutdown: ends a backoff wait at once
 
-    def _wait_before_retry(self, attempt: int, deadline: float) -> bool:
-        """Sleep before retry ``attempt + 1``; False when there is no retry left, no time, or a shutdown."""
+    def retry_delay(self, attempt: int, deadline: float) -> float | None:
+        """The wait before retry ``attempt + 1`` of an export due by ``deadline`` (``time.monotonic``); None when
+        there is no retry left, no time for it, or a shutdown (the thread's and the event loop's exports both ask)."""
         delay = self.backoff_s * (2**attempt)
         if attempt >= self.retries or self._stop.is_set() or time.monotonic() + delay >= deadline:
-            return False
-        return not self._stop.wait(delay)
+            return None
+        return delay
+
+    def _wait_before_retry(self, attempt: int, deadline: float) -> bool:
+        """Sleep before retry ``attempt + 1``; False when there is no retry left, no time, or a shutdown."""
+        delay = self.retry_delay(attempt, deadline)
+        return delay is not None and not self._stop.wait(delay)
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return True  # nothing is buffered here
@@ -138,9 +144,9 @@ def ssl_context(ca_file: str | None = None, client_cert: str | None = None, clie
     return ctx
 
 
-def _error_message(resp: http.client.HTTPResponse, data: bytes) -> str:
+def _error_message(content_type: str | None, data: bytes) -> str:
     """The message of an OTLP/HTTP error answer (a google.rpc.Status, protobuf or JSON), else its first bytes."""
-    ctype = (resp.getheader("Content-Type") or "").lower()
+    ctype = (content_type or "").lower()
     try:
         if "protobuf" in ctype:
             from google.rpc import status_pb2
@@ -205,15 +211,53 @@ class OtlpHttpExporter(_Base):
             self._conn.close()
             self._conn = None
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if self._stop.is_set():
-            return self._failed("exporter is shut down")
+    def encode_body(self, spans: Sequence[ReadableSpan]) -> bytes:
+        """The request body for ``spans``: the encoded export request, compressed as configured."""
         body = encode_export_request(spans)
         if self._compression == "gzip":
-            body = gzip.compress(body, compresslevel=6)
-        elif self._compression == "deflate":
-            body = zlib.compress(body)
-        deadline = time.monotonic() + self.timeout_s
+            return gzip.compress(body, compresslevel=6)
+        if self._compression == "deflate":
+            return zlib.compress(body)
+        return body
+
+    def request_head(self, content_length: int) -> bytes:
+        """The request line and headers ``http.client`` writes for one export ``POST`` of ``content_length`` bytes,
+        byte for byte (the event loop's exporter, :mod:`deltatap.telemetry.otlp_loop`, writes these)."""
+        given = {k.lower() for k in self._headers}
+        lines = [f"POST {self._path} HTTP/1.1"]
+        if "host" not in given:
+            host = f"[{self._host}]" if ":" in self._host else self._host
+            lines.append(f"Host: {host}" if self._port == (443 if self._https else 80) else f"Host: {host}:{self._port}")
+        if "accept-encoding" not in given:
+            lines.append("Accept-Encoding: identity")
+        if "content-length" not in given:
+            lines.append(f"Content-Length: {content_length}")
+        lines += [f"{k}: {v}" for k, v in self._headers.items()]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    def connection_error(self, exc: BaseException, attempt: int) -> str:
+        """``last_error`` of an attempt that ended with ``exc`` (connection refused or reset, timed out...)."""
+        text = "timed out" if isinstance(exc, TimeoutError) and not str(exc) else str(exc)
+        return f"OTLP/HTTP export to {self.url}: {type(exc).__name__}: {text}, attempt {attempt + 1}"
+
+    def answer_error(self, status: int, reason: str, content_type: str | None, data: bytes, attempt: int) -> str:
+        """``last_error`` of an attempt the collector answered with a non-2xx ``status``."""
+        return f"OTLP/HTTP export to {self.url}: HTTP {status} {reason}: {_error_message(content_type, data)}, attempt {attempt + 1}"
+
+    @staticmethod
+    def retry_status(status: int) -> bool:
+        """Whether an answer with ``status`` is retried (429, 502, 503, 504)."""
+        return status in _HTTP_RETRY_STATUS
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self.export_within(spans, self.timeout_s)
+
+    def export_within(self, spans: Sequence[ReadableSpan], timeout_s: float) -> SpanExportResult:
+        """:meth:`export` bounded by ``timeout_s`` instead of the exporter's timeout."""
+        if self._stop.is_set():
+            return self._failed("exporter is shut down")
+        body = self.encode_body(spans)
+        deadline = time.monotonic() + timeout_s
         attempt = 0
         with self._lock:
             while True:
@@ -226,7 +270,7 @@ class OtlpHttpExporter(_Base):
                     self._drop_connection()
                     if self._stop.is_set():  # shutdown ended this export
                         return self._failed(f"OTLP/HTTP export to {self.url}: ended by shutdown, attempt {attempt + 1}")
-                    self.last_error = f"OTLP/HTTP export to {self.url}: {type(exc).__name__}: {exc}, attempt {attempt + 1}"
+                    self.last_error = self.connection_error(exc, attempt)
                     stale = reused and isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError))
                     if stale and attempt < self.retries:  # the collector closed the idle keep-alive connection
                         attempt += 1
@@ -237,10 +281,8 @@ class OtlpHttpExporter(_Base):
                     continue
                 if 200 <= resp.status < 300:
                     return SpanExportResult.SUCCESS
-                self.last_error = (
-                    f"OTLP/HTTP export to {self.url}: HTTP {resp.status} {resp.reason}: {_error_message(resp, data)}, attempt {attempt + 1}"
-                )
-                if resp.status not in _HTTP_RETRY_STATUS or not self._wait_before_retry(attempt, deadline):
+                self.last_error = self.answer_error(resp.status, resp.reason, resp.getheader("Content-Type"), data, attempt)
+                if not self.retry_status(resp.status) or not self._wait_before_retry(attempt, deadline):
                     return self._failed(self.last_error)
                 attempt += 1
 

@@ -148,15 +148,14 @@ def shutdown_deadline(value: float | None = None) -> float:
     return float(value)
 
 
-class BoundedSpanProcessor(SpanProcessor):
-    """Queue spans (bounded) and export them in batches from one daemon thread.
+class QueuedSpanProcessor(SpanProcessor):
+    """The bounded queue and its accounting, shared by the export thread (:class:`BoundedSpanProcessor`) and the
+    event loop's export (:class:`deltatap.telemetry.otlp_loop.LoopSpanProcessor`).
 
-    ``on_end`` never blocks: it appends to a deque under the stats lock or, when the queue is full,
-    counts the span as dropped (``queue_full``). Each batch stays counted as queued until its export
-    returns; then it is counted as exported or dropped (``export_failed`` / ``export_timeout``).
-    :meth:`shutdown` exports what is queued until its deadline and counts the rest as dropped
-    (``shutdown_deadline``); an export still in flight then is abandoned (its late result is ignored)
-    and the exporter is shut down, which ends its network wait.
+    ``on_end`` never blocks: it appends to a deque under the stats lock or, when the queue is full, counts the span
+    as dropped (``queue_full``). Each batch stays counted as queued until its export returns
+    (:meth:`_settle`); then it is counted as exported or dropped (``export_failed`` / ``export_timeout``); what is
+    left at the shutdown deadline is counted by :meth:`_drop_left` (``shutdown_deadline``).
     """
 
     def __init__(
@@ -178,12 +177,8 @@ class BoundedSpanProcessor(SpanProcessor):
         self._cond = threading.Condition(self.stats.lock)  # one lock for the queue and every counter
         self._batch: list[ReadableSpan] | None = None  # being exported; still counted as queued
         self._shutdown = False  # no more spans taken
-        self._abandoned = False  # the shutdown deadline passed: the thread must stop
         self._closed = False
         self._shutdown_lock = threading.Lock()
-        self._flush_requests: list[threading.Event] = []
-        self._thread = threading.Thread(target=self._run, name="deltatap-span-export", daemon=True)
-        self._thread.start()
 
     def on_start(self, span, parent_context=None) -> None:  # noqa: D401 - SDK interface
         return None
@@ -200,14 +195,79 @@ class BoundedSpanProcessor(SpanProcessor):
                 return
             self._queue.append(span)
             st.spans_queued += 1
-            if len(self._queue) >= self.max_batch:
-                self._cond.notify()
+            self._queued(len(self._queue))
+
+    def _queued(self, n: int) -> None:
+        """Called under the lock after a span was queued, ``n`` spans now waiting: wake the exporting side."""
 
     def _take_batch(self) -> list[ReadableSpan]:
+        """(Under the lock.) Up to ``max_batch`` spans off the queue; they stay counted as queued."""
         batch: list[ReadableSpan] = []
         while self._queue and len(batch) < self.max_batch:
             batch.append(self._queue.popleft())
         return batch
+
+    def _outcome(self, result: SpanExportResult | None, exc: BaseException | None = None) -> tuple[bool, str, str]:
+        """``(ok, drop reason, error)`` of an export that returned ``result`` or raised ``exc``."""
+        if exc is not None:
+            return False, "export_failed", f"{type(exc).__name__}: {exc}"
+        if result == SpanExportResult.SUCCESS:
+            return True, "", ""
+        err = getattr(self.exporter, "last_error", "") or "exporter returned FAILURE"
+        return False, getattr(self.exporter, "last_reason", "") or "export_failed", err
+
+    def _settle(self, batch: list[ReadableSpan], ok: bool, reason: str, err: str) -> None:
+        """Count ``batch`` (the one being exported) as exported, or dropped with ``reason``; a batch already counted
+        at the shutdown deadline is left alone (its late result is ignored)."""
+        st = self.stats
+        with self._cond:
+            if self._batch is not batch:  # abandoned at the shutdown deadline: already counted
+                return
+            self._batch = None
+            st.spans_queued -= len(batch)
+            if ok:
+                st.spans_exported += len(batch)
+                return
+            first = st.export_failures == 0
+            st.export_failures += 1
+            st.dropped[reason if reason in st.dropped else "export_failed"] += len(batch)
+            st.last_error = err
+        if first:
+            log.warning("span export failed (%s); %d spans dropped; traffic is unaffected", err, len(batch))
+
+    def _drop_left(self, deadline_s: float) -> int:
+        """Count every span still queued or being exported as dropped (``shutdown_deadline``); how many."""
+        st = self.stats
+        with self._cond:
+            left = len(self._queue) + len(self._batch or ())
+            self._queue.clear()
+            self._batch = None
+            st.spans_queued -= left
+            st.dropped["shutdown_deadline"] += left
+            self._cond.notify_all()
+        if left:
+            log.warning("span export: shutdown deadline (%.1f s) passed; %d spans still queued dropped", deadline_s, left)
+        return left
+
+
+class BoundedSpanProcessor(QueuedSpanProcessor):
+    """Queue spans (bounded) and export them in batches from one daemon thread.
+
+    :meth:`shutdown` exports what is queued until its deadline and counts the rest as dropped
+    (``shutdown_deadline``); an export still in flight then is abandoned (its late result is ignored)
+    and the exporter is shut down, which ends its network wait.
+    """
+
+    def __init__(self, exporter: SpanExporter, **kwargs) -> None:
+        super().__init__(exporter, **kwargs)
+        self._abandoned = False  # the shutdown deadline passed: the thread must stop
+        self._flush_requests: list[threading.Event] = []
+        self._thread = threading.Thread(target=self._run, name="deltatap-span-export", daemon=True)
+        self._thread.start()
+
+    def _queued(self, n: int) -> None:
+        if n >= self.max_batch:
+            self._cond.notify()
 
     def _run(self) -> None:
         while True:
@@ -230,30 +290,11 @@ class BoundedSpanProcessor(SpanProcessor):
                 return
 
     def _export(self, batch: list[ReadableSpan]) -> None:
-        reason = "export_failed"
         try:
-            result = self.exporter.export(batch)
-            ok = result == SpanExportResult.SUCCESS
-            if not ok:
-                err = getattr(self.exporter, "last_error", "") or "exporter returned FAILURE"
-                reason = getattr(self.exporter, "last_reason", "") or reason
+            outcome = self._outcome(self.exporter.export(batch))
         except Exception as exc:  # exporter bugs must not kill the thread
-            ok, err = False, f"{type(exc).__name__}: {exc}"
-        st = self.stats
-        with self._cond:
-            if self._batch is not batch:  # abandoned at the shutdown deadline: already counted
-                return
-            self._batch = None
-            st.spans_queued -= len(batch)
-            if ok:
-                st.spans_exported += len(batch)
-                return
-            first = st.export_failures == 0
-            st.export_failures += 1
-            st.dropped[reason if reason in st.dropped else "export_failed"] += len(batch)
-            st.last_error = err
-        if first:
-            log.warning("span export failed (%s); %d spans dropped; traffic is unaffected", err, len(batch))
+            outcome = self._outcome(None, exc)
+        self._settle(batch, *outcome)
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         ev = threading.Event()
@@ -276,17 +317,8 @@ class BoundedSpanProcessor(SpanProcessor):
                 self._cond.notify_all()
             self._thread.join(timeout=max(deadline_s, 0.0))
             if self._thread.is_alive():
-                st = self.stats
-                with self._cond:
-                    left = len(self._queue) + len(self._batch or ())
-                    self._queue.clear()
-                    self._batch = None
-                    self._abandoned = True
-                    st.spans_queued -= left
-                    st.dropped["shutdown_deadline"] += left
-                    self._cond.notify_all()
-                if left:
-                    log.warning("span export: shutdown deadline (%.1f s) passed; %d spans still queued dropped", deadline_s, left)
+                self._abandoned = True  # (read by the thread under the lock _drop_left takes and notifies)
+                self._drop_left(deadline_s)
             try:
                 self.exporter.shutdown()  # ends an export in flight (closes its connection)
             except Exception:  # pragma: no cover - best effort
@@ -398,7 +430,7 @@ class Telemetry:
     """A tracer provider plus the bounded processor feeding it, created and closed in one place."""
 
     provider: TracerProvider
-    processor: BoundedSpanProcessor
+    processor: QueuedSpanProcessor  # BoundedSpanProcessor, or otlp_loop.LoopSpanProcessor (on_loop=True)
     origin: SpanOrigin = field(init=False)  # the resource and scope of the SpanRecords handed to the processor
 
     def __post_init__(self) -> None:
@@ -432,19 +464,39 @@ def setup_telemetry(
     max_queue: int = 20_000,
     resource_attributes: dict[str, str] | None = None,
     shutdown_deadline_s: float | None = None,
+    on_loop: bool = False,
 ) -> Telemetry:
     """Create a private TracerProvider (never the global one: several observers may share a
     process in tests and in ``deltatap demo``). ``shutdown_deadline_s``: how long :meth:`Telemetry.shutdown`
-    may go on exporting (default ``$DELTATAP_SPAN_SHUTDOWN_S``, else 5 s)."""
+    may go on exporting (default ``$DELTATAP_SPAN_SHUTDOWN_S``, else 5 s).
+
+    ``on_loop``: called on a running asyncio event loop, export OTLP/HTTP from that loop, with no export thread
+    (:class:`deltatap.telemetry.otlp_loop.LoopSpanProcessor`; ``deltatap tap`` does); other exports (gRPC, file)
+    keep the thread."""
     deadline = shutdown_deadline(shutdown_deadline_s)
-    # The export thread encodes protobuf in Python while holding the GIL; with CPython's default
-    # 5 ms switch interval the event loop's thread (where every stamp is taken) could wait that long
-    # for it. A short interval bounds the delay the export path can add to a stamp.
-    if sys.getswitchinterval() > EXPORT_SWITCH_INTERVAL_S:
-        sys.setswitchinterval(EXPORT_SWITCH_INTERVAL_S)
     attrs = {"service.name": service_name, "service.version": __version__}
     attrs.update(resource_attributes or {})
     provider = TracerProvider(resource=Resource.create(attrs))
-    processor = BoundedSpanProcessor(exporter or make_exporter(otlp, protocol), max_queue=max_queue, shutdown_deadline_s=deadline)
+    exp = exporter or make_exporter(otlp, protocol)
+    processor: QueuedSpanProcessor
+    if on_loop and _http_exporter(exp):
+        import asyncio
+
+        from deltatap.telemetry.otlp_loop import LoopSpanProcessor
+
+        processor = LoopSpanProcessor(exp, asyncio.get_running_loop(), max_queue=max_queue, shutdown_deadline_s=deadline)
+    else:
+        # The export thread encodes while holding the GIL; with CPython's default 5 ms switch interval the event
+        # loop's thread (where every stamp is taken) could wait that long for it. A short interval bounds the delay
+        # the export path can add to a stamp. (A process exporting on its loop has no such thread.)
+        if sys.getswitchinterval() > EXPORT_SWITCH_INTERVAL_S:
+            sys.setswitchinterval(EXPORT_SWITCH_INTERVAL_S)
+        processor = BoundedSpanProcessor(exp, max_queue=max_queue, shutdown_deadline_s=deadline)
     provider.add_span_processor(processor)
     return Telemetry(provider=provider, processor=processor)
+
+
+def _http_exporter(exporter: SpanExporter) -> bool:
+    from deltatap.telemetry.otlp_export import OtlpHttpExporter
+
+    return isinstance(exporter, OtlpHttpExporter)
