@@ -816,17 +816,21 @@ static int observe_event(void *vself) {
 /* ---- GapStats in C: GapCore ------------------------------------------------------------------------------
 
 deltatap.core.gap_stats.GapStats is the definition; GapCore keeps the same state (count, total_ns, max_ns, _top: the
-min-heap list of the top_k largest gaps, kept with heapq's own functions so the list is the same, _buckets: the
-sketch dict, _zeros, _last) and does observe() and add() the same way; sse.py's subclass of it borrows GapStats's
-mean_ns, quantile_ns and p99_ns, which read that state. Counts and sums are C long long: a total past 2^63 ns
-(292 years) raises OverflowError instead of growing. */
+min-heap of the top_k largest gaps, _buckets: the sketch dict, _zeros, _last) and does observe() and add() the same
+way; sse.py's subclass of it borrows GapStats's quantile_ns and p99_ns, which read that state (mean_ns is a getter
+here: GapStats.mean_ns's division, in one C call). The heap is a C array of the gaps, kept with heapq's own
+algorithm (_heapq.c's siftdown / siftup: heappush, heapreplace), so ``_top`` (a list made from it when read) is the
+list GapStats's heapq calls leave, item for item; no int object per gap. Counts and sums are C long long: a total
+past 2^63 ns (292 years) raises OverflowError instead of growing. */
 
 typedef struct {
     PyObject_HEAD
     long long count, total_ns, max_ns, zeros;
     Py_ssize_t top_k;
-    PyObject *top;     /* list */
-    PyObject *buckets; /* dict */
+    long long *top;    /* the heap: n_top gaps (room for cap_top), as heapq keeps GapStats._top */
+    Py_ssize_t n_top, cap_top;
+    PyObject *top_list; /* _top as read: one list, made at the first read and brought up to date at each */
+    PyObject *buckets;  /* dict */
     PyObject *last;    /* int or NULL (None) */
 } Gaps;
 
@@ -839,9 +843,8 @@ static PyObject *gaps_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     Gaps *self = (Gaps *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
     self->top_k = top_k;
-    self->top = PyList_New(0);
     self->buckets = PyDict_New();
-    if (self->top == NULL || self->buckets == NULL) {
+    if (self->buckets == NULL) {
         Py_DECREF(self);
         return NULL;
     }
@@ -849,14 +852,14 @@ static PyObject *gaps_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 }
 
 static int gaps_traverse(Gaps *self, visitproc visit, void *arg) {
-    Py_VISIT(self->top);
+    Py_VISIT(self->top_list);
     Py_VISIT(self->buckets);
     Py_VISIT(self->last);
     return 0;
 }
 
 static int gaps_clear(Gaps *self) {
-    Py_CLEAR(self->top);
+    Py_CLEAR(self->top_list);
     Py_CLEAR(self->buckets);
     Py_CLEAR(self->last);
     return 0;
@@ -865,7 +868,54 @@ static int gaps_clear(Gaps *self) {
 static void gaps_dealloc(Gaps *self) {
     PyObject_GC_UnTrack(self);
     gaps_clear(self);
+    PyMem_Free(self->top);
+    self->top = NULL;
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* heapq's siftdown(heap, startpos, pos) and siftup(heap, pos) (Modules/_heapq.c, Lib/heapq.py's _siftdown / _siftup),
+   on the array: the same moves, so the same order */
+static void heap_siftdown(long long *heap, Py_ssize_t startpos, Py_ssize_t pos) {
+    long long newitem = heap[pos];
+    while (pos > startpos) {
+        Py_ssize_t parentpos = (pos - 1) >> 1;
+        long long parent = heap[parentpos];
+        if (!(newitem < parent)) break;
+        heap[pos] = parent;
+        pos = parentpos;
+    }
+    heap[pos] = newitem;
+}
+
+static void heap_siftup(long long *heap, Py_ssize_t endpos, Py_ssize_t pos) {
+    Py_ssize_t startpos = pos, limit = endpos >> 1; /* (limit: the smallest pos without a child) */
+    long long newitem = heap[pos];
+    while (pos < limit) {
+        Py_ssize_t childpos = 2 * pos + 1; /* the smaller child */
+        if (childpos + 1 < endpos && !(heap[childpos] < heap[childpos + 1])) childpos++;
+        heap[pos] = heap[childpos];
+        pos = childpos;
+    }
+    heap[pos] = newitem;
+    heap_siftdown(heap, startpos, pos);
+}
+
+/* heapq.heappush(top, g) */
+static int heap_push(Gaps *self, long long g) {
+    if (self->n_top == self->cap_top) {
+        Py_ssize_t cap = self->cap_top ? self->cap_top * 2 : 16;
+        if (cap > self->top_k) cap = self->top_k;
+        long long *grown = PyMem_Realloc(self->top, (size_t)cap * sizeof(long long));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->top = grown;
+        self->cap_top = cap;
+    }
+    self->top[self->n_top++] = g;
+    heap_siftdown(self->top, 0, self->n_top - 1);
+    return 0;
 }
 
 /* GapStats.add(g) */
@@ -876,36 +926,19 @@ static int gap_add(Gaps *self, long long g) {
         PyErr_SetString(PyExc_OverflowError, "GapCore: the sum of the gaps passed 2^63 ns");
         return -1;
     }
-    PyObject *top = self->top;
-    if (top == NULL || self->buckets == NULL) {
+    if (self->buckets == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "GapCore: cleared");
         return -1;
     }
     self->count++;
     self->total_ns = total;
     if (g > self->max_ns) self->max_ns = g;
-    if (PyList_GET_SIZE(top) < self->top_k) {
-        PyObject *go = PyLong_FromLongLong(g);
-        if (go == NULL) return -1;
-        PyObject *r = PyObject_CallFunctionObjArgs(HeapPush, top, go, NULL);
-        Py_DECREF(go);
-        if (r == NULL) return -1;
-        Py_DECREF(r);
-        return 0;
-    }
-    if (PyList_GET_SIZE(top) > 0) { /* (top_k 0: every gap goes to the sketch) */
-        long long smallest = PyLong_AsLongLong(PyList_GET_ITEM(top, 0));
-        if (smallest == -1 && PyErr_Occurred()) return -1;
-        if (g > smallest) {
-            PyObject *go = PyLong_FromLongLong(g);
-            if (go == NULL) return -1;
-            PyObject *r = PyObject_CallFunctionObjArgs(HeapReplace, top, go, NULL);
-            Py_DECREF(go);
-            if (r == NULL) return -1;
-            g = PyLong_AsLongLong(r);
-            Py_DECREF(r);
-            if (g == -1 && PyErr_Occurred()) return -1;
-        }
+    if (self->n_top < self->top_k) return heap_push(self, g);
+    if (self->n_top > 0 && g > self->top[0]) { /* heapreplace (top_k 0: every gap goes to the sketch) */
+        long long smallest = self->top[0];
+        self->top[0] = g;
+        heap_siftup(self->top, self->n_top, 0);
+        g = smallest;
     }
     if (g == 0) {
         self->zeros++;
@@ -942,7 +975,7 @@ static int gap_observe_n(Gaps *self, PyObject *t_obj, Py_ssize_t n) {
         if (gap_add(self, g) < 0) return -1;
     }
     /* zero gaps: kept while the top is not full, then counted in the sketch's zeros (no kept gap is below 0) */
-    while (zero_gaps > 0 && self->top != NULL && PyList_GET_SIZE(self->top) < self->top_k) {
+    while (zero_gaps > 0 && self->buckets != NULL && self->n_top < self->top_k) {
         if (gap_add(self, 0) < 0) return -1;
         zero_gaps--;
     }
@@ -986,6 +1019,39 @@ static PyObject *gaps_get_last(Gaps *self, void *closure) {
     return Py_NewRef(self->last ? self->last : Py_None);
 }
 
+/* GapStats._top: the heap as a list, the same list at every read (as GapStats's attribute is), its items brought up
+   to date when read (GapStats's code only reads it) */
+static PyObject *gaps_get_top(Gaps *self, void *closure) {
+    PyObject *fresh = PyList_New(self->n_top);
+    if (fresh == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < self->n_top; i++) {
+        PyObject *v = PyLong_FromLongLong(self->top[i]);
+        if (v == NULL) {
+            Py_DECREF(fresh);
+            return NULL;
+        }
+        PyList_SET_ITEM(fresh, i, v);
+    }
+    if (self->top_list == NULL) {
+        self->top_list = fresh;
+        return Py_NewRef(fresh);
+    }
+    int rc = PyList_SetSlice(self->top_list, 0, PY_SSIZE_T_MAX, fresh);
+    Py_DECREF(fresh);
+    if (rc < 0) return NULL;
+    return Py_NewRef(self->top_list);
+}
+
+/* GapStats.mean_ns: total_ns / count (Python's int division: exact rounding), 0.0 without a gap */
+static PyObject *gaps_get_mean(Gaps *self, void *closure) {
+    if (!self->count) return PyFloat_FromDouble(0.0);
+    PyObject *total = PyLong_FromLongLong(self->total_ns), *count = PyLong_FromLongLong(self->count), *out = NULL;
+    if (total != NULL && count != NULL) out = PyNumber_TrueDivide(total, count);
+    Py_XDECREF(total);
+    Py_XDECREF(count);
+    return out;
+}
+
 static PyMethodDef gaps_methods[] = {
     {"observe", (PyCFunction)gaps_py_observe, METH_O, "observe(t_ns): add the gap since the previous call"},
     {"add", (PyCFunction)gaps_py_add, METH_O, "add(gap_ns)"},
@@ -998,13 +1064,14 @@ static PyMemberDef gaps_members[] = {
     {"max_ns", T_LONGLONG, offsetof(Gaps, max_ns), READONLY, NULL},
     {"_zeros", T_LONGLONG, offsetof(Gaps, zeros), READONLY, NULL},
     {"_top_k", T_PYSSIZET, offsetof(Gaps, top_k), READONLY, NULL},
-    {"_top", T_OBJECT_EX, offsetof(Gaps, top), READONLY, NULL},
     {"_buckets", T_OBJECT_EX, offsetof(Gaps, buckets), READONLY, NULL},
     {NULL, 0, 0, 0, NULL},
 };
 
 static PyGetSetDef gaps_getset[] = {
     {"_last", (getter)gaps_get_last, NULL, NULL, NULL},
+    {"_top", (getter)gaps_get_top, NULL, "the min-heap of the top_k largest gaps (a list made when read)", NULL},
+    {"mean_ns", (getter)gaps_get_mean, NULL, "GapStats.mean_ns", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1101,6 +1168,8 @@ static PyObject *module_gaps_observe(PyObject *mod, PyObject *const *args, Py_ss
 }
 
 static PyObject *setup_observer(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    /* (heappush and heapreplace: GapCore keeps its heap with their algorithm itself; taken for the callers that pass
+       them, unused) */
     if (nargs != 5 || !PyFloat_Check(args[4])) {
         PyErr_SetString(PyExc_TypeError, "setup_observer(chat, completions, heappush, heapreplace, log_gamma)");
         return NULL;

@@ -5,9 +5,10 @@
 exact below 12,800 gaps); the others go to a log-bucket sketch with 1 % relative error.
 
 This class is the definition. Where ``deltatap.core._content`` is built, the tap's stream observer keeps its gaps in
-that module's ``GapCore`` (the same state, ``observe`` and ``add`` in C, so the observer's C path updates it without a
-Python step; ``quantile_ns`` and the rest are this class's own code), which tests/kernel/test_content_native.py
-compares with this class.
+that module's ``GapCore`` (the same state, ``observe``, ``add`` and ``mean_ns`` in C, so the observer's C path updates it
+without a Python step; its kept gaps are a C array kept with heapq's algorithm, ``_top`` the same list as here, item
+for item; ``quantile_ns`` and the rest are this class's own code), which tests/kernel/test_content_native.py and
+tests/core/test_gaps_s21.py compare with this class.
 """
 
 from __future__ import annotations
