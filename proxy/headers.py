@@ -30,14 +30,11 @@ def new_request_id() -> str:
 
 def trace_context(head: Head) -> dict[str, str]:
     """The incoming W3C trace context (``traceparent``, ``tracestate``) as text, for :func:`deltatap.proxy.spans.begin`."""
-    index = head._index
-    if index is None:
-        index = head.index()
     out: dict[str, str] = {}
-    values = index.get(b"traceparent")
-    if values:
-        out["traceparent"] = values[0].decode("latin-1")
-    values = index.get(b"tracestate")
+    value = head.get(b"traceparent")
+    if value is not None:
+        out["traceparent"] = value.decode("latin-1")
+    values = head.values(b"tracestate")
     if values:
         out["tracestate"] = ",".join(v.decode("latin-1") for v in values)
     return out
@@ -49,11 +46,7 @@ def rewrite_request_head(
     """The head to send upstream, the request id (the correlation header's value, created if absent) and whether it
     was created. ``correlation_header``: lower-case name. (With deltatap.net.h1's C accelerator the bytes are made in one
     call, ``_h1.rewrite_head``, exactly as below.)"""
-    index = head._index
-    if index is None:
-        index = head.index()
-    existing = index.get(correlation_header)
-    additions, request_id, created = _additions(existing[0] if existing else None, correlation_header, trace_headers)
+    additions, request_id, created = _additions(head.get(correlation_header), correlation_header, trace_headers)
     acc = h1._acc
     if acc is not None:
         return acc.rewrite_head(head.raw, host_header, target_prefix, additions), request_id, created

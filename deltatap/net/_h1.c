@@ -8,10 +8,13 @@ compares them on generated messages split at random points, malformed chunk size
   h1.parse_head without building the Head (index: what Head.values builds, lower-cased name -> values);
 * head_end(buf, start) -> int: h1._head_end;
 * feed_head(data, pos, buf, request, max_head): Reader._feed_head in one call (leading empty lines, the head's end,
-  the size limit, parse_head, the Head with its name index and keep_alive) and, for a request, Reader._begin's
+  the size limit, parse_head, the Head with keep_alive filled in, its slots written directly) and, for a request, Reader._begin's
   framing (Content-Length / chunked / none, the protocol-switch hold) with its errors (test_h1_head_native.py);
   for the usual final response, given the request's method, its framing likewise (Content-Length / chunked / to
   the close / none; tests/kernel/test_h1_response_tapcpu.py);
+* header_values(headers, lname, all) -> Head.values(lname) / Head.get(lname) read from the headers list, as the name
+  index (Head.index) would answer: a head feed_head makes has no index until one is asked for (tests/proxy/
+  test_head_s21_request.py compares them);
 * rewrite_head(raw, host_header, target_prefix, additions) -> bytes: proxy/headers.py's rewrite_request_head's bytes;
 * body(data, pos, state, remaining, buf, out) -> (pos, state, remaining, buf, how, arg): Reader.feed's body
   states (Content-Length, chunk size / data / CRLF, trailers) stepped over the read until the message ends
@@ -23,6 +26,7 @@ CPython call is checked and references are released on every path. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
+#include <structmember.h>
 
 /* the states of h1.py (its range(10)) */
 enum { S_HEAD, S_LENGTH, S_CHUNK_SIZE, S_CHUNK_DATA, S_CHUNK_CRLF, S_TRAILER, S_CLOSE, S_OPAQUE, S_HELD, S_ERROR };
@@ -475,18 +479,48 @@ static PyObject *HeadType = NULL; /* h1.Head (set_head) */
 static PyObject *EmptyTuple = NULL;
 static PyObject *S_raw, *S_method, *S_target, *S_version, *S_status, *S_reason, *S_headers, *S_index, *S_keep_alive;
 
+/* where make_head stores each of a Head's slots: the offsets of the class's member descriptors (set_head checks that
+   every one is an object slot of Head's own layout), in the order of SLOT_NAMES */
+enum { F_RAW, F_METHOD, F_TARGET, F_VERSION, F_STATUS, F_REASON, F_HEADERS, F_INDEX, F_KEEP_ALIVE, F_COUNT };
+static Py_ssize_t SlotOffset[F_COUNT];
+
 static PyObject *h1_set_head(PyObject *mod, PyObject *cls) {
     if (!PyType_Check(cls)) {
         PyErr_SetString(PyExc_TypeError, "set_head(Head): a class");
         return NULL;
     }
+    PyObject *names[F_COUNT] = {S_raw, S_method, S_target, S_version, S_status, S_reason, S_headers, S_index, S_keep_alive};
+    Py_ssize_t offsets[F_COUNT];
+    PyTypeObject *tp = (PyTypeObject *)cls;
+    for (int i = 0; i < F_COUNT; i++) {
+        PyObject *descr = _PyType_Lookup(tp, names[i]); /* borrowed */
+        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type) || ((PyDescrObject *)descr)->d_type != tp) {
+            PyErr_Format(PyExc_TypeError, "set_head(Head): %R is not a slot of the class", names[i]);
+            return NULL;
+        }
+        PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
+        if (m->type != T_OBJECT_EX || (m->flags & READONLY) || m->offset < (Py_ssize_t)sizeof(PyObject) ||
+            m->offset + (Py_ssize_t)sizeof(PyObject *) > tp->tp_basicsize) {
+            PyErr_Format(PyExc_TypeError, "set_head(Head): %R is not a writable object slot", names[i]);
+            return NULL;
+        }
+        offsets[i] = m->offset;
+    }
+    memcpy(SlotOffset, offsets, sizeof(offsets));
     Py_INCREF(cls);
     Py_XSETREF(HeadType, cls);
     Py_RETURN_NONE;
 }
 
-/* a Head as h1.Head(raw, ...) makes it, with its name index and keep_alive filled in (a new reference, or NULL) */
-static PyObject *make_head(PyObject *raw, Parsed *p, PyObject *index, int ka) {
+/* store v (a new reference, stolen) in h's slot f (empty: h is fresh from tp_new) */
+static void put_slot(PyObject *h, int f, PyObject *v) {
+    PyObject **slot = (PyObject **)((char *)h + SlotOffset[f]);
+    Py_XSETREF(*slot, v);
+}
+
+/* a Head as h1.Head(raw, ...) makes it, with keep_alive filled in and no name index yet (Head.values looks names up in
+   the headers list: _h1.header_values; Head.index() builds the index if asked) (a new reference, or NULL) */
+static PyObject *make_head(PyObject *raw, Parsed *p, int ka) {
     PyTypeObject *tp = (PyTypeObject *)HeadType;
     PyObject *h = tp->tp_new(tp, EmptyTuple, NULL);
     if (h == NULL) return NULL;
@@ -495,17 +529,79 @@ static PyObject *make_head(PyObject *raw, Parsed *p, PyObject *index, int ka) {
         Py_DECREF(h);
         return NULL;
     }
-    if (PyObject_SetAttr(h, S_raw, raw) < 0 || PyObject_SetAttr(h, S_method, p->method) < 0 ||
-        PyObject_SetAttr(h, S_target, p->target) < 0 || PyObject_SetAttr(h, S_version, p->version) < 0 ||
-        PyObject_SetAttr(h, S_status, status) < 0 || PyObject_SetAttr(h, S_reason, p->reason) < 0 ||
-        PyObject_SetAttr(h, S_headers, p->headers) < 0 || PyObject_SetAttr(h, S_index, index) < 0 ||
-        PyObject_SetAttr(h, S_keep_alive, ka ? Py_True : Py_False) < 0) {
-        Py_DECREF(status);
-        Py_DECREF(h);
+    put_slot(h, F_STATUS, status);
+    Py_INCREF(raw);
+    put_slot(h, F_RAW, raw);
+    Py_INCREF(p->method);
+    put_slot(h, F_METHOD, p->method);
+    Py_INCREF(p->target);
+    put_slot(h, F_TARGET, p->target);
+    Py_INCREF(p->version);
+    put_slot(h, F_VERSION, p->version);
+    Py_INCREF(p->reason);
+    put_slot(h, F_REASON, p->reason);
+    Py_INCREF(p->headers);
+    put_slot(h, F_HEADERS, p->headers);
+    Py_INCREF(Py_None);
+    put_slot(h, F_INDEX, Py_None);
+    PyObject *k = ka ? Py_True : Py_False;
+    Py_INCREF(k);
+    put_slot(h, F_KEEP_ALIVE, k);
+    return h;
+}
+
+/* header_values(headers, lname, all) -> Head.values(lname) (all true) or Head.get(lname) (all false) read from the
+   headers list itself, as the index Head.index() builds would answer: every value whose name, ASCII-lower-cased
+   (bytes.lower()), equals lname, in order; NotImplemented where headers is not a list of (bytes, bytes) pairs or
+   lname not bytes (the caller then builds the index) */
+static PyObject *h1_header_values(PyObject *mod, PyObject *const *argv, Py_ssize_t argc) {
+    if (argc != 3) {
+        PyErr_SetString(PyExc_TypeError, "header_values(headers, lname, all)");
         return NULL;
     }
-    Py_DECREF(status);
-    return h;
+    PyObject *headers = argv[0], *lname = argv[1];
+    int all = PyObject_IsTrue(argv[2]);
+    if (all < 0) return NULL;
+    if (!PyList_CheckExact(headers) || !PyBytes_Check(lname)) Py_RETURN_NOTIMPLEMENTED;
+    Py_ssize_t count = PyList_GET_SIZE(headers);
+    for (Py_ssize_t i = 0; i < count; i++) { /* every entry checked before any is read */
+        PyObject *pair = PyList_GET_ITEM(headers, i);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(pair, 0)) ||
+            !PyBytes_Check(PyTuple_GET_ITEM(pair, 1)))
+            Py_RETURN_NOTIMPLEMENTED;
+    }
+    const char *lp = PyBytes_AS_STRING(lname);
+    Py_ssize_t ln = PyBytes_GET_SIZE(lname);
+    PyObject *out = NULL;
+    if (all) {
+        out = PyList_New(0);
+        if (out == NULL) return NULL;
+    }
+    /* (the list cannot change below: nothing here calls back into Python) */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *pair = PyList_GET_ITEM(headers, i);
+        PyObject *name = PyTuple_GET_ITEM(pair, 0);
+        if (PyBytes_GET_SIZE(name) != ln) continue;
+        const char *np = PyBytes_AS_STRING(name);
+        Py_ssize_t k = 0;
+        for (; k < ln; k++) {
+            char c = np[k];
+            if (c >= 'A' && c <= 'Z') c = (char)(c + 32);
+            if (c != lp[k]) break;
+        }
+        if (k != ln) continue;
+        PyObject *value = PyTuple_GET_ITEM(pair, 1);
+        if (!all) {
+            Py_INCREF(value);
+            return value;
+        }
+        if (PyList_Append(out, value) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    if (all) return out;
+    Py_RETURN_NONE;
 }
 
 static Py_ssize_t head_end_at(const char *b, Py_ssize_t n, Py_ssize_t start);
@@ -554,7 +650,7 @@ static PyObject *h1_feed_head(PyObject *mod, PyObject *const *argv, Py_ssize_t a
     if (PyObject_GetBuffer(argv[0], &view, PyBUF_SIMPLE) < 0) return NULL;
     const char *d = (const char *)view.buf;
     Py_ssize_t n = view.len;
-    PyObject *result = NULL, *joined = NULL, *raw = NULL, *index = NULL, *head = NULL;
+    PyObject *result = NULL, *joined = NULL, *raw = NULL, *head = NULL;
     Parsed p;
     memset(&p, 0, sizeof(p));
     if (pos < 0 || pos > n) {
@@ -638,16 +734,13 @@ static PyObject *h1_feed_head(PyObject *mod, PyObject *const *argv, Py_ssize_t a
         }
         if (framing == 4) framing = -1;
     }
-    index = build_index(p.headers);
-    if (index == NULL) goto out;
-    head = make_head(raw, &p, index, keep_alive(&f, p.version));
+    head = make_head(raw, &p, keep_alive(&f, p.version));
     if (head == NULL) goto out;
     result = Py_BuildValue("(innOniLO)", 1, pos + consumed, bn ? (Py_ssize_t)-1 : start, head, fail_at, framing, length,
                            hold ? Py_True : Py_False);
 out:
     parsed_clear(&p);
     Py_XDECREF(head);
-    Py_XDECREF(index);
     Py_XDECREF(raw);
     Py_XDECREF(joined);
     PyBuffer_Release(&view);
@@ -1061,6 +1154,8 @@ static PyMethodDef methods[] = {
     {"feed_head", (PyCFunction)(void (*)(void))h1_feed_head, METH_FASTCALL,
      "feed_head(data, pos, buf, request, max_head) -> Reader._feed_head's outcome (see the source)"},
     {"set_head", h1_set_head, METH_O, "set_head(Head): the class feed_head makes heads of"},
+    {"header_values", (PyCFunction)(void (*)(void))h1_header_values, METH_FASTCALL,
+     "header_values(headers, lname, all) -> Head.values(lname) (all) / Head.get(lname), or NotImplemented"},
     {"rewrite_head", (PyCFunction)(void (*)(void))h1_rewrite_head, METH_FASTCALL,
      "rewrite_head(raw, host_header, target_prefix, additions) -> headers.rewrite_request_head's bytes"},
     {"head_end", h1_head_end, METH_VARARGS, "head_end(buf, start) -> offset past the head's empty line, or -1"},

@@ -70,7 +70,7 @@ class Head:
         self._keep_alive: bool | None = None  # (keep_alive, once asked; the accelerator's reader fills it in)
 
     def index(self) -> dict[bytes, list[bytes]]:
-        """Lower-cased name -> every value of that header, in order (made once; the accelerator's reader fills it in)."""
+        """Lower-cased name -> every value of that header, in order (made once, when first asked for)."""
         index = self._index
         if index is None:
             index = self._index = {}
@@ -79,13 +79,24 @@ class Head:
         return index
 
     def values(self, lname: bytes) -> list[bytes]:
-        """Every value of the header named ``lname`` (lower case), in order."""
+        """Every value of the header named ``lname`` (lower case), in order: what :meth:`index` holds for it (with the
+        accelerator and no index made yet, read from ``headers`` in one C call, ``_h1.header_values``, exactly so:
+        a head's few lookups cost less than its index)."""
         index = self._index
         if index is None:
+            if _acc is not None:
+                got = _acc.header_values(self.headers, lname, True)
+                if got is not NotImplemented:
+                    return got
             index = self.index()
         return index.get(lname, [])
 
     def get(self, lname: bytes) -> bytes | None:
+        """The first value of the header named ``lname`` (lower case), None without one."""
+        if self._index is None and _acc is not None:
+            got = _acc.header_values(self.headers, lname, False)
+            if got is not NotImplemented:
+                return got
         v = self.values(lname)
         return v[0] if v else None
 
