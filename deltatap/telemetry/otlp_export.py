@@ -213,7 +213,14 @@ class OtlpHttpExporter(_Base):
 
     def encode_body(self, spans: Sequence[ReadableSpan]) -> bytes:
         """The request body for ``spans``: the encoded export request, compressed as configured."""
-        body = encode_export_request(spans)
+        return self.compress(encode_export_request(spans))
+
+    @property
+    def compressed(self) -> bool:
+        return self._compression is not None
+
+    def compress(self, body: bytes) -> bytes:
+        """``body`` compressed as configured (gzip level 6, deflate, or as it is); zlib releases the GIL meanwhile."""
         if self._compression == "gzip":
             return gzip.compress(body, compresslevel=6)
         if self._compression == "deflate":

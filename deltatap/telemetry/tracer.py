@@ -1,7 +1,9 @@
 """OpenTelemetry set-up shared by the taps, the load generator and the reference stack.
 
 Export is asynchronous and bounded: finished spans go into a fixed-size queue that a background
-thread drains into the exporter. A full queue drops the span and counts it; a dead or slow
+thread drains into the exporter (:class:`BoundedSpanProcessor`), or, with ``setup_telemetry(..., on_loop=True)``
+and an OTLP/HTTP endpoint, the running event loop itself (:class:`deltatap.telemetry.otlp_loop.LoopSpanProcessor`:
+no thread, no GIL hand-offs; ``deltatap tap`` does). A full queue drops the span and counts it; a dead or slow
 collector therefore costs the traffic nothing. The counts are exported on ``/metrics`` and logged.
 
 Every span handed to the processor is accounted for exactly once (:class:`ExportStats`): exported, dropped
