@@ -24,6 +24,10 @@
  *   write_setup(slow_sends, slow_ns)  binds kstamp.SLOW_SENDS and _SLOW_SEND_NS
  *   send(protocol, transport, data)   KernelStampTransport._write into an empty buffer + StampedProtocol.send's
  *                                 bookkeeping -> (t, bound); None: the reference's path (see pk_send)
+ *   transport_base(cls)           the class (a subclass of cls: asyncio.Transport) kstamp's transport derives from: its
+ *                                 per-read and per-write counts as C long longs under the slots' names, which read_one,
+ *                                 read_split, read_packets and send touch in place (and refuse any other object)
+ *   ReadLag()                     kstamp.ReadLag's C twin, counted in place by the read paths (kstamp.READ_LAG)
  *   readable(transport)           KernelStampTransport._on_readable as the loop's reader callback: read_one and its
  *                                 outcome handed on, no Python frame of the transport's for the usual read (see
  *                                 pk_readable)
@@ -551,6 +555,223 @@ done:
     return out;
 }
 
+/* ---- the transport's per-read and per-write state, held natively ---------------------------------------------
+ * transport_base(asyncio.Transport) -> TransportState: a subclass of the given class whose instances hold
+ * KernelStampTransport's counters as C long longs after the base's own layout, exposed under the names the Python
+ * reference uses (_segs_in, _rx_off, _empty_mono, rx_bound_ns, _tx_off, writes, last_write_bound_ns: int members;
+ * rx_mono_ns, last_write_mono_ns: an int or None). kstamp's transport derives from it where this module is built (its
+ * Python then reads and writes these through the descriptors, as it would its own slots), so the C read and write
+ * paths touch the counters in place instead of making an int object per value (aset / get_ll were ~4 % of a tap's
+ * CPU in the 10k-stream soak). Created once per process; the layout offset is found at run time from the base. */
+typedef struct {
+    long long segs_in, rx_off, empty_mono, rx_mono_ns, rx_bound_ns, tx_off, writes, last_write_mono_ns, last_write_bound_ns;
+    char rx_set, lw_set; /* rx_mono_ns / last_write_mono_ns hold a value (else they read None) */
+} kstate_t;
+
+static PyTypeObject *g_state_type;
+static Py_ssize_t g_state_off;
+
+/* the state of an instance of TransportState (or a subclass), else NULL (no exception set) */
+static inline kstate_t *kstate(PyObject *tr) {
+    if (g_state_type == NULL || !PyObject_TypeCheck(tr, g_state_type)) return NULL;
+    return (kstate_t *)((char *)tr + g_state_off);
+}
+
+/* the transport's state, or NULL with TypeError: the C read and write paths serve only kstamp's transport */
+static kstate_t *kstate_or_fail(PyObject *tr) {
+    kstate_t *st = kstate(tr);
+    if (st == NULL) PyErr_Format(PyExc_TypeError, "a transport derived from _pktring.transport_base(), not %.100s", Py_TYPE(tr)->tp_name);
+    return st;
+}
+
+static PyObject *opt_get(long long v, char set) { return set ? PyLong_FromLongLong(v) : Py_NewRef(Py_None); }
+
+static int opt_set(PyObject *v, long long *slot, char *set, const char *name) {
+    if (v == NULL) {
+        PyErr_Format(PyExc_TypeError, "can't delete %s", name);
+        return -1;
+    }
+    if (v == Py_None) {
+        *set = 0;
+        return 0;
+    }
+    if (!PyLong_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%s: an int or None, not %.100s", name, Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    *slot = x;
+    *set = 1;
+    return 0;
+}
+
+static PyObject *st_get_rx_mono(PyObject *o, void *Py_UNUSED(c)) {
+    kstate_t *st = kstate_or_fail(o);
+    return st == NULL ? NULL : opt_get(st->rx_mono_ns, st->rx_set);
+}
+static int st_set_rx_mono(PyObject *o, PyObject *v, void *Py_UNUSED(c)) {
+    kstate_t *st = kstate_or_fail(o);
+    return st == NULL ? -1 : opt_set(v, &st->rx_mono_ns, &st->rx_set, "rx_mono_ns");
+}
+static PyObject *st_get_lw_mono(PyObject *o, void *Py_UNUSED(c)) {
+    kstate_t *st = kstate_or_fail(o);
+    return st == NULL ? NULL : opt_get(st->last_write_mono_ns, st->lw_set);
+}
+static int st_set_lw_mono(PyObject *o, PyObject *v, void *Py_UNUSED(c)) {
+    kstate_t *st = kstate_or_fail(o);
+    return st == NULL ? -1 : opt_set(v, &st->last_write_mono_ns, &st->lw_set, "last_write_mono_ns");
+}
+
+static PyGetSetDef state_getset[] = {
+    {"rx_mono_ns", st_get_rx_mono, st_set_rx_mono, "kernel stamp (mono_ns) of the read being delivered, or None", NULL},
+    {"last_write_mono_ns", st_get_lw_mono, st_set_lw_mono, "when the latest write's bytes left (mono_ns), or None", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+static PyMemberDef state_members[8];
+
+static PyObject *pk_transport_base(PyObject *self, PyObject *base) {
+    if (!PyType_Check(base)) {
+        PyErr_SetString(PyExc_TypeError, "transport_base(cls): a class");
+        return NULL;
+    }
+    if (g_state_type != NULL) {
+        if (g_state_type->tp_base != (PyTypeObject *)base) {
+            PyErr_SetString(PyExc_ValueError, "transport_base: made once per process, on one base class");
+            return NULL;
+        }
+        return Py_NewRef((PyObject *)g_state_type);
+    }
+    PyTypeObject *b = (PyTypeObject *)base;
+    if (b->tp_itemsize != 0 || b->tp_dictoffset != 0 || b->tp_weaklistoffset != 0) {
+        PyErr_SetString(PyExc_TypeError, "transport_base: a base with a fixed layout (__slots__, no __dict__)");
+        return NULL;
+    }
+    Py_ssize_t off = (b->tp_basicsize + 7) & ~(Py_ssize_t)7;
+    struct {
+        const char *name;
+        size_t at;
+        const char *doc;
+    } fields[] = {
+        {"_segs_in", offsetof(kstate_t, segs_in), "tcpi_data_segs_in at the last read"},
+        {"_rx_off", offsetof(kstate_t, rx_off), "stream offset of the next byte to read"},
+        {"_empty_mono", offsetof(kstate_t, empty_mono), "the last moment the receive queue was seen empty"},
+        {"rx_bound_ns", offsetof(kstate_t, rx_bound_ns), "the read's bytes arrived at most this much before rx_mono_ns"},
+        {"_tx_off", offsetof(kstate_t, tx_off), "bytes handed to the kernel so far"},
+        {"writes", offsetof(kstate_t, writes), "writes stamped"},
+        {"last_write_bound_ns", offsetof(kstate_t, last_write_bound_ns), "the latest write's bytes left at most this much later"},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        state_members[i] = (PyMemberDef){fields[i].name, T_LONGLONG, off + (Py_ssize_t)fields[i].at, 0, fields[i].doc};
+    state_members[sizeof fields / sizeof fields[0]] = (PyMemberDef){NULL, 0, 0, 0, NULL};
+    PyType_Slot slots[] = {
+        {Py_tp_members, state_members},
+        {Py_tp_getset, state_getset},
+        {Py_tp_doc, "KernelStampTransport's per-read and per-write counts, held as C long longs (deltatap/net/_pktring.c)"},
+        {0, NULL},
+    };
+    PyType_Spec spec = {"deltatap.net._pktring.TransportState", (int)(off + (Py_ssize_t)sizeof(kstate_t)), 0,
+                        Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE, slots};
+    PyObject *bases = PyTuple_Pack(1, base);
+    if (bases == NULL) return NULL;
+    PyObject *t = PyType_FromSpecWithBases(&spec, bases);
+    Py_DECREF(bases);
+    if (t == NULL) return NULL;
+    g_state_type = (PyTypeObject *)Py_NewRef(t);
+    g_state_off = off;
+    return t;
+}
+
+/* kstamp.ReadLag's C twin (the same buckets, count and total_ns; add(ns)): what the read paths count into where built
+ * (kstamp.READ_LAG is one of these then; /metrics reads it through the same attributes) */
+#define LAG_BUCKETS 48
+typedef struct {
+    PyObject_HEAD
+    long long buckets[LAG_BUCKETS];
+    long long count;
+    __int128 total_ns; /* (a sum of long longs: exact, as the reference's int) */
+} lag_t;
+
+static PyTypeObject LagType;
+
+static inline void lag_count(lag_t *l, long long ns) {
+    if (ns < 0) ns = 0;
+    int bucket = ns ? 64 - __builtin_clzll((unsigned long long)ns) : 0;
+    if (bucket > LAG_BUCKETS - 1) bucket = LAG_BUCKETS - 1;
+    l->buckets[bucket]++;
+    l->count++;
+    l->total_ns += ns;
+}
+
+static PyObject *lag_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    if (!_PyArg_NoPositional("ReadLag", args) || !_PyArg_NoKeywords("ReadLag", kw)) return NULL;
+    return type->tp_alloc(type, 0); /* (zeroed) */
+}
+
+static PyObject *lag_add_method(PyObject *self, PyObject *arg) {
+    if (!PyLong_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "ReadLag.add: an int, not %.100s", Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    int overflow = 0;
+    long long ns = PyLong_AsLongLongAndOverflow(arg, &overflow);
+    if (ns == -1 && PyErr_Occurred()) return NULL;
+    if (overflow) { /* (beyond 2**63: the last bucket, as the reference's min(bit_length, 47); its total as a long long) */
+        PyErr_SetString(PyExc_OverflowError, "ReadLag.add: a lag beyond 2**63 ns");
+        return NULL;
+    }
+    lag_count((lag_t *)self, ns);
+    Py_RETURN_NONE;
+}
+
+static PyObject *lag_buckets(PyObject *self, void *Py_UNUSED(c)) {
+    lag_t *l = (lag_t *)self;
+    PyObject *list = PyList_New(LAG_BUCKETS);
+    if (list == NULL) return NULL;
+    for (int i = 0; i < LAG_BUCKETS; i++) {
+        PyObject *v = PyLong_FromLongLong(l->buckets[i]);
+        if (v == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, v);
+    }
+    return list;
+}
+
+static PyMethodDef lag_methods[] = {
+    {"add", lag_add_method, METH_O, "count one read's lag (ns)"},
+    {NULL, NULL, 0, NULL},
+};
+static PyObject *lag_total(PyObject *self, void *Py_UNUSED(c)) {
+    __int128 v = ((lag_t *)self)->total_ns;
+    if (v >= LLONG_MIN && v <= LLONG_MAX) return PyLong_FromLongLong((long long)v);
+    unsigned char raw[16];
+    memcpy(raw, &v, 16);
+    return _PyLong_FromByteArray(raw, 16, 1, 1); /* (little-endian, signed) */
+}
+
+static PyMemberDef lag_members[] = {
+    {"count", T_LONGLONG, offsetof(lag_t, count), READONLY, "reads counted"},
+    {NULL, 0, 0, 0, NULL},
+};
+static PyGetSetDef lag_getset[] = {
+    {"buckets", lag_buckets, NULL, "the 48 power-of-two buckets' counts (a new list)", NULL},
+    {"total_ns", lag_total, NULL, "the counted lags' sum (ns)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+static PyTypeObject LagType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "deltatap.net._pktring.ReadLag",
+    .tp_basicsize = sizeof(lag_t),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "kstamp.ReadLag's C twin: how late this process reads, in power-of-two buckets of ns",
+    .tp_new = lag_new,
+    .tp_methods = lag_methods,
+    .tp_members = lag_members,
+    .tp_getset = lag_getset,
+};
+
 /* ---- the stamped read (kstamp.KernelStampTransport's fast path) ------------------------------------- */
 /* kstamp's process-wide state, bound once by read_setup: READ_LAG, the _offset list, _measure_offset, the read
  * buffer's size (the reference's shared view: a read that fills it may leave bytes waiting) and the packet log's
@@ -560,15 +781,13 @@ static PyObject *g_read_lag, *g_merged, *g_offset, *g_measure;
 static unsigned char *g_buf;
 static Py_ssize_t g_buf_len;
 static long long g_maintain_every, g_search_frames, g_placement_tol;
-static PyObject *s_sock, *s_segs_in, *s_plog, *s_rx_off, *s_empty_mono, *s_rx_mono_ns, *s_rx_bound_ns, *s_last_maintain,
-    *s_maintain, *s_buckets, *s_count, *s_total_ns, *s_protocol, *s_cuts_received, *s_mv, *s_head, *s_pkey, *s_irs1,
-    *s_anchor, *s_unlogged_tail, *s_out_of_reach;
+static PyObject *s_sock, *s_plog, *s_last_maintain, *s_maintain, *s_protocol, *s_cuts_received, *s_mv, *s_head, *s_pkey,
+    *s_irs1, *s_anchor, *s_unlogged_tail, *s_out_of_reach;
 /* the stamped write's (write_setup: kstamp.SLOW_SENDS, _SLOW_SEND_NS) and the attributes it reads and sets */
 static PyObject *g_slow_sends;
 static long long g_slow_ns;
-static PyObject *s_eof, *s_lost, *s_wbuf, *s_writes, *s_unplaced_write, *s_last_write_mono_ns, *s_last_write_bound_ns,
-    *s_tx_off, *s_lazy_placement, *s_restamp_write, *s_sent, *s_fatal, *s_last_write_mono, *s_last_write_bound,
-    *s_unplaced, *s_bounded, *s_packets, *s_fallback;
+static PyObject *s_eof, *s_lost, *s_wbuf, *s_unplaced_write, *s_lazy_placement, *s_restamp_write, *s_sent, *s_fatal,
+    *s_last_write_mono, *s_last_write_bound, *s_unplaced, *s_bounded, *s_packets, *s_fallback;
 
 #define OFFSET_EVERY_NS 200000000LL
 #define MAX_AGE_NS (60LL * 1000000000LL)
@@ -586,7 +805,8 @@ static PyObject *pk_read_setup(PyObject *self, PyObject *args) {
     PyObject *lag, *merged, *offset, *measure;
     Py_ssize_t size;
     long long every, frames, tol;
-    if (!PyArg_ParseTuple(args, "OO!O!OnLLL", &lag, &PyDict_Type, &merged, &PyList_Type, &offset, &measure, &size, &every, &frames, &tol))
+    if (!PyArg_ParseTuple(args, "O!O!O!OnLLL", &LagType, &lag, &PyDict_Type, &merged, &PyList_Type, &offset, &measure, &size, &every,
+                          &frames, &tol))
         return NULL;
     if (PyList_GET_SIZE(offset) != 3 || !PyCallable_Check(measure) || size <= 0) {
         PyErr_SetString(PyExc_ValueError, "read_setup: a 3-item offset list, a callable and a positive read size");
@@ -733,31 +953,8 @@ static PyObject *pk_to_mono(PyObject *self, PyObject *arg) {
     return PyLong_FromLongLong(t);
 }
 
-/* ReadLag.add(ns) on kstamp.READ_LAG */
-static int lag_add(long long ns) {
-    if (ns < 0) ns = 0;
-    int bucket = ns ? 64 - __builtin_clzll((unsigned long long)ns) : 0;
-    if (bucket > 47) bucket = 47;
-    PyObject *buckets = aget(g_read_lag, s_buckets);
-    if (buckets == NULL) return -1;
-    int rc = -1;
-    if (!PyList_Check(buckets) || PyList_GET_SIZE(buckets) <= bucket) {
-        PyErr_SetString(PyExc_TypeError, "READ_LAG.buckets: a list of 48 counts");
-        goto done;
-    }
-    long long c = PyLong_AsLongLong(PyList_GET_ITEM(buckets, bucket));
-    if (c == -1 && PyErr_Occurred()) goto done;
-    PyObject *v = PyLong_FromLongLong(c + 1);
-    if (v == NULL) goto done;
-    PyList_SetItem(buckets, bucket, v); /* (steals v) */
-    long long count, total;
-    if (get_ll(g_read_lag, s_count, &count) != 0 || set_ll(g_read_lag, s_count, count + 1) != 0) goto done;
-    if (get_ll(g_read_lag, s_total_ns, &total) != 0 || set_ll(g_read_lag, s_total_ns, total + ns) != 0) goto done;
-    rc = 0;
-done:
-    Py_DECREF(buckets);
-    return rc;
-}
+/* ReadLag.add(ns) on kstamp.READ_LAG (the C twin, checked by read_setup) */
+static inline void lag_add(long long ns) { lag_count((lag_t *)g_read_lag, ns); }
 
 /* PacketLog.maintain() when its period is up (the reference calls it on every read; it returns at once otherwise) */
 static int maintain(PyObject *plog) {
@@ -775,6 +972,8 @@ static PyObject *pk_read_one(PyObject *self, PyObject *tr) {
         PyErr_SetString(PyExc_RuntimeError, "read_one: read_setup() first");
         return NULL;
     }
+    kstate_t *st = kstate_or_fail(tr);
+    if (st == NULL) return NULL;
     PyObject *sock = aget(tr, s_sock), *plog = NULL, *data = NULL;
     if (sock == NULL) return NULL;
     unsigned char info[TCP_INFO_LEN];
@@ -789,14 +988,13 @@ static PyObject *pk_read_one(PyObject *self, PyObject *tr) {
     }
     memset(info, 0, sizeof info);
     if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &ilen) != 0 || ilen < DATA_SEGS_IN_AT + 4) Py_RETURN_FALSE;
-    long long segs = (long long)rd_u32(info + DATA_SEGS_IN_AT), got_bytes, segs_in, rx_off, empty_since;
+    long long segs = (long long)rd_u32(info + DATA_SEGS_IN_AT), got_bytes;
     uint64_t received;
     memcpy(&received, info + BYTES_RECEIVED_AT, 8);
     got_bytes = (long long)received;
-    if (get_ll(tr, s_segs_in, &segs_in) != 0) return NULL;
-    long long segments = segs - segs_in;
+    long long segments = segs - st->segs_in;
     if (segments > 1) Py_RETURN_FALSE;
-    if (set_ll(tr, s_segs_in, segs) != 0) return NULL;
+    st->segs_in = segs;
     plog = aget(tr, s_plog);
     if (plog == NULL) return NULL;
     int rc = plog == Py_None ? 0 : maintain(plog);
@@ -814,10 +1012,8 @@ static PyObject *pk_read_one(PyObject *self, PyObject *tr) {
      * another thread's read into the same buffer */
     data = PyBytes_FromStringAndSize((const char *)g_buf, n);
     if (data == NULL) return NULL;
-    if ((k && lag_add(wall_now() - k) != 0) || get_ll(tr, s_rx_off, &rx_off) != 0 || get_ll(tr, s_empty_mono, &empty_since) != 0) {
-        Py_DECREF(data);
-        return NULL;
-    }
+    if (k) lag_add(wall_now() - k);
+    long long rx_off = st->rx_off, empty_since = st->empty_mono;
     if ((long long)n != got_bytes - rx_off) segments = 2; /* (bytes came after the count: the read may hold another) */
     /* _hand_over_read(view, n, [(n, k)], segments, t_read, taken=True) */
     long long t = t_read, bound;
@@ -828,17 +1024,14 @@ static PyObject *pk_read_one(PyObject *self, PyObject *tr) {
     int exact = 0 < segments && segments <= 1;
     if (exact && k) bound = 0;
     else bound = t - empty_since > 0 ? t - empty_since : 0;
-    if (n < g_buf_len && set_ll(tr, s_empty_mono, t_read) != 0) {
-        Py_DECREF(data);
-        return NULL;
-    }
+    if (n < g_buf_len) st->empty_mono = t_read;
     /* _deliver(bytes(view[:n]), t if k else 0, bound) */
     long long rx_mono = k ? t : 0;
     if (!rx_mono) rx_mono = mono_now();
-    if (set_ll(tr, s_rx_mono_ns, rx_mono) != 0 || set_ll(tr, s_rx_bound_ns, bound) != 0 || set_ll(tr, s_rx_off, rx_off + n) != 0) {
-        Py_DECREF(data);
-        return NULL;
-    }
+    st->rx_mono_ns = rx_mono;
+    st->rx_set = 1;
+    st->rx_bound_ns = bound;
+    st->rx_off = rx_off + n;
     return data;
 }
 
@@ -874,6 +1067,8 @@ static int checked_cuts(PyObject *tr, PyObject *plog, const unsigned char *pat, 
                         cut_t **out, Py_ssize_t *nc, int *unlogged) {
     long long irs1, rx_off, head;
     *out = NULL;
+    kstate_t *st = kstate_or_fail(tr);
+    if (st == NULL) return -1;
     PyObject *v = aget(tr, s_irs1);
     if (v == NULL) return -1;
     if (v == Py_None) {
@@ -892,7 +1087,8 @@ static int checked_cuts(PyObject *tr, PyObject *plog, const unsigned char *pat, 
     irs1 = PyLong_AsLongLong(v);
     Py_DECREF(v);
     if (irs1 == -1 && PyErr_Occurred()) return -1;
-    if (get_ll(tr, s_rx_off, &rx_off) != 0 || get_ll(plog, s_head, &head) != 0) return -1;
+    rx_off = st->rx_off;
+    if (get_ll(plog, s_head, &head) != 0) return -1;
     uint32_t base = (uint32_t)((irs1 + rx_off) & 0xFFFFFFFFLL);
     PyObject *mv = aget(plog, s_mv);
     if (mv == NULL) return -1;
@@ -937,6 +1133,8 @@ static int checked_cuts(PyObject *tr, PyObject *plog, const unsigned char *pat, 
  * cannot place the bytes: nothing taken in), None (the reference's own path: one cut, no cuts_received); raises
  * OSError where the reference's _recv calls _fatal */
 static PyObject *read_packets(PyObject *tr, long long first) {
+    kstate_t *st = kstate_or_fail(tr);
+    if (st == NULL) return NULL;
     PyObject *proto = aget(tr, s_protocol), *bulk, *plog = NULL, *key = NULL, *out = NULL, *data = NULL, *pieces = NULL;
     if (proto == NULL) return NULL;
     if (_PyObject_LookupAttr(proto, s_cuts_received, &bulk) < 0) {
@@ -1081,11 +1279,11 @@ static PyObject *read_packets(PyObject *tr, long long first) {
         out = Py_NewRef(Py_True);
         goto done;
     }
-    long long rx_off;
-    if (set_ll(tr, s_rx_mono_ns, last_t) != 0 || set_ll(tr, s_rx_bound_ns, last_b) != 0 || get_ll(tr, s_rx_off, &rx_off) != 0 ||
-        set_ll(tr, s_rx_off, rx_off + got) != 0)
-        goto done;
-    if (got >= n && n < g_buf_len && set_ll(tr, s_empty_mono, t_read) != 0) goto done;
+    st->rx_mono_ns = last_t;
+    st->rx_set = 1;
+    st->rx_bound_ns = last_b;
+    st->rx_off += got;
+    if (got >= n && n < g_buf_len) st->empty_mono = t_read;
     if (got < n) {
         PyObject *cut = PyBytes_FromStringAndSize(PyBytes_AS_STRING(data), got);
         if (cut == NULL) goto done;
@@ -1136,6 +1334,8 @@ static PyObject *pk_read_split(PyObject *self, PyObject *tr) {
         PyErr_SetString(PyExc_RuntimeError, "read_split: read_setup() first");
         return NULL;
     }
+    kstate_t *st = kstate_or_fail(tr);
+    if (st == NULL) return NULL;
     PyObject *sock = aget(tr, s_sock);
     if (sock == NULL) return NULL;
     int fd = sock_fd(sock);
@@ -1150,23 +1350,20 @@ static PyObject *pk_read_split(PyObject *self, PyObject *tr) {
     }
     if (n == 0) Py_RETURN_TRUE;
     long long lag = first ? wall_now() - first : 0;
-    if (first && lag_add(lag) != 0) return NULL;
+    if (first) lag_add(lag);
     unsigned char info[TCP_INFO_LEN];
     socklen_t ilen = TCP_INFO_LEN;
     memset(info, 0, sizeof info);
     PyObject *counts = NULL;
     long long segments = -1;
     if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &ilen) == 0 && ilen >= DATA_SEGS_IN_AT + 4) {
-        long long segs = (long long)rd_u32(info + DATA_SEGS_IN_AT), segs_in;
+        long long segs = (long long)rd_u32(info + DATA_SEGS_IN_AT);
         uint64_t received;
         memcpy(&received, info + BYTES_RECEIVED_AT, 8);
         counts = Py_BuildValue("(kK)", (unsigned long)rd_u32(info + DATA_SEGS_IN_AT), (unsigned long long)received);
         if (counts == NULL) return NULL;
-        if (get_ll(tr, s_segs_in, &segs_in) != 0 || set_ll(tr, s_segs_in, segs) != 0) {
-            Py_DECREF(counts);
-            return NULL;
-        }
-        segments = segs - segs_in;
+        segments = segs - st->segs_in;
+        st->segs_in = segs;
     }
     int how = 0;
     if (segments > 1) {
@@ -1374,6 +1571,8 @@ static PyObject *pk_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         return NULL;
     }
     PyObject *proto = args[0], *tr = args[1], *data = args[2];
+    kstate_t *st = kstate_or_fail(tr);
+    if (st == NULL) return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) != 0) {
         PyErr_Clear();
@@ -1397,11 +1596,11 @@ static PyObject *pk_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         PyErr_Clear(); /* (a closed socket: the reference's send raises, and _fatal runs there) */
         goto not_mine;
     }
-    long long writes;
-    if (get_ll(tr, s_writes, &writes) != 0 || set_ll(tr, s_writes, writes + 1) != 0 || aset(tr, s_unplaced_write, Py_None) != 0)
-        goto fail;
+    st->writes++;
+    if (aset(tr, s_unplaced_write, Py_None) != 0) goto fail;
     long long t0 = mono_now();
-    if (set_ll(tr, s_last_write_mono_ns, t0) != 0) goto fail;
+    st->last_write_mono_ns = t0;
+    st->lw_set = 1;
     ssize_t n;
     for (;;) {
         n = send(fd, view.buf, (size_t)view.len, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -1416,10 +1615,10 @@ static PyObject *pk_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     PyObject *unplaced = Py_None;
     int known = 1; /* t, bound and unplaced known here (else read back from the transport) */
     if (n == len) {
-        long long tx_off;
-        if (get_ll(tr, s_tx_off, &tx_off) != 0 || set_ll(tr, s_tx_off, tx_off + n) != 0) return NULL;
+        long long tx_off = st->tx_off;
+        st->tx_off = tx_off + n;
         bound = t1 - t0;
-        if (set_ll(tr, s_last_write_bound_ns, bound) != 0) return NULL;
+        st->last_write_bound_ns = bound;
         if (bound > g_slow_ns) {
             PyObject *plog = aget(tr, s_plog);
             if (plog == NULL) return NULL;
@@ -1462,13 +1661,8 @@ static PyObject *pk_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         bv = PyLong_FromLongLong(bound);
         Py_INCREF(unplaced);
     } else { /* t = k.last_write_mono_ns or mono_ns(); bound = k.last_write_bound_ns; unplaced = k.unplaced_write */
-        tv = aget(tr, s_last_write_mono_ns);
-        if (tv != NULL) {
-            int truth = PyObject_IsTrue(tv);
-            if (truth < 0) Py_CLEAR(tv);
-            else if (!truth) Py_SETREF(tv, PyLong_FromLongLong(mono_now()));
-        }
-        bv = aget(tr, s_last_write_bound_ns);
+        tv = PyLong_FromLongLong(st->lw_set && st->last_write_mono_ns ? st->last_write_mono_ns : mono_now());
+        bv = PyLong_FromLongLong(st->last_write_bound_ns);
         unplaced = aget(tr, s_unplaced_write);
     }
     if (tv == NULL || bv == NULL || unplaced == NULL) goto done;
@@ -1507,6 +1701,7 @@ static PyMethodDef methods[] = {
     {"read_split", pk_read_split, METH_O, "kstamp's read of several segments: the peek, the counters and read_packets"},
     {"write_setup", pk_write_setup, METH_VARARGS, "write_setup(slow_sends, slow_send_ns)"},
     {"send", (PyCFunction)(void (*)(void))pk_send, METH_FASTCALL, "send(protocol, transport, data) -> (t, bound), or None"},
+    {"transport_base", pk_transport_base, METH_O, "transport_base(asyncio.Transport): the class holding a stamped transport's counters in C"},
     {"readable", pk_readable, METH_O, "readable(transport): KernelStampTransport._on_readable as the loop's reader callback"},
     {NULL, NULL, 0, NULL},
 };
@@ -1516,7 +1711,8 @@ static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "_pktring", "C twin of t
 PyMODINIT_FUNC PyInit__pktring(void) {
     PyObject *m = PyModule_Create(&mod);
     if (m == NULL) return NULL;
-    if (PyModule_AddIntConstant(m, "FRAME", FRAME) != 0) {
+    if (PyType_Ready(&LagType) != 0 || PyModule_AddObjectRef(m, "ReadLag", (PyObject *)&LagType) != 0 ||
+        PyModule_AddIntConstant(m, "FRAME", FRAME) != 0) {
         Py_DECREF(m);
         return NULL;
     }
@@ -1524,14 +1720,11 @@ PyMODINIT_FUNC PyInit__pktring(void) {
         PyObject **slot;
         const char *name;
     } names[] = {
-        {&s_sock, "_sock"}, {&s_segs_in, "_segs_in"}, {&s_plog, "_plog"}, {&s_rx_off, "_rx_off"},
-        {&s_empty_mono, "_empty_mono"}, {&s_rx_mono_ns, "rx_mono_ns"}, {&s_rx_bound_ns, "rx_bound_ns"},
-        {&s_last_maintain, "_last_maintain"}, {&s_maintain, "maintain"}, {&s_buckets, "buckets"}, {&s_count, "count"},
-        {&s_total_ns, "total_ns"}, {&s_protocol, "_protocol"}, {&s_cuts_received, "cuts_received"}, {&s_mv, "_mv"},
+        {&s_sock, "_sock"}, {&s_plog, "_plog"}, {&s_last_maintain, "_last_maintain"}, {&s_maintain, "maintain"},
+        {&s_protocol, "_protocol"}, {&s_cuts_received, "cuts_received"}, {&s_mv, "_mv"},
         {&s_head, "_head"}, {&s_pkey, "_pkey"}, {&s_irs1, "_irs1"}, {&s_anchor, "_anchor"}, {&s_unlogged_tail, "_unlogged_tail"},
         {&s_out_of_reach, "out_of_reach"},
-        {&s_eof, "_eof"}, {&s_lost, "_lost"}, {&s_wbuf, "_wbuf"}, {&s_writes, "writes"}, {&s_unplaced_write, "unplaced_write"},
-        {&s_last_write_mono_ns, "last_write_mono_ns"}, {&s_last_write_bound_ns, "last_write_bound_ns"}, {&s_tx_off, "_tx_off"},
+        {&s_eof, "_eof"}, {&s_lost, "_lost"}, {&s_wbuf, "_wbuf"}, {&s_unplaced_write, "unplaced_write"},
         {&s_lazy_placement, "lazy_placement"}, {&s_restamp_write, "_restamp_write"}, {&s_sent, "_sent"}, {&s_fatal, "_fatal"},
         {&s_last_write_mono, "last_write_mono"}, {&s_last_write_bound, "last_write_bound"}, {&s_unplaced, "unplaced"},
         {&s_bounded, "bounded"}, {&s_packets, "packets"}, {&s_fallback, "fallback"},

@@ -45,7 +45,11 @@ The usual read is one C call (``deltatap/net/_pktring.c``, where built: ``read_o
 :meth:`KernelStampTransport._write` into an empty buffer and :meth:`deltatap.net.conn.StampedProtocol.send`'s
 bookkeeping; a partial send, an error or bytes already waiting continue in the Python), and the loop's reader
 callback itself is C where built (``readable``: :meth:`KernelStampTransport._on_readable` up to the protocol's
-``data_received``, ``_peer_eof`` or the split path, with its error handling). The Python here stays the
+``data_received``, ``_peer_eof`` or the split path, with its error handling). What these C calls read and set per read
+and per write - TCP's segment count at the last read, the stream offsets, the queue-empty moment, the read's stamp and
+bound, the write's stamp, bound and count - are C long longs of the transport's base class where built
+(``_pktring.transport_base``, under the slots' names), and ``READ_LAG`` is the C ``ReadLag``: touched in place, not
+through an int object each (those attribute writes were ~4 % of a tap's CPU in the 10k-stream soak). The Python here stays the
 definition, runs with ``DELTATAP_NATIVE=0`` and is compared with the C on real loopback connections
 (tests/kernel/test_kstamp_native.py, tests/kernel/test_kstamp_write.py). Either way a read makes the same system calls:
 ``getsockopt(TCP_INFO)`` and one ``recvmsg`` for one segment; for several, a one-byte peek (the first buffer's stamp),
@@ -133,7 +137,7 @@ class ReadLag:
         self.total_ns += ns
 
 
-READ_LAG = ReadLag()
+READ_LAG: Any = ReadLag()  # (the C twin ``_pktring.ReadLag`` where the read path is C: see below)
 # reads that held more segments than arrivals (with the packet log on): placed segment by segment from the log,
 # or not (the log could not place the bytes: the read's stamps fall back to the kernel's, the later one for merged
 # packets; ``out_of_reach`` counts the fallbacks whose bytes arrived before the oldest frame a search reads, not searched
@@ -213,6 +217,7 @@ _to_mono_ref = _to_mono  # (the reference: tests/kernel/test_kstamp_native.py co
 _read_one: Callable[[Any], Any] | None = None
 _read_packets: Callable[[Any, int], Any] | None = None
 if _pktacc is not None and hasattr(_pktacc, "read_packets"):
+    READ_LAG = _pktacc.ReadLag()  # (the same buckets, count, total_ns and add, counted in C by the read paths)
     _pktacc.read_setup(READ_LAG, MERGED_READS, _offset, _measure_offset, _READ_SIZE, _MAINTAIN_EVERY_NS, _SEARCH_FRAMES, _PLACEMENT_TOL_NS)
     _read_one, _read_packets, _to_mono = _pktacc.read_one, _pktacc.read_packets, _pktacc.to_mono  # noqa: F811
 # ``read_split``: what :meth:`KernelStampTransport._on_readable` does when ``read_one`` finds several segments waiting, from
@@ -233,9 +238,20 @@ if _read_one is not None and hasattr(_pktacc, "send"):
 _readable: Callable[[Any], Any] | None = None
 if _read_split is not None and hasattr(_pktacc, "readable"):  # (it calls read_one and read_split themselves)
     _readable = _pktacc.readable
+# The transport's per-read and per-write counts (TCP's segment count at the last read, the stream offsets, the read's
+# stamp and bound, the write's stamp, bound and count) are plain slots of the class below; where the C read and write
+# paths are built they are C long longs instead, kept by the class's base ``_pktring.transport_base(asyncio.Transport)``
+# under the same names (``rx_mono_ns`` and ``last_write_mono_ns`` read None until set), so that the C touches them in
+# place rather than through an int object each (the Python here reads and writes them the same way either way).
+_STATE_SLOTS = ("_segs_in", "_rx_off", "_empty_mono", "rx_mono_ns", "rx_bound_ns", "_tx_off", "writes", "last_write_mono_ns",
+                "last_write_bound_ns")
+_TransportBase: Any = asyncio.Transport
+if _read_one is not None and _send is not None and hasattr(_pktacc, "transport_base"):
+    _TransportBase = _pktacc.transport_base(asyncio.Transport)
+    _STATE_SLOTS = ()
 
 
-class KernelStampTransport(asyncio.Transport):
+class KernelStampTransport(_TransportBase):
     """A non-TLS TCP transport whose reads carry the kernel's receive stamps (see the module doc).
 
     Flow control, half-close (``write_eof``/``eof_received``), ``pause_reading``/``resume_reading``
@@ -245,10 +261,9 @@ class KernelStampTransport(asyncio.Transport):
     __slots__ = (
         "_loop", "_sock", "_fd", "_protocol", "_wbuf", "_wsize", "_closing", "_paused",
         "_lost", "_eof", "_high", "_low", "_protocol_paused", "_server",
-        "rx_mono_ns", "rx_bound_ns", "_empty_mono", "last_write_mono_ns", "last_write_bound_ns", "writes",
-        "_plog", "_pkey", "_segs_in", "_rx_off", "_irs1", "_unlogged_tail", "_tkey", "_tx_off", "_iss1",
+        "_plog", "_pkey", "_irs1", "_unlogged_tail", "_tkey", "_iss1",
         "lazy_placement", "unplaced_write", "_fast", "_wfast",
-    )
+    ) + _STATE_SLOTS
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: asyncio.Protocol, server: KernelStampServer | None = None
