@@ -86,10 +86,13 @@ class Tap:
         self._clock_task: asyncio.Task | None = None
         self._closed = False
         self.flush_s = 0.0  # how long close() spent flushing spans
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop the tap runs in (start)
+        self._finished: list[tuple] = []  # exchanges finished whose spans are not built yet (finish, _emit_finished)
 
     # ---- lifecycle -----------------------------------------------------------------------
     async def start(self) -> RunningTap:
         o = self.o
+        self._loop = asyncio.get_running_loop()
         if o.clock_sync:
             await self._sync_clock()
             self._clock_task = asyncio.create_task(self._clock_loop())
@@ -183,6 +186,7 @@ class Tap:
             up.transport.close()
         self._pool.clear()
         await asyncio.sleep(0)  # (let the transports report their loss: the last spans are finished)
+        self._emit_finished()  # (and built, before the flush)
         if self._clock_task is not None:
             self._clock_task.cancel()
         if self._admin is not None:
@@ -276,7 +280,8 @@ class Tap:
         _bump(self.counters.upstream_errors, error_type)
 
     def finish(self, span: SpanStart, rec: TapRecord) -> None:
-        """Bookkeeping and span export; synchronous, never raises into the relay."""
+        """Bookkeeping now; the span after the event loop's current round of callbacks (:meth:`_emit_finished`): the
+        reads that round holds are forwarded first. Never raises into the relay."""
         self.in_flight -= 1
         c = self.counters
         c.in_flight -= 1
@@ -299,10 +304,29 @@ class Tap:
                 c.upstream_ttft.observe_ns(max(0, s.first_token_mono_ns - rec.forwarded))
             c.request_bytes += rec.request_bytes
             c.response_bytes += rec.response_bytes
-            emit(self.telemetry, self.span_name, span, rec, record_attributes(rec, self.span_constants, self.clock, outcome, overheads),
-                 self.o.respect_sampling)
         except Exception:  # pragma: no cover - a bug here must not break traffic
             log.exception("tap %s: failed to record a span", self.o.link)
+            return
+        finished = self._finished
+        finished.append((span, rec, outcome, overheads))
+        if len(finished) == 1:
+            loop = self._loop
+            if loop is None or loop.is_closed():
+                self._emit_finished()  # (no loop of its own, or it stopped: now)
+            else:
+                loop.call_soon(self._emit_finished)
+
+    def _emit_finished(self) -> None:
+        """The spans of the exchanges :meth:`finish` took since the last call, in that order: attributes built and handed
+        to the span processor. (Off the forwarding path: a record is complete when finish takes it, nothing in it
+        changes after, and every stamp in it was taken then; building its span later changes no byte of the span.)"""
+        finished, self._finished = self._finished, []
+        telemetry, name, consts, clock, respect = self.telemetry, self.span_name, self.span_constants, self.clock, self.o.respect_sampling
+        for span, rec, outcome, overheads in finished:
+            try:
+                emit(telemetry, name, span, rec, record_attributes(rec, consts, clock, outcome, overheads), respect)
+            except Exception:  # pragma: no cover - a bug here must not break traffic
+                log.exception("tap %s: failed to record a span", self.o.link)
 
 
 def _bump(counts: dict[str, int], key: str) -> None:
