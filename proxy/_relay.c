@@ -19,8 +19,13 @@ does exactly what they do for the usual read, and nothing for any other:
   ``up.last_read_t``/``_bound`` set as the loop sets them); returns the index of the first piece it did not take
   (``len(pieces)``: all): the caller's loop watches that one and calls again for the rest.
 
+* reads_setup(...): the read itself, as C methods put in place of relay.py's Upstream.data_received,
+  Upstream.cuts_received and _Watches.run (their definitions, kept there as _py_*): see the section "the read
+  itself" below.
+
 An exception raised inside (by the observer's Python ``take``, say) propagates with the same changes made as the
-Python path makes before it raises. tests/proxy/test_relay_native.py compares both paths on generated responses.
+Python path makes before it raises. tests/proxy/test_relay_native.py compares both paths on generated responses,
+tests/proxy/test_relay_s21_native.py the C methods with their definitions.
 
 Every object read is type-checked before its contents are used; references are held across every call back into
 Python and released on every path; no buffer is copied except the bytes object of a piece (as the Python slices). */
@@ -353,25 +358,20 @@ static PyObject *relay_watch(PyObject *mod, PyObject *const *args, Py_ssize_t na
     return PyBool_FromLong(rc);
 }
 
-static PyObject *relay_watch_cuts(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "watch_cuts(up, d, data, pieces, start, tw, bw)");
-        return NULL;
-    }
+/* watch_cuts() from piece i (args: up, d, data, pieces, -, tw, bw): the first piece not taken, or -1 (an error) */
+static Py_ssize_t watch_cuts_from(PyObject *const *args, Py_ssize_t i) {
     PyObject *up = args[0], *data = args[2], *pieces = args[3], *tw = args[5], *bw = args[6];
-    Py_ssize_t i = PyLong_AsSsize_t(args[4]);
-    if (i == -1 && PyErr_Occurred()) return NULL;
-    if (!PyBytes_Check(data) || !PyList_Check(pieces) || i < 0 || i >= PyList_GET_SIZE(pieces)) return Py_NewRef(args[4]);
+    if (!PyBytes_Check(data) || !PyList_Check(pieces) || i < 0 || i >= PyList_GET_SIZE(pieces)) return i;
     PyObject *plain = PyObject_GetAttr(up, S_plain);
-    if (plain == NULL) return NULL;
+    if (plain == NULL) return -1;
     int is_plain = PyObject_IsTrue(plain);
     Py_DECREF(plain);
-    if (is_plain < 0) return NULL;
-    if (!is_plain) return Py_NewRef(args[4]);
+    if (is_plain < 0) return -1;
+    if (!is_plain) return i;
     Ctx c;
     int rc = ctx_take(&c, up, args[1]);
-    if (rc < 0) return NULL;
-    if (rc == 0) return Py_NewRef(args[4]);
+    if (rc < 0) return -1;
+    if (rc == 0) return i;
     Py_INCREF(pieces); /* (Python code the observer calls cannot take it away) */
     Py_ssize_t n = PyBytes_GET_SIZE(data);
     for (; i < PyList_GET_SIZE(pieces); i++) {
@@ -409,8 +409,20 @@ static PyObject *relay_watch_cuts(PyObject *mod, PyObject *const *args, Py_ssize
     }
     Py_DECREF(pieces);
     ctx_clear(&c);
-    if (rc < 0) return NULL;
-    return PyLong_FromSsize_t(i);
+    return rc < 0 ? -1 : i;
+}
+
+static PyObject *relay_watch_cuts(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "watch_cuts(up, d, data, pieces, start, tw, bw)");
+        return NULL;
+    }
+    Py_ssize_t i = PyLong_AsSsize_t(args[4]);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    if (i < 0) return Py_NewRef(args[4]);
+    Py_ssize_t got = watch_cuts_from(args, i);
+    if (got < 0) return NULL;
+    return got == i ? Py_NewRef(args[4]) : PyLong_FromSsize_t(got);
 }
 
 /* ---- the read itself: Upstream.data_received and _Watches.run ---------------------------------------------
@@ -427,15 +439,20 @@ DELTATAP_NATIVE=0):
   send calls it, and send only where that returns None), stamped (last_read_t / last_read_bound), its item
   (up, d, data, t, bound, tw, bw) appended to w.items, up.deferred set and w._round queued once per round
   (w.loop.call_soon), in the definition's order.
+* cuts_received(data, pieces): the pair's pending watches first; no downstream: the definition; else the read is
+  forwarded (as above), d.replay cleared, and the pieces watched as the definition's loop does: the body pieces by
+  relay.py's _watch_cuts (this module's watch_cuts() called directly), each other piece as Upstream._watch_piece
+  (for a plain connection and a 4-tuple in C: the read's stamp, data[start:end], up._watch(d, piece,
+  up.reader.feed(piece), ...); else _watch_piece itself), until the pieces end or the pair comes apart.
 * run(): _Watches.run's loop over w.items from w.next (read from the attribute on every turn: a watch may run it
   again), each item watched by relay.py's _watch_read (this module's watch() called directly) and else by
   up._watch(d, data, up.reader.feed(data), ...); an exception from an item goes to up.kernel._fatal(exc,
   "protocol.data_received() failed") with sys.exc_info() set as the definition's except block has it, and the rest
   still run; then the list is cleared and w.next set to 0. */
-static PyObject *DataReceivedPy, *RunPy, *StampedDataReceived, *StampedSend, *RelayGlobals;
+static PyObject *DataReceivedPy, *RunPy, *CutsReceivedPy, *StampedDataReceived, *StampedSend, *RelayGlobals;
 static PyObject *S_watches, *S_deferred, *S_kernel, *S_down, *S_replay, *S_rx_mono_ns, *S_rx_bound_ns, *S_send, *S_wfast,
     *S_items, *S_scheduled, *S_loop, *S_round, *S_call_soon, *S_run, *S_next, *S_watch_read, *S_watch, *S_feed, *S_fatal,
-    *S_dr_failed;
+    *S_dr_failed, *S_watch_cuts, *S_watch_piece;
 
 /* the pending exception to tr._fatal(exc, msg) with sys.exc_info() set to it during the call (the definition's
    ``except BaseException as exc`` block): 0, or -1 with the exception _fatal (or the lookup of tr) raised */
@@ -707,18 +724,150 @@ done:
     return out;
 }
 
+/* tw, bw = got (a 2-tuple kept as it is, anything else unpacked as Python unpacks): 0, -1 */
+static int unpack2(PyObject *got, PyObject **tw, PyObject **bw) {
+    PyObject *seq = PyTuple_CheckExact(got) ? Py_NewRef(got) : PySequence_Tuple(got);
+    if (seq == NULL) return -1;
+    if (PyTuple_GET_SIZE(seq) != 2) {
+        if (PyTuple_GET_SIZE(seq) > 2) PyErr_SetString(PyExc_ValueError, "too many values to unpack (expected 2)");
+        else PyErr_Format(PyExc_ValueError, "not enough values to unpack (expected 2, got %zd)", PyTuple_GET_SIZE(seq));
+        Py_DECREF(seq);
+        return -1;
+    }
+    Py_XSETREF(*tw, Py_NewRef(PyTuple_GET_ITEM(seq, 0)));
+    Py_XSETREF(*bw, Py_NewRef(PyTuple_GET_ITEM(seq, 1)));
+    Py_DECREF(seq);
+    return 0;
+}
+
+/* Upstream._watch_piece(d, data, cut, tw, bw) for a plain connection and a (start, end, t, bound) tuple (else the
+   definition): 1 (tw, bw replaced), 0 (the pair came apart: the definition's None), -1 */
+static int watch_piece(PyObject *up, PyObject *d, PyObject *data, PyObject *cut, PyObject **tw, PyObject **bw) {
+    int plain = PyTuple_CheckExact(cut) && PyTuple_GET_SIZE(cut) == 4 ? attr_true(up, S_plain) : 0;
+    if (plain < 0) return -1;
+    if (!plain) {
+        PyObject *args[6] = {up, d, data, cut, *tw, *bw};
+        PyObject *got = PyObject_VectorcallMethod(S_watch_piece, args, 6 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (got == NULL) return -1;
+        int rc = got == Py_None ? 0 : unpack2(got, tw, bw) < 0 ? -1 : 1;
+        Py_DECREF(got);
+        return rc;
+    }
+    PyObject *t = PyTuple_GET_ITEM(cut, 2), *bound = PyTuple_GET_ITEM(cut, 3);
+    if (PyObject_SetAttr(up, S_last_read_t, t) < 0 || PyObject_SetAttr(up, S_last_read_bound, bound) < 0) return -1;
+    PyObject *slice = PySlice_New(PyTuple_GET_ITEM(cut, 0), PyTuple_GET_ITEM(cut, 1), NULL);
+    if (slice == NULL) return -1;
+    PyObject *piece = PyObject_GetItem(data, slice); /* data[start:end] */
+    Py_DECREF(slice);
+    if (piece == NULL) return -1;
+    PyObject *reader = PyObject_GetAttr(up, S_reader), *events = NULL, *got = NULL;
+    if (reader != NULL) {
+        PyObject *fargs[2] = {reader, piece};
+        events = PyObject_VectorcallMethod(S_feed, fargs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(reader);
+    }
+    if (events != NULL) {
+        PyObject *wargs[8] = {up, d, piece, events, t, bound, *tw, *bw};
+        got = PyObject_VectorcallMethod(S_watch, wargs, 8 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(events);
+    }
+    Py_DECREF(piece);
+    if (got == NULL) return -1;
+    int rc = unpack2(got, tw, bw);
+    Py_DECREF(got);
+    if (rc < 0) return -1;
+    rc = attr_none(up, S_down);
+    return rc < 0 ? -1 : !rc;
+}
+
+static PyObject *up_cuts_received(PyObject *up, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "cuts_received(data, pieces)");
+        return NULL;
+    }
+    if (RelayGlobals == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "deltatap.proxy._relay.reads_setup() was not called");
+        return NULL;
+    }
+    PyObject *data = args[0], *pieces = args[1], *d = NULL, *tw = NULL, *bw = NULL, *wc = NULL, *cut = NULL;
+    int r = attr_true(up, S_deferred);
+    if (r < 0) return NULL;
+    if (r) {
+        PyObject *w = PyObject_GetAttr(up, S_watches);
+        if (w == NULL) return NULL;
+        PyObject *rr = PyObject_VectorcallMethod(S_run, &w, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(w);
+        if (rr == NULL) return NULL;
+        Py_DECREF(rr);
+    }
+    if ((d = PyObject_GetAttr(up, S_down)) == NULL) return NULL;
+    if (d == Py_None) { /* (the definition: the connection closed) */
+        Py_DECREF(d);
+        PyObject *pargs[3] = {up, data, pieces};
+        return PyObject_Vectorcall(CutsReceivedPy, pargs, 3, NULL);
+    }
+    PyObject *out = NULL;
+    if (send_down(d, data, &tw, &bw) < 0 || PyObject_SetAttr(d, S_replay, Py_None) < 0) goto done;
+    if ((wc = PyDict_GetItemWithError(RelayGlobals, S_watch_cuts)) == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_NameError, "name '_watch_cuts' is not defined");
+        goto done;
+    }
+    Py_INCREF(wc);
+    Py_ssize_t i = 0, n = PyObject_Size(pieces);
+    if (n < 0) goto done;
+    int builtin = PyCFunction_Check(wc) && PyCFunction_GET_FUNCTION(wc) == (PyCFunction)(void (*)(void))relay_watch_cuts;
+    while (i < n) {
+        if (wc != Py_None) { /* the pieces of body bytes alone in C, up to the first other one */
+            if ((r = attr_true(up, S_plain)) < 0) goto done;
+            if (r) {
+                if (builtin) {
+                    PyObject *cargs[7] = {up, d, data, pieces, NULL, tw, bw};
+                    if ((i = watch_cuts_from(cargs, i)) < 0) goto done;
+                } else {
+                    PyObject *iv = PyLong_FromSsize_t(i);
+                    if (iv == NULL) goto done;
+                    PyObject *cargs[7] = {up, d, data, pieces, iv, tw, bw};
+                    PyObject *got = PyObject_Vectorcall(wc, cargs, 7, NULL);
+                    Py_DECREF(iv);
+                    if (got == NULL) goto done;
+                    i = PyLong_AsSsize_t(got);
+                    Py_DECREF(got);
+                    if (i == -1 && PyErr_Occurred()) goto done;
+                }
+                if (i >= n) break;
+            }
+        }
+        if ((cut = PySequence_GetItem(pieces, i)) == NULL) goto done;
+        r = watch_piece(up, d, data, cut, &tw, &bw);
+        Py_CLEAR(cut);
+        i++;
+        if (r < 0) goto done;
+        if (r == 0) break;
+    }
+    out = Py_NewRef(Py_None);
+done:
+    Py_DECREF(d);
+    Py_XDECREF(tw);
+    Py_XDECREF(bw);
+    Py_XDECREF(wc);
+    return out;
+}
+
+static PyMethodDef cuts_received_def = {"cuts_received", (PyCFunction)(void (*)(void))up_cuts_received, METH_FASTCALL,
+                                        "Upstream.cuts_received in C (deltatap.proxy._relay; relay.py's is the definition)"};
 static PyMethodDef data_received_def = {"data_received", (PyCFunction)(void (*)(void))up_data_received, METH_FASTCALL,
                                         "Upstream.data_received in C (deltatap.proxy._relay; relay.py's is the definition)"};
 static PyMethodDef run_def = {"run", (PyCFunction)(void (*)(void))watches_run, METH_FASTCALL,
                               "_Watches.run in C (deltatap.proxy._relay; relay.py's is the definition)"};
 
-/* reads_setup(upstream_type, watches_type, data_received, run, stamped_data_received, stamped_send, relay_globals)
-   -> (data_received, run): the C methods for upstream_type and watches_type; the functions given are the
-   definitions they fall back to */
+/* reads_setup(upstream_type, watches_type, data_received, run, cuts_received, stamped_data_received, stamped_send,
+   relay_globals) -> (data_received, run, cuts_received): the C methods for upstream_type and watches_type; the
+   functions given are the definitions they fall back to */
 static PyObject *relay_reads_setup(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyFunction_Check(args[2]) ||
-        !PyFunction_Check(args[3]) || !PyFunction_Check(args[4]) || !PyFunction_Check(args[5]) || !PyDict_Check(args[6])) {
-        PyErr_SetString(PyExc_TypeError, "reads_setup(upstream_type, watches_type, data_received, run, "
+    if (nargs != 8 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyFunction_Check(args[2]) ||
+        !PyFunction_Check(args[3]) || !PyFunction_Check(args[4]) || !PyFunction_Check(args[5]) ||
+        !PyFunction_Check(args[6]) || !PyDict_Check(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "reads_setup(upstream_type, watches_type, data_received, run, cuts_received, "
                                          "stamped_data_received, stamped_send, relay_globals)");
         return NULL;
     }
@@ -734,22 +883,22 @@ static PyObject *relay_reads_setup(PyObject *mod, PyObject *const *args, Py_ssiz
     INTERN(S_loop, "loop") INTERN(S_round, "_round") INTERN(S_call_soon, "call_soon") INTERN(S_run, "run")
     INTERN(S_next, "next") INTERN(S_watch_read, "_watch_read") INTERN(S_watch, "_watch") INTERN(S_feed, "feed")
     INTERN(S_fatal, "_fatal") INTERN(S_dr_failed, "protocol.data_received() failed")
+    INTERN(S_watch_cuts, "_watch_cuts") INTERN(S_watch_piece, "_watch_piece")
 #undef INTERN
     PyObject *dr = PyDescr_NewMethod((PyTypeObject *)args[0], &data_received_def);
     if (dr == NULL) return NULL;
     PyObject *run = PyDescr_NewMethod((PyTypeObject *)args[1], &run_def);
-    if (run == NULL) {
-        Py_DECREF(dr);
-        return NULL;
-    }
-    PyObject **objs[5] = {&DataReceivedPy, &RunPy, &StampedDataReceived, &StampedSend, &RelayGlobals};
-    for (int i = 0; i < 5; i++) {
+    PyObject *cr = PyDescr_NewMethod((PyTypeObject *)args[0], &cuts_received_def);
+    PyObject *out = run == NULL || cr == NULL ? NULL : PyTuple_Pack(3, dr, run, cr);
+    Py_DECREF(dr);
+    Py_XDECREF(run);
+    Py_XDECREF(cr);
+    if (out == NULL) return NULL;
+    PyObject **objs[6] = {&DataReceivedPy, &RunPy, &CutsReceivedPy, &StampedDataReceived, &StampedSend, &RelayGlobals};
+    for (int i = 0; i < 6; i++) {
         Py_INCREF(args[i + 2]);
         Py_XSETREF(*objs[i], args[i + 2]);
     }
-    PyObject *out = PyTuple_Pack(2, dr, run);
-    Py_DECREF(dr);
-    Py_DECREF(run);
     return out;
 }
 

@@ -716,7 +716,9 @@ class Upstream(_Side):
     watch it. A read (or a cuts list's piece) of body bytes alone — the response reader in a body state, a placed
     write, a stream observer or nothing to capture — is watched in one C call when ``deltatap.proxy._relay`` is built
     (:data:`_watch_read`, :data:`_watch_cuts`: framing, ``response_bytes``, ``chunks``, ``end``, the observer's feed
-    and ``forwarded``); every other read, and every read without it, takes :meth:`_watch`, the definition."""
+    and ``forwarded``); every other read, and every read without it, takes :meth:`_watch`, the definition. With it,
+    :meth:`data_received`, :meth:`cuts_received` and :meth:`_Watches.run` themselves are C methods too (no Python
+    frame for the usual read); the methods written here stay their definitions (``_py_data_received``, ...)."""
 
     __slots__ = ("tap", "reader", "down", "eof_sent", "eof", "keep_alive", "last_read_t", "last_read_bound", "plain", "watches",
                  "deferred")
@@ -816,7 +818,6 @@ class Upstream(_Side):
             return
         tw, bw = d.send(data)
         d.replay = None
-        reader = self.reader
         watch_cuts = _watch_cuts
         i, n = 0, len(pieces)
         while i < n:
@@ -824,20 +825,27 @@ class Upstream(_Side):
                 i = watch_cuts(self, d, data, pieces, i, tw, bw)
                 if i >= n:
                     return
-            start, end, t, bound = pieces[i]
+            got = self._watch_piece(d, data, pieces[i], tw, bw)
             i += 1
-            self.last_read_t, self.last_read_bound = t, bound
-            piece = data[start:end]
-            if not self.plain:
-                if d.tunnel is not None:
-                    d.tunnel.rec.ws.server.feed(piece, t, bound, tw, bw)
-                    d.tunnel.rec.end = tw
-                elif d.exchanges:
-                    self._opaque_bytes(d, piece, t, bound, tw, bw)
-                continue
-            tw, bw = self._watch(d, piece, reader.feed(piece), t, bound, tw, bw)
-            if self.down is None:
+            if got is None:
                 return
+            tw, bw = got
+
+    def _watch_piece(self, d: Downstream, data: bytes, cut: tuple[int, int, int, int], tw: int, bw: int) -> tuple[int, int] | None:
+        """One piece ``cut = (start, end, t, bound)`` of a cuts list (forwarded by the write ``(tw, bw)``) watched:
+        the write's stamp after it (placed if a stamp that matters needed it), or None: the pair came apart."""
+        start, end, t, bound = cut
+        self.last_read_t, self.last_read_bound = t, bound
+        piece = data[start:end]
+        if not self.plain:
+            if d.tunnel is not None:
+                d.tunnel.rec.ws.server.feed(piece, t, bound, tw, bw)
+                d.tunnel.rec.end = tw
+            elif d.exchanges:
+                self._opaque_bytes(d, piece, t, bound, tw, bw)
+            return tw, bw
+        tw, bw = self._watch(d, piece, self.reader.feed(piece), t, bound, tw, bw)
+        return None if self.down is None else (tw, bw)
 
     def _watch(self, d: Downstream, data: bytes, events: list[tuple], t: int, bound: int, tw: int, bw: int) -> tuple[int, int]:
         """Watch one read's events (its bytes already forwarded by the write ``(tw, bw)``); returns that write's stamp,
@@ -1093,12 +1101,14 @@ if _relay_acc is not None and h1._body is not None:
     _relay_acc.setup(h1._body, h1._BODY_STATES, StreamObserver if _native_observer else None,
                      _sse._ObservingParser, _sse._gaps_observe, h1.Reader, Exchange, TapRecord)
     _watch_read, _watch_cuts = _relay_acc.watch, _relay_acc.watch_cuts
-    # the usual read itself in C as well: Upstream.data_received and _Watches.run become C methods (method
-    # descriptors: the reader callback calls them without a Python frame); the definitions stay here as
-    # _py_data_received / _py_run, which the C calls for every read it does not handle (see _relay.c)
-    _py_data_received, _py_run = Upstream.data_received, _Watches.run
-    Upstream.data_received, _Watches.run = _relay_acc.reads_setup(  # type: ignore[method-assign]
-        Upstream, _Watches, _py_data_received, _py_run, StampedProtocol.data_received, StampedProtocol.send, globals())
+    # the usual read itself in C as well: Upstream.data_received, Upstream.cuts_received and _Watches.run become C
+    # methods (method descriptors: the reader callback calls them without a Python frame); the definitions stay here
+    # as _py_data_received / _py_run / _py_cuts_received, which the C calls for every read it does not handle (see
+    # _relay.c; a cuts list's pieces that are not body bytes alone go to Upstream._watch or _watch_piece)
+    _py_data_received, _py_run, _py_cuts_received = Upstream.data_received, _Watches.run, Upstream.cuts_received
+    Upstream.data_received, _Watches.run, Upstream.cuts_received = _relay_acc.reads_setup(  # type: ignore[method-assign]
+        Upstream, _Watches, _py_data_received, _py_run, _py_cuts_received, StampedProtocol.data_received,
+        StampedProtocol.send, globals())
 
 
 _CLOSED = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_closed", "the upstream closed the connection before the response began")

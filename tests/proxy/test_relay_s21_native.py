@@ -1,6 +1,6 @@
-"""The usual upstream read in C (session 21): ``Upstream.data_received`` and ``_Watches.run`` as the C methods of
-``deltatap.proxy._relay`` (``reads_setup``) against their definitions in relay.py (``relay._py_data_received``,
-``relay._py_run``), both with deferral on.
+"""The usual upstream read in C (session 21): ``Upstream.data_received``, ``Upstream.cuts_received`` and
+``_Watches.run`` as the C methods of ``deltatap.proxy._relay`` (``reads_setup``) against their definitions in relay.py
+(``relay._py_data_received``, ``relay._py_cuts_received``, ``relay._py_run``), both with deferral on.
 
 * Network-free, exact: the generated connection pairs and poll rounds of test_relay_defer (responses of
   test_relay_native cut into reads, cuts lists and ``on_data`` calls, exchange timeouts, upstream closes) through the
@@ -8,8 +8,8 @@
   what each watch that raised handed to the transport's ``_fatal``, and the exported spans are identical.
 * A watch that raises (the observer's ``take``) goes to ``up.kernel._fatal(exc, "protocol.data_received() failed")``
   and the rest of the round's watches still run, the same either way.
-* No Python frame: a usual body read of a streamed response (its forward, stamps, deferral and its watch) runs no
-  Python function of the relay (only the test's scripted ``send``).
+* No Python frame: a usual body read of a streamed response (its forward, stamps, deferral and its watch), and a
+  cuts list of body pieces, run no Python function of the relay (only the test's scripted ``send``).
 * Live, through a tap on 127.0.0.1: an SSE response with the C methods and with the definitions gives the client
   the same bytes and the spans the same tokens, usage, chunk and byte counts.
 """
@@ -40,12 +40,14 @@ pytestmark = pytest.mark.skipif(getattr(relay, "_py_run", None) is None,
 def _definitions(m: pytest.MonkeyPatch) -> None:
     """relay.py's Python methods in place of the C ones."""
     m.setattr(Upstream, "data_received", relay._py_data_received)
+    m.setattr(Upstream, "cuts_received", relay._py_cuts_received)
     m.setattr(_Watches, "run", relay._py_run)
 
 
 def test_the_c_methods_are_in_place():
     assert type(Upstream.__dict__["data_received"]).__name__ == "method_descriptor"
     assert type(_Watches.__dict__["run"]).__name__ == "method_descriptor"
+    assert type(Upstream.__dict__["cuts_received"]).__name__ == "method_descriptor"
     assert relay._py_data_received.__module__ == relay.__name__ and relay._py_run.__qualname__ == "_Watches.run"
 
 
@@ -156,6 +158,37 @@ def test_a_body_read_runs_no_python_frame_of_the_relay(telemetry):
     assert exs[0].done and exs[0].rec.stream.tokens == 6
     ours = {c for c in calls if not c.startswith("test_relay_s21_native.py:")}  # (the test's loop)
     assert ours == {"_pairs.py:send", "relay.py:_round"}, calls  # (the scripted write; the round's entry, once a round)
+
+
+@pytest.mark.skipif(not StreamObserver._native, reason="deltatap.core._content is not built or turned off")
+def test_a_cuts_list_of_body_pieces_runs_no_python_frame_of_the_relay(telemetry):
+    tap = socketless_tap(telemetry)
+    up, d, exs = socketless_pair(tap, 1, ScriptedDown)
+    up.kernel = types.SimpleNamespace(rx_mono_ns=None, rx_bound_ns=0)
+    t = 1_000_000
+    calls: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            calls.append(f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_code.co_name}")
+
+    def cuts(group, at):
+        data, pieces, pos = b"".join(group), [], 0
+        for k, p in enumerate(group):
+            pieces.append((pos, pos + len(p), at + k, 0))
+            pos += len(p)
+        d.script = [(at + 99, 0, False)]
+        up.cuts_received(data, pieces)
+
+    cuts(_STREAM[:1], t)  # (the head: Python's)
+    sys.setprofile(profile)
+    try:
+        cuts(_STREAM[1:-1], t + 1000)
+    finally:
+        sys.setprofile(None)
+    cuts(_STREAM[-1:], t + 2000)  # (the message's end: Python's)
+    assert exs[0].done and exs[0].rec.stream.tokens == 6
+    assert {c for c in calls if not c.startswith("test_relay_s21_native.py:")} == {"_pairs.py:send"}, calls
 
 
 async def test_live_stream_records_the_same_either_way(make_tap, span_exporter, telemetry, monkeypatch):
