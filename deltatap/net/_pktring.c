@@ -20,7 +20,7 @@
  *                                 no counters: the caller's split path); raises OSError where the reference's
  *                                 _recv calls _fatal
  *   read_split(transport)         _on_readable's path when several segments wait: the one-byte peek, the counters
- *                                 again, READ_LAG, and read_packets with MERGED_READS counted (see pk_read_split)
+ *                                 read_one kept, READ_LAG, and read_packets with MERGED_READS counted (see pk_read_split)
  *   write_setup(slow_sends, slow_ns)  binds kstamp.SLOW_SENDS and _SLOW_SEND_NS
  *   send(protocol, transport, data)   KernelStampTransport._write into an empty buffer + StampedProtocol.send's
  *                                 bookkeeping -> (t, bound); None: the reference's path (see pk_send)
@@ -565,7 +565,8 @@ done:
  * CPU in the 10k-stream soak). Created once per process; the layout offset is found at run time from the base. */
 typedef struct {
     long long segs_in, rx_off, empty_mono, rx_mono_ns, rx_bound_ns, tx_off, writes, last_write_mono_ns, last_write_bound_ns;
-    char rx_set, lw_set; /* rx_mono_ns / last_write_mono_ns hold a value (else they read None) */
+    long long split_segs, split_got; /* _split_counts: (tcpi_data_segs_in, tcpi_bytes_received) when split_set */
+    char rx_set, lw_set, split_set; /* rx_mono_ns / last_write_mono_ns / _split_counts hold a value (else None) */
 } kstate_t;
 
 static PyTypeObject *g_state_type;
@@ -623,7 +624,44 @@ static int st_set_lw_mono(PyObject *o, PyObject *v, void *Py_UNUSED(c)) {
     return st == NULL ? -1 : opt_set(v, &st->last_write_mono_ns, &st->lw_set, "last_write_mono_ns");
 }
 
+static PyObject *st_get_split(PyObject *o, void *Py_UNUSED(c)) {
+    kstate_t *st = kstate_or_fail(o);
+    if (st == NULL) return NULL;
+    if (!st->split_set) Py_RETURN_NONE;
+    return Py_BuildValue("(kK)", (unsigned long)st->split_segs, (unsigned long long)st->split_got);
+}
+static int st_set_split(PyObject *o, PyObject *v, void *Py_UNUSED(c)) {
+    kstate_t *st = kstate_or_fail(o);
+    if (st == NULL) return -1;
+    if (v == NULL) {
+        PyErr_SetString(PyExc_TypeError, "can't delete _split_counts");
+        return -1;
+    }
+    if (v == Py_None) {
+        st->split_set = 0;
+        return 0;
+    }
+    long long a, b;
+    if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) != 2 || !PyLong_Check(PyTuple_GET_ITEM(v, 0)) || !PyLong_Check(PyTuple_GET_ITEM(v, 1))) {
+        PyErr_SetString(PyExc_TypeError, "_split_counts: None or (segments, bytes)");
+        return -1;
+    }
+    a = PyLong_AsLongLong(PyTuple_GET_ITEM(v, 0));
+    if (a == -1 && PyErr_Occurred()) return -1;
+    b = PyLong_AsLongLong(PyTuple_GET_ITEM(v, 1));
+    if (b == -1 && PyErr_Occurred()) return -1;
+    if (a < 0 || a > 0xFFFFFFFFLL || b < 0) {
+        PyErr_SetString(PyExc_ValueError, "_split_counts: TCP's counters (a u32 and a u64)");
+        return -1;
+    }
+    st->split_segs = a;
+    st->split_got = b;
+    st->split_set = 1;
+    return 0;
+}
+
 static PyGetSetDef state_getset[] = {
+    {"_split_counts", st_get_split, st_set_split, "the counters read_one read when several segments waited, or None", NULL},
     {"rx_mono_ns", st_get_rx_mono, st_set_rx_mono, "kernel stamp (mono_ns) of the read being delivered, or None", NULL},
     {"last_write_mono_ns", st_get_lw_mono, st_set_lw_mono, "when the latest write's bytes left (mono_ns), or None", NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -993,7 +1031,12 @@ static PyObject *pk_read_one(PyObject *self, PyObject *tr) {
     memcpy(&received, info + BYTES_RECEIVED_AT, 8);
     got_bytes = (long long)received;
     long long segments = segs - st->segs_in;
-    if (segments > 1) Py_RETURN_FALSE;
+    if (segments > 1) { /* (the counters for the split path that follows at once: _split_counts) */
+        st->split_segs = segs;
+        st->split_got = got_bytes;
+        st->split_set = 1;
+        Py_RETURN_FALSE;
+    }
     st->segs_in = segs;
     plog = aget(tr, s_plog);
     if (plog == NULL) return NULL;
@@ -1323,8 +1366,8 @@ static int dict_incr(PyObject *d, PyObject *key) {
 }
 
 /* KernelStampTransport._on_readable after read_one found several segments waiting (or no counters), through
- * _read_by_packets: the one-byte peek (None: nothing waits; True: end of stream), READ_LAG, the counters again and
- * _segs_in; then, for more than one segment since the last read, read_packets with MERGED_READS counted as the
+ * _read_by_packets: the one-byte peek (None: nothing waits; True: end of stream), READ_LAG, the counters read_one
+ * read (_split_counts; read here where it left none) and _segs_in; then, for more than one segment since the last read, read_packets with MERGED_READS counted as the
  * reference counts it: (data, pieces) for the caller's cuts_received, None when it was handled otherwise, an OSError
  * raised where the reference's _fatal runs. Else (first, lag, counts or None, segments, how) for the reference to go
  * on from: how 0 (not placed: one segment or fewer), 1 (the log could not place the bytes: fallback counted), 2
@@ -1336,6 +1379,9 @@ static PyObject *pk_read_split(PyObject *self, PyObject *tr) {
     }
     kstate_t *st = kstate_or_fail(tr);
     if (st == NULL) return NULL;
+    int pending = st->split_set; /* counts, self._split_counts = self._split_counts, None */
+    long long p_segs = st->split_segs, p_got = st->split_got;
+    st->split_set = 0;
     PyObject *sock = aget(tr, s_sock);
     if (sock == NULL) return NULL;
     int fd = sock_fd(sock);
@@ -1353,17 +1399,23 @@ static PyObject *pk_read_split(PyObject *self, PyObject *tr) {
     if (first) lag_add(lag);
     unsigned char info[TCP_INFO_LEN];
     socklen_t ilen = TCP_INFO_LEN;
-    memset(info, 0, sizeof info);
     PyObject *counts = NULL;
     long long segments = -1;
-    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &ilen) == 0 && ilen >= DATA_SEGS_IN_AT + 4) {
-        long long segs = (long long)rd_u32(info + DATA_SEGS_IN_AT);
-        uint64_t received;
-        memcpy(&received, info + BYTES_RECEIVED_AT, 8);
-        counts = Py_BuildValue("(kK)", (unsigned long)rd_u32(info + DATA_SEGS_IN_AT), (unsigned long long)received);
+    if (!pending) { /* (no counters from read_one: read them) */
+        memset(info, 0, sizeof info);
+        if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &ilen) == 0 && ilen >= DATA_SEGS_IN_AT + 4) {
+            uint64_t received;
+            memcpy(&received, info + BYTES_RECEIVED_AT, 8);
+            p_segs = (long long)rd_u32(info + DATA_SEGS_IN_AT);
+            p_got = (long long)received;
+            pending = 1;
+        }
+    }
+    if (pending) {
+        counts = Py_BuildValue("(kK)", (unsigned long)p_segs, (unsigned long long)p_got);
         if (counts == NULL) return NULL;
-        segments = segs - st->segs_in;
-        st->segs_in = segs;
+        segments = p_segs - st->segs_in;
+        st->segs_in = p_segs;
     }
     int how = 0;
     if (segments > 1) {

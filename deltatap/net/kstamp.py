@@ -52,8 +52,9 @@ bound, the write's stamp, bound and count - are C long longs of the transport's 
 through an int object each (those attribute writes were ~4 % of a tap's CPU in the 10k-stream soak). The Python here stays the
 definition, runs with ``DELTATAP_NATIVE=0`` and is compared with the C on real loopback connections
 (tests/kernel/test_kstamp_native.py, tests/kernel/test_kstamp_write.py). Either way a read makes the same system calls:
-``getsockopt(TCP_INFO)`` and one ``recvmsg`` for one segment; for several, a one-byte peek (the first buffer's stamp),
-the counters again, a peek of all and a discard; a write, one ``send``.
+``getsockopt(TCP_INFO)`` and one ``recvmsg`` for one segment; for several, the same ``TCP_INFO`` (its counters kept for
+what follows: :attr:`~KernelStampTransport._split_counts`), a one-byte peek (the first buffer's stamp), a peek of all
+and a discard; a write, one ``send``.
 
 Servers: :func:`start_server` (used by :func:`deltatap.wire.make_stamping_site`); clients:
 :func:`connect` on an already-connected socket (used by :func:`deltatap.wire.make_stamping_connector`).
@@ -243,8 +244,8 @@ if _read_split is not None and hasattr(_pktacc, "readable"):  # (it calls read_o
 # paths are built they are C long longs instead, kept by the class's base ``_pktring.transport_base(asyncio.Transport)``
 # under the same names (``rx_mono_ns`` and ``last_write_mono_ns`` read None until set), so that the C touches them in
 # place rather than through an int object each (the Python here reads and writes them the same way either way).
-_STATE_SLOTS = ("_segs_in", "_rx_off", "_empty_mono", "rx_mono_ns", "rx_bound_ns", "_tx_off", "writes", "last_write_mono_ns",
-                "last_write_bound_ns")
+_STATE_SLOTS = ("_segs_in", "_split_counts", "_rx_off", "_empty_mono", "rx_mono_ns", "rx_bound_ns", "_tx_off", "writes",
+                "last_write_mono_ns", "last_write_bound_ns")
 _TransportBase: Any = asyncio.Transport
 if _read_one is not None and _send is not None and hasattr(_pktacc, "transport_base"):
     _TransportBase = _pktacc.transport_base(asyncio.Transport)
@@ -303,6 +304,12 @@ class KernelStampTransport(_TransportBase):
         self._plog: PacketLog | None = None
         self._pkey: tuple[bytes, int, bytes, int] | None = None
         self._segs_in = 0
+        # The counters _one_segment read when it found several segments waiting, for the split path that follows it at
+        # once (_read_merged) instead of a second TCP_INFO read after its one-byte peek: the same decision (the count
+        # only grows, and it was over one already) and the same placement; a segment that came between the two readings
+        # counts toward the next read instead, which may then split where it need not, but never takes a read that held
+        # two segments for one (one getsockopt less per read of several segments).
+        self._split_counts: tuple[int, int] | None = None
         self._rx_off = 0  # stream offset (bytes the kernel received in order, counted from 0) of the next byte to read
         self._irs1: int | None = None  # TCP sequence number of stream offset 0 (found once, see _anchor)
         self._unlogged_tail = False  # the last _packet_cuts ended with bytes the log had not seen
@@ -410,6 +417,7 @@ class KernelStampTransport(_TransportBase):
 
     def _read_merged(self, view: memoryview) -> None:
         """:meth:`_on_readable` from its one-byte peek: the counters, the packet log's placement, else the late read."""
+        counts, self._split_counts = self._split_counts, None
         r = self._recv(view[:1], _PEEK_NOCOPY)
         if r is None:
             return
@@ -421,7 +429,8 @@ class KernelStampTransport(_TransportBase):
         if first:
             READ_LAG.add(lag)
         plog = self._plog
-        counts = tcp_counters(self._sock)
+        if counts is None:  # (else the counters _one_segment read just before: see _split_counts)
+            counts = tcp_counters(self._sock)
         segments = counts[0] - self._segs_in if counts else -1  # data segments since the last read (-1: unknown)
         if counts:
             self._segs_in = counts[0]
@@ -436,7 +445,7 @@ class KernelStampTransport(_TransportBase):
 
     def _split_fast(self) -> None:
         """The C twin (``read_split``) of :meth:`_on_readable` from its peek through :meth:`_read_by_packets` (the
-        one-byte peek, the counters again, ``READ_LAG``, ``MERGED_READS``, the placement from the packet log); what it
+        one-byte peek, the counters ``read_one`` read, ``READ_LAG``, ``MERGED_READS``, the placement from the packet log); what it
         leaves (the log cannot place the bytes, or there is one piece) continues in the reference."""
         try:
             got = _read_split(self)  # type: ignore[misc]
@@ -505,6 +514,7 @@ class KernelStampTransport(_TransportBase):
             return False
         segments = counts[0] - self._segs_in
         if segments > 1:
+            self._split_counts = counts
             return False
         self._segs_in = counts[0]
         self._plog.maintain()  # type: ignore[union-attr]

@@ -45,8 +45,8 @@ def transport():
         s, _ = lsock.accept()
     tr = kstamp.KernelStampTransport(_Loop(), s, _Proto())
     yield tr
+    tr.abort()  # (closes s and stops the packet log watching its port: the log is process-wide)
     c.close()
-    s.close()
 
 
 def _lags(seed: int, n: int) -> list[int]:
@@ -108,3 +108,73 @@ def test_c_paths_refuse_other_objects():
                  lambda: kstamp._send(None, Other(), b"x"), lambda: kstamp._read_packets(Other(), 0)):
         with pytest.raises(TypeError):
             call()
+
+
+def _waiting(s: socket.socket) -> int:
+    import fcntl
+    import struct
+    import termios
+
+    return struct.unpack("i", fcntl.ioctl(s.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
+class _Cuts(_Proto):
+    def __init__(self) -> None:
+        self.got: list[bytes] = []
+
+    def data_received(self, data: bytes) -> None:
+        self.got.append(data)
+
+    def cuts_received(self, data: bytes, pieces) -> None:
+        self.got.append(data)
+
+
+@pytest.mark.skipif(kstamp.packet_log() is None, reason="the split path needs the packet log (CAP_NET_RAW)")
+@pytest.mark.parametrize("c_path", [False, True] if kstamp._read_one is not None else [False])
+def test_split_path_takes_the_counters_the_segment_check_read(c_path):
+    """Several segments waiting: the one-segment check (``read_one`` / ``_one_segment``) keeps the TCP counters it read
+    in ``_split_counts`` and the split path that follows takes them instead of reading them again (one getsockopt less),
+    leaving ``_segs_in`` at that count and ``_split_counts`` empty; every byte is handed over once, in order."""
+    with socket.create_server(("127.0.0.1", 0)) as lsock:
+        c = socket.create_connection(lsock.getsockname(), timeout=5)
+        s, _ = lsock.accept()
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.setsockopt(socket.SOL_SOCKET, kstamp.SO_TIMESTAMPING, kstamp.RX_FLAGS)
+    p = _Cuts()
+    tr = kstamp.KernelStampTransport(_Loop(), s, p)
+    tr._fast = kstamp._read_one if c_path else None
+    splits = 0
+    try:
+        sent = b""
+        for i in range(20):
+            for j in range(4):  # (four writes while the reader waits: several segments)
+                msg = b"data: %d.%d\n\n" % (i, j)
+                c.send(msg)
+                sent += msg
+            deadline = 200_000
+            while _waiting(s) < len(sent) - len(b"".join(p.got)) and deadline:
+                deadline -= 1
+            counts = kstamp.tcp_counters(s)
+            several = counts[0] - tr._segs_in > 1
+            splits += several
+            if c_path:
+                got = kstamp._read_one(tr)
+                assert (got is False) == several
+                if got is False:
+                    assert tr._split_counts == counts  # (nothing arrived since: the same reading)
+                    tr._several()
+                elif got.__class__ is bytes:
+                    p.data_received(got)
+            else:
+                view = kstamp._read_view()
+                if not tr._one_segment(view):
+                    assert several and tr._split_counts == counts
+                    tr._read_merged(view)
+            assert tr._split_counts is None and tr._segs_in == counts[0]
+            assert b"".join(p.got) == sent[: len(b"".join(p.got))]
+        while _waiting(s):
+            tr._on_readable()
+        assert b"".join(p.got) == sent and splits >= 5  # (the split path was taken)
+    finally:
+        tr.abort()
+        c.close()
