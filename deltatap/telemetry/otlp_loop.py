@@ -376,18 +376,15 @@ class LoopSpanProcessor(QueuedSpanProcessor):
         conn, self._conn = self._conn, None
 
         def cancel() -> None:
-            if task is not None:
-                task.cancel()
-            if timer is not None:
-                timer.cancel()
-            if conn is not None:
-                conn.close()
+            for end in (task and task.cancel, timer and timer.cancel, conn and conn.close):
+                if end:
+                    try:
+                        end()
+                    except Exception:  # noqa: BLE001 - (a closed loop's task, handle or transport)
+                        log.debug("span export: ending the loop's export", exc_info=True)
 
         if self._on_loop() or not self.loop.is_running():
-            try:
-                cancel()
-            except RuntimeError:  # (a closed loop's handles)
-                pass
+            cancel()
         else:
             try:
                 self.loop.call_soon_threadsafe(cancel)

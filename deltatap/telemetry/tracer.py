@@ -176,7 +176,8 @@ class QueuedSpanProcessor(SpanProcessor):
         self.shutdown_deadline_s = shutdown_deadline_s
         self.stats = stats or ExportStats()
         self._queue: collections.deque[ReadableSpan] = collections.deque()
-        self._cond = threading.Condition(self.stats.lock)  # one lock for the queue and every counter
+        self._lock = self.stats.lock  # one lock for the queue and every counter (on_end takes it as is: no Python-level call)
+        self._cond = threading.Condition(self._lock)
         self._batch: list[ReadableSpan] | None = None  # being exported; still counted as queued
         self._shutdown = False  # no more spans taken
         self._closed = False
@@ -187,7 +188,7 @@ class QueuedSpanProcessor(SpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         st = self.stats
-        with self._cond:
+        with self._lock:
             st.spans_ended += 1
             if self._shutdown:
                 st.dropped["after_shutdown"] += 1
@@ -200,7 +201,7 @@ class QueuedSpanProcessor(SpanProcessor):
             self._queued(len(self._queue))
 
     def _queued(self, n: int) -> None:
-        """Called under the lock after a span was queued, ``n`` spans now waiting: wake the exporting side."""
+        """Called under the lock (``_cond``'s) after a span was queued, ``n`` spans now waiting: wake the exporting side."""
 
     def _take_batch(self) -> list[ReadableSpan]:
         """(Under the lock.) Up to ``max_batch`` spans off the queue; they stay counted as queued."""
