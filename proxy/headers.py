@@ -29,11 +29,12 @@ def new_request_id() -> str:
 
 
 def trace_context(head: Head) -> dict[str, str]:
-    """The incoming W3C trace context (``traceparent``, ``tracestate``) as text, for :func:`deltatap.proxy.spans.begin`."""
-    out: dict[str, str] = {}
+    """The incoming W3C trace context (``traceparent``, ``tracestate``) as text, for :func:`deltatap.proxy.spans.begin`:
+    empty without a ``traceparent`` (a ``tracestate`` alone names no parent; begin() starts a new trace for both)."""
     value = head.get(b"traceparent")
-    if value is not None:
-        out["traceparent"] = value.decode("latin-1")
+    if value is None:
+        return {}
+    out = {"traceparent": value.decode("latin-1")}
     values = head.values(b"tracestate")
     if values:
         out["tracestate"] = ",".join(v.decode("latin-1") for v in values)

@@ -148,3 +148,24 @@ def test_lookups_hold_no_reference():
     for _ in range(1000):
         head.get(b"host"), head.values(b"x-a"), head.get(b"absent"), head.values(b"absent")
     assert [sys.getrefcount(v) for v in values] == refs
+
+
+def test_a_tracestate_alone_names_no_parent():
+    """trace_context leaves out a tracestate without a traceparent: the SDK's propagator finds no parent in it either,
+    and begin() starts a new trace whose traceparent carries no tracestate."""
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    from deltatap.proxy.spans import begin
+
+    head = _read(b"GET / HTTP/1.1\r\nHost: h\r\ntracestate: rojo=00f067aa0ba902b7\r\nTracestate: congo=t61rcWkgMzE\r\n\r\n")
+    assert hdrs.trace_context(head) == {}
+    ctx = TraceContextTextMapPropagator().extract({"tracestate": "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"})
+    assert not trace.get_current_span(ctx).get_span_context().is_valid
+    span = begin(hdrs.trace_context(head))
+    assert span.parent_span_id is None and span.trace_state == "" and list(span.trace_headers) == ["traceparent"]
+    tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    head = _read(b"GET / HTTP/1.1\r\nTraceparent: " + tp.encode() + b"\r\ntracestate: rojo=1\r\nTracestate: congo=2\r\n\r\n")
+    assert hdrs.trace_context(head) == {"traceparent": tp, "tracestate": "rojo=1,congo=2"}
+    span = begin(hdrs.trace_context(head))
+    assert span.parent_span_id == 0xB7AD6B7169203331 and span.trace_state == "rojo=1,congo=2"
