@@ -14,6 +14,7 @@ import time
 
 import pytest
 import uvloop
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 
 from deltatap.telemetry.otlp_export import OtlpHttpExporter, ssl_context
@@ -45,9 +46,11 @@ class RawSink:
     """An HTTP/1.1 endpoint on 127.0.0.1 (on the running loop) keeping every request's raw head and body and its
     connection; ``answers`` scripts the first statuses (then 200); ``hang``: read requests, answer none."""
 
-    def __init__(self, answers: list[int] | None = None, hang: bool = False, ssl_ctx: ssl.SSLContext | None = None) -> None:
+    def __init__(self, answers: list[int] | None = None, hang: bool = False, ssl_ctx: ssl.SSLContext | None = None,
+                 framing: str = "length") -> None:
         self.answers = list(answers or [])
         self.hang = hang
+        self.framing = framing  # of the answers: "length" (Content-Length), "chunked", "close" (the body ends at the close)
         self.ssl_ctx = ssl_ctx
         self.requests: list[tuple[int, bytes, bytes]] = []  # (connection number, head, body)
         self.connections = 0
@@ -65,7 +68,16 @@ class RawSink:
                     continue
                 status = self.answers.pop(0) if self.answers else 200
                 text = b"" if status == 200 else b"busy"
-                writer.write(b"HTTP/1.1 %d X\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s" % (status, len(text), text))
+                head = b"HTTP/1.1 %d X\r\nContent-Type: text/plain\r\n" % status
+                if self.framing == "chunked":
+                    chunks = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in (text[:2], text[2:]) if c)
+                    writer.write(head + b"Transfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n")
+                elif self.framing == "close":
+                    writer.write(head + b"Connection: close\r\n\r\n" + text)
+                    await writer.drain()
+                    break
+                else:
+                    writer.write(head + b"Content-Length: %d\r\n\r\n%s" % (len(text), text))
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass
         finally:
@@ -231,42 +243,80 @@ async def test_force_flush_from_a_thread_sends_a_partial_batch_at_once():
         await asyncio.to_thread(tel.shutdown)
 
 
-def test_shutdown_after_the_loop_is_gone_exports_in_the_calling_thread():
-    """Spans queued on a loop that then ends are exported by shutdown, synchronously, to a sink served by a thread."""
-    got: list[bytes] = []
-    ready = threading.Event()
+@pytest.mark.parametrize("framing", ["chunked", "close"])
+async def test_answers_chunked_or_ended_by_the_close_are_read(framing):
+    """A 503 and a 400 framed either way: retried / not retried with the body's text kept; closed connections reopened."""
+    async with RawSink(answers=[503, 400], framing=framing) as sink:
+        tel = on_loop(OtlpHttpExporter(sink.url))
+        for r in records(3):
+            tel.processor.on_end(r)
+        assert await asyncio.to_thread(tel.processor.force_flush, 5000)
+        c = tel.stats.snapshot()
+        assert c.dropped_by_reason["export_failed"] == 3 and c.queued == 0, c
+        assert tel.stats.last_error == f"OTLP/HTTP export to {sink.url}: HTTP 400 X: busy, attempt 2"
+        for r in records(2, first=10):
+            tel.processor.on_end(r)
+        assert await asyncio.to_thread(tel.processor.force_flush, 5000)
+        assert tel.stats.spans_exported == 2
+        assert len(sink.requests) == 3 and sink.connections == (3 if framing == "close" else 1)
+        await asyncio.to_thread(tel.shutdown)
 
-    def serve() -> None:
-        async def main() -> None:
-            async with RawSink() as sink:
-                srv[0] = sink
-                ready.set()
-                while not stop.is_set():
-                    await asyncio.sleep(0.01)
-            got.extend(b for _, _, b in sink.requests)
 
-        asyncio.run(main())
+@contextlib.contextmanager
+def sink_in_a_thread():
+    """A :class:`RawSink` served by its own event loop in a thread (for a test whose own loop is blocked or gone)."""
+    box: list = []
+    ready, stop = threading.Event(), threading.Event()
 
-    srv: list = [None]
-    stop = threading.Event()
-    thread = threading.Thread(target=serve, daemon=True)
+    async def main() -> None:
+        async with RawSink() as sink:
+            box.append(sink)
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.01)
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
     thread.start()
     assert ready.wait(5)
+    try:
+        yield box[0]
+    finally:
+        stop.set()
+        thread.join(5)
 
-    async def tap() -> object:
-        tel = setup_telemetry("t", otlp=srv[0].url, on_loop=True)
-        for r in records(20):  # less than a batch: waiting for its timer when the loop ends
+
+async def test_shutdown_called_on_the_loops_own_thread_exports_there():
+    with sink_in_a_thread() as sink:
+        tel = setup_telemetry("t", otlp=sink.url, on_loop=True)
+        for r in records(70):  # a batch in flight (not answered yet: this loop is busy) and 6 waiting
             tel.processor.on_end(r)
-        return tel
+        await asyncio.sleep(0)
+        tel.shutdown(3.0)  # blocks this loop: the exporter's http.client sends what is left
+        c = tel.stats.snapshot()
+        assert c.exported == 70 and c.queued == 0 and c.dropped == 0, c
+    got = set()
+    for _, _, body in sink.requests:
+        for rs in ExportTraceServiceRequest.FromString(body).resource_spans:
+            got.update(int.from_bytes(sp.span_id, "big") for ss in rs.scope_spans for sp in ss.spans)
+    assert got == {r[4] for r in records(70)}  # (the batch the loop had sent may arrive twice: documented)
 
-    tel = uvloop.run(tap())
-    assert tel.stats.spans_queued == 20
-    tel.shutdown(2.0)
-    stop.set()
-    thread.join(5)
-    c = tel.stats.snapshot()
-    assert c.exported == 20 and c.queued == 0 and c.dropped == 0, c
-    assert len(got) == 1 and got[0] == make_exporter(srv[0].url).encode_body(records(20))
+
+def test_shutdown_after_the_loop_is_gone_exports_in_the_calling_thread():
+    """Spans queued on a loop that then ends are exported by shutdown, synchronously, to a sink served by a thread."""
+    with sink_in_a_thread() as sink:
+
+        async def tap() -> object:
+            tel = setup_telemetry("t", otlp=sink.url, on_loop=True)
+            for r in records(20):  # less than a batch: waiting for its timer when the loop ends
+                tel.processor.on_end(r)
+            return tel
+
+        tel = uvloop.run(tap())
+        assert tel.stats.spans_queued == 20
+        tel.shutdown(2.0)
+        c = tel.stats.snapshot()
+        assert c.exported == 20 and c.queued == 0 and c.dropped == 0, c
+        assert [b for _, _, b in sink.requests] == [make_exporter(sink.url).encode_body(records(20))]
 
 
 async def test_https_verified_with_the_exporters_context(self_signed):
