@@ -5,9 +5,9 @@ request in the SDK (locks, attribute cleaning per call), on the thread that stam
 :class:`opentelemetry.sdk.trace.ReadableSpan` with its ``Event`` and ``SpanContext`` objects costs tens of
 microseconds. An observer that knows every event and attribute only when the request is over makes one
 :class:`SpanRecord` then — a tuple of the span's fields (ids as ints, attributes as the dict it built, events as
-``(name, unix_ns, attributes or None)`` tuples) — and hands it to :attr:`Telemetry.processor` as is. The export
-thread encodes it straight to OTLP protobuf (:func:`deltatap.telemetry.otlp_encode.encode_export_request`, in C
-when the accelerator is built), the same bytes the ReadableSpan it stands for would give
+``(name, unix_ns, attributes or None)`` tuples) — and hands it to :attr:`Telemetry.processor` as is. The exporter
+(its thread, or the tap's event loop for OTLP/HTTP) encodes it straight to OTLP protobuf
+(:func:`deltatap.telemetry.otlp_encode.encode_export_request`, in C when the accelerator is built), the same bytes the ReadableSpan it stands for would give
 (:meth:`SpanRecord.readable`; tests/kernel/test_span_record.py). Exporters written for the SDK (an
 ``InMemorySpanExporter`` in tests) read it through the same property names as a ReadableSpan (``name``,
 ``attributes``, ``events``, ``context``, ``parent``, ``status``...), built on access.

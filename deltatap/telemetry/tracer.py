@@ -53,8 +53,8 @@ log = logging.getLogger("deltatap.telemetry.tracer")
 EXPORT_SWITCH_INTERVAL_S = 0.0005
 
 # Spans per OTLP export batch, for every process that exports (the tap, the load generator, the collector's
-# re-export). The export thread encodes a batch in one C call (deltatap/telemetry/_otlpenc.c) that holds the GIL
-# throughout: 512 spans held the event loop's thread for 2-4 ms, long enough to delay any stamp, send or forward due
+# re-export). The export thread (or the tap's loop: otlp_loop) encodes a batch in one C call
+# (deltatap/telemetry/_otlpenc.c) that holds the GIL throughout: 512 spans held the event loop's thread for 2-4 ms, long enough to delay any stamp, send or forward due
 # in that time (a p99 effect at a few hundred requests per second); 64 hold it for ~0.25-0.5 ms, at ~16 exports
 # a second per 1000 spans/s.
 EXPORT_BATCH = 64
