@@ -1,6 +1,6 @@
 """Counts per request that do not depend on the machine's load, for taps built from two (or more) source trees in one
 run, span export over OTLP/HTTP to benchmarks/tap_sink.py: the tap process's threads, its context switches
-(voluntary + involuntary, all threads, /proc/PID/task/*/status) and CPU, and — with ``--strace`` — its system calls by
+(voluntary + involuntary, all threads, /proc/PID/task/*/status), its CPU and its event loop's thread's CPU, and — with ``--strace`` — its system calls by
 name (``strace -c -f`` attached for one measured batch of requests). Session 21's "export" task (the span export on
 the tap's event loop instead of a thread) measured with it:
 
@@ -44,9 +44,11 @@ def proc_counts(pid: int) -> dict[str, float]:
         threads += 1
         vol += int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", text, re.M).group(1))
         invol += int(re.search(r"^nonvoluntary_ctxt_switches:\s+(\d+)", text, re.M).group(1))
+    tick = os.sysconf("SC_CLK_TCK")
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return {"threads": threads, "ctxt": vol + invol, "ctxt_voluntary": vol, "cpu_s": cpu}
+    main = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # the event loop's thread alone
+    return {"threads": threads, "ctxt": vol + invol, "ctxt_voluntary": vol, "cpu_s": (int(fields[11]) + int(fields[12])) / tick,
+            "loop_cpu_s": (int(main[11]) + int(main[12])) / tick}
 
 
 def strace_summary(text: str) -> dict[str, int]:
@@ -102,7 +104,8 @@ def main() -> int:
                 row = {"ok": ok, "threads": after["threads"], "wall_s": round(wall, 3),
                        "ctxt_per_request": round((after["ctxt"] - before["ctxt"]) / ok, 3),
                        "ctxt_voluntary_per_request": round((after["ctxt_voluntary"] - before["ctxt_voluntary"]) / ok, 3),
-                       "cpu_us_per_request": round(1e6 * (after["cpu_s"] - before["cpu_s"]) / ok, 1)}
+                       "cpu_us_per_request": round(1e6 * (after["cpu_s"] - before["cpu_s"]) / ok, 1),
+                       "loop_thread_cpu_us_per_request": round(1e6 * (after["loop_cpu_s"] - before["loop_cpu_s"]) / ok, 1)}
                 result["rounds"].setdefault(name, []).append(row)
                 print(f"round {rnd + 1} {name}: {row}", flush=True)
         if args.strace:

@@ -60,6 +60,7 @@ EXPORT_SWITCH_INTERVAL_S = 0.0005
 EXPORT_BATCH = 64
 
 SHUTDOWN_DEADLINE_ENV = "DELTATAP_SPAN_SHUTDOWN_S"
+EXPORT_ON_LOOP_ENV = "DELTATAP_EXPORT_ON_LOOP"  # "0": setup_telemetry(on_loop=True) keeps the export thread (A/B, fallback)
 DEFAULT_SHUTDOWN_DEADLINE_S = 5.0
 
 # Why a span was dropped (the ``reason`` label of ``deltatap_tap_spans_dropped_total``):
@@ -475,14 +476,14 @@ def setup_telemetry(
 
     ``on_loop``: called on a running asyncio event loop, export OTLP/HTTP from that loop, with no export thread
     (:class:`deltatap.telemetry.otlp_loop.LoopSpanProcessor`; ``deltatap tap`` does); other exports (gRPC, file)
-    keep the thread."""
+    keep the thread, and so does every export with ``$DELTATAP_EXPORT_ON_LOOP`` set to ``0``."""
     deadline = shutdown_deadline(shutdown_deadline_s)
     attrs = {"service.name": service_name, "service.version": __version__}
     attrs.update(resource_attributes or {})
     provider = TracerProvider(resource=Resource.create(attrs))
     exp = exporter or make_exporter(otlp, protocol)
     processor: QueuedSpanProcessor
-    if on_loop and _http_exporter(exp):
+    if on_loop and _http_exporter(exp) and os.environ.get(EXPORT_ON_LOOP_ENV, "").strip() != "0":
         import asyncio
 
         from deltatap.telemetry.otlp_loop import LoopSpanProcessor

@@ -340,11 +340,15 @@ async def test_https_verified_with_the_exporters_context(self_signed):
     assert len(sink.requests) == 1
 
 
-def test_only_otlp_http_goes_on_the_loop(tmp_path):
+def test_only_otlp_http_goes_on_the_loop(tmp_path, monkeypatch):
     async def main() -> None:
         for otlp in (f"file:{tmp_path}/s.jsonl", f"grpc://127.0.0.1:{free_port()}"):
             tel = setup_telemetry("t", otlp=otlp, on_loop=True)
             assert type(tel.processor) is BoundedSpanProcessor
             tel.shutdown(0.5)
+        monkeypatch.setenv("DELTATAP_EXPORT_ON_LOOP", "0")  # the thread, on request
+        tel = setup_telemetry("t", otlp=f"http://127.0.0.1:{free_port()}", on_loop=True)
+        assert type(tel.processor) is BoundedSpanProcessor
+        tel.shutdown(0.5)
 
     asyncio.run(main())
