@@ -55,9 +55,11 @@ class StampedProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         k = self.kernel
-        if k is not None and k.rx_mono_ns is not None:
-            self.on_data(data, k.rx_mono_ns, k.rx_bound_ns)
-            return
+        if k is not None:
+            t = k.rx_mono_ns  # (read once: where the transport's counters are C, each read makes an int)
+            if t is not None:
+                self.on_data(data, t, k.rx_bound_ns)
+                return
         t = mono_ns()
         bound = t - self._empty_mono
         self._empty_mono = t
