@@ -25,7 +25,9 @@ TRACE_HEADERS = frozenset({b"traceparent", b"tracestate"})
 
 
 def new_request_id() -> str:
-    return f"{new_trace_id():032x}"  # (128 random bits from the span ids' private generator: no syscall per id)
+    # (128 random bits from the span ids' private generator: no syscall per id; %-formatted: about half the time of
+    # an f-string's format spec for a 128-bit int, the same 32 hex digits)
+    return "%032x" % new_trace_id()
 
 
 def trace_context(head: Head) -> dict[str, str]:

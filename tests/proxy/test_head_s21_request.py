@@ -169,3 +169,16 @@ def test_a_tracestate_alone_names_no_parent():
     assert hdrs.trace_context(head) == {"traceparent": tp, "tracestate": "rojo=1,congo=2"}
     span = begin(hdrs.trace_context(head))
     assert span.parent_span_id == 0xB7AD6B7169203331 and span.trace_state == "rojo=1,congo=2"
+
+
+def test_request_ids_are_32_hex_digits_of_the_trace_id_generator():
+    from deltatap.telemetry import spans as tspans
+
+    state = tspans._rand.getstate()
+    try:
+        ids = [hdrs.new_request_id() for _ in range(200)]
+        tspans._rand.setstate(state)
+        want = [f"{tspans.new_trace_id():032x}" for _ in range(200)]  # (the format spec: the same digits)
+    finally:
+        tspans._rand.setstate(state)
+    assert ids == want and all(len(i) == 32 and int(i, 16) > 0 for i in ids)
