@@ -163,6 +163,35 @@ async def test_503_then_429_then_success_on_one_connection():
         await asyncio.to_thread(tel.shutdown)
 
 
+async def test_every_reading_adds_up_while_batches_fail_and_succeed():
+    """A second thread reads the counters every millisecond while 5 batches go out, 503 (retried to failure) and 200 mixed."""
+    readings, stop = [], threading.Event()
+
+    def read(stats) -> None:
+        while not stop.is_set():
+            readings.append(stats.snapshot())
+            time.sleep(0.001)
+
+    async with RawSink(answers=[503] * 3 + [200] + [503] * 3) as sink:
+        exp = OtlpHttpExporter(sink.url, timeout_s=5, backoff_s=0.01)
+        tel = on_loop(exp)
+        reader = threading.Thread(target=read, args=(tel.stats,), daemon=True)
+        reader.start()
+        try:
+            for r in records(300):
+                tel.processor.on_end(r)
+                await asyncio.sleep(0)
+            assert await asyncio.to_thread(tel.processor.force_flush, 5000)
+        finally:
+            stop.set()
+            reader.join(5)
+    c = tel.stats.snapshot()
+    assert c.ended == 300 and c.queued == 0 and c.dropped_by_reason["export_failed"] == 128 and c.exported == 172, c
+    assert len(readings) > 1 and all(r.unaccounted == 0 for r in readings)
+    assert any(0 < r.queued for r in readings)
+    await asyncio.to_thread(tel.shutdown)
+
+
 async def test_dead_endpoint_is_export_failed_after_the_retries():
     port = free_port()  # nothing listens there
     tel = on_loop(OtlpHttpExporter(f"http://127.0.0.1:{port}/v1/traces", timeout_s=5))
