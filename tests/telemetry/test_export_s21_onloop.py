@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import inspect
 import ssl
 import threading
 import time
@@ -22,6 +23,19 @@ from deltatap.telemetry.otlp_loop import LoopSpanProcessor
 from deltatap.telemetry.spans import KIND_CLIENT, KIND_SERVER, STATUS_ERROR, SpanOrigin, span_record
 from deltatap.telemetry.tracer import BoundedSpanProcessor, make_exporter, setup_telemetry
 from tests.conftest import free_port
+
+def both_loops(fn):
+    """The coroutine test ``fn`` run on asyncio's loop and on uvloop's (the tap's), as a test parametrized by loop."""
+
+    def test(loop_kind, *args, **kwargs):
+        return (uvloop.run if loop_kind == "uvloop" else asyncio.run)(fn(*args, **kwargs))
+
+    sig = inspect.signature(fn)
+    test.__signature__ = sig.replace(parameters=[inspect.Parameter("loop_kind", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                                                 *sig.parameters.values()])
+    test.__name__, test.__qualname__, test.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+    return pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])(test)
+
 
 ORIGIN = SpanOrigin(Resource.create({"service.name": "deltatap-tap-s21", "deltatap.link": "edge"}))
 
@@ -150,6 +164,7 @@ def test_the_loop_sends_the_threads_requests_byte_for_byte(compression, monkeypa
             assert lh.replace(b"%d" % len(lb), b"") == th.replace(b"%d" % len(tb), b"")
 
 
+@both_loops
 async def test_503_then_429_then_success_on_one_connection():
     async with RawSink(answers=[503, 429]) as sink:
         tel = on_loop(OtlpHttpExporter(sink.url, timeout_s=5))
@@ -163,6 +178,7 @@ async def test_503_then_429_then_success_on_one_connection():
         await asyncio.to_thread(tel.shutdown)
 
 
+@both_loops
 async def test_every_reading_adds_up_while_batches_fail_and_succeed():
     """A second thread reads the counters every millisecond while 5 batches go out, 503 (retried to failure) and 200 mixed."""
     readings, stop = [], threading.Event()
@@ -192,6 +208,7 @@ async def test_every_reading_adds_up_while_batches_fail_and_succeed():
     await asyncio.to_thread(tel.shutdown)
 
 
+@both_loops
 async def test_dead_endpoint_is_export_failed_after_the_retries():
     port = free_port()  # nothing listens there
     tel = on_loop(OtlpHttpExporter(f"http://127.0.0.1:{port}/v1/traces", timeout_s=5))
@@ -206,6 +223,7 @@ async def test_dead_endpoint_is_export_failed_after_the_retries():
     await asyncio.to_thread(tel.shutdown)
 
 
+@both_loops
 async def test_hanging_endpoint_is_export_timeout_and_the_loop_keeps_running():
     ticks = []
 
@@ -231,6 +249,7 @@ async def test_hanging_endpoint_is_export_timeout_and_the_loop_keeps_running():
         await asyncio.to_thread(tel.shutdown, 0.5)
 
 
+@both_loops
 async def test_shutdown_deadline_behind_a_hanging_endpoint_from_another_thread():
     async with RawSink(hang=True) as sink:
         tel = on_loop(OtlpHttpExporter(sink.url, timeout_s=30))
@@ -247,6 +266,7 @@ async def test_shutdown_deadline_behind_a_hanging_endpoint_from_another_thread()
         counts_add_up(tel)
 
 
+@both_loops
 async def test_full_queue_drops_and_counts():
     async with RawSink() as sink:
         tel = on_loop(OtlpHttpExporter(sink.url), max_queue=10)
@@ -259,6 +279,7 @@ async def test_full_queue_drops_and_counts():
         await asyncio.to_thread(tel.shutdown)
 
 
+@both_loops
 async def test_force_flush_from_a_thread_sends_a_partial_batch_at_once():
     async with RawSink() as sink:
         tel = on_loop(OtlpHttpExporter(sink.url))
@@ -273,6 +294,7 @@ async def test_force_flush_from_a_thread_sends_a_partial_batch_at_once():
 
 
 @pytest.mark.parametrize("framing", ["chunked", "close"])
+@both_loops
 async def test_answers_chunked_or_ended_by_the_close_are_read(framing):
     """A 503 and a 400 framed either way: retried / not retried with the body's text kept; closed connections reopened."""
     async with RawSink(answers=[503, 400], framing=framing) as sink:
@@ -314,6 +336,7 @@ def sink_in_a_thread():
         thread.join(5)
 
 
+@both_loops
 async def test_shutdown_called_on_the_loops_own_thread_exports_there():
     with sink_in_a_thread() as sink:
         tel = setup_telemetry("t", otlp=sink.url, on_loop=True)
@@ -348,6 +371,7 @@ def test_shutdown_after_the_loop_is_gone_exports_in_the_calling_thread():
         assert [b for _, _, b in sink.requests] == [make_exporter(sink.url).encode_body(records(20))]
 
 
+@both_loops
 async def test_https_verified_with_the_exporters_context(self_signed):
     cert, key = self_signed
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
