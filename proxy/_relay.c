@@ -20,7 +20,7 @@ does exactly what they do for the usual read, and nothing for any other:
   (``len(pieces)``: all): the caller's loop watches that one and calls again for the rest.
 
 * reads_setup(...): the read itself, as C methods put in place of relay.py's Upstream.data_received,
-  Upstream.cuts_received and _Watches.run (their definitions, kept there as _py_*): see the section "the read
+  Upstream.cuts_received, _Watches.run and _Watches._round (their definitions, kept there as _py_*): see the section "the read
   itself" below.
 
 An exception raised inside (by the observer's Python ``take``, say) propagates with the same changes made as the
@@ -448,7 +448,8 @@ DELTATAP_NATIVE=0):
   again), each item watched by relay.py's _watch_read (this module's watch() called directly) and else by
   up._watch(d, data, up.reader.feed(data), ...); an exception from an item goes to up.kernel._fatal(exc,
   "protocol.data_received() failed") with sys.exc_info() set as the definition's except block has it, and the rest
-  still run; then the list is cleared and w.next set to 0. */
+  still run; then the list is cleared and w.next set to 0.
+* _round(): w.scheduled = False, then w.run() (the call_soon of a round). */
 static PyObject *DataReceivedPy, *RunPy, *CutsReceivedPy, *StampedDataReceived, *StampedSend, *RelayGlobals;
 static PyObject *S_watches, *S_deferred, *S_kernel, *S_down, *S_replay, *S_rx_mono_ns, *S_rx_bound_ns, *S_send, *S_wfast,
     *S_items, *S_scheduled, *S_loop, *S_round, *S_call_soon, *S_run, *S_next, *S_watch_read, *S_watch, *S_feed, *S_fatal,
@@ -588,6 +589,16 @@ static PyObject *watches_run(PyObject *w, PyObject *const *args, Py_ssize_t narg
 error:
     Py_DECREF(items);
     return NULL;
+}
+
+/* _Watches._round(): w.scheduled = False; w.run() */
+static PyObject *watches_round(PyObject *w, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 0) {
+        PyErr_SetString(PyExc_TypeError, "_round() takes no arguments");
+        return NULL;
+    }
+    if (PyObject_SetAttr(w, S_scheduled, Py_False) < 0) return NULL;
+    return PyObject_VectorcallMethod(S_run, &w, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
 /* tw, bw = d.send(data): 0, -1 */
@@ -857,11 +868,13 @@ static PyMethodDef cuts_received_def = {"cuts_received", (PyCFunction)(void (*)(
                                         "Upstream.cuts_received in C (deltatap.proxy._relay; relay.py's is the definition)"};
 static PyMethodDef data_received_def = {"data_received", (PyCFunction)(void (*)(void))up_data_received, METH_FASTCALL,
                                         "Upstream.data_received in C (deltatap.proxy._relay; relay.py's is the definition)"};
+static PyMethodDef round_def = {"_round", (PyCFunction)(void (*)(void))watches_round, METH_FASTCALL,
+                                "_Watches._round in C (deltatap.proxy._relay; relay.py's is the definition)"};
 static PyMethodDef run_def = {"run", (PyCFunction)(void (*)(void))watches_run, METH_FASTCALL,
                               "_Watches.run in C (deltatap.proxy._relay; relay.py's is the definition)"};
 
 /* reads_setup(upstream_type, watches_type, data_received, run, cuts_received, stamped_data_received, stamped_send,
-   relay_globals) -> (data_received, run, cuts_received): the C methods for upstream_type and watches_type; the
+   relay_globals) -> (data_received, run, cuts_received, _round): the C methods for upstream_type and watches_type; the
    functions given are the definitions they fall back to */
 static PyObject *relay_reads_setup(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyFunction_Check(args[2]) ||
@@ -889,10 +902,12 @@ static PyObject *relay_reads_setup(PyObject *mod, PyObject *const *args, Py_ssiz
     if (dr == NULL) return NULL;
     PyObject *run = PyDescr_NewMethod((PyTypeObject *)args[1], &run_def);
     PyObject *cr = PyDescr_NewMethod((PyTypeObject *)args[0], &cuts_received_def);
-    PyObject *out = run == NULL || cr == NULL ? NULL : PyTuple_Pack(3, dr, run, cr);
+    PyObject *rnd = PyDescr_NewMethod((PyTypeObject *)args[1], &round_def);
+    PyObject *out = run == NULL || cr == NULL || rnd == NULL ? NULL : PyTuple_Pack(4, dr, run, cr, rnd);
     Py_DECREF(dr);
     Py_XDECREF(run);
     Py_XDECREF(cr);
+    Py_XDECREF(rnd);
     if (out == NULL) return NULL;
     PyObject **objs[6] = {&DataReceivedPy, &RunPy, &CutsReceivedPy, &StampedDataReceived, &StampedSend, &RelayGlobals};
     for (int i = 0; i < 6; i++) {

@@ -1101,14 +1101,16 @@ if _relay_acc is not None and h1._body is not None:
     _relay_acc.setup(h1._body, h1._BODY_STATES, StreamObserver if _native_observer else None,
                      _sse._ObservingParser, _sse._gaps_observe, h1.Reader, Exchange, TapRecord)
     _watch_read, _watch_cuts = _relay_acc.watch, _relay_acc.watch_cuts
-    # the usual read itself in C as well: Upstream.data_received, Upstream.cuts_received and _Watches.run become C
-    # methods (method descriptors: the reader callback calls them without a Python frame); the definitions stay here
-    # as _py_data_received / _py_run / _py_cuts_received, which the C calls for every read it does not handle (see
+    # the usual read itself in C as well: Upstream.data_received, Upstream.cuts_received, _Watches.run and _round
+    # become C methods (method descriptors: the reader callback calls them without a Python frame); the definitions
+    # stay here as _py_data_received / _py_run / _py_cuts_received / _py_round, which the C calls for every read it
+    # does not handle (see
     # _relay.c; a cuts list's pieces that are not body bytes alone go to Upstream._watch or _watch_piece)
-    _py_data_received, _py_run, _py_cuts_received = Upstream.data_received, _Watches.run, Upstream.cuts_received
-    Upstream.data_received, _Watches.run, Upstream.cuts_received = _relay_acc.reads_setup(  # type: ignore[method-assign]
-        Upstream, _Watches, _py_data_received, _py_run, _py_cuts_received, StampedProtocol.data_received,
-        StampedProtocol.send, globals())
+    _py_data_received, _py_run, _py_cuts_received, _py_round = (
+        Upstream.data_received, _Watches.run, Upstream.cuts_received, _Watches._round)
+    Upstream.data_received, _Watches.run, Upstream.cuts_received, _Watches._round = (  # type: ignore[method-assign]
+        _relay_acc.reads_setup(Upstream, _Watches, _py_data_received, _py_run, _py_cuts_received,
+                               StampedProtocol.data_received, StampedProtocol.send, globals()))
 
 
 _CLOSED = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_closed", "the upstream closed the connection before the response began")

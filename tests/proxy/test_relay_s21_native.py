@@ -1,6 +1,7 @@
-"""The usual upstream read in C (session 21): ``Upstream.data_received``, ``Upstream.cuts_received`` and
-``_Watches.run`` as the C methods of ``deltatap.proxy._relay`` (``reads_setup``) against their definitions in relay.py
-(``relay._py_data_received``, ``relay._py_cuts_received``, ``relay._py_run``), both with deferral on.
+"""The usual upstream read in C (session 21): ``Upstream.data_received``, ``Upstream.cuts_received``,
+``_Watches.run`` and ``_Watches._round`` as the C methods of ``deltatap.proxy._relay`` (``reads_setup``) against their
+definitions in relay.py (``relay._py_data_received``, ``relay._py_cuts_received``, ``relay._py_run``,
+``relay._py_round``), both with deferral on.
 
 * Network-free, exact: the generated connection pairs and poll rounds of test_relay_defer (responses of
   test_relay_native cut into reads, cuts lists and ``on_data`` calls, exchange timeouts, upstream closes) through the
@@ -42,12 +43,14 @@ def _definitions(m: pytest.MonkeyPatch) -> None:
     m.setattr(Upstream, "data_received", relay._py_data_received)
     m.setattr(Upstream, "cuts_received", relay._py_cuts_received)
     m.setattr(_Watches, "run", relay._py_run)
+    m.setattr(_Watches, "_round", relay._py_round)
 
 
 def test_the_c_methods_are_in_place():
     assert type(Upstream.__dict__["data_received"]).__name__ == "method_descriptor"
     assert type(_Watches.__dict__["run"]).__name__ == "method_descriptor"
     assert type(Upstream.__dict__["cuts_received"]).__name__ == "method_descriptor"
+    assert type(_Watches.__dict__["_round"]).__name__ == "method_descriptor"
     assert relay._py_data_received.__module__ == relay.__name__ and relay._py_run.__qualname__ == "_Watches.run"
 
 
@@ -157,7 +160,7 @@ def test_a_body_read_runs_no_python_frame_of_the_relay(telemetry):
             loop.round()
     assert exs[0].done and exs[0].rec.stream.tokens == 6
     ours = {c for c in calls if not c.startswith("test_relay_s21_native.py:")}  # (the test's loop)
-    assert ours == {"_pairs.py:send", "relay.py:_round"}, calls  # (the scripted write; the round's entry, once a round)
+    assert ours == {"_pairs.py:send"}, calls  # (the scripted write)
 
 
 @pytest.mark.skipif(not StreamObserver._native, reason="deltatap.core._content is not built or turned off")
