@@ -5,7 +5,8 @@ millisecond of CPU per request in the SDK (locks, attribute cleaning per call), 
 that forwards other streams; even one finished SDK span object costs tens of microseconds. A tap knows every
 event and attribute only when the request is over, so it makes one
 :class:`deltatap.telemetry.spans.SpanRecord` then (ids, the attribute dict, ``(event, unix_ns)`` pairs) and the
-export thread encodes it straight to OTLP (:mod:`deltatap.telemetry.otlp_encode`): no ``SpanContext``,
+span processor encodes it straight to OTLP (:mod:`deltatap.telemetry.otlp_encode`; on the tap's own loop for an
+OTLP/HTTP export, :mod:`deltatap.telemetry.otlp_loop`, in the export thread otherwise): no ``SpanContext``,
 ``Event`` or ``ReadableSpan`` per request.
 
 Context: W3C ``traceparent``/``tracestate`` are extracted from the request (as the SDK's

@@ -33,6 +33,7 @@ import time
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 
+from deltatap.net import h1
 from deltatap.telemetry.otlp_encode import encode_export_request
 from deltatap.telemetry.otlp_export import OtlpHttpExporter
 from deltatap.telemetry.tracer import QueuedSpanProcessor
@@ -55,7 +56,8 @@ class _Response:
 
 class _HttpConnection(asyncio.Protocol):
     """One HTTP/1.1 client connection: :meth:`request` writes a request and returns a future of its
-    :class:`_Response` (Content-Length, chunked, or read-until-close bodies; 1xx answers skipped)."""
+    :class:`_Response`. The answer is framed by :class:`deltatap.net.h1.Reader`, the project's one HTTP/1.1 framing
+    (Content-Length, chunked, read-until-close bodies; 1xx answers skipped)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -63,7 +65,9 @@ class _HttpConnection(asyncio.Protocol):
         self.closed = False
         self.used = False  # a request was answered on it before
         self._fut: asyncio.Future | None = None
-        self._buf = bytearray()
+        self._reader = h1.Reader(False)
+        self._head: h1.Head | None = None  # the answer's final head
+        self._body = bytearray()
         self._got_bytes = False
 
     # ---- asyncio.Protocol ----
@@ -75,17 +79,7 @@ class _HttpConnection(asyncio.Protocol):
             self.transport.close()
             return
         self._got_bytes = True
-        self._buf += data
-        try:
-            resp = self._parse(eof=False)
-        except (http.client.HTTPException, ValueError) as exc:
-            self._fail(exc if isinstance(exc, http.client.HTTPException) else http.client.BadStatusLine(str(exc)))
-            self.transport.close()
-            return
-        if resp is not None:
-            self._fut.set_result(resp)
-            if resp.close:
-                self.transport.close()
+        self._framed(data, self._reader.feed(data))
 
     def eof_received(self) -> bool:
         return False  # close
@@ -95,18 +89,42 @@ class _HttpConnection(asyncio.Protocol):
         fut = self._fut
         if fut is None or fut.done():
             return
-        try:
-            resp = self._parse(eof=True) if self._got_bytes else None
-        except (http.client.HTTPException, ValueError):
-            resp = None
-        if resp is not None:
-            fut.set_result(resp)
-        elif not self._got_bytes:
+        if self._got_bytes:
+            self._framed(b"", self._reader.feed_eof())
+            if not fut.done():
+                fut.set_exception(http.client.IncompleteRead(bytes(self._body)))
+        else:
             # http.client's exception for a connection closed before an answer (a stale keep-alive connection)
             err = http.client.RemoteDisconnected("Remote end closed connection without response")
             fut.set_exception(exc if isinstance(exc, OSError) and not isinstance(exc, ConnectionResetError) else err)
-        else:
-            fut.set_exception(http.client.IncompleteRead(bytes(self._buf)))
+
+    def _framed(self, data: bytes, events: list[tuple]) -> None:
+        """Take the reader's events for ``data``: the final head, its body, its end (the answer) or an error."""
+        fut = self._fut
+        for ev in events:
+            kind = ev[0]
+            if kind == h1.HEAD:
+                head = ev[3]
+                if head.status >= 200 or head.status == 101:  # (1xx: an interim answer, the real one follows)
+                    self._head = head
+            elif kind == h1.BODY:
+                if self._head is not None:
+                    self._body += data[ev[1] : ev[2]]
+            elif kind == h1.END:
+                head = self._head
+                if head is None:
+                    continue
+                ctype = head.get(b"content-type")
+                fut.set_result(_Response(head.status, head.reason.decode("latin-1"), ctype.decode("latin-1") if ctype is not None else None,
+                                         bytes(self._body), not head.keep_alive or self._reader.opaque))
+                if not head.keep_alive and self.transport is not None:
+                    self.transport.close()
+                return
+            else:  # h1.ERROR: not an HTTP answer the reader can frame (ev[2] is one of its fixed reasons)
+                fut.set_exception(http.client.BadStatusLine(f"the collector's answer cannot be framed ({ev[2]})"))
+                if self.transport is not None:
+                    self.transport.close()
+                return
 
     def _fail(self, exc: BaseException) -> None:
         if self._fut is not None and not self._fut.done():
@@ -114,8 +132,10 @@ class _HttpConnection(asyncio.Protocol):
 
     # ---- requests ----
     def request(self, data: bytes) -> asyncio.Future:
-        self._buf.clear()
+        self._head = None
+        self._body = bytearray()
         self._got_bytes = False
+        self._reader.expect(b"POST")
         self._fut = fut = self.loop.create_future()
         if self.closed or self.transport is None or self.transport.is_closing():
             fut.set_exception(http.client.RemoteDisconnected("Remote end closed connection without response"))
@@ -126,63 +146,6 @@ class _HttpConnection(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.abort()
-
-    def _parse(self, eof: bool) -> _Response | None:
-        """The whole response in the buffer, or None while it is not complete (``eof``: the connection ended)."""
-        buf = self._buf
-        while True:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > 65536:
-                    raise http.client.LineTooLong("header block")
-                return None
-            lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
-            version, _, rest = lines[0].partition(" ")
-            code, _, reason = rest.partition(" ")
-            if not version.startswith("HTTP/") or not code.isdigit():
-                raise http.client.BadStatusLine(lines[0])
-            status = int(code)
-            if 100 <= status < 200 and status != 101:  # an interim answer: the real one follows
-                del buf[: end + 4]
-                continue
-            break
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if sep:
-                headers[name.strip().lower()] = value.strip()
-        conn = headers.get("connection", "").lower()
-        close = "close" in conn or (version == "HTTP/1.0" and "keep-alive" not in conn)
-        start = end + 4
-        ctype = headers.get("content-type")
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            body = bytearray()
-            pos = start
-            while True:
-                eol = buf.find(b"\r\n", pos)
-                if eol < 0:
-                    return None
-                size = int(bytes(buf[pos:eol]).split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    trailer_end = buf.find(b"\r\n\r\n", eol)
-                    if trailer_end < 0 and buf[eol : eol + 4] != b"\r\n\r\n":
-                        return None
-                    return _Response(status, reason, ctype, bytes(body), close)
-                if len(buf) < eol + 2 + size + 2:
-                    return None
-                body += buf[eol + 2 : eol + 2 + size]
-                pos = eol + 2 + size + 2
-        length = headers.get("content-length")
-        if length is not None:
-            n = int(length)
-            if len(buf) - start < n:
-                return None
-            return _Response(status, reason, ctype, bytes(buf[start : start + n]), close)
-        if status in (204, 304):
-            return _Response(status, reason, ctype, b"", close)
-        if not eof:  # the body lasts until the collector closes the connection
-            return None
-        return _Response(status, reason, ctype, bytes(buf[start:]), True)
 
 
 class LoopSpanProcessor(QueuedSpanProcessor):
