@@ -1399,7 +1399,6 @@ static PyObject *pk_read_split(PyObject *self, PyObject *tr) {
     if (first) lag_add(lag);
     unsigned char info[TCP_INFO_LEN];
     socklen_t ilen = TCP_INFO_LEN;
-    PyObject *counts = NULL;
     long long segments = -1;
     if (!pending) { /* (no counters from read_one: read them) */
         memset(info, 0, sizeof info);
@@ -1412,8 +1411,6 @@ static PyObject *pk_read_split(PyObject *self, PyObject *tr) {
         }
     }
     if (pending) {
-        counts = Py_BuildValue("(kK)", (unsigned long)p_segs, (unsigned long long)p_got);
-        if (counts == NULL) return NULL;
         segments = p_segs - st->segs_in;
         st->segs_in = p_segs;
     }
@@ -1432,7 +1429,6 @@ static PyObject *pk_read_split(PyObject *self, PyObject *tr) {
                     Py_XDECREF(tb);
                 }
             }
-            Py_XDECREF(counts);
             return NULL;
         }
         if (got == Py_None) {
@@ -1441,12 +1437,8 @@ static PyObject *pk_read_split(PyObject *self, PyObject *tr) {
         } else if (got == Py_False) {
             Py_DECREF(got);
             how = 1;
-            if (dict_incr(g_merged, s_fallback) != 0) {
-                Py_XDECREF(counts);
-                return NULL;
-            }
+            if (dict_incr(g_merged, s_fallback) != 0) return NULL;
         } else {
-            Py_XDECREF(counts);
             if (dict_incr(g_merged, s_packets) != 0) {
                 Py_DECREF(got);
                 return NULL;
@@ -1456,7 +1448,9 @@ static PyObject *pk_read_split(PyObject *self, PyObject *tr) {
             Py_RETURN_NONE;
         }
     }
-    if (counts == NULL) counts = Py_NewRef(Py_None);
+    /* (the counters as the reference holds them, made only for its continuation) */
+    PyObject *counts = pending ? Py_BuildValue("(kK)", (unsigned long)p_segs, (unsigned long long)p_got) : Py_NewRef(Py_None);
+    if (counts == NULL) return NULL;
     return Py_BuildValue("(LLNLi)", first, lag, counts, segments, how);
 }
 
