@@ -1103,9 +1103,9 @@ if _relay_acc is not None and h1._body is not None:
     _watch_read, _watch_cuts = _relay_acc.watch, _relay_acc.watch_cuts
     # the usual read itself in C as well: Upstream.data_received, Upstream.cuts_received, _Watches.run and _round
     # become C methods (method descriptors: the reader callback calls them without a Python frame); the definitions
-    # stay here as _py_data_received / _py_run / _py_cuts_received / _py_round, which the C calls for every read it
-    # does not handle (see
-    # _relay.c; a cuts list's pieces that are not body bytes alone go to Upstream._watch or _watch_piece)
+    # stay here as _py_data_received / _py_run / _py_cuts_received / _py_round, and the C calls the first three for
+    # every read it does not handle (see _relay.c; a cuts list's pieces that are not body bytes alone go to
+    # Upstream._watch or _watch_piece)
     _py_data_received, _py_run, _py_cuts_received, _py_round = (
         Upstream.data_received, _Watches.run, Upstream.cuts_received, _Watches._round)
     Upstream.data_received, _Watches.run, Upstream.cuts_received, _Watches._round = (  # type: ignore[method-assign]
