@@ -459,8 +459,15 @@ static PyObject *S_watches, *S_deferred, *S_kernel, *S_down, *S_replay, *S_rx_mo
    ``except BaseException as exc`` block): 0, or -1 with the exception _fatal (or the lookup of tr) raised */
 static int fatal_call(PyObject *up) {
     PyObject *type, *value, *tb;
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "_Watches.run: a watch failed without an exception");
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
+    if (value == NULL) { /* (normalizing failed and left nothing: report that instead) */
+        Py_XDECREF(type);
+        Py_XDECREF(tb);
+        PyErr_SetString(PyExc_SystemError, "_Watches.run: a watch's exception could not be normalized");
+        return -1;
+    }
     if (tb != NULL) PyException_SetTraceback(value, tb);
     PyObject *ot, *ov, *otb;
     PyErr_GetExcInfo(&ot, &ov, &otb);
