@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FLOORS = {
     "deltatap.core": (ROOT / "deltatap" / "core", {"deltatap.core"}),
     "deltatap.net": (ROOT / "deltatap" / "net", {"deltatap.core", "deltatap.net"}),
-    "deltatap.telemetry": (ROOT / "deltatap" / "telemetry", {"deltatap.core", "deltatap.telemetry"}),
+    # (the span export is a network client: its OTLP/HTTP answers are framed by the network layer's HTTP/1.1 reader)
+    "deltatap.telemetry": (ROOT / "deltatap" / "telemetry", {"deltatap.core", "deltatap.net", "deltatap.telemetry"}),
 }
 UPPER = ("deltatap.proxy", "deltatap.loadgen", "deltatap.collector", "deltatap.stack", "deltatap.app")
 
