@@ -16,18 +16,9 @@ import socket
 import pytest
 
 from deltatap.net import kstamp
+from tests.kernel.test_kstamp_native import _Loop, _pair, _waiting
 
 native = pytest.mark.skipif(kstamp._read_one is None, reason="deltatap.net._pktring is not built (or DELTATAP_NATIVE turns it off)")
-
-
-class _Loop:
-    def add_reader(self, *a) -> None:
-        pass
-
-    remove_reader = add_writer = remove_writer = add_reader
-
-    def call_soon(self, cb, *args) -> None:
-        cb(*args)
 
 
 class _Proto:
@@ -110,39 +101,14 @@ def test_c_paths_refuse_other_objects():
             call()
 
 
-def _waiting(s: socket.socket) -> int:
-    import fcntl
-    import struct
-    import termios
-
-    return struct.unpack("i", fcntl.ioctl(s.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
-
-
-class _Cuts(_Proto):
-    def __init__(self) -> None:
-        self.got: list[bytes] = []
-
-    def data_received(self, data: bytes) -> None:
-        self.got.append(data)
-
-    def cuts_received(self, data: bytes, pieces) -> None:
-        self.got.append(data)
-
-
 @pytest.mark.skipif(kstamp.packet_log() is None, reason="the split path needs the packet log (CAP_NET_RAW)")
 @pytest.mark.parametrize("c_path", [False, True] if kstamp._read_one is not None else [False])
 def test_split_path_takes_the_counters_the_segment_check_read(c_path):
     """Several segments waiting: the one-segment check (``read_one`` / ``_one_segment``) keeps the TCP counters it read
     in ``_split_counts`` and the split path that follows takes them instead of reading them again (one getsockopt less),
     leaving ``_segs_in`` at that count and ``_split_counts`` empty; every byte is handed over once, in order."""
-    with socket.create_server(("127.0.0.1", 0)) as lsock:
-        c = socket.create_connection(lsock.getsockname(), timeout=5)
-        s, _ = lsock.accept()
-    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    s.setsockopt(socket.SOL_SOCKET, kstamp.SO_TIMESTAMPING, kstamp.RX_FLAGS)
-    p = _Cuts()
-    tr = kstamp.KernelStampTransport(_Loop(), s, p)
-    tr._fast = kstamp._read_one if c_path else None
+    c, s, tr, p = _pair(c_path)
+    got_bytes = lambda: b"".join(d for d, _ in p.got)  # noqa: E731 - every byte handed over so far, in order
     splits = 0
     try:
         sent = b""
@@ -152,7 +118,7 @@ def test_split_path_takes_the_counters_the_segment_check_read(c_path):
                 c.send(msg)
                 sent += msg
             deadline = 200_000
-            while _waiting(s) < len(sent) - len(b"".join(p.got)) and deadline:
+            while _waiting(s) < len(sent) - len(got_bytes()) and deadline:
                 deadline -= 1
             counts = kstamp.tcp_counters(s)
             several = counts[0] - tr._segs_in > 1
@@ -171,10 +137,10 @@ def test_split_path_takes_the_counters_the_segment_check_read(c_path):
                     assert several and tr._split_counts == counts
                     tr._read_merged(view)
             assert tr._split_counts is None and tr._segs_in == counts[0]
-            assert b"".join(p.got) == sent[: len(b"".join(p.got))]
+            assert got_bytes() == sent[: len(got_bytes())]
         while _waiting(s):
             tr._on_readable()
-        assert b"".join(p.got) == sent and splits >= 5  # (the split path was taken)
+        assert got_bytes() == sent and splits >= 5  # (the split path was taken)
     finally:
         tr.abort()
         c.close()
