@@ -490,6 +490,19 @@ static int fatal_call(PyObject *up) {
     return 0;
 }
 
+/* a read method called with ``want`` arguments (its signature ``sig`` for the error) after reads_setup(): 0, -1 */
+static int reads_ready(Py_ssize_t nargs, Py_ssize_t want, const char *sig) {
+    if (nargs != want) {
+        PyErr_SetString(PyExc_TypeError, sig);
+        return -1;
+    }
+    if (RelayGlobals == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "deltatap.proxy._relay.reads_setup() was not called");
+        return -1;
+    }
+    return 0;
+}
+
 /* truthiness of obj.name: 1, 0, -1 */
 static int attr_true(PyObject *obj, PyObject *name) {
     PyObject *v = PyObject_GetAttr(obj, name);
@@ -545,14 +558,7 @@ static int run_item(PyObject *const *it) {
 }
 
 static PyObject *watches_run(PyObject *w, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 0) {
-        PyErr_SetString(PyExc_TypeError, "run() takes no arguments");
-        return NULL;
-    }
-    if (RelayGlobals == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "deltatap.proxy._relay.reads_setup() was not called");
-        return NULL;
-    }
+    if (reads_ready(nargs, 0, "run() takes no arguments") < 0) return NULL;
     PyObject *items = PyObject_GetAttr(w, S_items);
     if (items == NULL) return NULL;
     if (!PyList_CheckExact(items)) { /* (the definition's, for anything else) */
@@ -608,6 +614,22 @@ static PyObject *watches_round(PyObject *w, PyObject *const *args, Py_ssize_t na
     return PyObject_VectorcallMethod(S_run, &w, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
+/* tw, bw = got (a 2-tuple kept as it is, anything else unpacked as Python unpacks): 0, -1 */
+static int unpack2(PyObject *got, PyObject **tw, PyObject **bw) {
+    PyObject *seq = PyTuple_CheckExact(got) ? Py_NewRef(got) : PySequence_Tuple(got);
+    if (seq == NULL) return -1;
+    if (PyTuple_GET_SIZE(seq) != 2) {
+        if (PyTuple_GET_SIZE(seq) > 2) PyErr_SetString(PyExc_ValueError, "too many values to unpack (expected 2)");
+        else PyErr_Format(PyExc_ValueError, "not enough values to unpack (expected 2, got %zd)", PyTuple_GET_SIZE(seq));
+        Py_DECREF(seq);
+        return -1;
+    }
+    Py_XSETREF(*tw, Py_NewRef(PyTuple_GET_ITEM(seq, 0)));
+    Py_XSETREF(*bw, Py_NewRef(PyTuple_GET_ITEM(seq, 1)));
+    Py_DECREF(seq);
+    return 0;
+}
+
 /* tw, bw = d.send(data): 0, -1 */
 static int send_down(PyObject *d, PyObject *data, PyObject **tw, PyObject **bw) {
     PyObject *got = NULL;
@@ -639,33 +661,13 @@ static int send_down(PyObject *d, PyObject *data, PyObject **tw, PyObject **bw) 
         got = PyObject_VectorcallMethod(S_send, sargs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
         if (got == NULL) return -1;
     }
-    if (!PyTuple_CheckExact(got) || PyTuple_GET_SIZE(got) != 2) { /* (unpacked as Python unpacks) */
-        PyObject *seq = PySequence_Tuple(got);
-        Py_DECREF(got);
-        if (seq == NULL) return -1;
-        if (PyTuple_GET_SIZE(seq) != 2) {
-            if (PyTuple_GET_SIZE(seq) > 2) PyErr_SetString(PyExc_ValueError, "too many values to unpack (expected 2)");
-            else PyErr_Format(PyExc_ValueError, "not enough values to unpack (expected 2, got %zd)", PyTuple_GET_SIZE(seq));
-            Py_DECREF(seq);
-            return -1;
-        }
-        got = seq;
-    }
-    *tw = Py_NewRef(PyTuple_GET_ITEM(got, 0));
-    *bw = Py_NewRef(PyTuple_GET_ITEM(got, 1));
+    int rc = unpack2(got, tw, bw);
     Py_DECREF(got);
-    return 0;
+    return rc;
 }
 
 static PyObject *up_data_received(PyObject *up, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 1) {
-        PyErr_SetString(PyExc_TypeError, "data_received(data)");
-        return NULL;
-    }
-    if (RelayGlobals == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "deltatap.proxy._relay.reads_setup() was not called");
-        return NULL;
-    }
+    if (reads_ready(nargs, 1, "data_received(data)") < 0) return NULL;
     PyObject *data = args[0], *pargs[2] = {up, data};
     PyObject *w = PyObject_GetAttr(up, S_watches), *k = NULL, *d = NULL, *tw = NULL, *bw = NULL, *t = NULL, *bound = NULL,
              *out = NULL;
@@ -742,21 +744,6 @@ done:
     return out;
 }
 
-/* tw, bw = got (a 2-tuple kept as it is, anything else unpacked as Python unpacks): 0, -1 */
-static int unpack2(PyObject *got, PyObject **tw, PyObject **bw) {
-    PyObject *seq = PyTuple_CheckExact(got) ? Py_NewRef(got) : PySequence_Tuple(got);
-    if (seq == NULL) return -1;
-    if (PyTuple_GET_SIZE(seq) != 2) {
-        if (PyTuple_GET_SIZE(seq) > 2) PyErr_SetString(PyExc_ValueError, "too many values to unpack (expected 2)");
-        else PyErr_Format(PyExc_ValueError, "not enough values to unpack (expected 2, got %zd)", PyTuple_GET_SIZE(seq));
-        Py_DECREF(seq);
-        return -1;
-    }
-    Py_XSETREF(*tw, Py_NewRef(PyTuple_GET_ITEM(seq, 0)));
-    Py_XSETREF(*bw, Py_NewRef(PyTuple_GET_ITEM(seq, 1)));
-    Py_DECREF(seq);
-    return 0;
-}
 
 /* Upstream._watch_piece(d, data, cut, tw, bw) for a plain connection and a (start, end, t, bound) tuple (else the
    definition): 1 (tw, bw replaced), 0 (the pair came apart: the definition's None), -1 */
@@ -799,14 +786,7 @@ static int watch_piece(PyObject *up, PyObject *d, PyObject *data, PyObject *cut,
 }
 
 static PyObject *up_cuts_received(PyObject *up, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "cuts_received(data, pieces)");
-        return NULL;
-    }
-    if (RelayGlobals == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "deltatap.proxy._relay.reads_setup() was not called");
-        return NULL;
-    }
+    if (reads_ready(nargs, 2, "cuts_received(data, pieces)") < 0) return NULL;
     PyObject *data = args[0], *pieces = args[1], *d = NULL, *tw = NULL, *bw = NULL, *wc = NULL, *cut = NULL;
     int r = attr_true(up, S_deferred);
     if (r < 0) return NULL;
