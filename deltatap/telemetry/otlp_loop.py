@@ -193,12 +193,22 @@ class LoopSpanProcessor(QueuedSpanProcessor):
     def _poke(self) -> None:
         """(On the loop.) Start the next export, arm the partial batch's timer, or answer the waiters."""
         self._poke_due = False
+        self._advance(False)
+
+    def _on_timer(self) -> None:
+        """(On the loop.) A partial batch's delay is up: export what is queued."""
+        self._timer = None
+        self._advance(True)
+
+    def _advance(self, partial: bool) -> None:
+        """Start the next export (a full batch; ``partial``, a shutdown or a waiter: whatever is queued), else arm the
+        partial batch's timer, or answer the waiters when nothing is queued or in flight."""
         self._loop_thread = threading.get_ident()
         if self._task is not None or self._detached:
             return
         with self._cond:
             n = len(self._queue)
-            now = n >= self.max_batch or (n > 0 and (self._shutdown or bool(self._waiters)))
+            now = n >= self.max_batch or (n > 0 and (partial or self._shutdown or bool(self._waiters)))
             batch = self._take_batch() if now else None
             if batch:
                 self._batch = batch
@@ -220,18 +230,6 @@ class LoopSpanProcessor(QueuedSpanProcessor):
                 self._timer = None
             for ev in waiters:
                 ev.set()
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        if self._task is not None or self._detached:
-            return
-        with self._cond:
-            batch = self._take_batch()
-            if batch:
-                self._batch = batch
-        if batch:
-            self._task = self.loop.create_task(self._export(batch))
-            self._task.add_done_callback(self._exported)
 
     def _exported(self, task: asyncio.Task) -> None:
         if self._task is task:
