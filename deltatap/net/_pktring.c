@@ -607,21 +607,23 @@ static int opt_set(PyObject *v, long long *slot, char *set, const char *name) {
     return 0;
 }
 
-static PyObject *st_get_rx_mono(PyObject *o, void *Py_UNUSED(c)) {
+/* rx_mono_ns and last_write_mono_ns: an int or None, one getter and setter for both (the closure says which) */
+typedef struct {
+    size_t value, set; /* offsets in kstate_t of the long long and of its "holds a value" flag */
+    const char *name;
+} opt_field_t;
+static const opt_field_t rx_mono_field = {offsetof(kstate_t, rx_mono_ns), offsetof(kstate_t, rx_set), "rx_mono_ns"};
+static const opt_field_t lw_mono_field = {offsetof(kstate_t, last_write_mono_ns), offsetof(kstate_t, lw_set), "last_write_mono_ns"};
+
+static PyObject *st_get_opt(PyObject *o, void *closure) {
+    const opt_field_t *f = closure;
     kstate_t *st = kstate_or_fail(o);
-    return st == NULL ? NULL : opt_get(st->rx_mono_ns, st->rx_set);
+    return st == NULL ? NULL : opt_get(*(long long *)((char *)st + f->value), *((char *)st + f->set));
 }
-static int st_set_rx_mono(PyObject *o, PyObject *v, void *Py_UNUSED(c)) {
+static int st_set_opt(PyObject *o, PyObject *v, void *closure) {
+    const opt_field_t *f = closure;
     kstate_t *st = kstate_or_fail(o);
-    return st == NULL ? -1 : opt_set(v, &st->rx_mono_ns, &st->rx_set, "rx_mono_ns");
-}
-static PyObject *st_get_lw_mono(PyObject *o, void *Py_UNUSED(c)) {
-    kstate_t *st = kstate_or_fail(o);
-    return st == NULL ? NULL : opt_get(st->last_write_mono_ns, st->lw_set);
-}
-static int st_set_lw_mono(PyObject *o, PyObject *v, void *Py_UNUSED(c)) {
-    kstate_t *st = kstate_or_fail(o);
-    return st == NULL ? -1 : opt_set(v, &st->last_write_mono_ns, &st->lw_set, "last_write_mono_ns");
+    return st == NULL ? -1 : opt_set(v, (long long *)((char *)st + f->value), (char *)st + f->set, f->name);
 }
 
 static PyObject *st_get_split(PyObject *o, void *Py_UNUSED(c)) {
@@ -662,8 +664,8 @@ static int st_set_split(PyObject *o, PyObject *v, void *Py_UNUSED(c)) {
 
 static PyGetSetDef state_getset[] = {
     {"_split_counts", st_get_split, st_set_split, "the counters read_one read when several segments waited, or None", NULL},
-    {"rx_mono_ns", st_get_rx_mono, st_set_rx_mono, "kernel stamp (mono_ns) of the read being delivered, or None", NULL},
-    {"last_write_mono_ns", st_get_lw_mono, st_set_lw_mono, "when the latest write's bytes left (mono_ns), or None", NULL},
+    {"rx_mono_ns", st_get_opt, st_set_opt, "kernel stamp (mono_ns) of the read being delivered, or None", (void *)&rx_mono_field},
+    {"last_write_mono_ns", st_get_opt, st_set_opt, "when the latest write's bytes left (mono_ns), or None", (void *)&lw_mono_field},
     {NULL, NULL, NULL, NULL, NULL},
 };
 static PyMemberDef state_members[8];
