@@ -340,7 +340,7 @@ static Span strip_space(const char *p, Py_ssize_t n) {
     return s;
 }
 
-/* p[0:n] equals lower (a lower-case ASCII literal of length ln), ignoring ASCII case */
+/* p[0:n] equals lower (lower-case ASCII of length ln: a literal, or a header name looked up), ignoring ASCII case */
 static int ieq(const char *p, Py_ssize_t n, const char *lower, Py_ssize_t ln) {
     if (n != ln) return 0;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -581,15 +581,7 @@ static PyObject *h1_header_values(PyObject *mod, PyObject *const *argv, Py_ssize
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *pair = PyList_GET_ITEM(headers, i);
         PyObject *name = PyTuple_GET_ITEM(pair, 0);
-        if (PyBytes_GET_SIZE(name) != ln) continue;
-        const char *np = PyBytes_AS_STRING(name);
-        Py_ssize_t k = 0;
-        for (; k < ln; k++) {
-            char c = np[k];
-            if (c >= 'A' && c <= 'Z') c = (char)(c + 32);
-            if (c != lp[k]) break;
-        }
-        if (k != ln) continue;
+        if (!ieq(PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name), lp, ln)) continue;
         PyObject *value = PyTuple_GET_ITEM(pair, 1);
         if (!all) {
             Py_INCREF(value);
