@@ -52,7 +52,7 @@ static int add_gap_type(PyObject *m);
 #include <limits.h>
 #include <math.h>
 
-static PyObject *One, *ChatFmt, *ComplFmt, *HeapPush, *HeapReplace, *ChatName, *ComplName;
+static PyObject *One, *ChatFmt, *ComplFmt, *ChatName, *ComplName;
 static double LogGamma;
 static PyObject *S_take, *S_fmt, *S_parts, *S_facts, *S_model, *S_response_id, *S_events, *S_content_events,
     *S_tokens, *S_leading_ws, *S_done, *S_first_t, *S_first_b, *S_last_t, *S_last_b, *S_gaps, *S_observe,
@@ -1168,8 +1168,8 @@ static PyObject *module_gaps_observe(PyObject *mod, PyObject *const *args, Py_ss
 }
 
 static PyObject *setup_observer(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    /* (heappush and heapreplace: GapCore keeps its heap with their algorithm itself; taken for the callers that pass
-       them, unused) */
+    /* (heappush and heapreplace: GapCore keeps its heap with their algorithm itself; still taken, not kept, so that
+       callers built for either signature - benchmarks/observer_cpu.py loads older trees' modules - pass the same) */
     if (nargs != 5 || !PyFloat_Check(args[4])) {
         PyErr_SetString(PyExc_TypeError, "setup_observer(chat, completions, heappush, heapreplace, log_gamma)");
         return NULL;
@@ -1189,8 +1189,8 @@ static PyObject *setup_observer(PyObject *mod, PyObject *const *args, Py_ssize_t
     INTERN(S_finish_reasons, "finish_reasons")
 #undef INTERN
     if (One == NULL && (One = PyLong_FromLong(1)) == NULL) return NULL;
-    PyObject **slots[4] = {&ChatFmt, &ComplFmt, &HeapPush, &HeapReplace};
-    for (int i = 0; i < 4; i++) {
+    PyObject **slots[2] = {&ChatFmt, &ComplFmt};
+    for (int i = 0; i < 2; i++) {
         Py_INCREF(args[i]);
         Py_XSETREF(*slots[i], args[i]);
     }
