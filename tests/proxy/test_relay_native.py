@@ -326,19 +326,18 @@ def test_accelerator_raises_what_the_python_raises(how, where, telemetry, monkey
         assert sum(r is not None and "a counter failed" in r for r in results[0][::2]) == (len(_STREAM) - 2 if how == "read" else 1)
 
 
-async def test_live_stream_records_the_same_either_way(make_tap, span_exporter, telemetry, monkeypatch):
-    """Through a tap on 127.0.0.1, the same SSE response (written in pieces 5 ms apart) with the accelerator and
-    without it: the client gets the bytes unchanged and the two spans carry the same tokens, usage, chunk and byte
-    counts."""
+async def live_stream_attrs(make_tap, span_exporter, telemetry, python_path, pause_s: float) -> list[dict]:
+    """The span attributes of the same SSE response (written in pieces ``pause_s`` apart) through a tap on 127.0.0.1,
+    first as built, then after ``python_path()`` (turning accelerated steps back to their Python definitions); the
+    client gets the bytes unchanged both times."""
     up = await RawUpstream().start()
-    attrs = []
+    attrs: list[dict] = []
     try:
         for native in (True, False):
             if not native:
-                monkeypatch.setattr(relay, "_watch_read", None)
-                monkeypatch.setattr(relay, "_watch_cuts", None)
+                python_path()
             tap = await make_tap(up.url)
-            up.expect(reply(*_STREAM, pause_s=0.005))
+            up.expect(reply(*_STREAM, pause_s=pause_s))
             req = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
             want = b"".join(_STREAM)
             got = await raw_exchange(tap.port, [req], expect=len(want), settle_s=0.05, timeout_s=5)
@@ -347,6 +346,18 @@ async def test_live_stream_records_the_same_either_way(make_tap, span_exporter, 
             attrs.append(dict(spans[-1].attributes))
     finally:
         await up.close()
+    return attrs
+
+
+async def test_live_stream_records_the_same_either_way(make_tap, span_exporter, telemetry, monkeypatch):
+    """Through a tap on 127.0.0.1, the same SSE response (written in pieces 5 ms apart) with the accelerator and
+    without it: the client gets the bytes unchanged and the two spans carry the same tokens, usage, chunk and byte
+    counts."""
+    def python_path() -> None:
+        monkeypatch.setattr(relay, "_watch_read", None)
+        monkeypatch.setattr(relay, "_watch_cuts", None)
+
+    attrs = await live_stream_attrs(make_tap, span_exporter, telemetry, python_path, pause_s=0.005)
     keys = (Attr.GENAI_OUTPUT_TOKENS, Attr.GENAI_INPUT_TOKENS, Attr.BODY_BYTES_OUT, Attr.HTTP_STATUS)
     body = sum(len(e) + 2 for e in (_EVENTS[0], *[_EVENTS[1]] * 6, _EVENTS[11])) + 14
     assert [attrs[0].get(k) for k in keys[1:]] == [5, body, 200]

@@ -24,10 +24,8 @@ import types
 import pytest
 from hypothesis import given
 from _pairs import ScriptedDown, socketless_pair, socketless_tap
-from raw_peer import RawUpstream, raw_exchange, reply
-from tap_helpers import wait_spans
 from test_relay_defer import _SETTINGS, _replay_rounds, _span_view, multi
-from test_relay_native import _STREAM, _Bomb, _snapshot
+from test_relay_native import _STREAM, _Bomb, _snapshot, live_stream_attrs
 
 from deltatap.core.sse import StreamObserver
 from deltatap.core.vocab import Attr
@@ -195,22 +193,7 @@ def test_a_cuts_list_of_body_pieces_runs_no_python_frame_of_the_relay(telemetry)
 
 
 async def test_live_stream_records_the_same_either_way(make_tap, span_exporter, telemetry, monkeypatch):
-    up = await RawUpstream().start()
-    attrs = []
-    try:
-        for native in (True, False):
-            if not native:
-                _definitions(monkeypatch)
-            tap = await make_tap(up.url)
-            up.expect(reply(*_STREAM, pause_s=0.002))
-            req = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
-            want = b"".join(_STREAM)
-            got = await raw_exchange(tap.port, [req], expect=len(want), settle_s=0.05, timeout_s=5)
-            assert got.received.endswith(want)
-            spans = await wait_spans(span_exporter, telemetry, len(attrs) + 1)
-            attrs.append(dict(spans[-1].attributes))
-    finally:
-        await up.close()
+    attrs = await live_stream_attrs(make_tap, span_exporter, telemetry, lambda: _definitions(monkeypatch), pause_s=0.002)
     keys = (Attr.GENAI_OUTPUT_TOKENS, Attr.GENAI_INPUT_TOKENS, Attr.BODY_BYTES_OUT, Attr.HTTP_STATUS, Attr.OUTCOME)
     assert [attrs[0].get(k) for k in keys] == [attrs[1].get(k) for k in keys]
     assert attrs[0].get(Attr.GENAI_INPUT_TOKENS) == 5 and attrs[0].get(Attr.CHUNKS) and attrs[1].get(Attr.CHUNKS)
