@@ -439,12 +439,14 @@ DELTATAP_NATIVE=0):
   send calls it, and send only where that returns None), stamped (last_read_t / last_read_bound), its item
   (up, d, data, t, bound, tw, bw) appended to w.items, up.deferred set and w._round queued once per round
   (w.loop.call_soon), in the definition's order.
-* cuts_received(data, pieces): the pair's pending watches first; no downstream: the definition; else the read is
+* cuts_received(data, pieces): the pair's pending watches first; no downstream, or a request's account waiting
+  (d.accounting): the definition; else the read is
   forwarded (as above), d.replay cleared, and the pieces watched as the definition's loop does: the body pieces by
   relay.py's _watch_cuts (this module's watch_cuts() called directly), each other piece as Upstream._watch_piece
   (for a plain connection and a 4-tuple in C: the read's stamp, data[start:end], up._watch(d, piece,
   up.reader.feed(piece), ...); else _watch_piece itself), until the pieces end or the pair comes apart.
-* run(): _Watches.run's loop over w.items from w.next (read from the attribute on every turn: a watch may run it
+* run(): the deferred accounts first (w.settle() where w.accounts is not empty, as the definition), then _Watches.run's
+  loop over w.items from w.next (read from the attribute on every turn: a watch may run it
   again), each item watched by relay.py's _watch_read (this module's watch() called directly) and else by
   up._watch(d, data, up.reader.feed(data), ...); an exception from an item goes to up.kernel._fatal(exc,
   "protocol.data_received() failed") with sys.exc_info() set as the definition's except block has it, and the rest
@@ -453,7 +455,7 @@ DELTATAP_NATIVE=0):
 static PyObject *DataReceivedPy, *RunPy, *CutsReceivedPy, *StampedDataReceived, *StampedSend, *RelayGlobals;
 static PyObject *S_watches, *S_deferred, *S_kernel, *S_down, *S_replay, *S_rx_mono_ns, *S_rx_bound_ns, *S_send, *S_wfast,
     *S_items, *S_scheduled, *S_loop, *S_round, *S_call_soon, *S_run, *S_next, *S_watch_read, *S_watch, *S_feed, *S_fatal,
-    *S_dr_failed, *S_watch_cuts, *S_watch_piece;
+    *S_dr_failed, *S_watch_cuts, *S_watch_piece, *S_accounts, *S_settle, *S_accounting;
 
 /* the pending exception to tr._fatal(exc, msg) with sys.exc_info() set to it during the call (the definition's
    ``except BaseException as exc`` block): 0, or -1 with the exception _fatal (or the lookup of tr) raised */
@@ -559,6 +561,13 @@ static int run_item(PyObject *const *it) {
 
 static PyObject *watches_run(PyObject *w, PyObject *const *args, Py_ssize_t nargs) {
     if (reads_ready(nargs, 0, "run() takes no arguments") < 0) return NULL;
+    int acc = attr_true(w, S_accounts); /* the deferred accounts first: w.settle(), as the definition */
+    if (acc < 0) return NULL;
+    if (acc) {
+        PyObject *rr = PyObject_VectorcallMethod(S_settle, &w, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (rr == NULL) return NULL;
+        Py_DECREF(rr);
+    }
     PyObject *items = PyObject_GetAttr(w, S_items);
     if (items == NULL) return NULL;
     if (!PyList_CheckExact(items)) { /* (the definition's, for anything else) */
@@ -799,8 +808,10 @@ static PyObject *up_cuts_received(PyObject *up, PyObject *const *args, Py_ssize_
         Py_DECREF(rr);
     }
     if ((d = PyObject_GetAttr(up, S_down)) == NULL) return NULL;
-    if (d == Py_None) { /* (the definition: the connection closed) */
+    r = d == Py_None ? 1 : attr_true(d, S_accounting);
+    if (r) { /* (the definition: the connection closed, or a request's account waits: run after the forward there) */
         Py_DECREF(d);
+        if (r < 0) return NULL;
         PyObject *pargs[3] = {up, data, pieces};
         return PyObject_Vectorcall(CutsReceivedPy, pargs, 3, NULL);
     }
@@ -883,7 +894,8 @@ static PyObject *relay_reads_setup(PyObject *mod, PyObject *const *args, Py_ssiz
     INTERN(S_loop, "loop") INTERN(S_round, "_round") INTERN(S_call_soon, "call_soon") INTERN(S_run, "run")
     INTERN(S_next, "next") INTERN(S_watch_read, "_watch_read") INTERN(S_watch, "_watch") INTERN(S_feed, "feed")
     INTERN(S_fatal, "_fatal") INTERN(S_dr_failed, "protocol.data_received() failed")
-    INTERN(S_watch_cuts, "_watch_cuts") INTERN(S_watch_piece, "_watch_piece")
+    INTERN(S_watch_cuts, "_watch_cuts") INTERN(S_watch_piece, "_watch_piece") INTERN(S_accounts, "accounts")
+    INTERN(S_settle, "settle") INTERN(S_accounting, "accounting")
 #undef INTERN
     PyObject *dr = PyDescr_NewMethod((PyTypeObject *)args[0], &data_received_def);
     if (dr == NULL) return NULL;

@@ -72,29 +72,77 @@ REPLAY_MAX_BYTES = 1 << 20
 # the last read of a burst is not forwarded behind every earlier read's watch. DELTATAP_TAP_DEFER=0 (or `deltatap tap
 # --no-defer-watch`) watches each read at once, as before. Read when an Upstream is made.
 DEFER_WATCH = os.environ.get("DELTATAP_TAP_DEFER", "1").strip().lower() not in ("0", "off", "false", "no")
+# Deferred accounting (issue 15): a request read's accounting (Downstream._account: the exchanges begun, fingerprints,
+# captures, timers, counters, the forwarded stamps already taken) waits, after its bytes went upstream, until the next
+# event that touches the pair (any read, close, timer or pause of either side: _Watches.run runs it first) or
+# ACCOUNT_DELAY_S later (one timer per loop for all of them): the tap goes back to sleep right after the forward, so
+# the upstream the write woke does not wait for a CPU the tap keeps. On with deferred watching (the same switch).
+ACCOUNT_DELAY_S = 0.001  # (uvloop's timers count whole milliseconds)
 
 
 class _Watches:
     """One event loop's deferred watches, in the order their reads came: ``(up, d, data, t, bound, tw, bw)``, each read
     already forwarded by ``d``'s write ``(tw, bw)``. One ``loop.call_soon`` per poll round runs them (after the round's
     I/O callbacks, on uvloop and on asyncio's own loop alike); before any other work touches a pair with one pending
-    (``up.deferred``), :meth:`run` runs them all first, so each pair sees its events in exactly the undeferred order."""
+    (``up.deferred``), :meth:`run` runs them all first, so each pair sees its events in exactly the undeferred order.
 
-    __slots__ = ("loop", "items", "next", "scheduled", "__weakref__")
+    And the loop's deferred accounts (:data:`ACCOUNT_DELAY_S`): ``(d, data, events, n, heads, t, bound, stamp, False,
+    now)``,
+    each request read's :meth:`Downstream._account`, its bytes already written upstream (``stamp``), in the order the
+    reads came; ``d.accounting`` while one of the pair's waits. :meth:`run` runs them first (:meth:`settle`: a pair's
+    account is older than any watch of it still pending, whose read came after it), and so does the one timer
+    (:meth:`_timed`), made when the first waits and cancelled when none is left."""
+
+    __slots__ = ("loop", "items", "next", "scheduled", "accounts", "acc_next", "timer", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.items: list[tuple] = []
         self.next = 0  # the first item not run yet (run() may be entered again from a watch: it continues from here)
         self.scheduled = False  # a call_soon of _round is queued: later items of this round go with it
+        self.accounts: list[tuple] = []
+        self.acc_next = 0  # (as next, for the accounts)
+        self.timer: asyncio.TimerHandle | None = None  # runs the accounts ACCOUNT_DELAY_S after the first of them
 
     def _round(self) -> None:
         self.scheduled = False
         self.run()
 
+    def defer(self, item: tuple) -> None:
+        """Keep one request read's account (see the class) for later."""
+        self.accounts.append(item)
+        item[0].accounting = True
+        if self.timer is None:
+            self.timer = self.loop.call_later(ACCOUNT_DELAY_S, self._timed)
+
+    def _timed(self) -> None:
+        self.timer = None
+        self.settle()
+
+    def settle(self) -> None:
+        """Run every deferred account, in order (one that raises is what a data_received that raises is to its
+        downstream transport; the rest still run)."""
+        accounts = self.accounts
+        while self.acc_next < len(accounts):
+            item = accounts[self.acc_next]
+            self.acc_next += 1
+            d = item[0]
+            d.accounting = False
+            try:
+                d._account(*item[1:])
+            except BaseException as exc:  # noqa: BLE001 - what the transport does with a data_received that raises
+                d.kernel._fatal(exc, "protocol.data_received() failed")
+        accounts.clear()
+        self.acc_next = 0
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
     def run(self) -> None:
         """Watch every pending read, in order (a watch that raises closes its upstream connection, as the transport
-        does for a data_received that raises; the rest still run)."""
+        does for a data_received that raises; the rest still run); the deferred accounts first."""
+        if self.accounts:
+            self.settle()
         items = self.items
         while self.next < len(items):
             up, d, data, t, bound, tw, bw = items[self.next]
@@ -201,7 +249,7 @@ class Downstream(_Side):
 
     __slots__ = ("tap", "reader", "up", "connecting", "to_up", "exchanges", "current", "withheld", "head_first", "expect_methods",
                  "opaque", "tunnel", "eof", "closed", "peer", "head_timer", "head_deadline", "loop", "sniff", "replay",
-                 "replay_size")
+                 "replay_size", "accounting")
 
     def __init__(self, tap: Tap) -> None:
         super().__init__()
@@ -230,6 +278,15 @@ class Downstream(_Side):
         # upstream may have closed that connection while it was idle, and then it is sent again on a fresh one
         self.replay: list[bytes] | None = None
         self.replay_size = 0
+        self.accounting = False  # a read's account waits in the loop's _Watches (see there and _process)
+
+    def _settle(self) -> None:
+        """Run the loop's deferred accounts and watches (:class:`_Watches`), this pair's among them."""
+        w = self.up.watches if self.up is not None else None
+        if w is None:
+            w = _watches()
+        if w is not None:
+            w.run()
 
     # ---- connection ----------------------------------------------------------------------
     def on_made(self) -> None:
@@ -259,8 +316,8 @@ class Downstream(_Side):
 
     def _head_timed_out(self) -> None:
         """No whole request head for ``--header-timeout-s`` (a slow or idle client): close, as servers do."""
-        if self.up is not None and self.up.deferred:  # (the pair's deferred watches first: Upstream.data_received)
-            self.up.watches.run()
+        if self.accounting or (self.up is not None and self.up.deferred):  # (the pair's deferred work first: _Watches)
+            self._settle()
         self.head_timer = None
         deadline = self.head_deadline
         if deadline is None:  # a head came since the timer was armed (the idle connection's next arm makes a new one)
@@ -277,8 +334,8 @@ class Downstream(_Side):
         self.transport.close()
 
     def on_lost(self, exc: BaseException | None) -> None:
-        if self.up is not None and self.up.deferred:  # (the pair's deferred watches first: Upstream.data_received)
-            self.up.watches.run()
+        if self.accounting or (self.up is not None and self.up.deferred):  # (the pair's deferred work first: _Watches)
+            self._settle()
         self.closed = True
         if self.head_timer is not None:
             self.head_timer.cancel()
@@ -315,8 +372,8 @@ class Downstream(_Side):
 
     def on_eof(self) -> bool:
         """The client half-closed: pass it on after what it sent, keep relaying the response."""
-        if self.up is not None and self.up.deferred:  # (the pair's deferred watches first: Upstream.data_received)
-            self.up.watches.run()
+        if self.accounting or (self.up is not None and self.up.deferred):  # (the pair's deferred work first: _Watches)
+            self._settle()
         self.eof = True
         if self.tunnel is not None:
             self.tunnel.rec.ws.connection_closed("client")
@@ -341,21 +398,21 @@ class Downstream(_Side):
         return True
 
     def on_pause_writing(self) -> None:
-        if self.up is not None and self.up.deferred:  # (the pair's deferred watches first: Upstream.data_received)
-            self.up.watches.run()
+        if self.accounting or (self.up is not None and self.up.deferred):  # (the pair's deferred work first: _Watches)
+            self._settle()
         if self.up is not None:
             self.up.transport.pause_reading()
 
     def on_resume_writing(self) -> None:
-        if self.up is not None and self.up.deferred:  # (the pair's deferred watches first: Upstream.data_received)
-            self.up.watches.run()
+        if self.accounting or (self.up is not None and self.up.deferred):  # (the pair's deferred work first: _Watches)
+            self._settle()
         if self.up is not None and not self.up.transport.is_closing():
             self.up.transport.resume_reading()
 
     # ---- request bytes ---------------------------------------------------------------------
     def on_data(self, data: bytes, t: int, bound: int) -> None:
-        if self.up is not None and self.up.deferred:  # (the pair's deferred watches first: Upstream.data_received)
-            self.up.watches.run()
+        if self.accounting or (self.up is not None and self.up.deferred):  # (the pair's deferred work first: _Watches)
+            self._settle()
         if self.opaque:
             tun, up = self.tunnel, self.up
             if tun is not None and up is not None:  # WebSocket: forwarded first, its frames watched after
@@ -442,17 +499,25 @@ class Downstream(_Side):
         queued = False
         payload = (out[0] if len(out) == 1 else b"".join(out)) if out else b""
         if payload:
-            if self.up is not None:
+            up = self.up
+            if up is not None:
                 stamp = self._send_up(payload, ended)
+                w = up.watches
+                if w is not None and self.kernel is not None:  # the rest after the tap gave its CPU back (_Watches)
+                    w.defer((self, data, events, n, heads, t, bound, stamp, False,
+                             (self.loop or asyncio.get_running_loop()).time() if heads and self.tap.o.timeout_s is not None else None))
+                    return
             else:
                 queued = True
                 self._queue_up(payload)
         self._account(data, events, n, heads, t, bound, stamp, queued)
 
     def _account(self, data: bytes, events: list[tuple], n: int, heads: list[tuple], t: int, bound: int,
-                 stamp: tuple[int, int] | None, queued: bool) -> None:
+                 stamp: tuple[int, int] | None, queued: bool, now: float | None = None) -> None:
         """What :meth:`_process` does after a read's bytes went upstream (or were queued for it): the exchanges begun,
-        their body bytes fingerprinted and captured, their ends stamped; ``stamp``: the write that carried the read."""
+        their body bytes fingerprinted and captured, their ends stamped; ``stamp``: the write that carried the read.
+        ``now``: the loop's time at that read, when this runs later (deferred, :class:`_Watches`): the ``--timeout-s``
+        timers count from it."""
         tap = self.tap
         ended: list[Exchange] = []
         h = 0
@@ -472,7 +537,7 @@ class Downstream(_Side):
                             ex.capture = None
             elif kind == HEAD:
                 self.head_deadline = None  # (the head timer, if pending, then does nothing when it fires)
-                self._begin(heads[h], (t, bound))
+                self._begin(heads[h], (t, bound), now)
                 h += 1
             elif kind == END:
                 ex = self.current
@@ -498,8 +563,9 @@ class Downstream(_Side):
             for ex in ended:  # (nothing to write: the request's end came in bytes already sent)
                 self._forwarded(ex, None)
 
-    def _begin(self, begun: tuple, at: tuple[int, int]) -> None:
-        """The exchange of a request head already forwarded (``begun``: what the forwarding pass made of it)."""
+    def _begin(self, begun: tuple, at: tuple[int, int], now: float | None = None) -> None:
+        """The exchange of a request head already forwarded (``begun``: what the forwarding pass made of it; ``now``:
+        the loop's time at its read, when that was earlier, see :meth:`_account`)."""
         head, first, span, request_id, created = begun
         tap = self.tap
         o = tap.o
@@ -512,7 +578,8 @@ class Downstream(_Side):
         self.exchanges.append(ex)
         tap.exchange_started()
         if o.timeout_s is not None:
-            ex.timer = (self.loop or asyncio.get_running_loop()).call_later(o.timeout_s, self._timed_out, ex)
+            loop = self.loop or asyncio.get_running_loop()
+            ex.timer = loop.call_later(o.timeout_s, self._timed_out, ex) if now is None else loop.call_at(now + o.timeout_s, self._timed_out, ex)
         if self.up is None and self.connecting is None:
             self.connecting = asyncio.ensure_future(self._connect())
         if self.up is not None:
@@ -663,8 +730,8 @@ class Downstream(_Side):
         self._complete(ex)
 
     def _timed_out(self, ex: Exchange) -> None:
-        if self.up is not None and self.up.deferred:  # (the pair's deferred watches first: Upstream.data_received)
-            self.up.watches.run()
+        if self.accounting or (self.up is not None and self.up.deferred):  # (the pair's deferred work first: _Watches)
+            self._settle()
         ex.timer = None
         if ex.done:
             return
@@ -744,16 +811,16 @@ class Upstream(_Side):
                 and self.lost_mono_ns is None and not self.transport.is_closing())
 
     def on_pause_writing(self) -> None:
-        if self.deferred:
-            self.watches.run()  # type: ignore[union-attr]
         d = self.down
+        if self.deferred or (d is not None and d.accounting):
+            self.watches.run()  # type: ignore[union-attr]
         if d is not None:
             d.transport.pause_reading()
 
     def on_resume_writing(self) -> None:
-        if self.deferred:
-            self.watches.run()  # type: ignore[union-attr]
         d = self.down
+        if self.deferred or (d is not None and d.accounting):
+            self.watches.run()  # type: ignore[union-attr]
         if d is not None and not d.transport.is_closing():
             d.transport.resume_reading()
 
@@ -792,6 +859,8 @@ class Upstream(_Side):
             self.transport.close()
             return
         tw, bw = d.send(data)  # forwarded first: watching comes after
+        if d.accounting:  # (the request's account first: _Watches)
+            self.watches.run()  # type: ignore[union-attr]
         self.last_read_t, self.last_read_bound = t, bound
         if d.replay is not None:
             d.replay = None  # (an answer began on this connection: it was not stale)
@@ -818,6 +887,8 @@ class Upstream(_Side):
             return
         tw, bw = d.send(data)
         d.replay = None
+        if d.accounting:  # (the request's account first: _Watches)
+            self.watches.run()  # type: ignore[union-attr]
         watch_cuts = _watch_cuts
         i, n = 0, len(pieces)
         while i < n:
@@ -1034,7 +1105,7 @@ class Upstream(_Side):
 
     # ---- end of the connection -------------------------------------------------------------
     def on_eof(self) -> bool:
-        if self.deferred:
+        if self.deferred or (self.down is not None and self.down.accounting):
             self.watches.run()  # type: ignore[union-attr]
         d = self.down
         if d is not None and d.replay is not None and d.retry_stale(self):
@@ -1055,7 +1126,7 @@ class Upstream(_Side):
         return not (d is None or d.eof)
 
     def on_lost(self, exc: BaseException | None) -> None:
-        if self.deferred:
+        if self.deferred or (self.down is not None and self.down.accounting):
             self.watches.run()  # type: ignore[union-attr]
         self.tap.pool_discard(self)
         d = self.down
