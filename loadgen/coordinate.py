@@ -299,17 +299,17 @@ async def _child(pipe: Any, index: int, otlp: str | None, progress: Any) -> None
         try:
             if plan["preconnect"]:
                 await preconnect(sessions, plan["preconnect"])
-            pipe.send(("ready", index))
-            _tag, cfg.start_mono_ns = await loop.run_in_executor(None, pipe.recv)
-            ticker = asyncio.create_task(_publish_progress(runner, progress, index))
-            try:
-                with send_phase_gc(), send_phase_slice():
+            with send_phase_gc(), send_phase_slice():  # (its collection before "ready": not between the start's news and the start)
+                pipe.send(("ready", index))
+                _tag, cfg.start_mono_ns = await loop.run_in_executor(None, pipe.recv)
+                ticker = asyncio.create_task(_publish_progress(runner, progress, index))
+                try:
                     cpu0, wait0 = process_cpu_s(), loop_wait_s()
                     await MODES[plan["mode"]](runner, cfg, sessions)
                     cpu_s, wait1 = process_cpu_s() - cpu0, loop_wait_s()
                     wait_s = wait1 - wait0 if wait0 is not None and wait1 is not None else None
-            finally:
-                ticker.cancel()
+                finally:
+                    ticker.cancel()
         finally:
             for s in sessions:
                 await s.close()

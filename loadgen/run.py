@@ -194,28 +194,33 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
         runner.prebuild([r for u in cfg.units for r in u])
         if per:
             await preconnect(sessions, per)
-        if group is not None:
-            if cfg.start_mono_ns is None:
-                cfg.start_mono_ns = mono_ns() + 100_000_000  # every process ready: start together, 0.1 s from now
-            await group.start(cfg.start_mono_ns)
-        if options.progress:
-            from deltatap.loadgen.progress import LiveProgress
-
-            total = len(plan) if options.duration_s is None else None
-            counters: Any = runner.counters if group is None else _SummedCounters(runner.counters, group)
-            progress = LiveProgress(counters, total)
-            progress.start()
+        # (the send phase's collection runs before a shared start is set: its CPU, tens to hundreds of ms with a large
+        # plan, would otherwise fall between the start being sent and the start, and this process start late)
         with send_phase_gc(), send_phase_slice():
+            if group is not None:
+                if cfg.start_mono_ns is None:
+                    cfg.start_mono_ns = mono_ns() + PROCESS_START_IN_NS  # every process ready: start together, 0.1 s from now
+                await group.start(cfg.start_mono_ns)
+            if options.progress:
+                from deltatap.loadgen.progress import LiveProgress
+
+                total = len(plan) if options.duration_s is None else None
+                counters: Any = runner.counters if group is None else _SummedCounters(runner.counters, group)
+                progress = LiveProgress(counters, total)
+                progress.start()
             cpu0, wait0 = process_cpu_s(), loop_wait_s()
             await MODES[options.mode](runner, cfg, sessions)
             send_cpu_s, wait1 = process_cpu_s() - cpu0, loop_wait_s()
             if wait0 is not None and wait1 is not None:
                 send_wait_s = wait1 - wait0
+        cpu_per_process, wait_per_process = [send_cpu_s], [send_wait_s]
         if group is not None:
             for res in await group.results():
                 runner.records.extend(res["records"])
                 child_spans.append(res["spans"])
                 send_cpu_s += res["cpu_s"]
+                cpu_per_process.append(res["cpu_s"])
+                wait_per_process.append(res.get("wait_s"))
                 if send_wait_s is not None:
                     send_wait_s = send_wait_s + res["wait_s"] if res.get("wait_s") is not None else None
     finally:
@@ -262,6 +267,9 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
     # how long the event loop's thread (every process's) was ready to run but waited for a CPU while sending:
     # what other work on the host took from the run (a send planned in such a wait is late by it)
     summary["run"]["send_phase_cpu_wait_s"] = send_wait_s
+    # the same two, process by process (the first is this one; --processes N: then processes 2..N)
+    summary["run"]["send_phase_cpu_s_per_process"] = cpu_per_process
+    summary["run"]["send_phase_cpu_wait_s_per_process"] = wait_per_process
     for spans in child_spans:  # several processes: every process's spans
         for k in ("ended", "exported", "dropped"):
             summary["run"]["spans"][k] += spans[k]
@@ -271,6 +279,9 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
     if options.out:
         result.out_dir = write_outputs(Path(options.out), result, measured, warm_records, options.write_requests)
     return result
+
+
+PROCESS_START_IN_NS = 100_000_000  # --processes: the shared start, this long after every process said it was ready
 
 
 def process_cpu_s() -> float:

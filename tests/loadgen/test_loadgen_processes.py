@@ -80,3 +80,33 @@ async def test_every_process_exports_its_client_spans(sse_server, tmp_path):
         events = {e["name"]: int(e["timeUnixNano"]) for e in sp["events"]}
         assert events[ClientEvent.SEND.value] == rec["request_written_unix_ns"]
         assert events[ClientEvent.FIRST_TOKEN.value] == rec["first_token_unix_ns"]
+
+
+async def test_the_send_phase_collection_runs_before_the_shared_start_is_set(sse_server, telemetry):
+    # The full collection that opens a send phase (send_phase_gc) takes tens to hundreds of ms of CPU with a large plan.
+    # Run after the start instant was sent to the other processes, it made this process start late by that much (0.16 s
+    # behind the others under a 0.3-core cap, docs/benchmarks.md session 22). Every full collection here must come
+    # before the instant was set (PROCESS_START_IN_NS before it): none between then and the end of the run.
+    import gc
+
+    from deltatap.core.clock import mono_ns, to_unix_ns
+    from deltatap.loadgen.run import PROCESS_START_IN_NS
+
+    state, url = sse_server
+    state.first_ms, state.interval_ms, state.tokens = 1.0, 1.0, 2
+    full: list[int] = []
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 2:
+            full.append(to_unix_ns(mono_ns()))
+
+    gc.callbacks.append(on_gc)
+    try:
+        res = await run_load(opts(url, rate=200, requests=10, processes=2), telemetry)
+    finally:
+        gc.callbacks.remove(on_gc)
+    assert res.summary["status_counts"] == {"ok": 10}
+    start = res.records[0]["planned_send_unix_ns"]  # (the first planned offset is 0: the shared start itself)
+    end = max(r["end_unix_ns"] for r in res.records)
+    assert full, "the send phase made no full collection"
+    assert [t for t in full if start - PROCESS_START_IN_NS <= t <= end] == []
