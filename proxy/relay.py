@@ -174,6 +174,15 @@ def _watches() -> _Watches | None:
     return w
 
 
+def settle() -> None:
+    """Run the running loop's deferred accounts and watches now (:class:`_Watches`): what a tap that stops does before
+    it looks at its connections' exchanges (:meth:`deltatap.proxy.server.Tap.close`; while it drains, nothing is
+    deferred)."""
+    w = _watches()
+    if w is not None:
+        w.run()
+
+
 _TARGETS_MAX = 1024
 _targets: dict[bytes, tuple[str, str]] = {}  # the last distinct request targets' (path, query): a client sends the same few
 
@@ -503,7 +512,7 @@ class Downstream(_Side):
             if up is not None:
                 stamp = self._send_up(payload, ended)
                 w = up.watches
-                if w is not None and self.kernel is not None:  # the rest after the tap gave its CPU back (_Watches)
+                if w is not None and self.kernel is not None and not self.tap.draining:  # the rest after the tap gave its CPU back (_Watches)
                     w.defer((self, data, events, n, heads, t, bound, stamp, False,
                              (self.loop or asyncio.get_running_loop()).time() if heads and self.tap.o.timeout_s is not None else None))
                     return

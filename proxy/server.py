@@ -24,7 +24,7 @@ from deltatap.proxy.errors import Failure
 from deltatap.proxy.metrics import TapMetrics, admin_app
 from deltatap.proxy.options import TapOptions
 from deltatap.proxy.record import TapRecord, record_attributes, span_constants
-from deltatap.proxy.relay import POOL_MAX, Downstream, Upstream, ssl_context
+from deltatap.proxy.relay import POOL_MAX, Downstream, Upstream, settle, ssl_context
 from deltatap.proxy.spans import SpanStart, emit
 from deltatap.proxy import h2relay
 from deltatap.proxy.tls import TlsServer, server_context
@@ -160,6 +160,7 @@ class Tap:
             return
         self._closed = True
         self.draining = True
+        settle()  # (requests whose accounts wait: their exchanges begun; while draining none waits)
         grace = self.o.grace_s if grace_s is None else grace_s
         if self._server is not None:
             self._server.close()

@@ -239,6 +239,8 @@ async def test_the_timer_alone_begins_the_exchange(make_tap):
     got = asyncio.Event()
 
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # (the first request, answered: the pair's upstream connection is open)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
         await reader.readuntil(b"\r\n\r\n")
         got.set()
         await reader.read()  # (until the tap closes)
@@ -250,6 +252,12 @@ async def test_the_timer_alone_begins_the_exchange(make_tap):
         reader, writer = await asyncio.open_connection("127.0.0.1", tap.port)
         async with asyncio.timeout(10):
             writer.write(b"GET /x HTTP/1.1\r\nHost: e\r\n\r\n")
+            await reader.readuntil(b"\r\n\r\nok")
+            for _ in range(200):  # (its exchange ends in the round after the answer's read)
+                if tap.tap.in_flight == 0:
+                    break
+                await asyncio.sleep(0.005)
+            writer.write(b"GET /x HTTP/1.1\r\nHost: e\r\n\r\n")
             await got.wait()
             for _ in range(200):  # (a bounded wait for the timer: ACCOUNT_DELAY_S, a loaded machine's scheduling aside)
                 if tap.tap.in_flight == 1:
@@ -258,6 +266,44 @@ async def test_the_timer_alone_begins_the_exchange(make_tap):
             assert tap.tap.in_flight == 1
             answer = await reader.read()
         assert answer.startswith(b"HTTP/1.1 504 "), answer[:40]
+        writer.close()
+    finally:
+        server.close()
+
+
+async def test_close_waits_for_a_request_whose_account_waits(make_tap, monkeypatch):
+    """A tap closing while a forwarded request's account waits (a long timer here, so it surely does): close runs it
+    first, so the request is in flight, the grace period waits for its answer, and the client gets it whole."""
+    monkeypatch.setattr(relay, "ACCOUNT_DELAY_S", 30.0)
+    got = asyncio.Event()
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # (the first request: answered at once; the second waits 50 ms)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await reader.readuntil(b"\r\n\r\n")
+        got.set()
+        await asyncio.sleep(0.05)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(slow, "127.0.0.1", 0)
+    try:
+        tap = await make_tap(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        reader, writer = await asyncio.open_connection("127.0.0.1", tap.port)
+        async with asyncio.timeout(10):
+            writer.write(b"GET /x HTTP/1.1\r\nHost: e\r\n\r\n")  # (the first: the pair's upstream connection opens)
+            await reader.readuntil(b"\r\n\r\nok")
+            for _ in range(200):  # (its exchange ends in the round after the answer's read)
+                if tap.tap.in_flight == 0:
+                    break
+                await asyncio.sleep(0.005)
+            writer.write(b"GET /x HTTP/1.1\r\nHost: e\r\n\r\n")
+            await got.wait()
+            assert [d.accounting for d in tap.tap.connections] == [True] and tap.tap.in_flight == 0
+            await tap.close(grace_s=5)
+            answer = await reader.read()
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n") and answer.endswith(b"\r\n\r\nok"), answer
         writer.close()
     finally:
         server.close()
