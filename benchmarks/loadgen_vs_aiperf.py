@@ -16,7 +16,17 @@ Phases (a fresh process per run, the tools alternating run by run, ``--repeat`` 
   soon as it has read them), so that the rate is the load generator's; the CPU of the load generator (every
   process), the engine and the span sink is reported as a share of a core, and the load generator's event loop
   threads' wait for a CPU (``send_phase_cpu_wait_s``): on a host with fewer free cores than processes, a second
-  process finds no core of its own;
+  process finds no core of its own. ``--cpu-quota Q`` makes it measurable there: each load-generator process (the
+  command, and each spawned worker, found by pid) runs in its own cgroup v1 cpu group capped at Q of a core (cfs
+  quota over ``--cpu-period-ms``, the kernel's 100 ms by default; root needed; the groups are removed afterwards,
+  also on error), so that 1 process gets Q and 2 get Q each and the load generator, not the engine or the host, is
+  the limit; each run reports each group's CPU and throttling (``cpu_caps``: cpu.stat's nr_throttled and
+  throttled_time), each process's send-phase share of a core, first send and last end (``process_windows``) and
+  whether every cap held (``caps_held``: each process got at least 0.9 of its cap; if not, the host had less free
+  CPU than the caps add up to). The phase then also runs 1 and 2 processes at 2Q each (``1@2q``, ``2@2q``): two
+  at 2Q well above two at Q shows that the engine was not the limit at Q. A capped measurement; a host with a free core per process
+  measures the uncapped ratio (``--cpu-quota`` left out). (Under a cap ``send_phase_cpu_wait_s`` counts the
+  throttled time too: a throttled thread is runnable and waits.)
 * open loop Poisson at each ``--rates`` for ``--seconds`` s: achieved rate as the engine counted arrivals vs the
   seeded plan's, send lag (actual send - planned instant on deltatap's absolute timeline; AIPerf:
   ``request_start_ns - credit_issued_ns``), first-token receive delay (the tool's first-token stamp minus the
@@ -102,6 +112,97 @@ def rate_of(stamps_ns: list[int]) -> float | None:
 def children_cpu() -> float:
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
+
+
+# ------------------------------------------------------------------------------------- CPU caps (--cpu-quota)
+
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")  # cgroup v1 cpu controller (cfs quota, cpu.stat)
+CGROUP_CPUACCT = Path("/sys/fs/cgroup/cpuacct")  # cgroup v1 cpuacct (each group's CPU, read after its process ended)
+CFS_PERIOD_US = 100_000
+
+
+class CpuCaps:
+    """One cgroup v1 cpu group per load-generator process, each capped at ``quota`` of a core (cfs quota over a
+    ``period_us`` period, the kernel's 100 ms by default), plus a cpuacct group of the same name for its CPU. Group 0
+    takes the ``deltatap load`` process itself (written into it between fork and exec, so it runs capped from its
+    first instruction; the processes it forks, multiprocessing's resource tracker included, start in it); each
+    spawned ``--processes`` worker (a child whose command line is multiprocessing's ``spawn_main``) is moved into a
+    group of its own as soon as it appears (its parent's group until then: it is still importing, seconds before the
+    shared start). Everything else (the engine, the span sink) runs uncapped. ``close`` removes the groups (after the
+    processes have ended)."""
+
+    def __init__(self, quota: float, processes: int, tag: str, period_us: int = CFS_PERIOD_US) -> None:
+        if not (CGROUP_CPU / "cpu.cfs_quota_us").is_file() or not (CGROUP_CPUACCT / "cpuacct.usage").is_file():
+            raise RuntimeError(f"--cpu-quota needs cgroup v1's cpu and cpuacct controllers at {CGROUP_CPU} and {CGROUP_CPUACCT}")
+        self.quota, self.names, self.moved_ms = quota, [], []
+        self._seen: set[int] = set()
+        self._t0 = time.perf_counter()
+        try:
+            for i in range(processes):
+                name = f"deltatap-procscale-{os.getpid()}-{tag}-{i}"
+                self.names.append(name)
+                (CGROUP_CPU / name).mkdir()
+                (CGROUP_CPUACCT / name).mkdir()
+                (CGROUP_CPU / name / "cpu.cfs_period_us").write_text(str(period_us))
+                (CGROUP_CPU / name / "cpu.cfs_quota_us").write_text(str(int(quota * period_us)))
+        except BaseException:
+            self.close()
+            raise
+
+    def _add(self, i: int, pid: int) -> None:
+        for root in (CGROUP_CPU, CGROUP_CPUACCT):
+            with open(root / self.names[i] / "cgroup.procs", "w") as f:  # the process, all its threads
+                f.write(str(pid))
+
+    def enter_first(self) -> None:
+        """``preexec_fn`` of the ``deltatap load`` process: into group 0 before exec."""
+        self._add(0, os.getpid())
+
+    def adopt_workers(self, parent: int) -> None:
+        """Move each new spawned worker of ``parent`` into the next free group."""
+        try:
+            kids = [int(x) for x in Path(f"/proc/{parent}/task/{parent}/children").read_text().split()]
+        except (OSError, ValueError):
+            return
+        for pid in kids:
+            if pid in self._seen:
+                continue
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"spawn_main" in cmd:  # a --processes worker (after its exec; before it, the parent's command line)
+                n = len(self.moved_ms) + 1
+                if n >= len(self.names):
+                    raise RuntimeError(f"more spawned workers than --processes {len(self.names)}")
+                self._add(n, pid)
+                self.moved_ms.append((time.perf_counter() - self._t0) * 1e3)
+                self._seen.add(pid)
+            elif b"resource_tracker" in cmd:
+                self._seen.add(pid)  # multiprocessing's (idle) resource tracker: stays in group 0
+
+    def stats(self) -> list[dict]:
+        out = []
+        for name in self.names:
+            st = dict(line.split() for line in (CGROUP_CPU / name / "cpu.stat").read_text().splitlines() if line.strip())
+            out.append({"group": name, "quota_of_a_core": self.quota,
+                        "cpu_s": int((CGROUP_CPUACCT / name / "cpuacct.usage").read_text()) / 1e9,
+                        "nr_periods": int(st.get("nr_periods", 0)), "nr_throttled": int(st.get("nr_throttled", 0)),
+                        "throttled_s": int(st.get("throttled_time", 0)) / 1e9})
+        return out
+
+    def close(self) -> None:
+        for name in self.names:
+            for root in (CGROUP_CPU, CGROUP_CPUACCT):
+                d = root / name
+                if not d.is_dir():
+                    continue
+                for _ in range(50):  # a process that just ended can take a moment to leave its group
+                    try:
+                        d.rmdir()
+                        break
+                    except OSError:
+                        time.sleep(0.1)
 
 
 # ------------------------------------------------------------------------------------- the engine
@@ -280,7 +381,7 @@ STAMP_ENV = {"default": {}, "kernel": {"DELTATAP_PACKET_STAMPS": "0"}, "python":
 
 
 def run_deltatap(engine: Engine, sink: Sink, tmp: Path, workload: Path, name: str, shape: list[str], n: int, stamps: str = "default",
-                 shim_path: Path | None = None) -> dict:
+                 shim_path: Path | None = None, cpu_quota: float | None = None, cpu_period_us: int = CFS_PERIOD_US) -> dict:
     out = tmp / f"deltatap-{name}"
     argv = [PY, "-m", "deltatap.app.cli", "load", "--target", engine.url, "--model", "engine", "--requests", str(n),
             "--workload", str(workload), "--no-progress", "--no-gpu", "--otlp", sink.url, "--out", str(out), "--seed", "1", *shape]
@@ -288,7 +389,35 @@ def run_deltatap(engine: Engine, sink: Sink, tmp: Path, workload: Path, name: st
     env = dict(os.environ, **STAMP_ENV[stamps])
     if shim_path is not None:  # (run from tmp: python -m puts the working directory first, a checkout there would win)
         env["PYTHONPATH"] = str(shim_path)
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp if shim_path is not None else ROOT, timeout=600, env=env)
+    cwd = tmp if shim_path is not None else ROOT
+    caps: list[dict] | None = None
+    if cpu_quota is None:
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, timeout=600, env=env)
+    else:  # each load-generator process in its own cgroup, capped at cpu_quota of a core
+        procs = int(shape[shape.index("--processes") + 1]) if "--processes" in shape else 1
+        cg = CpuCaps(cpu_quota, procs, name, cpu_period_us)
+        try:
+            with open(tmp / f"{name}.stdout", "w+") as fo, open(tmp / f"{name}.stderr", "w+") as fe:
+                popen = subprocess.Popen(argv, stdout=fo, stderr=fe, text=True, cwd=cwd, env=env, preexec_fn=cg.enter_first)
+                try:
+                    deadline = time.monotonic() + 600
+                    while popen.poll() is None:
+                        if time.monotonic() > deadline:
+                            raise RuntimeError("deltatap load ran past 600 s")
+                        cg.adopt_workers(popen.pid)
+                        time.sleep(0.002)
+                finally:
+                    if popen.poll() is None:
+                        popen.kill()
+                    popen.wait()
+                fo.seek(0)
+                fe.seek(0)
+                proc = subprocess.CompletedProcess(argv, popen.returncode, fo.read(), fe.read())
+            if proc.returncode == 0 and len(cg.moved_ms) != procs - 1:
+                raise RuntimeError(f"--cpu-quota: {len(cg.moved_ms)} of {procs - 1} spawned workers found and capped")
+            caps = cg.stats()
+        finally:
+            cg.close()
     wall, cpu = time.perf_counter() - t0, children_cpu() - cpu0
     engine_cpu, sink_cpu = engine.cpu_s() - engine_cpu0, sink.cpu_s() - sink_cpu0
     if proc.returncode != 0:
@@ -302,16 +431,39 @@ def run_deltatap(engine: Engine, sink: Sink, tmp: Path, workload: Path, name: st
     delay = [r["first_token_unix_ns"] - truth[r["request_id"]][1] for r in ok
              if r["request_id"] in truth and truth[r["request_id"]][1] and r["first_token_unix_ns"]]
     span_s = (max(ends) - min(sends)) / 1e9 if ok else None
+    # --processes N: request i (id RUN-m<i>) went from process (i - 1) mod N; each one's first send and last end, ms
+    # after the run's first send (a process that starts late or ends early leaves the others' rate to the run)
+    nproc = int(shape[shape.index("--processes") + 1]) if "--processes" in shape else 1
+    windows = None
+    if nproc > 1 and ok:
+        mine: dict[int, list[dict]] = {}
+        for r in recs:
+            mine.setdefault((int(r["request_id"].rsplit("-m", 1)[1]) - 1) % nproc, []).append(r)
+        windows = [{"requests": len(rs), "first_send_ms": (min(r["send_unix_ns"] for r in rs) - min(sends)) / 1e6,
+                    "last_end_ms": (max(r["end_unix_ns"] or 0 for r in rs) - min(sends)) / 1e6} for _p, rs in sorted(mine.items())]
     return {
         "requests": len(recs), "ok": len(ok), "process_wall_s": wall, "process_cpu_s": cpu,
         "process_cpu_us_per_request": cpu * 1e6 / len(recs) if recs else None,
         "send_phase_cpu_us_per_request": run.get("send_phase_cpu_us_per_request"),
         "send_phase_cpu_s": run.get("send_phase_cpu_s"), "send_phase_cpu_wait_s": run.get("send_phase_cpu_wait_s"),
+        "send_phase_cpu_s_per_process": run.get("send_phase_cpu_s_per_process"),
+        "send_phase_cpu_wait_s_per_process": run.get("send_phase_cpu_wait_s_per_process"),
+        "send_phase_share_of_a_core_per_process": [c / span_s for c in run["send_phase_cpu_s_per_process"]]
+        if span_s and run.get("send_phase_cpu_s_per_process") else None,
         "loadgen_cpu_share_of_a_core": run["send_phase_cpu_s"] / span_s if span_s and run.get("send_phase_cpu_s") is not None else None,
         "processes": run.get("processes", 1), "spans": run.get("spans"),
         "engine_cpu_s": engine_cpu, "engine_cpu_share_of_a_core": engine_cpu / span_s if span_s else None,
+        "engine_cpu_us_per_request": engine_cpu * 1e6 / len(recs) if recs else None,
         "sink_cpu_s": sink_cpu, "sink_cpu_share_of_a_core": sink_cpu / span_s if span_s else None,
         "completed_rate": len(ok) / span_s if span_s else None,
+        # --cpu-quota: each process's cgroup (quota, CPU, throttling) and each worker's capping, ms after the run began
+        "process_windows": windows, "cpu_caps": caps, "workers_capped_after_ms": cg.moved_ms if cpu_quota is not None else None,
+        # --cpu-quota: the cap, not the host, set each process's CPU: every process's send-phase share of a core at least
+        # 0.9 of its cap (else the host had less free CPU than the caps add up to, and the run says so)
+        # (a tree whose run.json has no per-process CPU: all of them together, against the caps added up)
+        "caps_held": None if cpu_quota is None or not span_s else
+        all(c / span_s >= 0.9 * cpu_quota for c in run["send_phase_cpu_s_per_process"]) if run.get("send_phase_cpu_s_per_process")
+        else run["send_phase_cpu_s"] / span_s >= 0.9 * cpu_quota * nproc,
         "send_rate_client": rate_of(sends),
         "planned_rate": rate_of([r["planned_send_unix_ns"] for r in recs]),
         "arrival_rate_server": rate_of([v[0] for v in truth.values()]),
@@ -456,6 +608,7 @@ def run_aiperf(aiperf: str, engine: Engine, tmp: Path, cache: Path, output_token
         "requests": len(recs), "ok": len(ok), "process_wall_s": wall, "process_cpu_s": cpu,
         "process_cpu_us_per_request": cpu * 1e6 / len(recs) if recs else None,
         "engine_cpu_s": engine_cpu, "engine_cpu_share_of_a_core": engine_cpu / span_s if span_s else None,
+        "engine_cpu_us_per_request": engine_cpu * 1e6 / len(recs) if recs else None,
         "completed_rate": len(ok) / span_s if span_s else None,
         "send_rate_client": rate_of(sends),
         "planned_rate": rate_of([r["metadata"]["credit_issued_ns"] for r in recs]),
@@ -495,6 +648,13 @@ def main() -> int:
     p.add_argument("--interval-ms", type=float, default=3.0)
     p.add_argument("--tokens", type=int, default=4, help="max_tokens of every request (the engine honours it)")
     p.add_argument("--processes-tokens", type=int, default=1, help="max_tokens in the --processes phase (its engine has no delays)")
+    p.add_argument("--cpu-quota", type=float, metavar="Q",
+                   help="--processes phase: each load-generator process (the command and each spawned worker) in its own cgroup v1 "
+                        "cpu group capped at Q of a core (cfs quota), so that the load generator, not the engine or the host, is "
+                        "the limit on a host without a free core per process (needs root); the phase then also runs 1 and 2 "
+                        "processes at 2Q each, to show the engine is not the limit at Q; removed afterwards")
+    p.add_argument("--cpu-period-ms", type=float, default=CFS_PERIOD_US / 1000,
+                   help="--cpu-quota's cfs period (a process gets Q of it each period; shorter: finer-grained, more throttling)")
     p.add_argument("--phases", default="closed,processes,open", help="which phases to run (comma-separated): closed, processes, open, and stream, calls when named")
     p.add_argument("--no-aiperf", action="store_true", help="measure deltatap alone")
     p.add_argument("--stamps", default="default", help="open loop: deltatap also with these stamp sources, comma-separated: "
@@ -555,12 +715,12 @@ def main() -> int:
                     p.error(f"--tree {tname}: deltatap.loadgen would come from {check.stdout.strip()}, not {tree}")
 
         def run(tool: str, name: str, shape_d: list[str], shape_a: list[str], n: int, eng: Engine | None = None,
-                wl: Path | None = None) -> dict:
+                wl: Path | None = None, cpu_quota: float | None = None) -> dict:
             if tool.startswith("deltatap"):
                 base, _, stamps = tool.partition(":")
                 tname = base.partition("@")[2]
                 return run_deltatap(eng or engine, sink, tmp, wl or workload, name + (stamps or "default") + tname, shape_d, n,
-                                    stamps or "default", shims.get(tname))
+                                    stamps or "default", shims.get(tname), cpu_quota, int(a.cpu_period_ms * 1000))
             return run_aiperf(aiperf, engine, tmp, cache, a.tokens, name, shape_a, n)
 
         def show(what: str, tool: str, r: dict) -> None:
@@ -570,6 +730,11 @@ def main() -> int:
                   f"  first-token delay p99 {fd.get('p99', float('nan')):.2f} ms  cpu/req {r['process_cpu_us_per_request'] or 0:.0f} us"
                   f" (send phase {r.get('send_phase_cpu_us_per_request') or 0:.0f}, {100 * (r.get('loadgen_cpu_share_of_a_core') or 0):.0f} %"
                   f" of a core, waited {r.get('send_phase_cpu_wait_s') or 0:.2f} s for one)"
+                  + ("".join(f" [{c['quota_of_a_core']:.2f} core cap: {c['cpu_s']:.2f} s CPU, throttled {c['nr_throttled']}/{c['nr_periods']}"
+                             f" periods, {c['throttled_s']:.2f} s]" for c in r["cpu_caps"]) + f" caps held: {r['caps_held']}"
+                     if r.get("cpu_caps") else "")
+                  + ("".join(f" [process {i + 1}: first send +{w['first_send_ms']:.1f} ms, last end +{w['last_end_ms']:.0f} ms]"
+                             for i, w in enumerate(r["process_windows"])) if r.get("process_windows") else "") +
                   f"  engine {100 * (r['engine_cpu_share_of_a_core'] or 0):.0f} %  sink {100 * (r.get('sink_cpu_share_of_a_core') or 0):.0f} %"
                   f"  load {os.getloadavg()[0]:.1f}", flush=True)
 
@@ -602,14 +767,20 @@ def main() -> int:
                 light_wl = write_workload(tmp, a.processes_tokens, "light")
                 result["processes_engine"] = {"first_ms": 0.0, "interval_ms": 0.0, "max_tokens": a.processes_tokens,
                                               "max_concurrency": a.max_concurrency, "requests": a.closed_requests * 2}
+                result["processes_cpu_quota"] = a.cpu_quota  # None: uncapped (each process takes what the host gives it)
+                result["processes_cpu_period_ms"] = a.cpu_period_ms if a.cpu_quota is not None else None
+            # (processes, cap of each): "1" and "2" at --cpu-quota Q (or uncapped); with Q also "1@2q", "2@2q": each at 2Q
+            settings = [(1, a.cpu_quota, "1"), (2, a.cpu_quota, "2")]
+            if a.cpu_quota is not None:
+                settings += [(1, 2 * a.cpu_quota, "1@2q"), (2, 2 * a.cpu_quota, "2@2q")]
             for rep in range(a.repeat if "processes" in phases else 0):
-                for procs in (1, 2):
+                for procs, quota, label in settings:
                     for tool in dts:
-                        r = run(tool, f"p{procs}-{rep}", ["--concurrency", str(a.max_concurrency), "--processes", str(procs)], [],
-                                a.closed_requests * 2, light, light_wl)
-                        key = str(procs) if tool == main_dt else f"{procs}{tool[8:]}"
+                        r = run(tool, f"p{label}-{rep}", ["--concurrency", str(a.max_concurrency), "--processes", str(procs)], [],
+                                a.closed_requests * 2, light, light_wl, quota)
+                        key = label if tool == main_dt else f"{label}{tool[8:]}"
                         result["processes"].setdefault(key, {"runs": []})["runs"].append(r)
-                        show(f"--processes {procs}", tool, r)
+                        show(f"--processes {label}", tool, r)
             extra = [f"{dt}:{x}" for dt in dts for x in a.stamps.split(",") if x != "default"]
             for rate in rates if "open" in phases else []:
                 n = int(rate * a.seconds)
@@ -635,8 +806,10 @@ def main() -> int:
     for t in result["processes"].values():
         t["median_completed_rate"] = med(t["runs"], "completed_rate")
         for k in ("loadgen_cpu_share_of_a_core", "engine_cpu_share_of_a_core", "sink_cpu_share_of_a_core", "send_phase_cpu_us_per_request",
-                  "send_phase_cpu_wait_s"):
+                  "send_phase_cpu_wait_s", "engine_cpu_us_per_request"):
             t[f"median_{k}"] = med(t["runs"], k)
+        if result.get("processes_cpu_quota") is not None:
+            t["runs_with_caps_held"] = sum(1 for r in t["runs"] if r.get("caps_held"))
     for per_rate in result["open"].values():
         for t in per_rate.values():
             runs = t["runs"]
@@ -659,6 +832,10 @@ def main() -> int:
     if result["processes"]:
         p1, p2 = (result["processes"][k]["median_completed_rate"] or 0 for k in ("1", "2"))
         result["processes_2_vs_1"] = p2 / p1 if p1 else None
+        if "1@2q" in result["processes"]:  # the checks at 2Q: what one process does with both shares, two with twice each
+            q1, q2 = (result["processes"][k]["median_completed_rate"] or 0 for k in ("1@2q", "2@2q"))
+            result["processes_1_at_2q_vs_1"] = q1 / p1 if p1 else None
+            result["processes_2_at_2q_vs_2"] = q2 / p2 if p2 else None
     top = f"{max(rates):g}"
     d = result["open"][top][main_dt]["median"] if result["open"] else {}
     targets: dict = {}
@@ -677,7 +854,9 @@ def main() -> int:
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({"stream": {t: {k: v for k, v in d.items() if k.startswith("median")} for t, d in result["stream"].items()},
-                      "max_closed_rate": best, "processes_2_vs_1": result.get("processes_2_vs_1"), "open": d, "targets": targets}, indent=2))
+                      "max_closed_rate": best, "processes_2_vs_1": result.get("processes_2_vs_1"),
+                      "processes_1_at_2q_vs_1": result.get("processes_1_at_2q_vs_1"),
+                      "processes_2_at_2q_vs_2": result.get("processes_2_at_2q_vs_2"), "open": d, "targets": targets}, indent=2))
     print(f"wrote {a.out}")
     return 0
 
