@@ -77,7 +77,11 @@ DEFER_WATCH = os.environ.get("DELTATAP_TAP_DEFER", "1").strip().lower() not in (
 # event that touches the pair (any read, close, timer or pause of either side: _Watches.run runs it first) or
 # ACCOUNT_DELAY_S later (one timer per loop for all of them): the tap goes back to sleep right after the forward, so
 # the upstream the write woke does not wait for a CPU the tap keeps. On with deferred watching (the same switch).
-ACCOUNT_DELAY_S = 0.001  # (uvloop's timers count whole milliseconds)
+# The timer is only the backstop for a pair on which nothing happens (the upstream's answer, or the client's next read,
+# usually comes first and runs the account after its own forward): long enough that it rarely fires (a fire is one
+# more wake-up of the tap per request), short enough for the in-flight gauge; never longer than the tap's own
+# --timeout-s, whose timer the account makes (counting from the read: Downstream._begin).
+ACCOUNT_DELAY_S = 0.02
 
 
 class _Watches:
@@ -91,7 +95,8 @@ class _Watches:
     each request read's :meth:`Downstream._account`, its bytes already written upstream (``stamp``), in the order the
     reads came; ``d.accounting`` while one of the pair's waits. :meth:`run` runs them first (:meth:`settle`: a pair's
     account is older than any watch of it still pending, whose read came after it), and so does the one timer
-    (:meth:`_timed`), made when the first waits and cancelled when none is left."""
+    (:meth:`_timed`), made when the first waits (:data:`ACCOUNT_DELAY_S`, or the tap's shorter ``--timeout-s``) and
+    cancelled when none is left."""
 
     __slots__ = ("loop", "items", "next", "scheduled", "accounts", "acc_next", "timer", "__weakref__")
 
@@ -108,12 +113,18 @@ class _Watches:
         self.scheduled = False
         self.run()
 
-    def defer(self, item: tuple) -> None:
-        """Keep one request read's account (see the class) for later."""
+    def defer(self, item: tuple, limit_s: float | None) -> None:
+        """Keep one request read's account (see the class) for later: at most ``limit_s`` (the tap's ``--timeout-s``)
+        or :data:`ACCOUNT_DELAY_S` later, the shorter."""
         self.accounts.append(item)
         item[0].accounting = True
-        if self.timer is None:
-            self.timer = self.loop.call_later(ACCOUNT_DELAY_S, self._timed)
+        delay = ACCOUNT_DELAY_S if limit_s is None or limit_s > ACCOUNT_DELAY_S else limit_s
+        timer = self.timer
+        if timer is None:
+            self.timer = self.loop.call_later(delay, self._timed)
+        elif delay < ACCOUNT_DELAY_S and timer.when() > self.loop.time() + delay:  # (another tap's, on this loop: later)
+            timer.cancel()
+            self.timer = self.loop.call_later(delay, self._timed)
 
     def _timed(self) -> None:
         self.timer = None
@@ -512,9 +523,11 @@ class Downstream(_Side):
             if up is not None:
                 stamp = self._send_up(payload, ended)
                 w = up.watches
-                if w is not None and self.kernel is not None and not self.tap.draining:  # the rest after the tap gave its CPU back (_Watches)
+                tap = self.tap
+                if w is not None and self.kernel is not None and not tap.draining:  # the rest after the tap gave its CPU back (_Watches)
+                    limit = tap.o.timeout_s
                     w.defer((self, data, events, n, heads, t, bound, stamp, False,
-                             (self.loop or asyncio.get_running_loop()).time() if heads and self.tap.o.timeout_s is not None else None))
+                             (self.loop or asyncio.get_running_loop()).time() if heads and limit is not None else None), limit)
                     return
             else:
                 queued = True

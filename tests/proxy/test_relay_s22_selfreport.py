@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import types
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -216,6 +217,7 @@ _SETTINGS = settings(max_examples=40, deadline=None, database=None,
 @given(steps=traffic())
 def test_deferred_accounts_leave_what_immediate_ones_leave(steps, telemetry, span_exporter, monkeypatch):
     monkeypatch.setattr(relay, "mono", lambda: 4_242)
+    monkeypatch.setattr(relay, "ACCOUNT_DELAY_S", 0.002)  # (the "wait" steps: short)
     results = []
     for defer in (True, False):
         span_exporter.clear()
@@ -307,3 +309,24 @@ async def test_close_waits_for_a_request_whose_account_waits(make_tap, monkeypat
         writer.close()
     finally:
         server.close()
+
+
+def test_the_timer_is_never_later_than_the_taps_timeout():
+    """The backstop timer comes ACCOUNT_DELAY_S after the first account waits, or sooner where the tap's --timeout-s is
+    shorter (the timeout's own timer is made by the account)."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        w = relay._Watches(loop)
+        d = types.SimpleNamespace(accounting=False)
+        t0 = loop.time()
+        w.defer((d,), None)
+        assert d.accounting and w.timer.when() >= t0 + relay.ACCOUNT_DELAY_S - 0.002
+        w.defer((d,), 60.0)  # (a longer timeout: the same timer)
+        first = w.timer
+        w.defer((d,), 0.004)  # (a shorter one: a sooner timer)
+        assert first.cancelled() and w.timer.when() <= loop.time() + 0.004 + 0.002
+        w.accounts.clear()
+        w.timer.cancel()
+
+    asyncio.run(main())
