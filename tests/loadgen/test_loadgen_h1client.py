@@ -188,20 +188,35 @@ async def test_no_retry_once_part_of_the_response_came():
 
 
 async def test_close_delimited_stream_without_its_end_is_truncated():
+    # What the test assumes, made explicit (a failure once in CI could not be reproduced: 20,000 runs under CPU
+    # burners, late client reads, each stamp source): the body ends with the server's FIN, sent after its bytes
+    # (write_eof, a half-close), and the server closes only once the client has closed in turn, having read all it
+    # was sent, so that its close can never be a RST (a socket closed with unread input resets the connection, and a
+    # RST can take the response's bytes with it before the client reads them); the request's deadline is far beyond
+    # the milliseconds the exchange takes, so that a starved host cannot turn it into a timeout.
     async def handler(r, w, conn):
         await srv.read_request(r, conn)
         w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n" + _chunk({"content": "partial"}))
         await w.drain()
+        w.write_eof()
+        after.append(await asyncio.wait_for(r.read(), 30))  # (to the client's close: nothing more came)
 
+    after: list[bytes] = []
     async with RawServer(handler) as srv:
-        t = target(f"http://127.0.0.1:{srv.port}")
+        t = target(f"http://127.0.0.1:{srv.port}", timeout_s=60)
         pool = make_session(t)
         try:
             rec = await one(t, pool)
         finally:
             await pool.close()
+        for _ in range(1000):  # (the server's read of the client's close: at most 10 s)
+            if after:
+                break
+            await asyncio.sleep(0.01)
     assert (rec.status, rec.error_kind) == (Outcome.UPSTREAM_ERROR, ErrorKind.TRUNCATED)
+    assert rec.error == "the stream ended without [DONE] or a finish reason"
     assert rec.output_text == "partial" and rec.end_mono_ns >= rec.first_token_mono_ns
+    assert after == [b""] and len(srv.requests) == 1  # the client closed after the one request, sending nothing else
 
 
 async def test_refused_connect_and_unknown_host_are_unreachable_in_one_line():
