@@ -213,8 +213,10 @@ async def test_close_delimited_stream_without_its_end_is_truncated():
             if after:
                 break
             await asyncio.sleep(0.01)
-    assert (rec.status, rec.error_kind) == (Outcome.UPSTREAM_ERROR, ErrorKind.TRUNCATED)
-    assert rec.error == "the stream ended without [DONE] or a finish reason"
+    # (one comparison: should it fail again, the message shows the error line, which tells a RST, a framing error or a
+    # timeout apart)
+    assert (rec.status, rec.error_kind, rec.error) == (Outcome.UPSTREAM_ERROR, ErrorKind.TRUNCATED,
+                                                       "the stream ended without [DONE] or a finish reason")
     assert rec.output_text == "partial" and rec.end_mono_ns >= rec.first_token_mono_ns
     assert after == [b""] and len(srv.requests) == 1  # the client closed after the one request, sending nothing else
 
