@@ -13,7 +13,7 @@ import logging
 import sys
 
 from deltatap import __version__
-from deltatap.core.config import ConfigError
+from deltatap.core.config import ConfigError, os_error_line
 
 COMMAND_MODULES: tuple[str, ...] = (
     "deltatap.proxy.cli",  # deltatap tap
@@ -62,6 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"deltatap {args.command}: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        # the environment refused: an --out that cannot be created or written, a port in use, a file that
+        # vanished. One line; -vv keeps the traceback for a bug report.
+        if args.verbose >= 2:
+            raise
+        print(f"deltatap {args.command}: {os_error_line(exc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

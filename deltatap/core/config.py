@@ -10,6 +10,7 @@ deltatap (``configs/`` in the checkout, ``deltatap/configs`` in the wheel), so `
 
 from __future__ import annotations
 
+import errno
 import importlib.resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +23,18 @@ M = TypeVar("M", bound=BaseModel)
 
 class ConfigError(ValueError):
     """A configuration problem, with a message a user can act on."""
+
+
+def os_error_line(exc: OSError) -> str:
+    """One line for an OSError the environment raised (a path that cannot be read or written, a port in use):
+    the path(s) it names and the system's reason."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    if exc.errno == errno.EEXIST:
+        reason = "already exists and is not a directory (name a directory, or a new path)"
+    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        reason += " (choose a path you can write, or fix its permissions)"
+    paths = [str(f) for f in (exc.filename, exc.filename2) if f is not None]
+    return f"{' -> '.join(paths)}: {reason}" if paths else reason
 
 
 class StrictModel(BaseModel):
@@ -87,6 +100,8 @@ def read_yaml(path: str | Path) -> Any:
         raise ConfigError(f"{p}: file not found") from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not a text file (byte {exc.start} is not UTF-8); expected YAML") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -1,0 +1,49 @@
+"""Bad input found by probing the commands (session 22): each gets one line on stderr and exit 2 (usage) or 1
+(failure), never a traceback. In-process `deltatap` calls against real files."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from deltatap.app.cli import main
+from tests.reports.test_cli import run_dir
+
+
+def _one_line(capsys, command: str) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"deltatap {command}: "), err
+    return lines[0]
+
+
+def test_out_that_is_a_file_or_cannot_be_created(tmp_path, capsys):
+    run = run_dir(tmp_path / "run", 10.0)
+    a_file = tmp_path / "taken"
+    a_file.write_text("x")
+    for cmd in (["summary", str(run)], ["cascade", "--rows", str(run)], ["guardrails", "--runs", f"baseline={run}"]):
+        capsys.readouterr()
+        assert main([*cmd, "--quiet", "--out", str(a_file)]) == 1
+        line = _one_line(capsys, cmd[0])
+        assert str(a_file) in line and "not a directory" in line
+    assert main(["summary", str(run), "--quiet", "--out", str(a_file / "sub")]) == 1
+    assert str(a_file / "sub") in _one_line(capsys, "summary")
+
+
+def test_verbose_keeps_the_traceback(tmp_path):
+    run = run_dir(tmp_path / "run", 10.0)
+    (tmp_path / "taken").write_text("x")
+    with pytest.raises(OSError):
+        main(["-vv", "summary", str(run), "--quiet", "--out", str(tmp_path / "taken")])
+
+
+def test_binary_topology_yaml(tmp_path, capsys):
+    run = run_dir(tmp_path / "run", 10.0)
+    topo = tmp_path / "topology.yaml"
+    topo.write_bytes(b"\xf6\x00\x81binary")
+    assert main(["summary", str(run), "--quiet", "--topology", str(topo)]) == 2
+    line = _one_line(capsys, "summary")
+    assert str(topo) in line and "not a text file" in line
