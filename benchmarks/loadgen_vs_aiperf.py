@@ -192,7 +192,20 @@ class CpuCaps:
         return out
 
     def close(self) -> None:
+        """Remove the groups. A process still in one (a run that failed or was interrupted: a spawned worker outlives
+        a killed ``deltatap load``) is one of this run's load-generator processes: it is killed first, by its pid."""
+        import signal
+
         for name in self.names:
+            try:
+                left = [int(x) for x in (CGROUP_CPU / name / "cgroup.procs").read_text().split()]
+            except (OSError, ValueError):
+                left = []
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             for root in (CGROUP_CPU, CGROUP_CPUACCT):
                 d = root / name
                 if not d.is_dir():
