@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import signal
 import sys
 import time
@@ -42,8 +43,8 @@ def _pipeline_args(p: argparse.ArgumentParser) -> None:
 
 def _pipeline_options(args: argparse.Namespace) -> PipelineOptions:
     for flag in ("grace_s", "orphan_wait_s", "join_window_s", "join_hold_s"):
-        if getattr(args, flag) < 0:
-            raise ConfigError(f"--{flag.replace('_', '-')} must be >= 0")
+        if not 0 <= getattr(args, flag) < math.inf:  # NaN fails this too
+            raise ConfigError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be a number of seconds >= 0")
     if args.max_open_traces < 1:
         raise ConfigError("--max-open-traces must be >= 1")
     return PipelineOptions(grace_s=args.grace_s, orphan_wait_s=args.orphan_wait_s, max_open_traces=args.max_open_traces, join_window_s=args.join_window_s, join_hold_s=args.join_hold_s)
@@ -104,8 +105,8 @@ def run_collect(args: argparse.Namespace) -> int:
         handoff=args.handoff, trim_s=1.0,
     )
     opts.check()
-    if args.duration is not None and args.duration <= 0:
-        raise ConfigError("--duration must be > 0")
+    if args.duration is not None and not 0 < args.duration < math.inf:  # NaN fails this too
+        raise ConfigError(f"--duration {args.duration}: must be a number of seconds > 0 (leave it out to run until Ctrl-C)")
     return aio.run(_collect(opts, args.duration))
 
 

@@ -47,3 +47,12 @@ def test_binary_topology_yaml(tmp_path, capsys):
     assert main(["summary", str(run), "--quiet", "--topology", str(topo)]) == 2
     line = _one_line(capsys, "summary")
     assert str(topo) in line and "not a text file" in line
+
+
+@pytest.mark.parametrize("flags", [["--duration", "nan"], ["--duration", "inf"], ["--duration", "1", "--grace-s", "nan"],
+                                   ["--duration", "1", "--join-window-s", "inf"]])
+def test_collect_refuses_nan_and_inf_seconds(tmp_path, capsys, flags):
+    # before: --duration nan was a traceback (cannot convert float NaN to integer), --grace-s nan ran
+    assert main(["collect", "--otlp-grpc", "none", "--otlp-http", "127.0.0.1:0", "--metrics", "none", "--out", str(tmp_path / "out"), *flags]) == 2
+    assert flags[-2] in _one_line(capsys, "collect")
+    assert not (tmp_path / "out").exists()
