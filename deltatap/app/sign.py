@@ -44,10 +44,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     v.set_defaults(func=run_verify)
 
 
-def _read_json(path: str) -> Any:
+def _need_file(path: str) -> Path:
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"{path}: file not found")
+        raise ConfigError(f"{path}: {'a directory, not a file' if p.is_dir() else 'file not found'}")
+    return p
+
+
+def _read_json(path: str) -> Any:
+    p = _need_file(path)
     try:
         return json.loads(p.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
@@ -94,9 +99,7 @@ def run_sign(args: argparse.Namespace) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     from deltatap.core.signing import SignatureError, verify, verify_document
 
-    p = Path(args.file)
-    if not p.is_file():
-        raise ConfigError(f"{args.file}: file not found")
+    p = _need_file(args.file)
     try:
         text = p.read_text(encoding="utf-8").strip()
     except UnicodeDecodeError:

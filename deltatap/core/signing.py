@@ -173,6 +173,8 @@ def load_or_create_key(path: str | Path | None = None, create: bool = True):
         if not isinstance(key, Ed25519PrivateKey):
             raise SignatureError(f"{p}: not an Ed25519 key")
         return key
+    if p.exists():
+        raise SignatureError(f"{p}: not a key file (a directory or a special file); name a PEM private key file")
     if not create:
         raise SignatureError(f"{p}: no such key file")
     key = Ed25519PrivateKey.generate()
