@@ -146,6 +146,11 @@ def _mismatch_notes(summaries: list[dict[str, Any]], baseline: str) -> list[str]
     return notes
 
 
+# an upper bound on --resamples: the resampled differences are held per delta and pair (a billion took the
+# memory of the host, and a numpy allocation that large does not see Ctrl-C)
+MAX_RESAMPLES = 100_000
+
+
 def compare(runs: list[RunData], baseline: str | None = None, percentiles: Sequence[float] = DEFAULT_PERCENTILES,
             threshold: Threshold | None = None, level: float = 0.95, resamples: int = 2000, seed: int = 0,
             deltas: Sequence[str] | None = None) -> Comparison:
@@ -159,8 +164,9 @@ def compare(runs: list[RunData], baseline: str | None = None, percentiles: Seque
             raise ConfigError(f"--percentiles {q:g}: must be between 0 and 100")
     if not 0 < level < 1:
         raise ConfigError(f"--confidence {level:g}: must be between 0 and 1 (0.95 for 95 %)")
-    if resamples < 100:
-        raise ConfigError(f"--resamples {resamples}: use at least 100 (2000 is the default)")
+    if not 100 <= resamples <= MAX_RESAMPLES:
+        raise ConfigError(f"--resamples {resamples}: use between 100 and {MAX_RESAMPLES} (2000 is the default; every "
+                          "resample of every delta is kept in memory for the plots)")
     base = next(r for r in runs if r.label == base_label)
     topo = base.topology or default_topology()
     defs: list[DeltaDef] = delta_defs(topo)

@@ -22,7 +22,7 @@ from deltatap.collector.reports.renderers import parse_formats, write_report
 from deltatap.collector.ingest import load_topology_offline
 from deltatap.collector.reports.render_terminal import print_report
 from deltatap.collector.reports.runs import load_run, parse_run_specs
-from deltatap.core.config import ConfigError, StrictModel, load_yaml
+from deltatap.core.config import ConfigError, StrictModel, load_yaml, validate
 from deltatap.core.topology import Topology, default_topology
 
 
@@ -94,7 +94,10 @@ def cmd_guardrails(args: argparse.Namespace) -> int:
     else:
         specs = parse_run_specs(args.runs)
         parse_formats(args.formats)
-        opts = ReportOptions(class_label=args.class_label, pause_threshold_ms=args.pause_threshold_ms, baseline_run=args.baseline)
+        # the flags obey the same constraints as the YAML (one definition: GuardrailsConfig)
+        cfg = validate(GuardrailsConfig, {"runs": dict(specs), "baseline": args.baseline, "class_label": args.class_label,
+                                          "pause_threshold_ms": args.pause_threshold_ms}, "the flags")
+        opts = ReportOptions(class_label=cfg.class_label, pause_threshold_ms=cfg.pause_threshold_ms, baseline_run=cfg.baseline)
     runs = {label: load_run(path, label) for label, path in specs}
     topology = _topology(args.topology, list(runs.values()))
     return _emit(guardrails_report(runs, topology, opts), args, "guardrails-")

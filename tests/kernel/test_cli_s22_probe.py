@@ -56,3 +56,31 @@ def test_collect_refuses_nan_and_inf_seconds(tmp_path, capsys, flags):
     assert main(["collect", "--otlp-grpc", "none", "--otlp-http", "127.0.0.1:0", "--metrics", "none", "--out", str(tmp_path / "out"), *flags]) == 2
     assert flags[-2] in _one_line(capsys, "collect")
     assert not (tmp_path / "out").exists()
+
+
+def test_sign_and_verify_name_a_directory_as_one(tmp_path, capsys):
+    res = tmp_path / "result.json"
+    res.write_text(json.dumps({"a": 1}))
+    a_dir = tmp_path / "d"
+    a_dir.mkdir()
+    for cmd in (["sign", str(a_dir)], ["verify", str(a_dir)], ["sign", str(res), "--key", str(a_dir)]):
+        capsys.readouterr()
+        assert main(cmd) == 2  # before: "file not found" for a directory, and a FileExistsError traceback for --key DIR
+        line = _one_line(capsys, cmd[0])
+        assert str(a_dir) in line and "directory" in line
+    assert not (tmp_path / "result.signed.json").exists()
+
+
+def test_guardrails_flags_obey_the_config_constraints(tmp_path, capsys):
+    run = run_dir(tmp_path / "run", 10.0)
+    for bad in ("-1", "0", "nan"):
+        capsys.readouterr()
+        assert main(["guardrails", "--runs", f"baseline={run}", "--quiet", "--pause-threshold-ms", bad]) == 2
+        assert "pause_threshold_ms" in capsys.readouterr().err
+    assert main(["guardrails", "--runs", f"baseline={run}", "--quiet", "--pause-threshold-ms", "2.5"]) == 0
+
+
+def test_compare_caps_resamples(tmp_path, capsys):
+    a, b = run_dir(tmp_path / "a", 10.0), run_dir(tmp_path / "b", 12.0)
+    assert main(["compare", str(a), str(b), "--resamples", "200000", "--format", "json"]) == 2
+    assert "--resamples 200000" in _one_line(capsys, "compare")
