@@ -84,3 +84,12 @@ def test_compare_caps_resamples(tmp_path, capsys):
     a, b = run_dir(tmp_path / "a", 10.0), run_dir(tmp_path / "b", 12.0)
     assert main(["compare", str(a), str(b), "--resamples", "200000", "--format", "json"]) == 2
     assert "--resamples 200000" in _one_line(capsys, "compare")
+
+
+@pytest.mark.parametrize("flags,named", [(["--rate", "nan"], "--rate"), (["--rate", "5", "--concurrency", "2"], "contradict"),
+                                         (["--requests", "0"], "--requests 0"), (["--capacity-rps", "inf"], "--capacity-rps")])
+def test_bench_refuses_nan_zero_and_contradictory_loads(tmp_path, capsys, flags, named):
+    # before: --rate nan was a traceback after the stack had started; --requests 0 and --rate 5 --concurrency 2 ran
+    assert main(["bench", "ttft", "--quick", "--out", str(tmp_path / "b"), *flags]) == 2
+    assert named in _one_line(capsys, "bench")
+    assert not (tmp_path / "b").exists()

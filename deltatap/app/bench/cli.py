@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import time
 from pathlib import Path
 
@@ -59,6 +60,11 @@ def add_common(p: argparse.ArgumentParser, name: str) -> None:
     o.add_argument("--strict", action="store_true", help="exit 3 when a methodology requirement is not met (the report lists them either way)")
 
 
+# the bench flags that count or rate something: each must be > 0 when given
+POSITIVE_FLAGS: tuple[str, ...] = ("rate", "concurrency", "requests", "requests_per_slot", "capacity_rps", "probe_concurrency",
+                                   "min_requests", "input_tokens", "output_tokens")
+
+
 def check_args(args: argparse.Namespace) -> None:
     """What a bench checks before it starts anything: formats, SLOs, the flags that go together, the stack config
     (strictly, each component against its model) or the topology. Raises ConfigError with one line."""
@@ -70,6 +76,15 @@ def check_args(args: argparse.Namespace) -> None:
     parse_slos(args.slo)
     if args.repetitions is not None and args.repetitions < 1:
         raise ConfigError("--repetitions: give at least 1")
+    for dest, value in sorted(vars(args).items()):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"--{dest.replace('_', '-')} {value}: give a finite number")
+    for dest in POSITIVE_FLAGS:  # 0 would silently mean "the default" (they are read as `flag or default`)
+        value = getattr(args, dest, None)
+        if value is not None and not value > 0:
+            raise ConfigError(f"--{dest.replace('_', '-')} {value}: give a number > 0 (leave it out for the default)")
+    if getattr(args, "rate", None) is not None and getattr(args, "concurrency", None) is not None:
+        raise ConfigError("--rate (open loop) and --concurrency (closed loop) contradict each other: give one")
     if args.collect and not args.target:
         raise ConfigError("--collect goes with --target (the embedded stack has its own collector)")
     h = Harness(Path("."), args.stack, args.target, args.collect, args.topology, args.model, print)
