@@ -54,10 +54,6 @@ ETH_P_IP = 0x0800
 SO_ATTACH_FILTER = 26
 _SNAP = 128  # bytes kept of each packet: IPv4 header (<= 60) + TCP header (<= 60)
 _MAX_LISTED_PORTS = 120  # more watched ports than this: the filter takes the range between the lowest and highest
-# With the range in force, the local ports of accepted connections (listening ports) are listed one by one and the range
-# keeps only segments whose other port is a server this process connected to, while there are at most this many of each
-# (else the range alone, whatever the other port): see PacketLog.watch.
-_MAX_KEYED_PORTS = 16
 # the ring: 4 KiB blocks of 16 frames of 256 bytes (tpacket2_hdr, sockaddr_ll, then the 128 bytes kept)
 _BLOCK, _FRAME = 4096, 256
 _PER_BLOCK = _BLOCK // _FRAME
@@ -152,44 +148,16 @@ def _port_tests(ports: list[int], span: tuple[int, int] | None, keep: str, drop:
     return [(_JGE, None, drop, span[0]), (_JGT, drop, keep, span[1])]
 
 
-def _side(local_at: int, peer_at: int, ports: list[int], span: tuple[int, int] | None, exact: list[int],
-          peers: list[int] | None, keep: str, drop: str, tag: str) -> list[tuple[int, str | None, str | None, int]]:
-    """One direction's port tests (the local port at ``local_at`` in the TCP header, the other end's at ``peer_at``):
-    jump to ``keep`` or ``drop``. ``peers`` None: the local port is one of ``ports`` / inside ``span``. Else the local
-    port is one of ``exact``, or inside ``span`` with the other port one of ``peers``."""
-    if peers is None:
-        return [(_LDH_IND, None, None, local_at), *_port_tests(ports, span, keep, drop), ("label", drop, None, 0), (_RET, None, None, 0)]
-    assert span is not None
-    return [
-        (_LDH_IND, None, None, local_at),
-        *((_JEQ, keep, None, p) for p in exact),
-        *_port_tests([], span, f"peer_{tag}", drop),
-        ("label", f"peer_{tag}", None, 0),
-        (_LDH_IND, None, None, peer_at),
-        *((_JEQ, keep, None, p) for p in peers),
-        ("label", drop, None, 0),
-        (_RET, None, None, 0),
-    ]
-
-
-def _filter(ports: list[int], span: tuple[int, int] | None = None, exact: list[int] = (), peers: list[int] | None = None) -> bytes:  # type: ignore[assignment]
+def _filter(ports: list[int], span: tuple[int, int] | None = None) -> bytes:
     """Classic BPF over a cooked packet: IPv4, TCP, not a fragment, carrying data (pure acknowledgements are half
     of what flows on a connection), and either received (any packet type but outgoing) toward a port in ``ports``
     or sent (outgoing) from one -> keep ``_SNAP`` bytes; anything else -> drop. On loopback each packet shows twice
     (outgoing, then received): the received copy is the arrival, the outgoing copy the departure. More than
-    ``_MAX_LISTED_PORTS`` ports (or ``span`` given: ``(lowest, highest)``): every port in their range.
-
-    ``peers`` (with a range only): the local port (destination of an arrival, source of a departure) is one of
-    ``exact`` (listening ports), or inside the range with the other end's port one of ``peers`` (servers). On
-    loopback the other copy of each of this process's packets - a departure's arrival at its peer, an arrival's
-    departure from its peer - has a peer's port as its local port, which the bare range (peers' ephemeral ports
-    among this process's) keeps too: in a tap, half of what it logged."""
+    ``_MAX_LISTED_PORTS`` ports (or ``span`` given: ``(lowest, highest)``): every port in their range."""
     if span is None and len(ports) > _MAX_LISTED_PORTS:
         span = (min(ports), max(ports))
     if not ports and span is None:
         return _INSN.pack(_RET, 0, 0, 0)
-    if span is None:
-        peers = None
     # (code, jump-if-true label, jump-if-false label, k); None: the next instruction
     prog: list[tuple[int, str | None, str | None, int]] = [
         (_LDH_ABS, None, None, _AD_PROTOCOL),  # A = the packet's ethertype
@@ -215,11 +183,17 @@ def _filter(ports: list[int], span: tuple[int, int] | None = None, exact: list[i
         ("label", "tx", None, 0),
         (_JA, "tx_ports", None, 0),
         ("label", "rx", None, 0),
-        *_side(2, 0, ports, span, list(exact), peers, "keep_rx", "drop_rx", "rx"),  # local: the tcp destination port
+        (_LDH_IND, None, None, 2),  # A = tcp destination port
+        *_port_tests(ports, span, "keep_rx", "drop_rx"),
+        ("label", "drop_rx", None, 0),
+        (_RET, None, None, 0),
         ("label", "keep_rx", None, 0),
         (_RET, None, None, _SNAP),
         ("label", "tx_ports", None, 0),
-        *_side(0, 2, ports, span, list(exact), peers, "keep_tx", "drop_tx", "tx"),  # local: the tcp source port
+        (_LDH_IND, None, None, 0),  # A = tcp source port
+        *_port_tests(ports, span, "keep_tx", "drop_tx"),
+        ("label", "drop_tx", None, 0),
+        (_RET, None, None, 0),
         ("label", "keep_tx", None, 0),
         (_RET, None, None, _SNAP),
     ]
@@ -255,7 +229,6 @@ class PacketLog:
         self._ports: dict[int, int] = {}  # local port -> number of watched connections
         self._span: tuple[int, int] | None = None  # the port range the attached filter keeps (None: listed ports)
         self._span_ports = 0  # how many ports were watched when that range was last computed from all of them
-        self._keys()
         sock.setsockopt(_SOL_PACKET, _PACKET_VERSION, _TPACKET_V2)
         sock.setsockopt(_SOL_PACKET, _PACKET_TIMESTAMP, _SOFTWARE)  # skb->tstamp: the TCP socket's own stamp
         sock.setsockopt(_SOL_PACKET, _PACKET_RX_RING, struct.pack("=IIII", _BLOCK, _BLOCKS, _FRAME, _FRAMES))
@@ -276,7 +249,6 @@ class PacketLog:
         self._sock = None  # type: ignore[assignment]
         self._ports = {}
         self._span, self._span_ports = None, 0
-        self._keys()
         self._ring = ring  # type: ignore[assignment]
         self._mv = memoryview(ring)
         self._frames = len(self._mv) // _FRAME
@@ -285,91 +257,44 @@ class PacketLog:
         self._acc = accelerator
         return self
 
-    def _keys(self) -> None:
-        """The connections' other side, for the range's filter (see :meth:`watch`)."""
-        self._listening: dict[int, int] = {}  # local port of accepted connections -> how many
-        self._servers: dict[int, int] = {}  # port of the server of connections this process opened -> how many
-        self._unkeyed = 0  # connections watched without saying which (the range then keeps any other port)
-        self._keyed: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # (exact, peers) of the attached range's filter
-
-    def _keying(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-        """``(listening ports, server ports)`` the range's filter tests, or None (the range alone): every watched
-        connection said which side it is, and there are few of each."""
-        if self._unkeyed or len(self._listening) > _MAX_KEYED_PORTS or len(self._servers) > _MAX_KEYED_PORTS or not self._servers:
-            return None
-        return tuple(sorted(self._listening)), tuple(sorted(self._servers))
-
     def _attach(self, span: tuple[int, int] | None = None) -> None:
         """(Re)attach the filter for the watched ports: listed one by one up to ``_MAX_LISTED_PORTS``, else their range
-        (``span``, when the caller knows it: widened by one port, not recomputed over thousands), keyed by the
-        connections' other side where it can be (:meth:`_keying`)."""
+        (``span``, when the caller knows it: widened by one port, not recomputed over thousands)."""
         ports = self._ports
         if len(ports) > _MAX_LISTED_PORTS:
             widened = span is not None
             span = span or (min(ports), max(ports))
-            keyed = self._keying()
-            prog = _filter([], span) if keyed is None else _filter([], span, list(keyed[0]), list(keyed[1]))
+            prog = _filter([], span)
             self._span, self._span_ports = span, max(len(ports), self._span_ports) if widened else len(ports)
-            self._keyed = keyed
         else:
             prog = _filter(sorted(ports))
-            self._span, self._span_ports, self._keyed = None, 0, None
+            self._span, self._span_ports = None, 0
         if self._sock is None:
             return
         buf = ctypes.create_string_buffer(prog, len(prog))
         fprog = _FPROG.pack(len(prog) // _INSN.size, ctypes.addressof(buf))
         self._sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
 
-    def _key(self, local_port: int, server_port: int | None, accepted: bool, step: int) -> None:
-        if accepted:
-            d, k = self._listening, local_port
-        elif server_port is not None:
-            d, k = self._servers, server_port
-        else:
-            self._unkeyed = max(0, self._unkeyed + step)
-            return
-        n = d.get(k, 0) + step
-        if n > 0:
-            d[k] = n
-        else:
-            d.pop(k, None)
-
-    def watch(self, local_port: int, server_port: int | None = None, accepted: bool = False) -> None:
+    def watch(self, local_port: int) -> None:
         """One more connection on ``local_port``: its segments are kept. With the range in force, a port inside it
         changes nothing (no new filter), one outside widens it: no pass over every watched port per connection (at
-        10,000 connections that pass, per connect and per close, was a quarter of a tap's CPU while streams opened).
-
-        Its other side, when said - ``accepted`` (``local_port`` is a listening port) or ``server_port`` (a connection
-        this process opened to a server on that port) - lets the range keep only its connections' segments: a segment
-        toward or from a listening port, or toward or from a port in the range whose other end is one of the servers'
-        ports (at most ``_MAX_KEYED_PORTS`` of each, every connection keyed; else any segment in the range, as for a
-        connection watched without either). The filter keeps every segment of every watched connection either way;
-        keyed, it leaves out the other copy of each on loopback (see :func:`_filter`)."""
-        self._key(local_port, server_port, accepted, 1)
+        10,000 connections that pass, per connect and per close, was a quarter of a tap's CPU while streams opened)."""
         n = self._ports.get(local_port, 0)
         self._ports[local_port] = n + 1
+        if n:
+            return
         span = self._span
         if span is not None and len(self._ports) > _MAX_LISTED_PORTS:
-            keyed = self._keyed
-            if keyed is not None or self._keying() is not None:  # (a keyed filter must still key this connection)
-                now = self._keying()
-                if now != keyed and (now is None or keyed is None or not (set(now[0]) <= set(keyed[0]) and set(now[1]) <= set(keyed[1]))):
-                    self._attach((min(span[0], local_port), max(span[1], local_port)))
-                    return
-            if n or span[0] <= local_port <= span[1]:
+            if span[0] <= local_port <= span[1]:
                 return
             self._attach((min(span[0], local_port), max(span[1], local_port)))
             return
-        if n:
-            return
         self._attach()
 
-    def unwatch(self, local_port: int, server_port: int | None = None, accepted: bool = False) -> None:
-        """One connection on ``local_port`` closed (``server_port`` and ``accepted`` as it was watched): stop watching
-        the port when it was the last. With the range in force the filter is left as it is (it still keeps every
-        watched port, and a few unwatched ones at its ends, and every listening and server port it named) until the
-        watched ports are half what they were when it was last computed: then it is computed again."""
-        self._key(local_port, server_port, accepted, -1)
+    def unwatch(self, local_port: int) -> None:
+        """One connection on ``local_port`` closed: stop watching the port when it was the last. With the range in
+        force the filter is left as it is (it still keeps every watched port, and a few unwatched ones at its ends)
+        until the watched ports are half what they were when it was last computed: then it is computed again."""
         n = self._ports.get(local_port, 0)
         if n <= 1:
             self._ports.pop(local_port, None)
