@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from deltatap.core.config import ConfigError
+from deltatap.core.config import ConfigError, check_output_dir, check_output_file
 
 DEFAULT_REQUESTS = 120
 DEFAULT_RATE = 50.0
@@ -176,6 +176,10 @@ def run_selftest(args: argparse.Namespace) -> int:
         raise ConfigError(f"--rate {args.rate:g}: must be in (0, 500] requests per second")
     if args.referee_requests <= REFEREE_WARMUP:
         raise ConfigError(f"--referee-requests {args.referee_requests}: must exceed the referee's {REFEREE_WARMUP} warm-up requests")
+    if args.json_out:
+        check_output_file(args.json_out, "--json")
+    if args.keep:
+        check_output_dir(args.keep, "--keep")
     allowed, why = capture_allowed()
     if args.referee == "on" and not allowed:
         raise ConfigError(f"--referee on: {why}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import importlib.resources
+import os
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -52,6 +53,32 @@ def format_validation_error(err: ValidationError, source: str) -> str:
         got_s = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
         lines.append(f"  - {loc}: {msg}{got_s}")
     return "\n".join(lines)
+
+
+def check_output_file(path: str | Path, flag: str) -> Path:
+    """Refuse, before a run starts, an output file that could not be written at its end: a directory, or a folder
+    that does not exist or is not writable. Raises one :class:`ConfigError` naming ``flag``."""
+    p = Path(path).expanduser()
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise ConfigError(f"{flag} {path}: a directory; name a file")
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {path}: folder {parent} does not exist (create it first)")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise ConfigError(f"{flag} {path}: not writable; choose a path you can write")
+    return p
+
+
+def check_output_dir(path: str | Path, flag: str) -> Path:
+    """Refuse, before a run starts, an output folder that is a file or cannot be created; creates it."""
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{flag} {path}: already exists and is not a directory; name a directory, or a new path")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{flag} {os_error_line(exc)}") from None
+    return p
 
 
 # the sub-folders of the packaged configs that a bare name is looked up in, in this order

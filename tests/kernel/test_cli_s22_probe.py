@@ -93,3 +93,16 @@ def test_bench_refuses_nan_zero_and_contradictory_loads(tmp_path, capsys, flags,
     assert main(["bench", "ttft", "--quick", "--out", str(tmp_path / "b"), *flags]) == 2
     assert named in _one_line(capsys, "bench")
     assert not (tmp_path / "b").exists()
+
+
+def test_selftest_checks_its_outputs_before_running(tmp_path, capsys):
+    # before: the whole selftest ran, then --json failed with 'No such file or directory' (or --keep FILE was
+    # reported as 'the reference stack did not run')
+    a_file = tmp_path / "taken"
+    a_file.write_text("x")
+    for flags, named in ((["--json", str(tmp_path / "missing" / "st.json")], "does not exist"), (["--json", str(tmp_path)], "a directory"),
+                         (["--keep", str(a_file)], "not a directory")):
+        capsys.readouterr()
+        assert main(["selftest", "--referee", "off", *flags]) == 2
+        line = _one_line(capsys, "selftest")
+        assert flags[0] in line and named in line
