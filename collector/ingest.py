@@ -49,6 +49,7 @@ from deltatap.collector.spans import OtlpDecodeError, SpanRecord, decode_json
 from deltatap.core.config import ConfigError, read_yaml, validate
 from deltatap.core.topology import Topology, default_topology
 from deltatap.core.vocab import SPAN_CLIENT, Attr, ClientEvent, Observer, Outcome, Role, point
+from deltatap.loadgen.records import RECORD_VERSION
 
 AIPERF_SERVICE = "aiperf"
 
@@ -409,11 +410,33 @@ def _clock_of(run_json: Path) -> tuple[int, int]:
     return int(sync.get("offset_ns") or 0), int(sync.get("uncertainty_ns") or 0)
 
 
+# the integer fields of a record that the reports read (docs/records.md: times are integers of Unix ns, or null)
+_RECORD_INTS = ("http_status", "usage_input_tokens", "usage_output_tokens")
+
+
+def check_record(doc: Any, where: str) -> None:
+    """One record of records.jsonl as docs/records.md defines it: a format version this deltatap reads, and
+    integers (or null) where the reports compute with them. Raises one ConfigError naming ``where`` (FILE:LINE)."""
+    if not _is_records(doc):
+        raise ConfigError(f"{where}: not a load-generator record (no request_id, trace_id, send_unix_ns, chunk_unix_ns; docs/records.md)")
+    v = doc.get("v", RECORD_VERSION)
+    if v != RECORD_VERSION:
+        raise ConfigError(f"{where}: records format v{v!r}; this deltatap reads v{RECORD_VERSION} (docs/records.md)")
+    for k, val in doc.items():
+        if not (k.endswith("_unix_ns") or k in _RECORD_INTS) or val is None:
+            continue
+        vals = val if k == "chunk_unix_ns" and isinstance(val, list) else [val]
+        if k == "chunk_unix_ns" and not isinstance(val, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in vals):
+            shown = repr(val) if len(repr(val)) <= 40 else repr(val)[:37] + "..."
+            raise ConfigError(f"{where}: {k}: expected {'a list of integers' if k == 'chunk_unix_ns' else 'an integer or null'}, got {shown} (docs/records.md)")
+    if not isinstance(doc.get("status", ""), str):
+        raise ConfigError(f"{where}: status: expected a string, got {doc['status']!r} (docs/records.md)")
+
+
 def read_records(path: Path, out: Loaded) -> None:
     offset, unc = _clock_of(path.parent / "run.json")
     for i, doc in _documents(path):
-        if not _is_records(doc):
-            raise ConfigError(f"{path}:{i}: not a load-generator record (no request_id, trace_id, send_unix_ns, chunk_unix_ns; docs/records.md)")
+        check_record(doc, f"{path}:{i}" if i else str(path))  # i == 0: the whole file is one document
         if doc.get("phase", "measure") == "measure":
             out.records.append((doc, offset, unc))
 

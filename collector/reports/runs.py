@@ -147,7 +147,7 @@ def _with_provenance(meta: dict[str, Any], base: Path, lg: dict[str, Any] | None
 
 
 def load_run(path: str | Path, label: str = "run", records: str | Path | None = None) -> RunData:
-    from deltatap.collector.ingest import load_topology_offline
+    from deltatap.collector.ingest import check_record, load_topology_offline
     from deltatap.collector.sinks import read_jsonl, read_rows
 
     p = Path(path)
@@ -159,6 +159,8 @@ def load_run(path: str | Path, label: str = "run", records: str | Path | None = 
         raise ConfigError(f"--records {rec_path}: file not found")
     if rec_path.is_file():
         run.records = read_jsonl(rec_path, "the load generator's records.jsonl (JSON lines, docs/records.md)")
+        for i, doc in enumerate(run.records, 1):
+            check_record(doc, f"{rec_path}:{i}")
     run.metadata = _metadata(base, rec_path if rec_path.is_file() else None)
     if (base / TOPOLOGY_FILE).is_file():
         run.topology = load_topology_offline(base / TOPOLOGY_FILE)

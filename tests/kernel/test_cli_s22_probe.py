@@ -106,3 +106,26 @@ def test_selftest_checks_its_outputs_before_running(tmp_path, capsys):
         assert main(["selftest", "--referee", "off", *flags]) == 2
         line = _one_line(capsys, "selftest")
         assert flags[0] in line and named in line
+
+
+def test_records_of_another_format_or_with_wrong_types(tmp_path, capsys):
+    # before: `report --from` a record with a string time was a ValueError traceback; `summary --records` took
+    # any JSON lines, and a record of format v99 was read as v1
+    run = run_dir(tmp_path / "run", 10.0)
+    good = {"v": 1, "request_id": "r1", "trace_id": "0" * 31 + "1", "span_id": "0" * 15 + "1", "phase": "measure", "status": "ok",
+            "send_unix_ns": 1_700_000_000_000_000_000, "request_written_unix_ns": 1_700_000_000_000_100_000, "chunk_unix_ns": [],
+            "end_unix_ns": 1_700_000_000_100_000_000}
+    cases = (({"planned_send_unix_ns": "soon"}, "planned_send_unix_ns"), ({"v": 99}, "v99"), ({"chunk_unix_ns": [1.5]}, "chunk_unix_ns"))
+    for change, named in cases:
+        rec = tmp_path / "records.jsonl"
+        rec.write_text(json.dumps({**good, **change}) + "\n")
+        for cmd in (["report", "--from", str(rec), "--format", "json"], ["summary", str(run), "--quiet", "--records", str(rec)]):
+            capsys.readouterr()
+            assert main(cmd) == 2
+            line = _one_line(capsys, cmd[0])
+            assert str(rec) in line and named in line
+    rec.write_text(json.dumps({"request_id": "r1", "status": "ok"}) + "\n")  # not a record at all
+    assert main(["summary", str(run), "--quiet", "--records", str(rec)]) == 2
+    assert "not a load-generator record" in _one_line(capsys, "summary")
+    rec.write_text(json.dumps(good) + "\n")
+    assert main(["summary", str(run), "--quiet", "--records", str(rec)]) == 0
