@@ -133,7 +133,10 @@ def _not_text(path: Path, exc: UnicodeDecodeError) -> ConfigError:
 def _read_csv(path: Path) -> list[dict[str, Any]]:
     try:
         with path.open(encoding="utf-8", newline="") as fh:
-            return list(csv.DictReader(fh))
+            reader = csv.DictReader(fh)
+            if "trace_id" not in (reader.fieldnames or ()):  # a rows CSV always has its header (RowWriter writes it first)
+                raise ConfigError(f"{path}: no trace_id column in its header; expected {ROWS_EXPECTED}")
+            return list(reader)
     except UnicodeDecodeError as exc:
         raise _not_text(path, exc) from None
     except csv.Error as exc:

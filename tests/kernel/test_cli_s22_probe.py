@@ -129,3 +129,13 @@ def test_records_of_another_format_or_with_wrong_types(tmp_path, capsys):
     assert "not a load-generator record" in _one_line(capsys, "summary")
     rec.write_text(json.dumps(good) + "\n")
     assert main(["summary", str(run), "--quiet", "--records", str(rec)]) == 0
+
+
+def test_a_csv_that_is_not_a_rows_file(tmp_path, capsys):
+    # before: any CSV (a header without deltatap's columns, or an empty file) was read as a run of 0 requests
+    for text in ("a,b\n1,2\n", ""):
+        rows = tmp_path / "rows.csv"
+        rows.write_text(text)
+        capsys.readouterr()
+        assert main(["summary", str(rows), "--quiet"]) == 2
+        assert "no trace_id column" in _one_line(capsys, "summary")
