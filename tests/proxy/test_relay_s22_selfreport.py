@@ -28,21 +28,18 @@ from deltatap.proxy import TapOptions, relay
 from deltatap.proxy.relay import Downstream, Upstream
 from deltatap.proxy.server import Tap
 
+from test_relay_defer import _Transport as _DeferTransport
 from test_relay_defer import _span_view
 from test_relay_native import _REC_FIELDS
 
 TIMEOUT_S = 30.0
 
 
-class _Transport:
-    def __init__(self) -> None:
-        self.calls: list = []
+class _Transport(_DeferTransport):
+    """test_relay_defer's transport, and what a downstream side also asks of one here (its peer, write_eof)."""
 
     def get_extra_info(self, name, default=None):
         return ("127.0.0.1", 5) if name == "peername" else default
-
-    def is_closing(self) -> bool:
-        return False
 
     def is_reading(self) -> bool:
         return True
@@ -52,18 +49,6 @@ class _Transport:
 
     def write_eof(self) -> None:
         self.calls.append("write_eof")
-
-    def close(self) -> None:
-        self.calls.append("close")
-
-    def abort(self) -> None:
-        self.calls.append("abort")
-
-    def pause_reading(self) -> None:
-        self.calls.append("pause")
-
-    def resume_reading(self) -> None:
-        self.calls.append("resume")
 
 
 class _Kernel:
@@ -235,6 +220,19 @@ def test_deferred_accounts_leave_what_immediate_ones_leave(steps, telemetry, spa
     assert any(s == ("read", True) for s in on[0])  # (deferral on: some read's account waited)
 
 
+async def _second_request_at_upstream(tap, reader, writer, got: asyncio.Event) -> None:
+    """The pair's first request answered and ended (its upstream connection opened: a first request's account is run
+    at once), then its second written and arrived at the upstream (``got``): the second's account is the one that waits."""
+    writer.write(b"GET /x HTTP/1.1\r\nHost: e\r\n\r\n")
+    await reader.readuntil(b"\r\n\r\nok")
+    for _ in range(200):  # (its exchange ends in the round after the answer's read)
+        if tap.tap.in_flight == 0:
+            break
+        await asyncio.sleep(0.005)
+    writer.write(b"GET /x HTTP/1.1\r\nHost: e\r\n\r\n")
+    await got.wait()
+
+
 async def test_the_timer_alone_begins_the_exchange(make_tap):
     """An upstream that reads the request and answers nothing: nothing else happens on the pair, so the timer alone
     runs the account (the exchange is begun, in flight), and the tap's own timeout then answers it."""
@@ -253,14 +251,7 @@ async def test_the_timer_alone_begins_the_exchange(make_tap):
         tap = await make_tap(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", timeout_s=0.5)
         reader, writer = await asyncio.open_connection("127.0.0.1", tap.port)
         async with asyncio.timeout(10):
-            writer.write(b"GET /x HTTP/1.1\r\nHost: e\r\n\r\n")
-            await reader.readuntil(b"\r\n\r\nok")
-            for _ in range(200):  # (its exchange ends in the round after the answer's read)
-                if tap.tap.in_flight == 0:
-                    break
-                await asyncio.sleep(0.005)
-            writer.write(b"GET /x HTTP/1.1\r\nHost: e\r\n\r\n")
-            await got.wait()
+            await _second_request_at_upstream(tap, reader, writer, got)
             for _ in range(200):  # (a bounded wait for the timer: ACCOUNT_DELAY_S, a loaded machine's scheduling aside)
                 if tap.tap.in_flight == 1:
                     break
@@ -294,14 +285,7 @@ async def test_close_waits_for_a_request_whose_account_waits(make_tap, monkeypat
         tap = await make_tap(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
         reader, writer = await asyncio.open_connection("127.0.0.1", tap.port)
         async with asyncio.timeout(10):
-            writer.write(b"GET /x HTTP/1.1\r\nHost: e\r\n\r\n")  # (the first: the pair's upstream connection opens)
-            await reader.readuntil(b"\r\n\r\nok")
-            for _ in range(200):  # (its exchange ends in the round after the answer's read)
-                if tap.tap.in_flight == 0:
-                    break
-                await asyncio.sleep(0.005)
-            writer.write(b"GET /x HTTP/1.1\r\nHost: e\r\n\r\n")
-            await got.wait()
+            await _second_request_at_upstream(tap, reader, writer, got)
             assert [d.accounting for d in tap.tap.connections] == [True] and tap.tap.in_flight == 0
             await tap.close(grace_s=5)
             answer = await reader.read()
