@@ -69,8 +69,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="run N tap processes on the listen port (SO_REUSEPORT); the admin port sums their metrics (default 1)")
     p.add_argument("--no-defer-watch", action="store_true",
-                   help="watch each upstream read before the next ready one is forwarded (default: every ready read of a poll "
-                        "round is forwarded first, then each is watched, stamps unchanged; also DELTATAP_TAP_DEFER=0)")
+                   help="watch each upstream read before the next ready one is forwarded, and account each request read "
+                        "before its callback returns (default: every ready read of a poll round is forwarded first, then each "
+                        "is watched; a request read's accounting waits until the tap has slept, at most 20 ms; stamps "
+                        "unchanged; also DELTATAP_TAP_DEFER=0)")
     p.set_defaults(func=run)
 
 
