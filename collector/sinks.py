@@ -143,6 +143,15 @@ def _read_csv(path: Path) -> list[dict[str, Any]]:
         raise ConfigError(f"{path}: not a CSV file ({exc}); expected {ROWS_EXPECTED}") from None
 
 
+def _one_document(path: Path) -> bool:
+    """Whether the file is one (pretty-printed) JSON document: a report's JSON given where JSON lines belong."""
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError
+        return False
+    return True
+
+
 def read_jsonl(path: Path, expected: str = "JSON lines") -> list[dict[str, Any]]:
     """Every non-blank line of a JSON-lines file; a bad line is a ConfigError naming the file and line."""
     out = []
@@ -153,13 +162,16 @@ def read_jsonl(path: Path, expected: str = "JSON lines") -> list[dict[str, Any]]
                     try:
                         out.append(json.loads(line))
                     except json.JSONDecodeError as exc:
+                        if not out and _one_document(path):
+                            raise ConfigError(f"{path}: one JSON document, not JSON lines; expected {expected}") from None
                         raise ConfigError(f"{path}:{i}: not JSON ({exc.msg})") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not a text file (byte {exc.start} is not UTF-8); expected {expected}") from None
     return out
 
 
-_READERS: dict[str, Callable[[Path], list[dict[str, Any]]]] = {"parquet": _read_parquet, "csv": _read_csv, "jsonl": read_jsonl}
+_READERS: dict[str, Callable[[Path], list[dict[str, Any]]]] = {"parquet": _read_parquet, "csv": _read_csv,
+                                                               "jsonl": lambda p: read_jsonl(p, ROWS_EXPECTED)}
 
 
 def read_rows(path: str | Path) -> list[Row]:

@@ -139,3 +139,13 @@ def test_a_csv_that_is_not_a_rows_file(tmp_path, capsys):
         capsys.readouterr()
         assert main(["summary", str(rows), "--quiet"]) == 2
         assert "no trace_id column" in _one_line(capsys, "summary")
+
+
+def test_a_json_document_where_json_lines_belong(tmp_path, capsys):
+    # before: a report's pretty-printed JSON given as a rows file read "report.json:1: not JSON (Expecting property
+    # name ...)" although it is valid JSON
+    doc = tmp_path / "report.json"
+    doc.write_text(json.dumps({"kind": "report", "sections": [1, 2]}, indent=2))
+    assert main(["summary", str(doc), "--quiet"]) == 2
+    line = _one_line(capsys, "summary")
+    assert "one JSON document, not JSON lines" in line and "rows file" in line
