@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deltatap.collector.batch import records
-from deltatap.collector.rows import Row, from_record, record_columns
+from deltatap.collector.rows import ROW_SCHEMA_VERSION, Row, from_record, record_columns
 from deltatap.core.config import ConfigError
 from deltatap.core.topology import Topology
 
@@ -180,6 +180,11 @@ def read_rows(path: str | Path) -> list[Row]:
     if not p.exists():
         raise ConfigError(f"{p}: file not found")
     recs = _READERS[row_format(p)](p)
+    versions = {r.get("schema_version") for r in recs}
+    if recs and versions != {ROW_SCHEMA_VERSION} and {str(v) for v in versions} != {str(ROW_SCHEMA_VERSION)}:
+        found = sorted("missing" if v is None else str(v) for v in versions)
+        raise ConfigError(f"{p}: rows schema_version {', '.join(found)}; this deltatap reads {ROW_SCHEMA_VERSION} "
+                          f"(docs/collector.md; re-create the rows with this deltatap's `deltatap report --from SPANS --out DIR`)")
     try:
         return [from_record(r) for r in recs]
     except (KeyError, ValueError, TypeError, AttributeError) as exc:

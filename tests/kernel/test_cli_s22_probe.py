@@ -149,3 +149,22 @@ def test_a_json_document_where_json_lines_belong(tmp_path, capsys):
     assert main(["summary", str(doc), "--quiet"]) == 2
     line = _one_line(capsys, "summary")
     assert "one JSON document, not JSON lines" in line and "rows file" in line
+
+
+def test_rows_of_another_schema_version(tmp_path, capsys):
+    # before: rows without schema_version (or of another version) were read as version 1: a run of rows with no deltas
+    run = run_dir(tmp_path / "run", 10.0)
+    from deltatap.collector.sinks import read_rows, write_rows
+    from deltatap.core.topology import default_topology
+
+    rows = read_rows(run / "rows.parquet")
+    write_rows(rows, tmp_path / "rows.jsonl", default_topology())
+    lines = [json.loads(ln) for ln in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    for change, named in (({"schema_version": 99}, "schema_version 99"), ({"schema_version": None}, "schema_version missing")):
+        bad = tmp_path / "bad" / "rows.jsonl"
+        bad.parent.mkdir(exist_ok=True)
+        bad.write_text("".join(json.dumps({**d, **change}) + "\n" for d in lines))
+        capsys.readouterr()
+        assert main(["summary", str(bad), "--quiet"]) == 2
+        assert named in _one_line(capsys, "summary")
+    assert main(["summary", str(tmp_path / "rows.jsonl"), "--quiet"]) == 0
