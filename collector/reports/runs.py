@@ -156,7 +156,7 @@ def load_run(path: str | Path, label: str = "run", records: str | Path | None = 
     base = rows_path.parent
     rec_path = Path(records) if records else base / RECORDS_FILE
     if records and not rec_path.is_file():
-        raise ConfigError(f"--records {rec_path}: file not found")
+        raise ConfigError(f"--records {rec_path}: {'a directory; name its records.jsonl' if rec_path.is_dir() else 'file not found'}")
     if rec_path.is_file():
         run.records = read_jsonl(rec_path, "the load generator's records.jsonl (JSON lines, docs/records.md)")
         for i, doc in enumerate(run.records, 1):

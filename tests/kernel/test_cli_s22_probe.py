@@ -168,3 +168,9 @@ def test_rows_of_another_schema_version(tmp_path, capsys):
         assert main(["summary", str(bad), "--quiet"]) == 2
         assert named in _one_line(capsys, "summary")
     assert main(["summary", str(tmp_path / "rows.jsonl"), "--quiet"]) == 0
+
+
+def test_records_flag_given_a_directory(tmp_path, capsys):
+    run = run_dir(tmp_path / "run", 10.0)
+    assert main(["summary", str(run), "--quiet", "--records", str(tmp_path)]) == 2  # before: "file not found"
+    assert "a directory; name its records.jsonl" in _one_line(capsys, "summary")
