@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from deltatap.core.config import ConfigError
+from deltatap.core.config import ConfigError, check_output_dir
 from deltatap.loadgen.arrivals import ARRIVALS
 
 
@@ -102,9 +102,11 @@ def main(args: argparse.Namespace) -> int:
     try:
         options = LoadOptions(**fields)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err, "deltatap load")) from None
+        raise ConfigError(format_validation_error(err, "its flags")) from None
     if args.plan_only:
         return _plan_only(options)
+    if options.out:  # (refused now, not after the whole run: its records would be lost)
+        check_output_dir(options.out, "--out")
     try:
         from deltatap.loadgen.runner import load_telemetry
 

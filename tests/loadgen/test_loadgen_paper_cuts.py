@@ -176,6 +176,32 @@ async def test_unreachable_target_names_the_address_and_the_reason(telemetry):
     assert "unreachable 5" not in printed(res.summary)
 
 
+@pytest.mark.parametrize("flags, line", [
+    (("--rate", "1", "--duration", "inf"), "  - duration_s: Input should be a finite number"),
+    (("--rate", "nan", "--duration", "1"), "  - rate: Input should be a finite number"),
+    (("--concurrency", "1", "--requests", "1", "--request-timeout", "inf"), "  - request_timeout_s: Input should be a finite number"),
+])
+async def test_cli_refuses_infinite_and_nan_seconds_and_rates(flags, line):
+    """An infinite --duration planned an overflowing request count (a traceback); NaN slipped through gt=0."""
+    port = free_port()  # (never reached: refused before anything starts)
+    rc, out, err = await _cli("--target", f"http://127.0.0.1:{port}", *flags, "--no-progress", "--no-gpu", "--otlp", "none")
+    assert rc == 2 and out == "" and "Traceback" not in err
+    assert err.splitlines()[0] == "deltatap load: its flags: invalid configuration"
+    assert any(x.startswith(line) for x in err.splitlines()), err
+
+
+async def test_cli_refuses_an_out_that_is_a_file_before_the_run(sse_server, tmp_path):
+    """--out naming a file failed only when the records were written, after the whole run: refused up front now."""
+    state, url = sse_server
+    path = tmp_path / "afile"
+    path.write_text("x")
+    rc, out, err = await _cli("--target", url, "--model", "m", "--requests", "2", "--warmup", "0", "--no-progress",
+                              "--no-gpu", "--otlp", "none", "--out", str(path))
+    assert rc == 2 and out == "" and "Traceback" not in err
+    assert err.strip() == f"deltatap load: --out {path}: already exists and is not a directory; name a directory, or a new path"
+    assert state.seen == [] and state.models_asked == 0  # (nothing was sent)
+
+
 # --------------------------------------------------------------------------- 4. warm-up stops on 100 % errors
 
 
