@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from rich.console import Console
 
 from deltatap.collector.reports.registry import ReportInputs, ReportOptions, build_report
@@ -31,11 +31,23 @@ class GuardrailsConfig(StrictModel):
 
     runs: dict[str, str] = Field(min_length=1, description="label -> run directory or rows file")
     topology: str | None = None
-    baseline: str = "baseline"
+    baseline: str | None = Field(default=None, description="label of the run without guardrails; given, it must be "
+                                 "one of runs' labels (default: 'baseline', where there is one)")
     class_label: str = "class"
     pause_threshold_ms: float = Field(default=5.0, gt=0)
     out: str | None = None
     formats: str = "all"
+
+    @model_validator(mode="after")
+    def _baseline_among_runs(self) -> "GuardrailsConfig":
+        if self.baseline is not None and self.baseline not in self.runs:
+            raise ValueError(f"baseline {self.baseline!r} is not one of the runs' labels ({', '.join(self.runs)}); "
+                             "name one of them, or leave it out for a run labelled 'baseline'")
+        return self
+
+    @property
+    def baseline_run(self) -> str:
+        return self.baseline if self.baseline is not None else "baseline"
 
 
 def _add_output_flags(p: argparse.ArgumentParser) -> None:
@@ -90,14 +102,14 @@ def cmd_guardrails(args: argparse.Namespace) -> int:
         args.topology = args.topology or cfg.topology
         args.out = args.out or cfg.out
         args.formats = cfg.formats if args.formats == "all" else args.formats
-        opts = ReportOptions(class_label=cfg.class_label, pause_threshold_ms=cfg.pause_threshold_ms, baseline_run=cfg.baseline)
+        opts = ReportOptions(class_label=cfg.class_label, pause_threshold_ms=cfg.pause_threshold_ms, baseline_run=cfg.baseline_run)
     else:
         specs = parse_run_specs(args.runs)
         parse_formats(args.formats)
         # the flags obey the same constraints as the YAML (one definition: GuardrailsConfig)
         cfg = validate(GuardrailsConfig, {"runs": dict(specs), "baseline": args.baseline, "class_label": args.class_label,
                                           "pause_threshold_ms": args.pause_threshold_ms}, "the flags")
-        opts = ReportOptions(class_label=cfg.class_label, pause_threshold_ms=cfg.pause_threshold_ms, baseline_run=cfg.baseline)
+        opts = ReportOptions(class_label=cfg.class_label, pause_threshold_ms=cfg.pause_threshold_ms, baseline_run=cfg.baseline_run)
     runs = {label: load_run(path, label) for label, path in specs}
     topology = _topology(args.topology, list(runs.values()))
     return _emit(guardrails_report(runs, topology, opts), args, "guardrails-")
@@ -137,7 +149,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description="Firewall overhead per run and, with several labelled runs, the §5.10 tables.")
     g.add_argument("--runs", nargs="+", metavar="LABEL=DIR", help="run directories (or rows files) by label: baseline=DIR input=DIR output=DIR full=DIR")
     g.add_argument("--config", metavar="FILE", help="YAML with runs: {label: dir}, topology, baseline, class_label, pause_threshold_ms, out, formats")
-    g.add_argument("--baseline", default="baseline", help="label of the run without guardrails (default: baseline)")
+    g.add_argument("--baseline", default=None, help="label of the run without guardrails, one of --runs' labels (default: baseline, where there is one)")
     g.add_argument("--class-label", default="class", help="workload label with benign / adversarial / trigger (default: class)")
     g.add_argument("--pause-threshold-ms", type=float, default=5.0, help="an added gap at least this long counts as an inspection pause (default: 5)")
     _add_output_flags(g)

@@ -80,6 +80,24 @@ def test_guardrails_flags_obey_the_config_constraints(tmp_path, capsys):
     assert main(["guardrails", "--runs", f"baseline={run}", "--quiet", "--pause-threshold-ms", "2.5"]) == 0
 
 
+def test_guardrails_baseline_named_must_be_one_of_the_runs(tmp_path, capsys):
+    """An explicit --baseline (or the YAML's baseline) that names no run was a note and exit 0; left out, a run set
+    without a 'baseline' label still reports without overheads, with its note."""
+    run = run_dir(tmp_path / "run", 10.0)
+    capsys.readouterr()
+    assert main(["guardrails", "--runs", f"a={run}", f"b={run}", "--baseline", "zz", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "baseline 'zz' is not one of the runs' labels (a, b)" in err
+    cfg = tmp_path / "g.yaml"
+    cfg.write_text(f"runs: {{a: {run}}}\nbaseline: zz\n")
+    assert main(["guardrails", "--config", str(cfg), "--quiet"]) == 2
+    assert "baseline 'zz' is not one of the runs' labels (a)" in capsys.readouterr().err
+    assert main(["guardrails", "--runs", f"a={run}", f"b={run}", "--baseline", "a", "--quiet"]) == 0
+    out = tmp_path / "o"
+    assert main(["guardrails", "--runs", f"a={run}", f"b={run}", "--quiet", "--out", str(out)]) == 0
+    assert "No run labelled 'baseline'" in (out / "guardrails-report.md").read_text()
+
+
 def test_compare_caps_resamples(tmp_path, capsys):
     a, b = run_dir(tmp_path / "a", 10.0), run_dir(tmp_path / "b", 12.0)
     assert main(["compare", str(a), str(b), "--resamples", "200000", "--format", "json"]) == 2
