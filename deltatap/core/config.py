@@ -49,6 +49,8 @@ def format_validation_error(err: ValidationError, source: str) -> str:
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key (misspelt? see docs/reference.md)"
+        elif e["type"] == "value_error":  # (a validator's own words: pydantic's "Value error, " says nothing more)
+            msg = msg.removeprefix("Value error, ")
         got = e.get("input")
         got_s = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
         lines.append(f"  - {loc}: {msg}{got_s}")

@@ -100,6 +100,15 @@ class Topology(_Frozen):
     components: tuple[ComponentSpec, ...] = Field(description="the chain in order: client first, engine last")
     links: tuple[LinkModel, ...] = Field(description="links between neighbouring components, each optionally tapped")
 
+    @field_validator("components", "links", mode="before")
+    @classmethod
+    def _listed(cls, v: object, info) -> object:
+        if v is None:  # (a key with nothing under it: YAML's null)
+            what = "the chain, client first, engine last" if info.field_name == "components" else \
+                "one per pair of neighbouring components, {name, downstream, upstream}"
+            raise ValueError(f"empty; list {what}")
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> Topology:
         names = [c.name for c in self.components]

@@ -98,6 +98,22 @@ def test_guardrails_baseline_named_must_be_one_of_the_runs(tmp_path, capsys):
     assert "No run labelled 'baseline'" in (out / "guardrails-report.md").read_text()
 
 
+def test_topology_with_empty_components_or_links_says_what_to_list(tmp_path, capsys):
+    """``links:`` with nothing under it was 'Input should be a valid tuple'; a validator's message carries no
+    'Value error, ' prefix."""
+    topo = tmp_path / "t.yaml"
+    topo.write_text("topology:\n  name: t\n  components:\n    - {name: client, kind: client}\n"
+                    "    - {name: engine, kind: engine}\n  links:\n")
+    capsys.readouterr()
+    assert main(["cascade", "--topology", str(topo), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Value error" not in err
+    assert "  - links: empty; list one per pair of neighbouring components, {name, downstream, upstream}" in err
+    topo.write_text("topology:\n  name: t\n  components:\n  links: []\n")
+    assert main(["cascade", "--topology", str(topo), "--quiet"]) == 2
+    assert "  - components: empty; list the chain, client first, engine last" in capsys.readouterr().err
+
+
 def test_compare_caps_resamples(tmp_path, capsys):
     a, b = run_dir(tmp_path / "a", 10.0), run_dir(tmp_path / "b", 12.0)
     assert main(["compare", str(a), str(b), "--resamples", "200000", "--format", "json"]) == 2
