@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from deltatap.core.config import ConfigError
+from deltatap.core.config import ConfigError, check_output_dir
 
 FORMATS = ("rich", "markdown", "json", "html")
 
@@ -44,6 +44,8 @@ def run_compare(args: argparse.Namespace) -> int:
         threshold = Threshold.parse(args.threshold)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if args.out:  # (refused now, not after the comparison's resampling)
+        check_output_dir(args.out, "--out")
     c = compare(load_runs(args.runs), args.baseline, args.percentiles, threshold, args.confidence, args.resamples, args.seed, args.deltas)
     if args.format == "rich":
         print_terminal(c, Console())

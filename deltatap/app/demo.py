@@ -26,7 +26,7 @@ import yaml
 from pydantic import Field
 from rich.console import Console
 
-from deltatap.core.config import ConfigError, StrictModel, find_config, load_yaml, validate
+from deltatap.core.config import ConfigError, StrictModel, check_output_dir, find_config, load_yaml, validate
 from deltatap.core.topology import Topology
 
 DEFAULT_CONFIG = "demo"  # the packaged configs/demo.yaml, also what `deltatap stack all --config demo` runs
@@ -318,6 +318,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from deltatap.net.aio import run
 
     formats = parse_formats(args.formats)
+    check_output_dir(args.out, "--out")  # (refused before the stack starts, not after the run)
     result = run(run_demo(args.out, args.config, formats=formats))
     return 0 if result.rows else 1
 

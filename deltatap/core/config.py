@@ -106,7 +106,7 @@ def find_config(ref: str | Path, folder: str | None = None) -> Path:
     one packaged folder (``"workloads"``). A ref that is neither raises one :class:`ConfigError` that lists
     the packaged names."""
     p = Path(ref).expanduser()
-    if p.exists():
+    if p.exists() and not p.is_dir():  # (a folder of that name, e.g. an earlier `deltatap demo --out demo`, is no config)
         return p
     text = str(ref)
     rel = text[len("configs/"):] if text.startswith("configs/") else text
@@ -118,6 +118,8 @@ def find_config(ref: str | Path, folder: str | None = None) -> Path:
                 if cand.is_file():
                     return cand
     names = [f"{sub}/{n}" if sub else n for sub in folders for n in packaged_config_names(sub)]
+    if p.is_dir():
+        raise ConfigError(f"{ref}: a directory, and no packaged config has that name; name a YAML file (packaged: {', '.join(names)})")
     raise ConfigError(f"{ref}: file not found, and no packaged config has that name (packaged: {', '.join(names)})")
 
 

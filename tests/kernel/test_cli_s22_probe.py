@@ -114,6 +114,32 @@ def test_topology_with_empty_components_or_links_says_what_to_list(tmp_path, cap
     assert "  - components: empty; list the chain, client first, engine last" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("cmd", [["compare", "RUN", "RUN"], ["demo"], ["bench", "ttft"]])
+def test_out_that_is_a_file_is_refused_before_the_work(tmp_path, capsys, cmd):
+    """compare resampled, demo and bench ran their stack and load, and only then found --out unwritable: refused
+    first now (exit 2), with nothing started (the runs named are not even read)."""
+    a_file = tmp_path / "taken"
+    a_file.write_text("x")
+    capsys.readouterr()
+    argv = [str(tmp_path / "no-such-run") if c == "RUN" else c for c in cmd]
+    assert main([*argv, "--out", str(a_file)]) == 2
+    line = _one_line(capsys, cmd[0])
+    assert line == f"deltatap {cmd[0]}: --out {a_file}: already exists and is not a directory; name a directory, or a new path"
+
+
+def test_a_folder_named_like_a_packaged_config_does_not_shadow_it(tmp_path, monkeypatch):
+    """`deltatap demo --out demo` made ./demo; the next `deltatap demo` there read the folder as its config ('demo:
+    cannot read (Is a directory)'). A folder is no config: the packaged one is found; a folder naming none is one line."""
+    from deltatap.core.config import ConfigError, find_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "demo").mkdir()
+    assert find_config("demo").is_file() and find_config("demo").name == "demo.yaml"
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(ConfigError, match=r"^mine: a directory, and no packaged config has that name; name a YAML file"):
+        find_config("mine")
+
+
 def test_compare_caps_resamples(tmp_path, capsys):
     a, b = run_dir(tmp_path / "a", 10.0), run_dir(tmp_path / "b", 12.0)
     assert main(["compare", str(a), str(b), "--resamples", "200000", "--format", "json"]) == 2

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from deltatap.core.config import ConfigError
+from deltatap.core.config import ConfigError, check_output_dir
 
 WARMUP_OUTPUT_TOKENS = 32  # the warm-up's answer length, whatever the test's
 
@@ -85,6 +85,8 @@ def check_args(args: argparse.Namespace) -> None:
             raise ConfigError(f"--{dest.replace('_', '-')} {value}: give a number > 0 (leave it out for the default)")
     if getattr(args, "rate", None) is not None and getattr(args, "concurrency", None) is not None:
         raise ConfigError("--rate (open loop) and --concurrency (closed loop) contradict each other: give one")
+    if args.out:  # (refused before anything starts, not after the run)
+        check_output_dir(args.out, "--out")
     if args.collect and not args.target:
         raise ConfigError("--collect goes with --target (the embedded stack has its own collector)")
     h = Harness(Path("."), args.stack, args.target, args.collect, args.topology, args.model, print)
