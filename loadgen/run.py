@@ -218,11 +218,10 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
             for res in await group.results():
                 runner.records.extend(res["records"])
                 child_spans.append(res["spans"])
-                send_cpu_s += res["cpu_s"]
                 cpu_per_process.append(res["cpu_s"])
                 wait_per_process.append(res.get("wait_s"))
-                if send_wait_s is not None:
-                    send_wait_s = send_wait_s + res["wait_s"] if res.get("wait_s") is not None else None
+        send_cpu_s = sum(cpu_per_process)  # (every process's; the wait only where each process could read its own)
+        send_wait_s = None if None in wait_per_process else sum(wait_per_process)
     finally:
         if group is not None:
             await group.close()
