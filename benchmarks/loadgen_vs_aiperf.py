@@ -403,12 +403,12 @@ def run_deltatap(engine: Engine, sink: Sink, tmp: Path, workload: Path, name: st
     if shim_path is not None:  # (run from tmp: python -m puts the working directory first, a checkout there would win)
         env["PYTHONPATH"] = str(shim_path)
     cwd = tmp if shim_path is not None else ROOT
+    nproc = int(shape[shape.index("--processes") + 1]) if "--processes" in shape else 1
     caps: list[dict] | None = None
     if cpu_quota is None:
         proc = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, timeout=600, env=env)
     else:  # each load-generator process in its own cgroup, capped at cpu_quota of a core
-        procs = int(shape[shape.index("--processes") + 1]) if "--processes" in shape else 1
-        cg = CpuCaps(cpu_quota, procs, name, cpu_period_us)
+        cg = CpuCaps(cpu_quota, nproc, name, cpu_period_us)
         try:
             with open(tmp / f"{name}.stdout", "w+") as fo, open(tmp / f"{name}.stderr", "w+") as fe:
                 popen = subprocess.Popen(argv, stdout=fo, stderr=fe, text=True, cwd=cwd, env=env, preexec_fn=cg.enter_first)
@@ -426,8 +426,8 @@ def run_deltatap(engine: Engine, sink: Sink, tmp: Path, workload: Path, name: st
                 fo.seek(0)
                 fe.seek(0)
                 proc = subprocess.CompletedProcess(argv, popen.returncode, fo.read(), fe.read())
-            if proc.returncode == 0 and len(cg.moved_ms) != procs - 1:
-                raise RuntimeError(f"--cpu-quota: {len(cg.moved_ms)} of {procs - 1} spawned workers found and capped")
+            if proc.returncode == 0 and len(cg.moved_ms) != nproc - 1:
+                raise RuntimeError(f"--cpu-quota: {len(cg.moved_ms)} of {nproc - 1} spawned workers found and capped")
             caps = cg.stats()
         finally:
             cg.close()
@@ -446,7 +446,6 @@ def run_deltatap(engine: Engine, sink: Sink, tmp: Path, workload: Path, name: st
     span_s = (max(ends) - min(sends)) / 1e9 if ok else None
     # --processes N: request i (id RUN-m<i>) went from process (i - 1) mod N; each one's first send and last end, ms
     # after the run's first send (a process that starts late or ends early leaves the others' rate to the run)
-    nproc = int(shape[shape.index("--processes") + 1]) if "--processes" in shape else 1
     windows = None
     if nproc > 1 and ok:
         mine: dict[int, list[dict]] = {}
