@@ -91,9 +91,8 @@ class _Watches:
     (``up.deferred``), :meth:`run` runs them all first, so each pair sees its events in exactly the undeferred order.
 
     And the loop's deferred accounts (:data:`ACCOUNT_DELAY_S`): ``(d, data, events, n, heads, t, bound, stamp, False,
-    now)``,
-    each request read's :meth:`Downstream._account`, its bytes already written upstream (``stamp``), in the order the
-    reads came; ``d.accounting`` while one of the pair's waits. :meth:`run` runs them first (:meth:`settle`: a pair's
+    now)``, each request read's :meth:`Downstream._account`, its bytes already written upstream (``stamp``), in the
+    order the reads came; ``d.accounting`` while one of the pair's waits. :meth:`run` runs them first (:meth:`settle`: a pair's
     account is older than any watch of it still pending, whose read came after it), and so does the one timer
     (:meth:`_timed`), made when the first waits (:data:`ACCOUNT_DELAY_S`, or the tap's shorter ``--timeout-s``) and
     cancelled when none is left."""
