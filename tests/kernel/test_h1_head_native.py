@@ -175,9 +175,14 @@ TRACE = st.dictionaries(st.sampled_from(["traceparent", "tracestate"]),
 @given(request_head(), st.sampled_from([b"x-request-id", b"x-tenant", b"traceparent"]), TRACE,
        st.sampled_from([None, b"up.example:80", b""]), st.sampled_from([b"", b"/prefix", b"/"]))
 def test_rewritten_head_bytes_are_the_definitions(raw, correlation, trace_headers, host_header, target_prefix):
-    """Every head the reader accepts is rewritten to the same bytes, request id and created flag."""
+    """Every head the reader accepts is rewritten to the same bytes, request id and created flag. (The reader hands
+    on a head with its empty line, as far as h1's head end finds it; one without has not ended: nothing to rewrite.)"""
+    raw = raw.lstrip(b"\r\n")
+    end = h1._py_head_end(raw, 0)
+    if end < 0:
+        return
     try:
-        head = h1._py_parse_head(raw.lstrip(b"\r\n"), True)
+        head = h1._py_parse_head(raw[:end], True)
     except ValueError:
         return
     kw = dict(correlation_header=correlation, trace_headers=trace_headers, host_header=host_header, target_prefix=target_prefix)
