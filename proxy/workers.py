@@ -88,6 +88,7 @@ def run_workers(opts: TapOptions, workers: int, serve_worker: Callable[[TapOptio
     except OSError as exc:
         raise ConfigError(f"--listen {opts.listen_host}:{opts.listen_port}: cannot listen ({exc.strerror or exc})") from None
     port = reserved.getsockname()[1]
+    _share_packet_log(opts, port)
     children: list[int] = []
     ready_r, ready_w = os.pipe()
     for i in range(workers):
@@ -121,6 +122,29 @@ def run_workers(opts: TapOptions, workers: int, serve_worker: Callable[[TapOptio
     from deltatap.net import aio
 
     return aio.run(_parent(opts, port, admins, children))
+
+
+def _share_packet_log(opts: TapOptions, port: int) -> None:
+    """Open the packet log the workers share (:func:`deltatap.net.pktstamp.shared_packet_log`), before the fork: one
+    packet socket and one ring for all of them, its filter attached once on the tap's ends, the listen port (the
+    clients' connections) and the upstream's IPv4 addresses and port as resolved now (the upstream's connections; one
+    made to an address resolved otherwise later is watched by its port, as in a tap of one process). Each packet is
+    then logged once, not once per worker (each worker's own log kept every worker's packets: the listen port is
+    shared, and past 120 watched ports the filter keeps a range), and no connection attaches a filter. Nothing where
+    reads are not kernel-stamped (``DELTATAP_KERNEL_STAMPS=0``: no transport would read the log)."""
+    from deltatap.net import kstamp, pktstamp
+
+    if not kstamp.enabled():
+        return
+    up = opts.upstream_url
+    up_port = up.port or (443 if up.scheme == "https" else 80)
+    remote: set[tuple[bytes, int]] = set()
+    try:
+        for *_x, addr in socket.getaddrinfo(up.host or "", up_port, socket.AF_INET, socket.SOCK_STREAM):
+            remote.add((socket.inet_aton(addr[0]), up_port))
+    except (OSError, UnicodeError) as exc:  # (unresolvable now: its connections are watched by their ports)
+        log.info("tap %s: upstream %s not resolved for the packet log (%s)", opts.link, up.host, exc)
+    pktstamp.shared_packet_log([port], sorted(remote))
 
 
 def _worker_fields(opts: TapOptions, port: int) -> TapOptions:

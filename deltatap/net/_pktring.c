@@ -6,7 +6,10 @@
  *   recv(sock, buffer, flags)     kstamp._recv_stamped: recvmsg into a writable buffer, the software receive stamp
  *                                 of its SO_TIMESTAMPING control message parsed here -> (n, kernel_ns or 0)
  *   ring_newest(ring, head)       PacketLog._newest
- *   ring_release(ring, head, end) PacketLog.maintain's loop: status words of frames [head, end) zeroed -> new head
+ *   ring_release(ring, hw, end)   PacketLog.maintain's hand-back: the head word hw (8 bytes, shared by the processes of
+ *                                 a shared log) moved from its value to end by a compare-and-swap, then the status
+ *                                 words of the frames claimed, [head, end), zeroed -> the head after (unchanged
+ *                                 where it was already at or past end: nothing zeroed)
  *   ring_reaches(ring, head, wall_ns, limit)               PacketLog.reaches
  *   ring_segments(ring, head, pattern, base_seq, limit)    PacketLog.segments_since
  *   ring_newest_segment(ring, head, pattern, limit)        PacketLog.newest_segment
@@ -235,17 +238,50 @@ static PyObject *pk_ring_newest(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(out);
 }
 
+/* the head word of a packet log (PacketLog._hw: 8 bytes, aligned): its buffer held in *view, the word in *word */
+static int head_word(PyObject *obj, Py_buffer *view, long long **word, int writable) {
+    if (PyObject_GetBuffer(obj, view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) return -1;
+    if (view->len < 8 || ((uintptr_t)view->buf & 7) != 0) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "head word: 8 aligned bytes");
+        return -1;
+    }
+    *word = (long long *)view->buf;
+    return 0;
+}
+
 static PyObject *pk_ring_release(PyObject *self, PyObject *args) {
-    PyObject *obj;
-    long long head, end;
+    PyObject *obj, *hw;
+    long long end, *word;
     ring_t r;
-    if (!PyArg_ParseTuple(args, "OLL", &obj, &head, &end)) return NULL;
+    Py_buffer hv;
+    if (!PyArg_ParseTuple(args, "OOL", &obj, &hw, &end)) return NULL;
     if (ring_get(obj, &r, 1) != 0) return NULL;
+    if (head_word(hw, &hv, &word, 1) != 0) {
+        PyBuffer_Release(&r.view);
+        return NULL;
+    }
+    /* claim [head, end): only the process whose swap moved the head zeroes those frames (a stale end: none) */
+    long long head = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+    while (head < end && !__atomic_compare_exchange_n(word, &head, end, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    }
+    long long after = head < end ? end : head;
     unsigned char *w = (unsigned char *)r.view.buf;
-    const uint32_t zero = 0;
-    for (; head < end; head++) memcpy(w + frame_at(&r, head), &zero, 4);
+    for (; head < end; head++) __atomic_store_n((uint32_t *)(w + frame_at(&r, head)), 0u, __ATOMIC_RELEASE);
+    PyBuffer_Release(&hv);
     PyBuffer_Release(&r.view);
-    return PyLong_FromLongLong(head);
+    return PyLong_FromLongLong(after);
+}
+
+/* PacketLog.reaches from head: whether the oldest frame a search limit frames back from the newest reads (still the
+ * user's: else not there) came no later than wall */
+static int reaches_from(const ring_t *r, long long head, long long wall, long long limit) {
+    long long nw = newest(r, head);
+    long long oldest = nw - limit > head ? nw - limit : head;
+    if (nw <= oldest) return 0;
+    const unsigned char *f = r->p + frame_at(r, oldest);
+    if (!(rd_u32(f) & TP_STATUS_USER)) return 0;
+    return (long long)rd_u32(f + 16) * 1000000000LL + (long long)rd_u32(f + 20) <= wall;
 }
 
 static PyObject *pk_ring_reaches(PyObject *self, PyObject *args) {
@@ -254,14 +290,7 @@ static PyObject *pk_ring_reaches(PyObject *self, PyObject *args) {
     ring_t r;
     if (!PyArg_ParseTuple(args, "OLLL", &obj, &head, &wall, &limit)) return NULL;
     if (ring_get(obj, &r, 0) != 0) return NULL;
-    long long nw = newest(&r, head);
-    long long oldest = nw - limit > head ? nw - limit : head;
-    int out = 0;
-    if (nw > oldest) {
-        const unsigned char *f = r.p + frame_at(&r, oldest);
-        long long t = (long long)rd_u32(f + 16) * 1000000000LL + (long long)rd_u32(f + 20);
-        out = t <= wall;
-    }
+    int out = reaches_from(&r, head, wall, limit);
     PyBuffer_Release(&r.view);
     return PyBool_FromLong(out);
 }
@@ -271,9 +300,14 @@ typedef struct {
     long long wall;
 } seg_t;
 
-/* PacketLog._segment_at: 1 and *s for a data segment, 0 for none */
+/* PacketLog._segment_at: 1 and *s for a data segment, 0 for none (nor where the frame is not the user's before or
+ * after its fields are read, or its stamp changed meanwhile: handed back by another process of a shared log, and
+ * perhaps filled again by the kernel, under the read) */
 static int segment_at(const ring_t *r, Py_ssize_t off, Py_ssize_t ip, seg_t *s) {
     const unsigned char *f = r->p + off;
+    uint32_t status = __atomic_load_n((const uint32_t *)f, __ATOMIC_ACQUIRE);
+    if (!(status & TP_STATUS_USER)) return 0;
+    uint32_t sec = rd_u32(f + 16), nsec = rd_u32(f + 20);
     if (rd_u32(f + 8) < 40) return 0; /* tp_snaplen */
     if (ip < 0 || ip + 20 > r->len) return 0;
     const unsigned char *iph = r->p + ip;
@@ -284,9 +318,12 @@ static int segment_at(const ring_t *r, Py_ssize_t off, Py_ssize_t ip, seg_t *s) 
     uint32_t seq = rd_be32(tcp + 4);
     long payload = total - (long)ihl - (long)(tcp[12] >> 4) * 4;
     if (payload <= 0) return 0;
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n((const uint32_t *)f, __ATOMIC_RELAXED) != status || rd_u32(f + 16) != sec || rd_u32(f + 20) != nsec)
+        return 0; /* (handed back, or filled again, under the read) */
     s->seq = seq;
     s->end = (uint32_t)(seq + (uint32_t)payload);
-    s->wall = (long long)rd_u32(f + 16) * 1000000000LL + (long long)rd_u32(f + 20);
+    s->wall = (long long)sec * 1000000000LL + (long long)nsec;
     return 1;
 }
 
@@ -821,7 +858,7 @@ static PyObject *g_read_lag, *g_merged, *g_offset, *g_measure;
 static unsigned char *g_buf;
 static Py_ssize_t g_buf_len;
 static long long g_maintain_every, g_search_frames, g_placement_tol;
-static PyObject *s_sock, *s_plog, *s_last_maintain, *s_maintain, *s_protocol, *s_cuts_received, *s_mv, *s_head, *s_pkey,
+static PyObject *s_sock, *s_plog, *s_last_maintain, *s_maintain, *s_protocol, *s_cuts_received, *s_mv, *s_hw, *s_pkey,
     *s_irs1, *s_anchor, *s_unlogged_tail, *s_out_of_reach;
 /* the stamped write's (write_setup: kstamp.SLOW_SENDS, _SLOW_SEND_NS) and the attributes it reads and sets */
 static PyObject *g_slow_sends;
@@ -996,6 +1033,20 @@ static PyObject *pk_to_mono(PyObject *self, PyObject *arg) {
 /* ReadLag.add(ns) on kstamp.READ_LAG (the C twin, checked by read_setup) */
 static inline void lag_add(long long ns) { lag_count((lag_t *)g_read_lag, ns); }
 
+/* PacketLog._head: the head word's value (one atomic load), or -1 with an exception */
+static int plog_head(PyObject *plog, long long *head) {
+    PyObject *hw = aget(plog, s_hw);
+    if (hw == NULL) return -1;
+    Py_buffer hv;
+    long long *word;
+    int rc = head_word(hw, &hv, &word, 0);
+    Py_DECREF(hw);
+    if (rc != 0) return -1;
+    *head = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+    PyBuffer_Release(&hv);
+    return 0;
+}
+
 /* PacketLog.maintain() when its period is up (the reference calls it on every read; it returns at once otherwise) */
 static int maintain(PyObject *plog) {
     long long last;
@@ -1133,7 +1184,7 @@ static int checked_cuts(PyObject *tr, PyObject *plog, const unsigned char *pat, 
     Py_DECREF(v);
     if (irs1 == -1 && PyErr_Occurred()) return -1;
     rx_off = st->rx_off;
-    if (get_ll(plog, s_head, &head) != 0) return -1;
+    if (plog_head(plog, &head) != 0) return -1;
     uint32_t base = (uint32_t)((irs1 + rx_off) & 0xFFFFFFFFLL);
     PyObject *mv = aget(plog, s_mv);
     if (mv == NULL) return -1;
@@ -1200,19 +1251,13 @@ static PyObject *read_packets(PyObject *tr, long long first) {
     if (first) { /* PacketLog.reaches(first, _SEARCH_FRAMES) */
         long long head;
         ring_t r;
-        if (get_ll(plog, s_head, &head) != 0) goto done;
+        if (plog_head(plog, &head) != 0) goto done;
         PyObject *mv = aget(plog, s_mv);
         if (mv == NULL) goto done;
         int rc = ring_get(mv, &r, 0);
         Py_DECREF(mv);
         if (rc != 0) goto done;
-        long long nw = newest(&r, head);
-        long long oldest = nw - g_search_frames > head ? nw - g_search_frames : head;
-        int reaches = 0;
-        if (nw > oldest) {
-            const unsigned char *f = r.p + frame_at(&r, oldest);
-            reaches = (long long)rd_u32(f + 16) * 1000000000LL + (long long)rd_u32(f + 20) <= first;
-        }
+        int reaches = reaches_from(&r, head, first, g_search_frames);
         PyBuffer_Release(&r.view);
         if (!reaches) {
             PyObject *c = PyDict_GetItemWithError(g_merged, s_out_of_reach);
@@ -1770,7 +1815,7 @@ PyMODINIT_FUNC PyInit__pktring(void) {
     } names[] = {
         {&s_sock, "_sock"}, {&s_plog, "_plog"}, {&s_last_maintain, "_last_maintain"}, {&s_maintain, "maintain"},
         {&s_protocol, "_protocol"}, {&s_cuts_received, "cuts_received"}, {&s_mv, "_mv"},
-        {&s_head, "_head"}, {&s_pkey, "_pkey"}, {&s_irs1, "_irs1"}, {&s_anchor, "_anchor"}, {&s_unlogged_tail, "_unlogged_tail"},
+        {&s_hw, "_hwv"}, {&s_pkey, "_pkey"}, {&s_irs1, "_irs1"}, {&s_anchor, "_anchor"}, {&s_unlogged_tail, "_unlogged_tail"},
         {&s_out_of_reach, "out_of_reach"},
         {&s_eof, "_eof"}, {&s_lost, "_lost"}, {&s_wbuf, "_wbuf"}, {&s_unplaced_write, "unplaced_write"},
         {&s_lazy_placement, "lazy_placement"}, {&s_restamp_write, "_restamp_write"}, {&s_sent, "_sent"}, {&s_fatal, "_fatal"},

@@ -351,7 +351,7 @@ class KernelStampTransport(_TransportBase):
         self._pkey = (socket.inet_aton(peer[0]), peer[1], socket.inet_aton(local[0]), local[1])
         self._tkey = (self._pkey[2], self._pkey[3], self._pkey[0], self._pkey[1])
         self._plog = plog
-        plog.watch(local[1])
+        plog.watch(local[1], (self._pkey[0], self._pkey[1]))
 
     def _start(self) -> None:
         """Tell the protocol, then start reading (unless it paused or closed us meanwhile)."""
@@ -999,7 +999,7 @@ class KernelStampTransport(_TransportBase):
     def _connection_lost(self, exc: BaseException | None) -> None:
         self._lost = True
         if self._plog is not None and self._pkey is not None:
-            self._plog.unwatch(self._pkey[3])
+            self._plog.unwatch(self._pkey[3], (self._pkey[0], self._pkey[1]))
             self._plog = None
         try:
             self._protocol.connection_lost(exc)

@@ -45,7 +45,7 @@ from typing import Any
 
 from deltatap.core import native
 
-__all__ = ["PacketLog", "packet_log", "recv_stamped", "tcp_counters", "tcp_notsent"]
+__all__ = ["PacketLog", "packet_log", "recv_stamped", "shared_packet_log", "tcp_counters", "tcp_notsent"]
 
 log = logging.getLogger("deltatap.net.pktstamp")
 
@@ -67,6 +67,7 @@ _TP_STATUS_USER = 1
 _SOFTWARE = 1 << 4  # SOF_TIMESTAMPING_SOFTWARE: the ring's stamp is the packet's skb->tstamp
 _TP2 = struct.Struct("=IIIHHII")  # tpacket2_hdr: status, len, snaplen, mac, net, sec, nsec
 _U32 = struct.Struct("=I")
+_I64 = struct.Struct("=q")  # the head word (PacketLog._hw)
 _PORTS = struct.Struct("!HH")
 _IPV4 = struct.Struct("!BBHHHBBH4s4s")
 _TCP = struct.Struct("!HHIIB")
@@ -90,7 +91,7 @@ _PACKET_OUTGOING = 4  # sll_pkttype of a packet this host sends
 # classic BPF: ancillary loads (SKF_AD_OFF + SKF_AD_PROTOCOL / SKF_AD_PKTTYPE)
 _AD_PROTOCOL, _AD_PKTTYPE = (-0x1000 + 0) & 0xFFFFFFFF, (-0x1000 + 4) & 0xFFFFFFFF
 # classic BPF opcodes
-_LDB_ABS, _LDH_ABS, _LDH_IND, _LDXB_MSH = 0x30, 0x28, 0x48, 0xB1
+_LDB_ABS, _LDH_ABS, _LDW_ABS, _LDH_IND, _LDXB_MSH = 0x30, 0x28, 0x20, 0x48, 0xB1
 _JEQ, _JGE, _JGT, _JSET, _RET, _JA = 0x15, 0x35, 0x25, 0x45, 0x06, 0x05
 _ST, _LDX_MEM, _LDB_IND, _RSH_K, _AND_K, _ADD_X, _JGT_X = 0x02, 0x61, 0x50, 0x74, 0x54, 0x0C, 0x2D
 
@@ -148,15 +149,42 @@ def _port_tests(ports: list[int], span: tuple[int, int] | None, keep: str, drop:
     return [(_JGE, None, drop, span[0]), (_JGT, drop, keep, span[1])]
 
 
-def _filter(ports: list[int], span: tuple[int, int] | None = None) -> bytes:
+def _end_tests(static: tuple[tuple[int, ...], tuple[tuple[bytes, int], ...]] | None, side: str, keep: str) -> list[tuple[int, str | None, str | None, int]]:
+    """X = the IP header's length: jump to ``keep`` when the packet belongs to one of the ends ``static`` names,
+    ``(local ports, remote (address, port)s)``: on the received side (``side`` "rx") toward a local port or from a
+    remote end, on the sent side ("tx") from a local port or toward a remote end; fall through otherwise."""
+    if static is None:
+        return []
+    local, remote = static
+    own, other, other_addr = (2, 0, 12) if side == "rx" else (0, 2, 16)  # (tcp port offsets, IP address offset)
+    prog: list[tuple[int, str | None, str | None, int]] = []
+    if local:
+        prog.append((_LDH_IND, None, None, own))
+        prog += [(_JEQ, keep, None, p) for p in local]
+    for i, (addr, port) in enumerate(remote):
+        nxt = f"{side}_end_{i}"
+        prog += [
+            (_LDH_IND, None, None, other),
+            (_JEQ, None, nxt, port),
+            (_LDW_ABS, None, None, other_addr),
+            (_JEQ, keep, nxt, int.from_bytes(addr, "big")),
+            ("label", nxt, None, 0),
+        ]
+    return prog
+
+
+def _filter(ports: list[int], span: tuple[int, int] | None = None,
+            static: tuple[tuple[int, ...], tuple[tuple[bytes, int], ...]] | None = None) -> bytes:
     """Classic BPF over a cooked packet: IPv4, TCP, not a fragment, carrying data (pure acknowledgements are half
     of what flows on a connection), and either received (any packet type but outgoing) toward a port in ``ports``
     or sent (outgoing) from one -> keep ``_SNAP`` bytes; anything else -> drop. On loopback each packet shows twice
     (outgoing, then received): the received copy is the arrival, the outgoing copy the departure. More than
-    ``_MAX_LISTED_PORTS`` ports (or ``span`` given: ``(lowest, highest)``): every port in their range."""
+    ``_MAX_LISTED_PORTS`` ports (or ``span`` given: ``(lowest, highest)``): every port in their range. ``static``
+    (a log of known ends, :func:`shared_packet_log`): ``(local ports, remote (IPv4 address, port)s)``, kept as well:
+    received toward a local port or from a remote end, sent from a local port or toward a remote end."""
     if span is None and len(ports) > _MAX_LISTED_PORTS:
         span = (min(ports), max(ports))
-    if not ports and span is None:
+    if not ports and span is None and not (static and (static[0] or static[1])):
         return _INSN.pack(_RET, 0, 0, 0)
     # (code, jump-if-true label, jump-if-false label, k); None: the next instruction
     prog: list[tuple[int, str | None, str | None, int]] = [
@@ -183,6 +211,7 @@ def _filter(ports: list[int], span: tuple[int, int] | None = None) -> bytes:
         ("label", "tx", None, 0),
         (_JA, "tx_ports", None, 0),
         ("label", "rx", None, 0),
+        *_end_tests(static, "rx", "keep_rx"),
         (_LDH_IND, None, None, 2),  # A = tcp destination port
         *_port_tests(ports, span, "keep_rx", "drop_rx"),
         ("label", "drop_rx", None, 0),
@@ -190,6 +219,7 @@ def _filter(ports: list[int], span: tuple[int, int] | None = None) -> bytes:
         ("label", "keep_rx", None, 0),
         (_RET, None, None, _SNAP),
         ("label", "tx_ports", None, 0),
+        *_end_tests(static, "tx", "keep_tx"),
         (_LDH_IND, None, None, 0),  # A = tcp source port
         *_port_tests(ports, span, "keep_tx", "drop_tx"),
         ("label", "drop_tx", None, 0),
@@ -224,38 +254,71 @@ class PacketLog:
     copied or parsed per packet on the relay's path. :meth:`segments_since` reads the newest frames backwards,
     only when a read needs them; :meth:`maintain` hands old frames back to the kernel (one status word each)."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, static: tuple[tuple[int, ...], tuple[tuple[bytes, int], ...]] | None = None) -> None:
         self._sock = sock
         self._ports: dict[int, int] = {}  # local port -> number of watched connections
         self._span: tuple[int, int] | None = None  # the port range the attached filter keeps (None: listed ports)
         self._span_ports = 0  # how many ports were watched when that range was last computed from all of them
+        self._static = static  # the ends the filter keeps from the start (see shared_packet_log), None: none
+        self._shared_head(static is not None)
         sock.setsockopt(_SOL_PACKET, _PACKET_VERSION, _TPACKET_V2)
         sock.setsockopt(_SOL_PACKET, _PACKET_TIMESTAMP, _SOFTWARE)  # skb->tstamp: the TCP socket's own stamp
         sock.setsockopt(_SOL_PACKET, _PACKET_RX_RING, struct.pack("=IIII", _BLOCK, _BLOCKS, _FRAME, _FRAMES))
         self._ring = mmap.mmap(sock.fileno(), _BLOCK * _BLOCKS, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._mv = memoryview(self._ring)
         self._frames = _FRAMES
-        self._head = 0  # oldest frame not handed back (a frame number, not yet reduced modulo _FRAMES)
         self._last_maintain = 0
         self._acc = _acc
         self._attach()
 
     @classmethod
-    def over(cls, ring: bytearray, accelerator: Any = None) -> PacketLog:
+    def over(cls, ring: bytearray, accelerator: Any = None, share: PacketLog | None = None,
+             static: tuple[tuple[int, ...], tuple[tuple[bytes, int], ...]] | None = None) -> PacketLog:
         """A packet log reading ``ring`` (frames laid out as the kernel's, e.g. built by a test; its length a multiple
         of the frame size) instead of a packet socket's, with the C twin ``accelerator`` (``deltatap.net._pktring``)
-        or the Python reference (None). Watching ports attaches no filter (the ports and their range are kept)."""
+        or the Python reference (None). Watching ports attaches no filter (the ports and their range are kept).
+        ``share``: another log over the same ring whose head (and lock) this one shares, as a worker shares its
+        parent's (:func:`shared_packet_log`); ``static``: the ends a shared log's filter keeps."""
         self = cls.__new__(cls)
         self._sock = None  # type: ignore[assignment]
         self._ports = {}
         self._span, self._span_ports = None, 0
+        self._static = static
         self._ring = ring  # type: ignore[assignment]
         self._mv = memoryview(ring)
         self._frames = len(self._mv) // _FRAME
-        self._head = 0
+        if share is not None:
+            self._hw, self._hwv, self._lock = share._hw, share._hwv, share._lock
+        else:
+            self._shared_head(False)
         self._last_maintain = 0
         self._acc = accelerator
         return self
+
+    def _shared_head(self, shared: bool) -> None:
+        """The head (the oldest frame not handed back, a frame number not reduced modulo the ring's frames) lives in
+        an 8-byte word, ``_hw``: for a log the workers of a tap share (opened before the fork), in an anonymous shared
+        page, so that every process reads and hands back from the same head; else in the process's own memory. The C
+        hand-back claims a range with a compare-and-swap on it (``_pktring.ring_release``); the Python reference,
+        which cannot, takes ``_lock`` (a ``multiprocessing`` lock made before the fork; None for a log of one process)
+        around its read and write of the head. (A run mixes neither: ``DELTATAP_NATIVE`` is the same in every worker.)"""
+        if shared:
+            import multiprocessing
+
+            self._hw: Any = mmap.mmap(-1, mmap.PAGESIZE, mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+            self._lock: Any = multiprocessing.get_context("fork").Lock()
+        else:
+            self._hw, self._lock = bytearray(8), None
+        self._hwv = memoryview(self._hw)[:8]
+
+    @property
+    def _head(self) -> int:
+        """The oldest frame not handed back (see :meth:`_shared_head`)."""
+        return _I64.unpack_from(self._hwv)[0]
+
+    @_head.setter
+    def _head(self, frame: int) -> None:
+        _I64.pack_into(self._hwv, 0, frame)
 
     def _attach(self, span: tuple[int, int] | None = None) -> None:
         """(Re)attach the filter for the watched ports: listed one by one up to ``_MAX_LISTED_PORTS``, else their range
@@ -264,10 +327,10 @@ class PacketLog:
         if len(ports) > _MAX_LISTED_PORTS:
             widened = span is not None
             span = span or (min(ports), max(ports))
-            prog = _filter([], span)
+            prog = _filter([], span, self._static)
             self._span, self._span_ports = span, max(len(ports), self._span_ports) if widened else len(ports)
         else:
-            prog = _filter(sorted(ports))
+            prog = _filter(sorted(ports), None, self._static)
             self._span, self._span_ports = None, 0
         if self._sock is None:
             return
@@ -275,10 +338,19 @@ class PacketLog:
         fprog = _FPROG.pack(len(prog) // _INSN.size, ctypes.addressof(buf))
         self._sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
 
-    def watch(self, local_port: int) -> None:
-        """One more connection on ``local_port``: its segments are kept. With the range in force, a port inside it
-        changes nothing (no new filter), one outside widens it: no pass over every watched port per connection (at
-        10,000 connections that pass, per connect and per close, was a quarter of a tap's CPU while streams opened)."""
+    def _kept(self, local_port: int, peer: tuple[bytes, int] | None) -> bool:
+        """Whether the filter attached at the start keeps a connection on ``local_port`` with ``peer`` (its IPv4
+        address, 4 bytes, and port): one of a shared log's ends (:func:`shared_packet_log`)."""
+        static = self._static
+        return static is not None and (local_port in static[0] or (peer is not None and peer in static[1]))
+
+    def watch(self, local_port: int, peer: tuple[bytes, int] | None = None) -> None:
+        """One more connection on ``local_port`` (to ``peer``: address, 4 bytes, and port): its segments are kept. One
+        of the ends the filter kept from the start (:meth:`_kept`) changes nothing. With the range in force, a port
+        inside it changes nothing (no new filter), one outside widens it: no pass over every watched port per connection
+        (at 10,000 connections that pass, per connect and per close, was a quarter of a tap's CPU while streams opened)."""
+        if self._static is not None and self._kept(local_port, peer):
+            return
         n = self._ports.get(local_port, 0)
         self._ports[local_port] = n + 1
         if n:
@@ -291,10 +363,13 @@ class PacketLog:
             return
         self._attach()
 
-    def unwatch(self, local_port: int) -> None:
-        """One connection on ``local_port`` closed: stop watching the port when it was the last. With the range in
-        force the filter is left as it is (it still keeps every watched port, and a few unwatched ones at its ends)
-        until the watched ports are half what they were when it was last computed: then it is computed again."""
+    def unwatch(self, local_port: int, peer: tuple[bytes, int] | None = None) -> None:
+        """One connection on ``local_port`` (to ``peer``, as :meth:`watch` was told) closed: stop watching the port when
+        it was the last. With the range in force the filter is left as it is (it still keeps every watched port, and a
+        few unwatched ones at its ends) until the watched ports are half what they were when it was last computed: then
+        it is computed again."""
+        if self._static is not None and self._kept(local_port, peer):
+            return
         n = self._ports.get(local_port, 0)
         if n <= 1:
             self._ports.pop(local_port, None)
@@ -325,9 +400,13 @@ class PacketLog:
 
     def _newest(self) -> int:
         """One past the newest frame the kernel has filled: frames ``[head, end)`` are ours, the rest its own."""
+        return self._newest_from(self._head)
+
+    def _newest_from(self, head: int) -> int:
+        """:meth:`_newest` from ``head`` (the head read once by the caller)."""
         if self._acc is not None:
-            return self._acc.ring_newest(self._mv, self._head)
-        lo, hi = self._head, self._head + self._frames  # filled(lo - 1 ...) / not filled(hi) invariant
+            return self._acc.ring_newest(self._mv, head)
+        lo, hi = head, head + self._frames  # filled(lo - 1 ...) / not filled(hi) invariant
         if not self._filled(lo):
             return lo
         while hi - lo > 1:
@@ -339,34 +418,49 @@ class PacketLog:
         return hi
 
     def maintain(self, force: bool = False) -> None:
-        """Hand back all but the newest ``_KEEP_FRAMES`` frames (every 20 ms at most, unless ``force``)."""
+        """Hand back all but the newest ``_KEEP_FRAMES`` frames (every 20 ms at most, unless ``force``). The range
+        handed back, ``[head, end)``, is claimed first: the head moves to ``end`` only if no other process of a shared
+        log moved it meanwhile (C: a compare-and-swap; here: under the log's lock), and only the process that moved it
+        zeroes those frames, once: a process whose view of the head is stale never zeroes a frame the kernel has since
+        filled again (it finds the head past its ``end`` and hands back nothing)."""
         now = time.perf_counter_ns()
         if not force and now - self._last_maintain < _MAINTAIN_EVERY_NS:
             return
         self._last_maintain = now
         end = self._newest() - self._frames // 2  # (_KEEP_FRAMES of the packet socket's ring)
         if self._acc is not None:
-            self._head = self._acc.ring_release(self._mv, self._head, end)
+            self._acc.ring_release(self._mv, self._hwv, end)
             return
+        lock = self._lock
+        if lock is not None:
+            lock.acquire()
+        try:
+            head = self._head
+            if head < end:
+                self._head = end  # (claimed: the frames below it are no longer searched)
+        finally:
+            if lock is not None:
+                lock.release()
         mv, at, zero = self._mv, self._at, _U32.pack_into
-        head = self._head
         while head < end:
             zero(mv, at(head), 0)
             head += 1
-        self._head = head
 
     def reaches(self, wall_ns: int, limit: int = _FRAMES) -> bool:
         """Whether a search ``limit`` frames back from the newest would reach a packet that arrived at ``wall_ns``: the
         oldest frame it reads came no later. A read whose bytes arrived before that cannot be placed, and searching
         for them would read the whole window in vain (the later a read, the more such searches cost: at 10,000 streams
         that spiral is what saturated a tap)."""
+        head = self._head
         if self._acc is not None:
-            return self._acc.ring_reaches(self._mv, self._head, wall_ns, limit)
-        newest = self._newest()
-        oldest = max(self._head, newest - limit)
+            return self._acc.ring_reaches(self._mv, head, wall_ns, limit)
+        newest = self._newest_from(head)
+        oldest = max(head, newest - limit)
         if newest <= oldest:
             return False
-        sec, nsec = _TP2.unpack_from(self._mv, self._at(oldest))[5:]
+        status, _len, _snap, _mac, _net, sec, nsec = _TP2.unpack_from(self._mv, self._at(oldest))
+        if not status & _TP_STATUS_USER:
+            return False  # (handed back under the search by another process of a shared log: not there)
         return sec * 1_000_000_000 + nsec <= wall_ns
 
     def _matches(self, key: tuple[bytes, int, bytes, int], limit: int):
@@ -376,8 +470,9 @@ class PacketLog:
         contiguously (source and destination address, source and destination port), each hit checked
         against its frame's own layout: the ring is read at C speed, not frame by frame in Python."""
         pattern = _pattern(key)
-        newest = self._newest()
-        oldest = max(self._head, newest - limit)
+        head = self._head
+        newest = self._newest_from(head)
+        oldest = max(head, newest - limit)
         if newest <= oldest:
             return
         ring, hdr, frame_size = self._ring, _TP2, _FRAME
@@ -400,10 +495,12 @@ class PacketLog:
 
     def _segment_at(self, off: int, ip: int) -> tuple[int, int, int] | None:
         """``(seq, end_seq, wall_ns)`` of the TCP segment in the frame at ``off`` (its IP header at ``ip``);
-        None when it carries no data."""
+        None when it carries no data, or when the frame is not the user's (its status word lacks ``TP_STATUS_USER``)
+        before or after its fields are read, or its stamp changed meanwhile: in a log shared by a tap's workers another
+        process may hand the frame back, and the kernel fill it again, while this one reads it (not there, then)."""
         mv = self._mv
-        _status, _len, snap, _mac, _net, sec, nsec = _TP2.unpack_from(mv, off)
-        if snap < 40:
+        status, _len, snap, _mac, _net, sec, nsec = _TP2.unpack_from(mv, off)
+        if not status & _TP_STATUS_USER or snap < 40:
             return None
         vihl, _tos, total, _id, _frag, _ttl, _proto, _ck, _src, _dst = _IPV4.unpack_from(mv, ip)
         ihl = (vihl & 0xF) * 4
@@ -413,6 +510,9 @@ class PacketLog:
         payload = total - ihl - (doff >> 4) * 4
         if payload <= 0:
             return None
+        again = _TP2.unpack_from(mv, off)
+        if again[0] != status or again[5:] != (sec, nsec):
+            return None  # (handed back, or filled again, under the read)
         return seq, (seq + payload) & 0xFFFFFFFF, sec * 1_000_000_000 + nsec
 
     def segments_since(self, key: tuple[bytes, int, bytes, int], base_seq: int, limit: int = _FRAMES) -> list[tuple[int, int, int]]:
@@ -491,13 +591,34 @@ _tried = False
 
 
 def packet_log() -> PacketLog | None:
-    """This process's packet log, opened on first use; None where it cannot be (see the module doc)."""
-    global _log, _tried
+    """This process's packet log, opened on first use (or inherited: :func:`shared_packet_log`); None where it cannot
+    be (see the module doc)."""
+    global _tried
     if not _LINUX or os.environ.get("DELTATAP_PACKET_STAMPS", "1").strip().lower() in ("0", "off", "false", "no"):
         return None
     if _tried:
         return _log
     _tried = True
+    return _open(None)
+
+
+def shared_packet_log(local_ports: list[int], remote: list[tuple[bytes, int]]) -> PacketLog | None:
+    """Open this process's packet log for processes it is about to fork (``deltatap tap --workers N``: called in the
+    parent, before the fork), with a filter attached once that keeps the segments of every connection with these ends:
+    ``local_ports`` (the tap's listen port: its clients' connections) and ``remote``, ``(IPv4 address, 4 bytes, port)``
+    ends (the upstream's resolved addresses). The workers inherit the socket and its mapping, the same kernel ring: each
+    packet is logged once for all of them, not once per worker, and a connection to one of those ends attaches no
+    filter (:meth:`PacketLog.watch`); one to another end adds its port as a single-process log does. The head lives in
+    shared memory (:meth:`PacketLog._shared_head`). None where the log cannot be opened (see :func:`packet_log`)."""
+    global _tried
+    if not _LINUX or os.environ.get("DELTATAP_PACKET_STAMPS", "1").strip().lower() in ("0", "off", "false", "no"):
+        return None
+    _tried = True
+    return _open((tuple(sorted(set(local_ports))), tuple(sorted(set(remote)))))
+
+
+def _open(static: tuple[tuple[int, ...], tuple[tuple[bytes, int], ...]] | None) -> PacketLog | None:
+    global _log
     try:
         sock = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_ALL))
     except (OSError, AttributeError) as exc:
@@ -505,7 +626,7 @@ def packet_log() -> PacketLog | None:
         return None
     try:
         sock.setblocking(False)
-        _log = PacketLog(sock)
+        _log = PacketLog(sock, static)
     except OSError as exc:
         sock.close()
         log.info("per-packet stamps off (%s)", exc.strerror or exc)
