@@ -16,7 +16,7 @@ from deltatap.core.gc_pauses import settle
 from deltatap.core.config import ConfigError
 from deltatap.telemetry.tracer import TelemetryConfigError, setup_telemetry
 from deltatap.core.topology import load_topology
-from deltatap.proxy.options import PROTOCOLS, TapOptions, options_from_topology, split_listen
+from deltatap.proxy.options import PROTOCOLS, TapOptions, default_admin_port, options_from_topology, split_listen
 
 log = logging.getLogger("deltatap.tap")
 
@@ -67,7 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="http (default, or the topology's links[].tap.protocol): HTTP/1.1, and HTTP/2 where a client speaks it; "
                         "grpc: a gRPC tap, HTTP/2 only (h2c, or TLS with ALPN h2 toward an https:// upstream), other connections closed")
     p.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="run N tap processes on the listen port (SO_REUSEPORT); the admin port sums their metrics (default 1)")
+                   help="run N tap processes on the listen port (SO_REUSEPORT); the admin port sums their metrics (default 1; at most "
+                        "4 per CPU)")
     p.add_argument("--no-defer-watch", action="store_true",
                    help="watch each upstream read before the next ready one is forwarded, and account each request read "
                         "before its callback returns (default: every ready read of a poll round is forwarded first, then each "
@@ -124,10 +125,10 @@ def build_options(args: argparse.Namespace) -> TapOptions:
                 raise ConfigError(f"--listen HOST:PORT is required for link {args.link!r}")
             common["listen_host"], common["listen_port"] = split_listen(DEFAULT_LISTEN[args.link], "--listen")
         opts = TapOptions(link=args.link, **{k: v for k, v in common.items() if v is not None})
-    if not args.admin and opts.listen_port and opts.admin_port == 0:
-        opts.admin_host, opts.admin_port = opts.listen_host, opts.listen_port + 1000
     if args.no_admin:
         opts.admin_port = None
+    elif not args.admin and opts.listen_port and opts.admin_port == 0:
+        opts.admin_host, opts.admin_port = opts.listen_host, default_admin_port(opts.listen_port)
     return opts
 
 
@@ -173,6 +174,18 @@ def tune_gc() -> None:
     settle(freeze_survivors=True)
 
 
+WORKERS_PER_CPU = 4  # --workers' bound: one worker per core is the useful most; each is a whole tap process
+
+
+def max_workers() -> int:
+    """The most ``--workers`` a tap takes on this host (:data:`WORKERS_PER_CPU` per CPU this process may run on)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return WORKERS_PER_CPU * max(1, cpus)
+
+
 def run(args: argparse.Namespace) -> int:
     opts = build_options(args)
     if args.no_defer_watch:  # (read when each upstream connection is made; the environment for --workers' processes too)
@@ -182,8 +195,9 @@ def run(args: argparse.Namespace) -> int:
         relay.DEFER_WATCH = False
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO)
-    if args.workers < 1:
-        raise ConfigError(f"--workers: must be >= 1 (got {args.workers})")
+    most = max_workers()
+    if not 1 <= args.workers <= most:
+        raise ConfigError(f"--workers: must be 1 to {most} on this host ({WORKERS_PER_CPU} per CPU it may use; got {args.workers})")
     if args.workers > 1:
         from deltatap.proxy.workers import run_workers
 

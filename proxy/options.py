@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+from pydantic import ValidationError
 from yarl import URL
 
 from deltatap.core.config import ConfigError
 from deltatap.core.redact import parse_keep
-from deltatap.core.topology import Topology, parse_hostport
+from deltatap.core.topology import ComponentSpec, LinkModel, Topology, parse_hostport
 from deltatap.core.vocab import (DEFAULT_COMPONENTS, DEFAULT_CORRELATION_HEADER, DEFAULT_TAP_PROTOCOL, TAP_PROTOCOLS, ComponentKind,
                                  default_link)
 
@@ -56,6 +58,8 @@ class TapOptions:
 
     def __post_init__(self) -> None:
         self.upstream_url = check_upstream(self.upstream)
+        if self.clock_sync:
+            check_upstream(self.clock_sync, "--clock-sync", "http://127.0.0.1:4318 (the collector's OTLP/HTTP port)")
         link = default_link(self.link)
         self.downstream = self.downstream or (link.downstream if link else "downstream")
         self.upstream_name = self.upstream_name or (link.upstream if link else "upstream")
@@ -64,18 +68,24 @@ class TapOptions:
         for name, kind in (("--downstream-kind", self.downstream_kind), ("--upstream-kind", self.upstream_kind)):
             if kind not in ComponentKind.__members__.values():
                 raise ConfigError(f"{name}: {kind!r} is not a component kind; use one of {[k.value for k in ComponentKind]}")
-        if not self.correlation_header or any(c in self.correlation_header for c in " :\r\n"):
-            raise ConfigError(f"--correlation-header: {self.correlation_header!r} is not a header name")
-        if self.timeout_s is not None and self.timeout_s <= 0:
-            raise ConfigError(f"--timeout-s: must be > 0 (got {self.timeout_s}); leave it out for no tap timeout")
+        _check_names(self.link, self.downstream, self.upstream_name, self.downstream_kind, self.upstream_kind)
+        if not _is_token(self.correlation_header):
+            raise ConfigError(f"--correlation-header: {self.correlation_header!r} is not a header name (letters, digits and "
+                              f"!#$%&'*+-.^_`|~, e.g. x-request-id)")
+        if self.host_header is not None and (not self.host_header or any(c.isspace() or not c.isprintable() or c in "/?#@"
+                                                                         for c in self.host_header)):
+            raise ConfigError(f"--host-header: {self.host_header!r} is not a Host value (HOST or HOST:PORT, no spaces or "
+                              f"line breaks)")
+        if self.timeout_s is not None and not 0 < self.timeout_s < math.inf:
+            raise ConfigError(f"--timeout-s: must be > 0 and finite (got {self.timeout_s}); leave it out for no tap timeout")
         if self.protocol not in PROTOCOLS:
             raise ConfigError(f"--protocol: {self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
-        if self.header_timeout_s <= 0:
-            raise ConfigError(f"--header-timeout-s: must be > 0 (got {self.header_timeout_s})")
+        if not 0 < self.header_timeout_s < math.inf:
+            raise ConfigError(f"--header-timeout-s: must be > 0 and finite (got {self.header_timeout_s})")
         if self.max_connections < 1:
             raise ConfigError(f"--max-connections: must be >= 1 (got {self.max_connections})")
-        if self.grace_s < 0:
-            raise ConfigError(f"--grace-s: must be >= 0 (got {self.grace_s})")
+        if not 0 <= self.grace_s < math.inf:
+            raise ConfigError(f"--grace-s: must be >= 0 and finite (got {self.grace_s})")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("--tls-cert and --tls-key go together: give both (the certificate and its key) or neither")
         if self.tls_cert is not None:
@@ -88,6 +98,28 @@ class TapOptions:
             raise ConfigError(str(exc)) from None
 
 
+_TCHAR = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def _is_token(name: str) -> bool:
+    """An HTTP field name (RFC 9110 token): what the tap may write as a header name."""
+    return bool(name) and all(c in _TCHAR for c in name)
+
+
+def _check_names(link: str, downstream: str, upstream: str, downstream_kind: str, upstream_kind: str) -> None:
+    """The link and component names, by the topology's own rules (:class:`LinkModel`, :class:`ComponentSpec`): a tap run
+    from flags names them as a topology file would."""
+    for flag, make in (("--link", lambda: LinkModel(name=link, downstream=downstream, upstream=upstream)),
+                       ("--downstream", lambda: ComponentSpec(name=downstream, kind=downstream_kind)),
+                       ("--upstream-name", lambda: ComponentSpec(name=upstream, kind=upstream_kind))):
+        try:
+            make()
+        except ValidationError:
+            value = link if flag == "--link" else downstream if flag == "--downstream" else upstream
+            raise ConfigError(f"{flag}: {value!r} is not a name: one or more letters, digits, '_', '.' or '-' (as in a topology "
+                              f"file)") from None
+
+
 def _guess_kind(name: str, fallback: ComponentKind) -> ComponentKind:
     if name in _DEFAULT_KINDS:
         return _DEFAULT_KINDS[name]
@@ -97,16 +129,33 @@ def _guess_kind(name: str, fallback: ComponentKind) -> ComponentKind:
         return fallback
 
 
-def check_upstream(value: str, what: str = "--upstream") -> URL:
+def check_upstream(value: str, what: str = "--upstream", example: str = "http://127.0.0.1:8300") -> URL:
     try:
         url = URL(value)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{what}: {value!r} is not a URL ({exc})") from None
     if url.scheme not in ("http", "https") or not url.host:
-        raise ConfigError(f"{what}: {value!r} must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8300")
+        raise ConfigError(f"{what}: {value!r} must be an http:// or https:// URL with a host, e.g. {example}")
     if url.query_string or url.fragment:
         raise ConfigError(f"{what}: {value!r} must not carry a query or fragment")
+    if url.user is not None or url.password is not None:
+        raise ConfigError(f"{what}: {url.with_user(None)} must not carry user:password@ (it would be shown in logs and never "
+                          f"sent: the tap forwards the client's own Authorization header unchanged)")
+    if url.explicit_port == 0:
+        raise ConfigError(f"{what}: {value!r}: port 0 is not a port to connect to; name the server's port")
     return url
+
+
+ADMIN_PORT_OFFSET = 1000  # the admin port's default: the listen port + this
+
+
+def default_admin_port(listen_port: int, where: str = "--admin HOST:PORT") -> int:
+    """The admin port a tap listening on ``listen_port`` uses when none is named (listen port + 1000)."""
+    port = listen_port + ADMIN_PORT_OFFSET
+    if port > 65535:
+        raise ConfigError(f"the default admin port, the listen port {listen_port} + {ADMIN_PORT_OFFSET} = {port}, is past 65535; "
+                          f"name one with {where} (or run none: --no-admin)")
+    return port
 
 
 def split_listen(value: str, what: str) -> tuple[str, int]:
@@ -152,7 +201,7 @@ def options_from_topology(topology: Topology, link_name: str, **overrides) -> Ta
         if tap.admin:
             kw["admin_host"], kw["admin_port"] = split_listen(tap.admin, f"links[{link.name}].tap.admin")
         elif kw["listen_port"]:
-            kw["admin_host"], kw["admin_port"] = kw["listen_host"], kw["listen_port"] + 1000
+            kw["admin_host"], kw["admin_port"] = kw["listen_host"], default_admin_port(kw["listen_port"], f"links[{link.name}].tap.admin")
         kw["host_header"] = tap.host_header
         kw["timeout_s"] = tap.timeout_s
         kw["verify_tls"] = tap.verify_tls

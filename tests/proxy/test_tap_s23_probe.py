@@ -1,0 +1,91 @@
+"""``deltatap tap`` fed bad flags (found by probing it, session 23): each gets one line on stderr and exit 2, before any
+socket is opened or process forked; never a traceback, never a tap that starts and then fails every connection."""
+
+from __future__ import annotations
+
+import pytest
+
+import deltatap.proxy.cli as tap_cli
+import deltatap.proxy.workers as tap_workers
+from deltatap.app.cli import main
+from deltatap.core.config import ConfigError
+from deltatap.proxy.options import TapOptions, default_admin_port
+
+BASE = ["tap", "--link", "edge", "--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:0", "--otlp", "none"]
+
+
+@pytest.fixture
+def no_start(monkeypatch):
+    """A tap that passed its checks would start here: the test fails instead of serving (or forking)."""
+
+    def started(*_a, **_k):
+        raise AssertionError("the tap started: the flags were not refused")
+
+    monkeypatch.setattr(tap_cli.aio, "run", started)
+    monkeypatch.setattr(tap_workers, "run_workers", started)
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("deltatap tap: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("flags, names", [
+    # before: nan started a tap whose every accepted connection was reset with a traceback (call_at(nan));
+    # inf was taken (a timer that overflows, a grace that never ends)
+    (["--header-timeout-s", "nan"], "--header-timeout-s"),
+    (["--header-timeout-s", "inf"], "--header-timeout-s"),
+    (["--timeout-s", "nan"], "--timeout-s"),
+    (["--timeout-s", "inf"], "--timeout-s"),
+    (["--grace-s", "nan"], "--grace-s"),
+    (["--grace-s", "inf"], "--grace-s"),
+    # before: forked as many tap processes as asked (100000 took the host to a load of 390)
+    (["--workers", "100000"], "--workers"),
+    # before: written into every forwarded request head as given (a header injected upstream)
+    (["--host-header", "x\r\nEvil: 1"], "--host-header"),
+    (["--host-header", ""], "--host-header"),
+    # before: a header name the tap would write that is not one (RFC 9110 token)
+    (["--correlation-header", "x(y)"], "--correlation-header"),
+    (["--correlation-header", "h\u00e9ader"], "--correlation-header"),
+    # before: taken, then printed over several lines and put in every span; a topology refuses the same names
+    (["--link", ""], "--link"),
+    (["--link", "a\nb"], "--link"),
+    (["--downstream", "a b"], "--downstream"),
+    # before: started, then warned 'cannot reach the collector at bogus/v1/clock' every minute
+    (["--clock-sync", "bogus"], "--clock-sync"),
+    # before: the password was printed in the start line (and never sent); port 0 gave 'connection refused'
+    (["--upstream", "http://user:secret@127.0.0.1:9"], "--upstream"),
+    (["--upstream", "http://127.0.0.1:0"], "--upstream"),
+])
+def test_bad_flag_is_one_line_and_nothing_starts(capsys, no_start, flags, names):
+    argv = list(BASE)
+    for i in range(0, len(flags), 2):  # a flag already in BASE is replaced, not repeated
+        if flags[i] in argv:
+            argv[argv.index(flags[i]) + 1] = flags[i + 1]
+        else:
+            argv += flags[i : i + 2]
+    assert main(argv) == 2
+    line = _one_line(capsys)
+    assert names in line
+    assert "secret" not in line
+
+
+def test_default_admin_port_past_65535_is_refused(capsys, no_start):
+    # before: listen 65000 put the admin server on port 464 (66000 wrapped to 16 bits)
+    argv = [a if a != "127.0.0.1:0" else "127.0.0.1:65000" for a in BASE]
+    assert main(argv) == 2
+    line = _one_line(capsys)
+    assert "66000" in line and "--admin" in line and "--no-admin" in line
+    with pytest.raises(ConfigError, match="past 65535"):
+        default_admin_port(64536)
+    assert default_admin_port(64535) == 65535
+
+
+def test_good_values_still_pass():
+    o = TapOptions(link="edge", upstream="http://127.0.0.1:9", host_header="example.com:8080", correlation_header="X-Req_ID.1",
+                   clock_sync="http://127.0.0.1:4318", timeout_s=1e300, header_timeout_s=0.5, grace_s=0.0, downstream="gw.1-a_b")
+    assert o.host_header == "example.com:8080" and o.correlation_header == "X-Req_ID.1"
+    assert TapOptions(link="edge", upstream="http://[::1]:8300/prefix").upstream_url.port == 8300
