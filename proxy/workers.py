@@ -6,7 +6,8 @@ with ``SO_REUSEPORT``, so the kernel spreads new connections over them, and its 
 loopback port. Each worker exports its own spans (they carry the same link and resource). The parent serves the
 public admin port: ``/metrics`` is every worker's metrics summed sample by sample (counters, histograms and the
 in-flight gauge add up; clock offsets and maxima take the largest), ``/healthz`` is ok when every worker says ok.
-SIGTERM/SIGINT to the parent drain every worker within the grace period.
+SIGTERM/SIGINT to the parent drain every worker within the grace period. The parent opens the packet log the workers
+share before the fork (:func:`_share_packet_log`).
 """
 
 from __future__ import annotations
@@ -126,16 +127,35 @@ def run_workers(opts: TapOptions, workers: int, serve_worker: Callable[[TapOptio
 
 def _share_packet_log(opts: TapOptions, port: int) -> None:
     """Open the packet log the workers share (:func:`deltatap.net.pktstamp.shared_packet_log`), before the fork: one
-    packet socket and one ring for all of them, its filter attached once on the tap's ends, the listen port (the
-    clients' connections) and the upstream's IPv4 addresses and port as resolved now (the upstream's connections; one
-    made to an address resolved otherwise later is watched by its port, as in a tap of one process). Each packet is
-    then logged once, not once per worker (each worker's own log kept every worker's packets: the listen port is
-    shared, and past 120 watched ports the filter keeps a range), and no connection attaches a filter. Nothing where
-    reads are not kernel-stamped (``DELTATAP_KERNEL_STAMPS=0``: no transport would read the log)."""
+    packet socket and one ring for all of them, its filter attached once on the tap's ends (:func:`tap_ends`). The
+    workers inherit the socket and its mapping, the same kernel ring: each packet is logged once, not once per worker
+    (each worker's own log kept every worker's packets: the listen port is shared, and past 120 watched ports the filter
+    keeps a range), and no connection attaches a filter. Nothing where reads are not kernel-stamped
+    (``DELTATAP_KERNEL_STAMPS=0``: no transport would read the log)."""
+    from deltatap.net import kstamp, pktstamp
+
+    if kstamp.enabled():
+        pktstamp.shared_packet_log(*tap_ends(opts, port))
+
+
+def keep_tap_ends(opts: TapOptions, port: int) -> None:
+    """A tap of one process: have its packet log keep the tap's ends (:func:`tap_ends`) by one filter attached at the
+    start, not by each connection's local port (a filter attached per new upstream connection, and per first or last
+    client connection: two setsockopt per connection, ~130 us measured here with 60 ports listed). Nothing where the
+    log is off; a no-op in a worker of ``--workers N`` (the shared log keeps them already)."""
     from deltatap.net import kstamp, pktstamp
 
     if not kstamp.enabled():
         return
+    plog = pktstamp.packet_log()
+    if plog is not None:
+        plog.keep_ends(*tap_ends(opts, port))
+
+
+def tap_ends(opts: TapOptions, port: int) -> tuple[list[int], list[tuple[bytes, int]]]:
+    """The ends of a tap's stamped connections, for its packet log's filter: the listen port (the clients'
+    connections), and the upstream's IPv4 addresses, resolved now, with its port (the upstream connections; one made
+    to an address resolved otherwise later is watched by its port, as before)."""
     up = opts.upstream_url
     up_port = up.port or (443 if up.scheme == "https" else 80)
     remote: set[tuple[bytes, int]] = set()
@@ -144,7 +164,7 @@ def _share_packet_log(opts: TapOptions, port: int) -> None:
             remote.add((socket.inet_aton(addr[0]), up_port))
     except (OSError, UnicodeError) as exc:  # (unresolvable now: its connections are watched by their ports)
         log.info("tap %s: upstream %s not resolved for the packet log (%s)", opts.link, up.host, exc)
-    pktstamp.shared_packet_log([port], sorted(remote))
+    return [port], sorted(remote)
 
 
 def _worker_fields(opts: TapOptions, port: int) -> TapOptions:

@@ -18,6 +18,13 @@ back to the kernel (one status word per frame). The ring's stamp is the packet's
 stamp a packet capture (tcpdump) takes: for an arrival within 1-2 µs of the TCP socket's stamp of the same packet;
 for a departure, when the packet entered the device (on loopback a few µs before the peer's arrival stamp).
 
+A tap of several workers (``deltatap tap --workers N``) shares one log (:func:`shared_packet_log`): the parent opens
+it before the fork, with a filter attached once on the tap's ends (its listen port, the upstream's addresses and
+port), and the workers inherit the socket and its ring: each packet is logged once, not once per worker, and no
+connection attaches a filter. The ring's head lives in a shared word; a hand-back claims its range by a
+compare-and-swap, and a search takes a frame handed back under it for not there (:meth:`PacketLog.maintain`,
+:meth:`PacketLog._segment_at`).
+
 A segment's TCP sequence number maps to the connection's stream offset through one anchor per connection,
 found once: ``tcpi_bytes_received`` read between two looks at the ring that saw no new segment of the
 connection (a packet socket gets each arriving packet before TCP counts it, in the same softirq).
@@ -54,6 +61,7 @@ ETH_P_IP = 0x0800
 SO_ATTACH_FILTER = 26
 _SNAP = 128  # bytes kept of each packet: IPv4 header (<= 60) + TCP header (<= 60)
 _MAX_LISTED_PORTS = 120  # more watched ports than this: the filter takes the range between the lowest and highest
+_MAX_ENDS = 8  # local ports, and remote ends, a log keeps from the start at most (PacketLog.keep_ends); more: by port
 # the ring: 4 KiB blocks of 16 frames of 256 bytes (tpacket2_hdr, sockaddr_ll, then the 128 bytes kept)
 _BLOCK, _FRAME = 4096, 256
 _PER_BLOCK = _BLOCK // _FRAME
@@ -254,13 +262,15 @@ class PacketLog:
     copied or parsed per packet on the relay's path. :meth:`segments_since` reads the newest frames backwards,
     only when a read needs them; :meth:`maintain` hands old frames back to the kernel (one status word each)."""
 
-    def __init__(self, sock: socket.socket, static: tuple[tuple[int, ...], tuple[tuple[bytes, int], ...]] | None = None) -> None:
+    def __init__(self, sock: socket.socket, shared: bool = False) -> None:
         self._sock = sock
         self._ports: dict[int, int] = {}  # local port -> number of watched connections
         self._span: tuple[int, int] | None = None  # the port range the attached filter keeps (None: listed ports)
         self._span_ports = 0  # how many ports were watched when that range was last computed from all of them
-        self._static = static  # the ends the filter keeps from the start (see shared_packet_log), None: none
-        self._shared_head(static is not None)
+        # the ends whose connections the filter keeps whether watched or not (keep_ends): (local ports, remote
+        # (IPv4 address, port)s); None: none
+        self._static: tuple[tuple[int, ...], tuple[tuple[bytes, int], ...]] | None = None
+        self._shared_head(shared)  # (shared: for processes forked after this, see shared_packet_log)
         sock.setsockopt(_SOL_PACKET, _PACKET_VERSION, _TPACKET_V2)
         sock.setsockopt(_SOL_PACKET, _PACKET_TIMESTAMP, _SOFTWARE)  # skb->tstamp: the TCP socket's own stamp
         sock.setsockopt(_SOL_PACKET, _PACKET_RX_RING, struct.pack("=IIII", _BLOCK, _BLOCKS, _FRAME, _FRAMES))
@@ -383,6 +393,22 @@ class PacketLog:
                     pass
         else:
             self._ports[local_port] = n - 1
+
+    def keep_ends(self, local_ports: list[int], remote: list[tuple[bytes, int]]) -> None:
+        """Keep the connections with these ends from now on by the filter's ends (see :func:`shared_packet_log`), not
+        by their local ports: one filter attached now (none if they are kept already), none per connection. Up to
+        ``_MAX_ENDS`` of each kind (a process starting many taps, as a test run does: the rest are watched by port)."""
+        local, ends = self._static or ((), ())
+        new_local = tuple(sorted(set(local) | set(local_ports)))
+        new_ends = tuple(sorted(set(ends) | set(remote)))
+        if len(new_local) > _MAX_ENDS:
+            new_local = local
+        if len(new_ends) > _MAX_ENDS:
+            new_ends = ends
+        if (new_local, new_ends) == (local, ends):
+            return
+        self._static = (new_local, new_ends)
+        self._attach(self._span)
 
     @property
     def span(self) -> tuple[int, int] | None:
@@ -599,7 +625,7 @@ def packet_log() -> PacketLog | None:
     if _tried:
         return _log
     _tried = True
-    return _open(None)
+    return _open(False)
 
 
 def shared_packet_log(local_ports: list[int], remote: list[tuple[bytes, int]]) -> PacketLog | None:
@@ -614,10 +640,13 @@ def shared_packet_log(local_ports: list[int], remote: list[tuple[bytes, int]]) -
     if not _LINUX or os.environ.get("DELTATAP_PACKET_STAMPS", "1").strip().lower() in ("0", "off", "false", "no"):
         return None
     _tried = True
-    return _open((tuple(sorted(set(local_ports))), tuple(sorted(set(remote)))))
+    plog = _open(True)
+    if plog is not None:
+        plog.keep_ends(local_ports, remote)
+    return plog
 
 
-def _open(static: tuple[tuple[int, ...], tuple[tuple[bytes, int], ...]] | None) -> PacketLog | None:
+def _open(shared: bool) -> PacketLog | None:
     global _log
     try:
         sock = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_ALL))
@@ -626,7 +655,7 @@ def _open(static: tuple[tuple[int, ...], tuple[tuple[bytes, int], ...]] | None) 
         return None
     try:
         sock.setblocking(False)
-        _log = PacketLog(sock, static)
+        _log = PacketLog(sock, shared)
     except OSError as exc:
         sock.close()
         log.info("per-packet stamps off (%s)", exc.strerror or exc)

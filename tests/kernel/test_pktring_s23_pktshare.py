@@ -176,7 +176,8 @@ def test_two_forked_processes_on_one_log_each_split_their_own_merged_reads(c_imp
     listens = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
     ports = tuple(sorted(x.getsockname()[1] for x in listens))
     sock = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(pktstamp.ETH_P_ALL))
-    log = PacketLog(sock, (ports, tuple((_LO, p) for p in ports)))
+    log = PacketLog(sock, True)
+    log.keep_ends(list(ports), [(_LO, p) for p in ports])
     if not c_impl:
         log._acc = None
     pids, reads = [], []
@@ -299,3 +300,26 @@ async def test_a_two_worker_tap_has_one_packet_socket_and_stamps_from_it(tmp_pat
                     got.append((attrs.get("deltatap.stamp.source"), {e["name"] for e in sp["events"]}))
     assert len(got) == 4
     assert all(src == "packet" and "first_token.received" in names for src, names in got), got
+
+
+def test_kept_ends_attach_no_filter_per_connection_and_other_ends_are_watched_by_port() -> None:
+    """``keep_ends``: a connection to a kept end (a local listen port, or the upstream's address and port) is not
+    listed; one to another end is, as before; past ``_MAX_ENDS`` of a kind the rest are watched by port; the filter
+    built with the ends keeps them (its program grows by their tests) and still drops everything without them."""
+    log = PacketLog.over(bytearray(4 * _FRAME))
+    up = (socket.inet_aton("127.0.0.2"), 8000)
+    log.keep_ends([8080], [up])
+    log.watch(8080, (_LO, 50000))  # a client's connection
+    log.watch(41000, up)  # an upstream connection
+    assert log._ports == {}
+    log.watch(42000, (_LO, 9000))  # to an end not kept
+    assert log._ports == {42000: 1}
+    log.unwatch(41000, up)
+    log.unwatch(8080, (_LO, 50000))
+    log.unwatch(42000, (_LO, 9000))
+    assert log._ports == {}
+    log.keep_ends(list(range(1, 20)), [(_LO, p) for p in range(1, 20)])  # (too many: not taken)
+    assert log._static == ((8080,), (up,))
+    plain, kept = pktstamp._filter([42000]), pktstamp._filter([42000], None, log._static)
+    assert len(kept) == len(plain) + 2 * (2 + 4) * 8  # each side: a port load and test, 4 instructions per remote end
+    assert pktstamp._filter([], None, ((), ())) == pktstamp._filter([])  # (no ends, no ports: drop all)
