@@ -16,6 +16,7 @@ from deltatap.core.gc_pauses import settle
 from deltatap.core.config import ConfigError
 from deltatap.telemetry.tracer import TelemetryConfigError, setup_telemetry
 from deltatap.core.topology import load_topology
+from deltatap.proxy.metrics import quiet_bad_requests
 from deltatap.proxy.options import PROTOCOLS, TapOptions, default_admin_port, options_from_topology, split_listen
 
 log = logging.getLogger("deltatap.tap")
@@ -195,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
         relay.DEFER_WATCH = False
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO)
+    quiet_bad_requests()  # (the --workers parent's summed admin server too)
     most = max_workers()
     if not 1 <= args.workers <= most:
         raise ConfigError(f"--workers: must be 1 to {most} on this host ({WORKERS_PER_CPU} per CPU it may use; got {args.workers})")

@@ -11,9 +11,11 @@ counters into metric families when ``/metrics`` is scraped.
 from __future__ import annotations
 
 import bisect
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
@@ -191,7 +193,34 @@ class TapMetrics:
         return generate_latest(self.registry)
 
 
+class _BadRequestLine(logging.Filter):
+    """aiohttp's server logs a request it cannot parse (a path past 8190 bytes, bytes that are not HTTP, broken chunked
+    framing) as an ERROR with a traceback, one per request: anyone who reaches the admin port could fill the tap's log.
+    Here each is one INFO line naming the peer and aiohttp's reason (shown with -v); everything else passes as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        reason = (str(exc.message).strip().splitlines() or [""])[0]
+        peer = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+        record.msg, record.args = "HTTP server: a request it cannot parse from %s, answered %s (%s)", (peer, exc.code, reason[:120])
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        record.exc_info = record.exc_text = None
+        return _ADMIN_LOG.isEnabledFor(logging.INFO)
+
+
+_ADMIN_LOG = logging.getLogger("aiohttp.server")
+
+
+def quiet_bad_requests() -> None:
+    """Install :class:`_BadRequestLine` on aiohttp's server logger (once per process; the admin servers log there)."""
+    if not any(isinstance(f, _BadRequestLine) for f in _ADMIN_LOG.filters):
+        _ADMIN_LOG.addFilter(_BadRequestLine())
+
+
 def admin_app(metrics: TapMetrics, health: Callable[[], Awaitable[tuple[bool, dict]]]) -> web.Application:
+    quiet_bad_requests()
     async def get_metrics(request: web.Request) -> web.Response:
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 

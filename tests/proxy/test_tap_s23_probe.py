@@ -3,6 +3,9 @@ socket is opened or process forked; never a traceback, never a tap that starts a
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 import pytest
 
 import deltatap.proxy.cli as tap_cli
@@ -89,3 +92,30 @@ def test_good_values_still_pass():
                    clock_sync="http://127.0.0.1:4318", timeout_s=1e300, header_timeout_s=0.5, grace_s=0.0, downstream="gw.1-a_b")
     assert o.host_header == "example.com:8080" and o.correlation_header == "X-Req_ID.1"
     assert TapOptions(link="edge", upstream="http://[::1]:8300/prefix").upstream_url.port == 8300
+
+
+async def _raw(port: int, data: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    try:
+        return await asyncio.wait_for(reader.read(200), 5)
+    finally:
+        writer.close()
+
+
+async def test_admin_port_bad_requests_are_one_line_each(upstream, make_tap, caplog):
+    # before: each was an ERROR from aiohttp.server with a 10-line traceback (anyone reaching the admin port filled the log)
+    tap = await make_tap(upstream.url)
+    bad = [b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\n\r\n", b"GET /metrics HTTP/7.0\r\n\r\n",
+           b"POST /healthz HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"]
+    with caplog.at_level(logging.INFO, logger="aiohttp.server"):
+        for data in bad:
+            assert (await _raw(tap.admin_port, data)).startswith(b"HTTP/1.0 400")
+        await asyncio.sleep(0.05)
+    records = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert len(records) == len(bad)
+    for r in records:
+        line = r.getMessage()
+        assert r.exc_info is None and r.levelno == logging.INFO and "\n" not in line and "answered 400" in line, line
+    # and the admin server still answers
+    assert b"200 OK" in await _raw(tap.admin_port, b"GET /livez HTTP/1.1\r\nHost: a\r\n\r\n")
