@@ -240,8 +240,8 @@ class _Conn(StampedProtocol):
         elif exc is not None and not isinstance(exc, (EOFError,)):
             ex.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         elif ex.head is None:
-            ex.error = "the server closed the connection before the response head" + (
-                f" ({ex.body_bytes} bytes read)" if ex.got_bytes else "")
+            ex.error = ("the server closed the connection in the middle of the response head" if ex.got_bytes else
+                        "the server closed the connection before the response head")
         else:
             ex.error = f"the server closed the connection before the response ended ({ex.body_bytes} body bytes read)"
         ex._done()

@@ -61,7 +61,10 @@ def register(name: str) -> Callable[[ModeFn], ModeFn]:
 
 
 def sessions_needed(mode: str, cfg: ModeConfig) -> int:
-    return {"open": cfg.workers, "closed": cfg.concurrency, "batch": cfg.batch}[mode]
+    """Sessions (connection pools) a mode uses; a barrier batch or the open loop's rotation that does not cycle the plan
+    uses no more than the plan's units (``--batch 100000 --requests 3``: 3 connections opened, not 100000)."""
+    n = {"open": cfg.workers, "closed": cfg.concurrency, "batch": cfg.batch}[mode]
+    return n if mode == "closed" or cfg.cycle else max(1, min(n, len(cfg.units)))
 
 
 async def _finish(tasks: set[asyncio.Task], drain_s: float, runner: Runner | None = None) -> None:

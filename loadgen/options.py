@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import resource
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -14,6 +15,15 @@ from deltatap.loadgen.client import ENDPOINTS
 
 
 DEFAULT_MODEL = "default"  # the model sent when none is given and the target lists none at GET /v1/models
+MAX_SECONDS = 30 * 86400.0  # the bound of every span of time a run takes (a timeout, --duration, the open loop's plan)
+MAX_REQUESTS = 10_000_000  # the most requests one run plans (each is prepared before the first send)
+FRAMING_HEADERS = ("content-length", "transfer-encoding")  # the load generator frames each body itself
+
+
+def _connections_allowed() -> int:
+    """The most connections one load process may hold at once: its open-file limit less room for everything else."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft - 64 if soft != resource.RLIM_INFINITY else 1 << 30
 
 
 class LoadOptions(StrictModel):
@@ -21,6 +31,7 @@ class LoadOptions(StrictModel):
     endpoint: Literal["chat", "completions"] = Field(default="chat", description="OpenAI API: chat (/v1/chat/completions) or completions (/v1/completions)")
     model: str | None = Field(
         default=None,
+        min_length=1,
         description=f"model name put in each request body; default: the first model the target lists at GET /v1/models, "
         f"else {DEFAULT_MODEL!r}",
     )
@@ -30,9 +41,9 @@ class LoadOptions(StrictModel):
     arrival: str = Field(default="poisson", description="open-loop arrival process: poisson, uniform or bursty")
     concurrency: int | None = Field(default=None, gt=0, description="closed loop: requests kept in flight")
     batch: int | None = Field(default=None, gt=0, description="barrier-synchronised batches of N requests sent at one instant")
-    requests: int | None = Field(default=None, gt=0, description="measured requests (default 100 without a duration)")
-    duration_s: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="stop sending after this many seconds")
-    seed: int = Field(default=42, description="seed of the request plan and the arrival times (same seed, same run)")
+    requests: int | None = Field(default=None, gt=0, le=MAX_REQUESTS, description="measured requests (default 100 without a duration)")
+    duration_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS, allow_inf_nan=False, description="stop sending after this many seconds")
+    seed: int = Field(default=42, ge=0, description="seed of the request plan and the arrival times (same seed, same run)")
     warmup_requests: int = Field(default=0, ge=0, description="warm-up requests per round before measuring (0 = cold start)")
     warmup_probes: int = Field(default=5, ge=2, description="probe requests before and after each warm-up round (stability check)")
     warmup_rounds: int = Field(default=3, ge=1, description="most warm-up rounds before the run goes on unstable")
@@ -40,13 +51,13 @@ class LoadOptions(StrictModel):
     out: str | None = Field(default=None, description="output directory (records.jsonl, summary.json, run.json, requests.jsonl)")
     headers: dict[str, str] = Field(default_factory=dict, description="extra headers on every request")
     labels: dict[str, str] = Field(default_factory=dict, description="labels put on every request")
-    request_timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False, description="seconds one request may take, end of the answer included")
-    drain_s: float = Field(default=30.0, ge=0, allow_inf_nan=False, description="with a duration: how long in-flight requests may finish")
+    request_timeout_s: float = Field(default=600.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False, description="seconds one request may take, end of the answer included")
+    drain_s: float = Field(default=30.0, ge=0, le=MAX_SECONDS, allow_inf_nan=False, description="with a duration: how long in-flight requests may finish")
     workers: int = Field(default=4, gt=0, description="open loop: sessions (connection pools) requests rotate over")
     clock_sync: str | None = Field(default=None, description="collector base URL for the NTP-style offset estimate")
     refusal_statuses: list[int] = Field(default_factory=lambda: [403, 451], description="HTTP statuses counted as refusals, not errors")
     ignore_eos: bool = Field(default=False, description="ask the engine to generate exactly max_tokens")
-    spin_us: int = Field(default=1500, ge=0, description="final part of each send wait spent yielding instead of on a timer")
+    spin_us: int = Field(default=1500, ge=0, le=1_000_000, description="final part of each send wait spent yielding instead of on a timer")
     preconnect: bool | None = Field(
         default=None,
         description="open connections (handshakes only, no request) before timed sends; default: only for --batch",
@@ -57,7 +68,7 @@ class LoadOptions(StrictModel):
     coordinate: str | None = Field(default=None, description="several hosts: be the coordinator, listening at HOST:PORT (loadgen/coordinate.py)")
     hosts: int | None = Field(default=None, ge=2, description="with coordinate: how many hosts send load, this one included")
     coordinator: str | None = Field(default=None, description="several hosts: the coordinator's URL (http://HOST:PORT) to join")
-    start_in_s: float = Field(default=2.0, gt=0, allow_inf_nan=False, description="with coordinate: the shared start, this long after the last host joined")
+    start_in_s: float = Field(default=2.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False, description="with coordinate: the shared start, this long after the last host joined")
     run_id: str | None = Field(default=None, description="run id in request ids and spans (default: 8 random hex digits)")
     processes: int = Field(default=1, ge=1, le=256, description="send from N processes: request i goes to process i mod N, "
                            "all from one shared start; the records are merged (open and closed loop, single-turn workloads)")
@@ -84,6 +95,28 @@ class LoadOptions(StrictModel):
         for name, value in self.headers.items():
             if not name or any(c in name for c in " :\t\r\n\0") or any(c in value for c in "\r\n\0"):
                 raise ValueError(f"header {name!r}: a name without spaces or colons and a value without line breaks")
+            if name.lower() in FRAMING_HEADERS:
+                raise ValueError(f"--header {name}: the load generator frames each request body itself (Content-Length); "
+                                 f"leave it out")
+        if self.run_id and not all(c.isalnum() or c in "_.-" for c in self.run_id):
+            raise ValueError(f"--run-id {self.run_id!r}: letters, digits, '_', '.' and '-' only (it is put in request ids "
+                             f"and headers)")
+        for status in self.refusal_statuses:
+            if not 400 <= status <= 599:
+                raise ValueError(f"--refusal-status {status}: a refusal is an error status, 400 to 599 (default 403 and 451)")
+        if self.rate is not None and self.planned_count() / self.rate > MAX_SECONDS:
+            raise ValueError(f"--rate {self.rate:g} spreads the {self.planned_count()} planned requests over "
+                             f"{self.planned_count() / self.rate:.3g} s, past the {MAX_SECONDS:g} s a run may take; raise --rate "
+                             f"or plan fewer requests")
+        if self.planned_count() > MAX_REQUESTS:
+            raise ValueError(f"the run plans {self.planned_count()} requests (--rate x --duration); at most {MAX_REQUESTS} "
+                             f"a run: split it, or give --requests")
+        at_once = max(self.concurrency or 0, self.batch or 0, self.warmup_concurrency or 0, self.workers)
+        most = _connections_allowed()
+        if at_once > most:
+            raise ValueError(f"{at_once} connections at once (--concurrency, --batch, --warmup-concurrency or --workers) are "
+                             f"more than this process may open ({most}: ulimit -n less room for the rest); lower it, or "
+                             f"raise ulimit -n")
         return self
 
     @property

@@ -1,0 +1,95 @@
+"""``deltatap load`` fed bad flags (found by probing it, session 23): each is refused before a run starts, in the one
+format of a flag error (exit 2, no traceback), instead of a traceback, a run that sends wrong bytes, or a hang."""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+
+import pytest
+
+from deltatap.app.cli import main
+from deltatap.loadgen.modes import ModeConfig, sessions_needed
+
+_FILES = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+PAST_ULIMIT = str(_FILES + 1 if _FILES != resource.RLIM_INFINITY else 1 << 31)
+BASE = ["load", "--target", "http://127.0.0.1:9", "--model", "m", "--no-progress", "--no-gpu"]
+
+
+@pytest.mark.parametrize("flags, names", [
+    # before: a numpy traceback (7.28 TiB for the plan)
+    (["--requests", "1000000000000"], "requests"),
+    # before: OverflowError traceback (a timer of 1e300 s)
+    (["--request-timeout", "1e300"], "request_timeout_s"),
+    (["--drain", "1e300"], "drain_s"),
+    # before: 'workload synthetic-uniform: Maximum allowed dimension exceeded'
+    (["--rate", "1", "--duration", "1e300"], "duration_s"),
+    (["--rate", "1000000", "--duration", "1000000"], "--rate x --duration"),
+    # before: the plan's offsets overflowed int64 and all 3 requests went at once
+    (["--rate", "1e-300", "--requests", "3"], "--rate 1e-300"),
+    # before: --batch 1000000 hung opening connections past ulimit -n
+    (["--batch", PAST_ULIMIT, "--duration", "1"], "connections at once"),
+    (["--rate", "10", "--workers", PAST_ULIMIT], "connections at once"),
+    # before: 'workload synthetic-uniform: expected non-negative integer', naming the workload, not the flag
+    (["--seed", "-1"], "seed"),
+    # before: every 200 counted as a refusal
+    (["--refusal-status", "200"], "--refusal-status 200"),
+    # before: sent as a second Content-Length, every request answered 400
+    (["--header", "Content-Length:5"], "--header Content-Length"),
+    (["--header", "transfer-encoding:chunked"], "--header transfer-encoding"),
+    # before: put into each x-request-id header as given (a line break in a request head)
+    (["--run-id", "a b\nc"], "--run-id"),
+    # before: sent, and answered 400 ('model' is required) by every server
+    (["--model", ""], "model"),
+])
+def test_bad_flag_is_refused_before_the_run(capsys, tmp_path, flags, names):
+    argv = [a for a in BASE]
+    if "--model" in flags:
+        i = argv.index("--model")
+        del argv[i : i + 2]
+    assert main([*argv, *flags, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.startswith("deltatap load: ") and names in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_good_edges_still_pass(capsys, tmp_path):
+    from deltatap.loadgen.options import LoadOptions
+
+    o = LoadOptions(target="http://h:1", rate=0.01, requests=3, seed=0, refusal_statuses=[429, 503], run_id="run_1.a-b",
+                    headers={"Host": "h", "X-A": "b"}, request_timeout_s=86400.0)
+    assert o.planned_count() == 3 and o.run_id == "run_1.a-b"
+
+
+def test_sessions_of_a_plan_that_does_not_cycle():
+    # a barrier batch or an open loop larger than the plan opens no more connections than the plan has requests
+    units = [[object()] for _ in range(3)]
+    assert sessions_needed("batch", ModeConfig(units=units, batch=100_000)) == 3
+    assert sessions_needed("open", ModeConfig(units=units, workers=64)) == 3
+    assert sessions_needed("batch", ModeConfig(units=units, batch=8, cycle=True)) == 8
+    assert sessions_needed("closed", ModeConfig(units=units, concurrency=8)) == 8
+
+
+async def test_a_close_in_the_middle_of_the_response_head_says_so():
+    # before: 'the server closed the connection before the response head (0 bytes read)' after 37 bytes of the head
+    from test_loadgen_h1client import RawServer, one, target
+
+    from deltatap.core.vocab import Outcome
+    from deltatap.loadgen.client import make_session
+
+    async def handler(r, w, conn):
+        await srv.read_request(r, conn)
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/ev")
+        await w.drain()
+        w.write_eof()
+        await asyncio.wait_for(r.read(), 10)
+
+    async with RawServer(handler) as srv:
+        t = target(f"http://127.0.0.1:{srv.port}", timeout_s=30)
+        pool = make_session(t)
+        try:
+            rec = await one(t, pool)
+        finally:
+            await pool.close()
+    assert rec.status == Outcome.UPSTREAM_ERROR
+    assert rec.error == "the server closed the connection in the middle of the response head"
