@@ -16,6 +16,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -99,14 +100,30 @@ class Target:
         return h
 
 
+def check_http_url(value: str, flag: str) -> None:
+    """An http:// or https:// URL with a host and a valid port, without user:password@ (the load generator sends no
+    credentials from a URL: use --header Authorization:...). Raises ValueError naming ``flag``."""
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(f"{flag} {value!r}: expected an http:// or https:// URL")
+    try:
+        parts = urlsplit(value)
+        parts.port  # (a port past 65535 or not a number raises here)
+    except ValueError as exc:
+        raise ValueError(f"{flag} {value!r}: not a URL ({exc})") from None
+    if not parts.hostname:
+        raise ValueError(f"{flag} {value!r}: no host; e.g. http://127.0.0.1:9100")
+    if "@" in parts.netloc:
+        raise ValueError(f"{flag}: {parts.scheme}://{parts.netloc.rpartition('@')[2]} with user:password@ is not sent as "
+                         f"credentials; give --header Authorization:... instead")
+
+
 def resolve_url(target: str, endpoint: str) -> tuple[str, Endpoint]:
     """``--target`` may be a base URL (the endpoint's path is appended) or a full URL with a path."""
     try:
         ep = ENDPOINTS[endpoint]
     except KeyError:
         raise ValueError(f"--endpoint {endpoint!r}: choose one of {', '.join(ENDPOINTS)}") from None
-    if not target.startswith(("http://", "https://")):
-        raise ValueError(f"--target {target!r}: expected an http:// or https:// URL")
+    check_http_url(target, "--target")
     rest = target.split("://", 1)[1]
     path = rest[rest.find("/") :] if "/" in rest else ""
     if path in ("", "/"):

@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from deltatap.core.config import StrictModel
 from deltatap.loadgen.arrivals import ARRIVALS
-from deltatap.loadgen.client import ENDPOINTS
+from deltatap.loadgen.client import ENDPOINTS, check_http_url
 
 
 DEFAULT_MODEL = "default"  # the model sent when none is given and the target lists none at GET /v1/models
@@ -82,6 +82,8 @@ class LoadOptions(StrictModel):
             raise ValueError(f"arrival {self.arrival!r} unknown; choose one of {', '.join(sorted(ARRIVALS))}")
         if self.endpoint not in ENDPOINTS:
             raise ValueError(f"endpoint {self.endpoint!r} unknown; choose one of {', '.join(ENDPOINTS)}")
+        if self.clock_sync:
+            check_http_url(self.clock_sync, "--clock-sync")
         if self.coordinate and self.coordinator:
             raise ValueError("--coordinate (be the coordinator) and --coordinator URL (join one) exclude each other")
         if self.coordinate and self.hosts is None:

@@ -93,3 +93,32 @@ async def test_a_close_in_the_middle_of_the_response_head_says_so():
             await pool.close()
     assert rec.status == Outcome.UPSTREAM_ERROR
     assert rec.error == "the server closed the connection in the middle of the response head"
+
+
+@pytest.mark.parametrize("target, names", [
+    ("http://[zz", "not a URL"),  # before: ValueError traceback (Invalid IPv6 URL)
+    ("http://127.0.0.1:99999", "not a URL"),
+    ("http://:80/", "no host"),
+    ("http://u:secret@127.0.0.1:9", "--header Authorization"),  # before: sent without them, the password kept in run.json
+])
+def test_target_that_is_no_url_is_one_flag_error(capsys, tmp_path, target, names):
+    argv = [*BASE, "--out", str(tmp_path / "out")]
+    argv[argv.index("--target") + 1] = target
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "--target" in err and names in err and "secret" not in err, err
+
+
+def test_clock_sync_that_is_no_url(capsys):
+    # before: 'cannot reach the collector at bogus/v1/clock: bogus/v1/clock'
+    assert main([*BASE, "--clock-sync", "bogus"]) == 2
+    assert "--clock-sync 'bogus': expected an http:// or https:// URL" in capsys.readouterr().err
+
+
+def test_tls_failure_hint():
+    from deltatap.loadgen.summary import describe_problem
+
+    g = {"kind": "unreachable", "message": "cannot connect to 127.0.0.1:1 (TLS handshake failed: WRONG_VERSION_NUMBER)", "count": 2}
+    assert describe_problem(g).endswith("does the server speak TLS there (else use http://)?")
+    g["message"] = "cannot connect to 127.0.0.1:1 (connection refused)"
+    assert describe_problem(g).endswith("is the server running?")
