@@ -20,7 +20,10 @@ and reads every process's scheduler figures (``/proc/PID/task/*/schedstat``: CPU
 threads were runnable but waited for a CPU) over each block of requests. With ``--perf-sched`` (perf, system-wide
 ``sched_switch`` / ``sched_waking``, on CLOCK_MONOTONIC): ``engine_wake`` (the request's packet into the engine -> the
 engine running; ``engine_rest`` the rest of its segment), who held the CPUs at each engine waking that waited over
-20 µs, and ``tap_awake_after_forward`` (the request's packet to the engine -> the tap going to sleep). ``--tree
+20 µs, and ``tap_awake_after_forward`` (the request's packet to the engine -> the tap going to sleep), and per request
+the engine's switch-in against the tap's sleep (``engine_vs_tap_asleep``: does the engine wait for the tap's CPU?).
+``hop_bound_check``: per request, how often the span's ``deltatap.overhead.hop_ns`` falls below what the wire shows its
+two overheads left out (``hop_less_unreported`` < 0), and by how much. ``--tree
 NAME=DIR`` runs another tap from a source tree (path ``tap-NAME``, interleaved): before/after a change in one run.
 
 Conditions, interleaved in one run (blocks of ``--block`` requests, order shuffled per round): path ``direct`` or
@@ -316,6 +319,7 @@ def analyse(detail: dict, spans: dict, wire, conds: list[str], sched: "SchedInde
                                          "request.forwarded (hop 0)": [], "first_token.forwarded (hop 0)": [],
                                          "request.forwarded (hop > 0)": [], "first_token.forwarded (hop > 0)": []}
     missing = {"wire": 0, "span": 0}
+    engine_vs_sleep: dict[str, list[float]] = {c: [] for c in conds}  # engine running - tap asleep, per tap request (ns)
     for rid, (t0, first, engine_ns) in detail.items():
         cond = rid.rsplit("-", 2)[0]
         if cond not in rows or first is None or engine_ns < 0:
@@ -366,6 +370,8 @@ def analyse(detail: dict, spans: dict, wire, conds: list[str], sched: "SchedInde
             slept = sched.sleeps_after((tap_tids or {}).get(cond.split("@", 1)[0], 0), ANCHOR.to_mono_ns(up.times["req_last"]))
             if slept is not None:
                 r["tap_awake_after_forward"].append(slept - ANCHOR.to_mono_ns(up.times["req_last"]))
+                if rid in wake_of:  # the engine's switch-in against the tap's sleep, both from the request's packet
+                    engine_vs_sleep[cond].append(wake_of[rid] - (slept - ANCHOR.to_mono_ns(up.times["req_last"])))
         r["tap_request_unreported"].append(tap_req - req_o)
         r["tap_first_token"].append(tap_ft)
         r["tap_first_token_unreported"].append(tap_ft - ft_o)
@@ -396,6 +402,18 @@ def analyse(detail: dict, spans: dict, wire, conds: list[str], sched: "SchedInde
             out["conditions"][c]["engine_wake_over_20us"] = {
                 "share": round(sum(h for h in holders[c].values()) / n_wake, 3) if n_wake else None,
                 "cpus_held_by": dict(sorted(holders[c].items(), key=lambda kv: -kv[1])), "engine_not_asleep": not_asleep[c]}
+        h = r["hop_less_unreported"]
+        if h:  # per request: is the span's hop bound a bound of what the wire shows its two overheads left out?
+            out["conditions"][c]["hop_bound_check"] = {
+                "n": len(h), "short_share": round(sum(1 for x in h if x < 0) / len(h), 3),
+                "short_by_p50_us": round(float(np.percentile([-x for x in h if x < 0], 50)) / 1e3, 1) if any(x < 0 for x in h) else 0.0,
+                "p10_us": round(float(np.percentile(h, 10)) / 1e3, 1)}
+        ev = engine_vs_sleep[c]
+        if ev:  # does the engine wait for the tap to sleep? (its switch-in within 10 us after the tap's sleep)
+            out["conditions"][c]["engine_vs_tap_asleep"] = {
+                "n": len(ev), "p50_us": round(float(np.percentile(ev, 50)) / 1e3, 1),
+                "runs_before_tap_sleeps_share": round(sum(1 for x in ev if x < 0) / len(ev), 3),
+                "runs_within_10us_after_share": round(sum(1 for x in ev if 0 <= x <= 10_000) / len(ev), 3)}
     out["stamp_minus_wire"] = {k: _stats(v) for k, v in stamp_err.items()}
     for c in conds:
         if c.startswith("direct@"):
@@ -582,6 +600,13 @@ def print_report(result: dict) -> None:
             after = f", with hop and after-forward {g['gap_with_hop_and_after_forward_us']}" if "gap_with_hop_and_after_forward_us" in g else ""
             print(f"    gap {g['gap_us']} us (with hop {g['gap_with_hop_us']}{after}), mean gap {g['mean_gap_us']}; by segment (means) "
                   f"{g['mean_gap_by_segment_us']}")
+        if "hop_bound_check" in g:
+            print(f"    hop bound per request: below the wire's unreported in {g['hop_bound_check']['short_share']} "
+                  f"(by {g['hop_bound_check']['short_by_p50_us']} us p50), margin p10 {g['hop_bound_check']['p10_us']} us")
+        if "engine_vs_tap_asleep" in g:
+            e = g["engine_vs_tap_asleep"]
+            print(f"    engine running - tap asleep p50 {e['p50_us']} us; engine ran before the tap slept {e['runs_before_tap_sleeps_share']}, "
+                  f"within 10 us after it {e['runs_within_10us_after_share']}")
         sp = g.get("sched_per_request_us")
         if sp:
             print("    per request, CPU / run delay us: " + ", ".join(f"{n} {v['cpu']}/{v['run_delay']}" for n, v in sp.items()))

@@ -1,0 +1,155 @@
+"""Is the hop bound a bound? (``deltatap.overhead.hop_ns``, :meth:`deltatap.proxy.record.TapRecord.overheads`; issue 15,
+session 23.) Each of the tap's two forwarding writes (the request's last byte upstream, the first token downstream) is
+stamped at its issue with a bound (issue -> the send's return), or placed at its departure from the packet log
+(bound 0). On loopback the receiver's kernel takes the bytes in inside the sender's ``send``, so the peer's kernel
+receive stamp of them lies in ``[stamp, stamp + bound]`` for a write stamped at its issue; for a placed write it lies
+after the departure (docs/tap.md "Overhead": its delivery is not counted, the bound falls short there).
+
+Live, on 127.0.0.1: through a tap to a raw upstream that reads with the kernel's receive stamps (the tap's own
+``SO_TIMESTAMPING`` flags, converted to the tap's clock as the tap converts its own), and a raw client likewise;
+requests with a one-token SSE answer. Usual sends, and every send counted slow (as tests/kernel's
+``slow_sends_over(0)``) so that the packet log places both writes. The span's ``hop_ns`` is the two writes' bounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+
+import pytest
+
+from deltatap.core.vocab import Attr, TapEvent
+from deltatap.net import kstamp, pktstamp
+from deltatap.proxy.record import TapRecord
+
+from tap_helpers import wait_spans
+
+TIMEOUT_S = 10.0
+SLACK_NS = 2_000  # the two clocks' conversion (one offset for the process, measured over a reading pair)
+
+
+def _stamping(sock: socket.socket) -> None:
+    """The kernel's software receive stamps on ``sock``'s reads (as the tap's own sockets: ``kstamp.RX_FLAGS``)."""
+    sock.setsockopt(socket.SOL_SOCKET, pktstamp.SO_TIMESTAMPING, kstamp.RX_FLAGS)
+
+
+def _recv_stamped(sock: socket.socket) -> tuple[bytes, int]:
+    """One read and the kernel's receive stamp of its last packet (mono ns, converted as the tap converts its own:
+    ``kstamp._to_mono``, one offset between the clocks for the process)."""
+    data, anc, _flags, _addr = sock.recvmsg(65536, pktstamp._ANCBUF)
+    wall = pktstamp.kernel_ns(anc)
+    assert wall or not data, "no receive stamp on the read"
+    return data, kstamp._to_mono(wall)
+
+
+_EVENT = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
+
+
+def _raw_upstream(listener: socket.socket, n: int, arrivals: list[int]) -> None:
+    """Answer ``n`` requests (no body), each with an SSE stream of one token, on the connections the tap opens (one
+    it opens at its start and closes is passed over); keep each request's arrival (the kernel stamp of the read that
+    completed its head)."""
+    listener.settimeout(TIMEOUT_S)
+    while len(arrivals) < n:
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(TIMEOUT_S)
+            buf = b""
+            while len(arrivals) < n:
+                while b"\r\n\r\n" not in buf:
+                    data, t = _recv_stamped(conn)
+                    if not data:
+                        break
+                    buf += data
+                if b"\r\n\r\n" not in buf:
+                    break  # (the connection ended: the next)
+                buf = buf.split(b"\r\n\r\n", 1)[1]
+                arrivals.append(t)
+                chunk = b"%x\r\n%s\r\n" % (len(_EVENT), _EVENT)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk)
+                done = b"data: [DONE]\n\n"
+                conn.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+
+
+async def _run(make_tap, span_exporter, telemetry, n: int) -> tuple[list[TapRecord], list[int], list[int], dict]:
+    """``n`` requests through a tap to the raw upstream on one client connection: the records, the upstream's arrival
+    of each request, the client's arrival of each first token, the spans by request id."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    _stamping(listener)  # (before any byte: its connection's first read is stamped too)
+    arrivals: list[int] = []
+    th = threading.Thread(target=_raw_upstream, args=(listener, n, arrivals), daemon=True)
+    th.start()
+    try:
+        tap = await make_tap(f"http://127.0.0.1:{listener.getsockname()[1]}")
+        seen: list[TapRecord] = []
+        real_finish = tap.tap.finish
+
+        def finish(span, rec):
+            seen.append(rec)
+            real_finish(span, rec)
+
+        tap.tap.finish = finish
+        client = socket.socket()
+        _stamping(client)
+        client.settimeout(TIMEOUT_S)
+        client.connect(("127.0.0.1", tap.port))
+        firsts: list[int] = []
+
+        def one() -> None:  # (blocking, in a thread: the tap's loop runs meanwhile)
+            client.sendall(b"GET /v1/chat/completions HTTP/1.1\r\nHost: e\r\n\r\n")
+            got, first = b"", None
+            while not got.endswith(b"0\r\n\r\n"):
+                data, t = _recv_stamped(client)
+                assert data, got
+                if first is None and b"content" in got + data:
+                    first = t
+                got += data
+            firsts.append(first)
+
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(TIMEOUT_S):
+            for _ in range(n):
+                await loop.run_in_executor(None, one)
+            spans = await wait_spans(span_exporter, telemetry, n)
+        client.close()
+    finally:
+        listener.close()
+    th.join(TIMEOUT_S)
+    assert len(seen) == n == len(arrivals) == len(firsts)
+    return seen, arrivals, firsts, {sp.attributes[Attr.REQUEST_ID]: sp for sp in spans}
+
+
+@pytest.mark.parametrize("all_slow", [False, True], ids=["usual", "all-placed"])
+async def test_the_hop_bound_against_the_peers_kernel_arrival(make_tap, span_exporter, telemetry, monkeypatch, all_slow):
+    if not kstamp.enabled():
+        pytest.skip("no kernel stamps")
+    if all_slow:
+        if pktstamp.packet_log() is None:
+            pytest.skip("the packet log needs CAP_NET_RAW")
+        default = kstamp._SLOW_SEND_NS
+        monkeypatch.setattr(kstamp, "_SLOW_SEND_NS", 0)  # (every send slow: each forwarding write placed)
+        if kstamp._send is not None:
+            kstamp._pktacc.write_setup(kstamp.SLOW_SENDS, 0)
+    try:
+        seen, arrivals, firsts, spans = await _run(make_tap, span_exporter, telemetry, 5)
+    finally:
+        if all_slow and kstamp._send is not None:
+            kstamp._pktacc.write_setup(kstamp.SLOW_SENDS, default)
+    placed = issued = 0
+    for rec, arrival, first in zip(seen, arrivals, firsts):
+        s = rec.stream
+        req_bound = rec.bounds[TapEvent.REQUEST_FORWARDED][1]
+        ft_bound = s.first_token_forwarded_bound_ns
+        assert spans[rec.request_id].attributes[Attr.OVERHEAD_HOP_NS] == req_bound + ft_bound
+        for stamp, bound, got in ((rec.forwarded, req_bound, arrival), (s.first_token_forwarded_mono_ns, ft_bound, first)):
+            assert got >= stamp - SLACK_NS, (got - stamp, bound)  # (never before the write's stamp)
+            if bound > 0:  # stamped at its issue: the peer had the bytes when the send returned
+                assert got <= stamp + bound + SLACK_NS, (got - stamp, bound)
+                issued += 1
+            else:  # placed at its departure (exact): the delivery after it is what the bound leaves out
+                placed += 1
+    if all_slow:
+        assert placed > 0  # (the packet log placed some: the case was met)
+    else:
+        assert issued > 0
