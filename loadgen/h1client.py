@@ -11,7 +11,9 @@ returns its departure and bound) framed by :class:`deltatap.net.h1.Reader`; one 
 * the read that completes the final response head is its stamp (``1xx`` interim heads are skipped); body
   payload slices (chunked framing removed by the reader) go, as read and with that read's ``(t, bound)``,
   straight into the exchange's sink — the caller's :class:`~deltatap.loadgen.stream.ClientStream` for an
-  event stream — or, for any other answer, are kept up to :data:`BODY_LIMIT` bytes (an error's message);
+  event stream, read up to :data:`STREAM_LIMIT` bytes (past it the request fails and the connection closes: a server
+  streaming without end cannot fill the client's memory) — or, for any other answer, are kept up to
+  :data:`BODY_LIMIT` bytes (an error's message);
 * the exchange ends at the response's end (Content-Length, chunked, or the server's close for a
   close-delimited body); the connection goes back to the pool when both sides mean to keep it.
 
@@ -43,6 +45,7 @@ from deltatap.net.h1 import BODY, END, ERROR, HEAD, Head, Reader
 __all__ = ["BODY_LIMIT", "ConnectFailed", "Exchange", "H1Pool", "cannot_connect", "connect_reason"]
 
 BODY_LIMIT = 64 * 1024  # bytes of a non-stream answer kept (an error's message); a longer one ends the connection
+STREAM_LIMIT = 32 << 20  # bytes of one event stream read (~150k tokens of OpenAI chunks); past it the request fails
 USER_AGENT = f"deltatap-loadgen/{__version__}"
 
 
@@ -170,6 +173,13 @@ class _Conn(StampedProtocol):
                 sink = ex.sink
                 if sink is not None:
                     sink.feed(chunk, t, bound)
+                    if ex.body_bytes > STREAM_LIMIT:  # a stream without end (or a server sending gigabytes): stop here
+                        ex.error = (f"the answer passed {STREAM_LIMIT >> 20} MiB; the client stopped reading it and closed "
+                                    f"the connection (a stream without end?)")
+                        self._keep = False
+                        self._finish(ex)
+                        self._drop()
+                        return
                 elif ex.kept_bytes <= BODY_LIMIT:
                     ex.kept.append(chunk)
                     ex.kept_bytes += e - s

@@ -122,3 +122,38 @@ def test_tls_failure_hint():
     assert describe_problem(g).endswith("does the server speak TLS there (else use http://)?")
     g["message"] = "cannot connect to 127.0.0.1:1 (connection refused)"
     assert describe_problem(g).endswith("is the server running?")
+
+
+async def test_a_stream_without_end_is_cut_at_the_limit():
+    # before: a server streaming without end filled the client's memory (6 GB in 10 s, probed), then the run's end
+    # tokenised all of it
+    from test_loadgen_h1client import RawServer, one, target
+
+    from deltatap.core.vocab import Outcome
+    from deltatap.loadgen.client import make_session
+    from deltatap.loadgen.h1client import STREAM_LIMIT
+
+    sent = [0]
+
+    async def handler(r, w, conn):
+        await srv.read_request(r, conn)
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+        piece = b": " + b"x" * (1 << 16) + b"\n"  # SSE comments: bytes, no content to keep
+        try:
+            while sent[0] < STREAM_LIMIT + (8 << 20):  # (bounded: the client must stop reading before this)
+                w.write(piece)
+                sent[0] += len(piece)
+                await w.drain()
+        except (ConnectionError, OSError):
+            pass
+
+    async with RawServer(handler) as srv:
+        t = target(f"http://127.0.0.1:{srv.port}", timeout_s=30)
+        pool = make_session(t)
+        try:
+            rec = await one(t, pool)
+        finally:
+            await pool.close()
+    assert rec.status == Outcome.UPSTREAM_ERROR
+    assert rec.error.startswith(f"the answer passed {STREAM_LIMIT >> 20} MiB"), rec.error
+    assert sent[0] < STREAM_LIMIT + (8 << 20)
