@@ -138,20 +138,6 @@ def _share_packet_log(opts: TapOptions, port: int) -> None:
         pktstamp.shared_packet_log(*tap_ends(opts, port))
 
 
-def keep_tap_ends(opts: TapOptions, port: int) -> None:
-    """A tap of one process: have its packet log keep the tap's ends (:func:`tap_ends`) by one filter attached at the
-    start, not by each connection's local port (a filter attached per new upstream connection, and per first or last
-    client connection: two setsockopt per connection, ~130 us measured here with 60 ports listed). Nothing where the
-    log is off; a no-op in a worker of ``--workers N`` (the shared log keeps them already)."""
-    from deltatap.net import kstamp, pktstamp
-
-    if not kstamp.enabled():
-        return
-    plog = pktstamp.packet_log()
-    if plog is not None:
-        plog.keep_ends(*tap_ends(opts, port))
-
-
 def tap_ends(opts: TapOptions, port: int) -> tuple[list[int], list[tuple[bytes, int]]]:
     """The ends of a tap's stamped connections, for its packet log's filter: the listen port (the clients'
     connections), and the upstream's IPv4 addresses, resolved now, with its port (the upstream connections; one made
