@@ -323,3 +323,34 @@ def test_kept_ends_attach_no_filter_per_connection_and_other_ends_are_watched_by
     plain, kept = pktstamp._filter([42000]), pktstamp._filter([42000], None, log._static)
     assert len(kept) == len(plain) + 2 * (2 + 4) * 8  # each side: a port load and test, 4 instructions per remote end
     assert pktstamp._filter([], None, ((), ())) == pktstamp._filter([])  # (no ends, no ports: drop all)
+
+
+@pytest.mark.parametrize("c_impl", _IMPLS)
+def test_a_frame_handed_back_under_a_search_is_not_there(c_impl: bool) -> None:
+    """Three segments of a connection logged; another process of a shared log hands the middle one's frame back (its
+    status word zeroed) after this one found the newest frame: the search does not take it for a segment, nor a frame
+    the kernel filled again with another connection's packet; the read's bytes then cannot be placed (a gap), rather
+    than placed at a wrong packet."""
+    from tests.kernel.test_pktring import _frame
+
+    frames = 8
+    key = (_LO, 40000, _LO, 8080)
+    rng = random.Random(3)
+    base = 1000
+    for what in ("zeroed", "refilled"):
+        ring = bytearray(frames * _FRAME)
+        for i in range(3):
+            _frame(ring, i * _FRAME, rng, key, base + 10 * i, 10, (5 + i) * 10**9, False)
+        log = PacketLog.over(ring, acc if c_impl else None)
+        assert log.segments_since(key, base) == [(base + 10 * i, base + 10 * (i + 1), (5 + i) * 10**9) for i in range(3)]
+        if what == "zeroed":
+            struct.pack_into("=I", ring, _FRAME, 0)
+        else:  # (handed back, then the kernel's next packet in the slot: another connection's)
+            _frame(ring, _FRAME, rng, (_LO, 40001, _LO, 8080), base + 10, 10, 9 * 10**9, False)
+        log._newest_from = lambda head: 3  # type: ignore[method-assign]  # (found before the hand-back)
+        if c_impl:  # (the C search finds the newest itself: the head stays where it was, frame 1 is not handed back)
+            log._head = 0
+        segs = log.segments_since(key, base)
+        assert segs == [(base, base + 10, 5 * 10**9), (base + 20, base + 30, 7 * 10**9)], (what, segs)
+        cuts, _tail, why = log.cuts(key, base, 30, 0, 16, 1 << 18)
+        assert cuts is None and "start 10 bytes in" in why
