@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from typing import Any
 
@@ -130,6 +131,9 @@ def main(args: argparse.Namespace) -> int:
         print_summary(result.summary)
     if result.out_dir:
         print(f"records: {result.out_dir / 'records.jsonl'}  summary: {result.out_dir / 'summary.json'}", file=sys.stderr)
+    if result.interrupted:  # Ctrl-C / SIGTERM: the sending stopped, what it got is written; the signal's exit status
+        _say(f"interrupted ({result.interrupted}): nothing more was sent; {len(result.records)} requests recorded")
+        return 128 + getattr(signal, result.interrupted)
     return 0 if result.summary["request_count"] > 0 else 1
 
 

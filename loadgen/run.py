@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import platform
 import resource
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -45,6 +47,7 @@ class LoadResult:
     warmup_records: list[dict[str, Any]] = field(default_factory=list, repr=False)
     plan: list[PlannedRequest] = field(default_factory=list, repr=False)
     out_dir: Path | None = None
+    interrupted: str | None = None  # SIGINT / SIGTERM ended the send phase early (the records are what it got)
 
 
 def group_units(plan: list[PlannedRequest]) -> list[list[PlannedRequest]]:
@@ -151,6 +154,7 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
     progress = None
     coordinator: Coordinator | None = None
     assignment: Assignment | None = None
+    interrupted: list[str] = []
     child_spans: list[dict[str, int]] = []
     send_cpu_s = 0.0
     send_wait_s: float | None = None
@@ -209,7 +213,11 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
                 progress = LiveProgress(counters, total)
                 progress.start()
             cpu0, wait0 = process_cpu_s(), loop_wait_s()
-            await MODES[options.mode](runner, cfg, sessions)
+            send = MODES[options.mode](runner, cfg, sessions)
+            if group is None and coordinator is None:  # (one process, one host: Ctrl-C ends the sending, not the run)
+                await _interruptible(send, interrupted, runner)
+            else:
+                await send
             send_cpu_s, wait1 = process_cpu_s() - cpu0, loop_wait_s()
             if wait0 is not None and wait1 is not None:
                 send_wait_s = wait1 - wait0
@@ -274,10 +282,37 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
             summary["run"]["spans"][k] += spans[k]
     if assignment is not None:
         summary["run"]["hosts"] = assignment.to_dict()  # several hosts: this one's share and the shared start
-    result = LoadResult(summary, records, [r.to_dict() for r in warm_records], plan, None)
+    result = LoadResult(summary, records, [r.to_dict() for r in warm_records], plan, None, interrupted[0] if interrupted else None)
     if options.out:
         result.out_dir = write_outputs(Path(options.out), result, measured, warm_records, options.write_requests)
     return result
+
+
+async def _interruptible(send: Any, interrupted: list[str], runner: Runner) -> None:
+    """Run the send phase ``send``; SIGINT (Ctrl-C) or SIGTERM ends it early: nothing more is sent, what is in flight
+    ends as ``client_cancel``, and the run goes on to write its records and summary (``interrupted`` gets the
+    signal's name). A second signal, once the sending has ended, acts as it would without this."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(send)
+
+    def stop(name: str) -> None:
+        if not interrupted:
+            interrupted.append(name)
+            task.cancel()
+
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    for sig in sigs:
+        loop.add_signal_handler(sig, stop, sig.name)
+    try:
+        await task
+    except asyncio.CancelledError:
+        if not interrupted or not task.cancelled():
+            raise
+        runner.cancel_flights()
+        await runner.flights_ended(5.0)  # (a cancelled request files its record as it ends)
+    finally:
+        for sig in sigs:
+            loop.remove_signal_handler(sig)
 
 
 PROCESS_START_IN_NS = 100_000_000  # --processes: the shared start, this long after every process said it was ready

@@ -157,3 +157,29 @@ async def test_a_stream_without_end_is_cut_at_the_limit():
     assert rec.status == Outcome.UPSTREAM_ERROR
     assert rec.error.startswith(f"the answer passed {STREAM_LIMIT >> 20} MiB"), rec.error
     assert sent[0] < STREAM_LIMIT + (8 << 20)
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+async def test_a_signal_ends_the_sending_and_keeps_the_records(sse_server, telemetry, sig):
+    # before: Ctrl-C (or SIGTERM) mid-run ended the process with nothing written: no records, no summary, no line
+    # (the command line's exit status and line: loadgen/cli.py, from result.interrupted)
+    import os
+    import signal
+
+    from deltatap.loadgen import LoadOptions, run_load
+
+    state, url = sse_server
+    state.interval_ms, state.tokens = 50.0, 40  # 2 s answers: both are in flight at the signal
+
+    async def signal_when_in_flight() -> None:
+        for _ in range(1000):  # (at most 10 s; the run's 30 s send phase is still on)
+            if state.in_flight >= 2:
+                break
+            await asyncio.sleep(0.01)
+        os.kill(os.getpid(), getattr(signal, sig))
+
+    kill = asyncio.ensure_future(signal_when_in_flight())
+    res = await run_load(LoadOptions(target=url, concurrency=2, duration_s=30, progress=False, gpu=False, seed=3), telemetry)
+    await kill
+    assert res.interrupted == sig
+    assert len(res.records) == 2 and all(r["status"] == "client_cancel" for r in res.records)
