@@ -86,7 +86,8 @@ def describe_problem(g: dict[str, Any]) -> str:
         head = f"HTTP {status}" if kind == "http_status" else f"refused (HTTP {status})"
         return f"{head} x{n}: {msg}"
     if kind == "unreachable":
-        hint = "does the server speak TLS there (else use http://)?" if msg and "TLS" in msg else "is the server running?"
+        hint = ("does this host trust its certificate (SSL_CERT_FILE, SSL_CERT_DIR)?" if msg and "certificate" in msg else
+                "does the server speak TLS there (else use http://)?" if msg and "TLS" in msg else "is the server running?")
         return f"{msg or 'cannot connect'} - {n} request{'s' if n != 1 else ''}; {hint}"
     return f"{kind} x{n}: {msg}" if msg else f"{kind} x{n}"
 

@@ -120,6 +120,8 @@ def test_tls_failure_hint():
 
     g = {"kind": "unreachable", "message": "cannot connect to 127.0.0.1:1 (TLS handshake failed: WRONG_VERSION_NUMBER)", "count": 2}
     assert describe_problem(g).endswith("does the server speak TLS there (else use http://)?")
+    g["message"] = "cannot connect to 127.0.0.1:1 (certificate verify failed: self-signed certificate)"
+    assert describe_problem(g).endswith("does this host trust its certificate (SSL_CERT_FILE, SSL_CERT_DIR)?")
     g["message"] = "cannot connect to 127.0.0.1:1 (connection refused)"
     assert describe_problem(g).endswith("is the server running?")
 
