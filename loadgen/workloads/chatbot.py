@@ -18,7 +18,7 @@ from pydantic import Field
 from deltatap.loadgen.tokens import Tokenizer
 from deltatap.loadgen.workloads.base import PlannedRequest, WorkloadParams, register
 from deltatap.loadgen.workloads.conversation import system_prompt
-from deltatap.loadgen.workloads.lengths import Length, LogNormal
+from deltatap.loadgen.workloads.lengths import MAX_TOKENS, Length, LogNormal
 from deltatap.loadgen.workloads.text import sentences
 
 
@@ -26,9 +26,9 @@ class ChatbotParams(WorkloadParams):
     input: Length = Field(default_factory=lambda: LogNormal(mu=4.0, sigma=0.8, min=10, max=500))
     output: Length = Field(default_factory=lambda: LogNormal(mu=5.0, sigma=1.0, min=20, max=1000))
     turns_p: float = Field(default=0.12, gt=0.0, le=1.0, description="session length ~ Geometric(p), mean 1/p turns")
-    think_mean_s: float = Field(default=8.0, ge=0.0, description="think time ~ Exponential(mean)")
-    history_tokens: int = Field(default=4000, ge=0, description="sliding window over the session history")
-    system_prompt_tokens: int = Field(default=200, ge=0)
+    think_mean_s: float = Field(default=8.0, ge=0.0, le=86400.0, allow_inf_nan=False, description="think time ~ Exponential(mean)")
+    history_tokens: int = Field(default=4000, ge=0, le=MAX_TOKENS, description="sliding window over the session history")
+    system_prompt_tokens: int = Field(default=200, ge=0, le=MAX_TOKENS)
 
 
 @register("chatbot", ChatbotParams, "profiles s5: multi-turn sessions, Exp(8 s) think time, 4000-token sliding history")

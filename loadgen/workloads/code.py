@@ -66,7 +66,7 @@ def zipf_probabilities(k: int, s: float) -> np.ndarray:
 
 
 class CodeParams(WorkloadParams):
-    contexts: int = Field(default=10, gt=0)
+    contexts: int = Field(default=10, gt=0, le=100_000)
     context_tokens: Length = Field(default_factory=lambda: Uniform(min=512, max=1024))
     shared_fraction: float = Field(default=0.8, ge=0.0, le=1.0)
     zipf_s: float = Field(default=1.5, gt=0.0)

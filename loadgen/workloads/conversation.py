@@ -23,6 +23,7 @@ from pydantic import Field
 from deltatap.core.config import ConfigError
 from deltatap.loadgen.tokens import Tokenizer
 from deltatap.loadgen.workloads.base import PlannedRequest, WorkloadParams, register
+from deltatap.loadgen.workloads.lengths import MAX_TOKENS
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "sharegpt_sample.json"
 
@@ -45,8 +46,8 @@ class ConversationParams(WorkloadParams):
     path: str = Field(default=str(SAMPLE), description="ShareGPT-format JSON file")
     dataset_version: str = "deltatap sharegpt_sample (generated, seed 2023)"
     system_prompt_share: float = Field(default=0.5, ge=0.0, le=1.0)
-    system_prompt_tokens: int = Field(default=200, ge=0)
-    max_output_tokens: int = Field(default=4096, gt=0, description="cap on max_tokens taken from the data")
+    system_prompt_tokens: int = Field(default=200, ge=0, le=MAX_TOKENS)
+    max_output_tokens: int = Field(default=4096, gt=0, le=MAX_TOKENS, description="cap on max_tokens taken from the data")
 
 
 @functools.cache

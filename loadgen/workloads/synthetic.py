@@ -11,7 +11,7 @@ from pydantic import Field
 
 from deltatap.loadgen.tokens import Tokenizer
 from deltatap.loadgen.workloads.base import PlannedRequest, WorkloadParams, register
-from deltatap.loadgen.workloads.lengths import Choice, Fixed, Length, LogNormal, Uniform
+from deltatap.loadgen.workloads.lengths import MAX_TOKENS, Choice, Fixed, Length, LogNormal, Uniform
 
 
 class SyntheticParams(WorkloadParams):
@@ -59,7 +59,7 @@ QUESTION = (
 class LongContextParams(WorkloadParams):
     input: Length = Field(default_factory=lambda: Choice(values=[8192, 16384, 32768, 65536, 131072]))
     output: Length = Field(default_factory=lambda: Fixed(value=256))
-    question_tokens: int = Field(default=100, gt=0, description="the fixed question after the document (A.5.1)")
+    question_tokens: int = Field(default=100, gt=0, le=MAX_TOKENS, description="the fixed question after the document (A.5.1)")
 
 
 @register("long-context", LongContextParams, "A.5: [document][~100-token question], target lengths 8k..128k, output 256")

@@ -185,3 +185,18 @@ async def test_a_signal_ends_the_sending_and_keeps_the_records(sse_server, telem
     await kill
     assert res.interrupted == sig
     assert len(res.records) == 2 and all(r["status"] == "client_cancel" for r in res.records)
+
+
+@pytest.mark.parametrize("params, names", [
+    # before: planning 10^9-token prompts ran until memory ran out (probed: killed after 20 s)
+    ("input: {dist: uniform, min: 1000000000, max: 1000000001}\n  output: {dist: fixed, value: 8}", "less than or equal to 2000000"),
+    ("input: {dist: fixed, value: 8}\n  output: {dist: choice, values: [8, 100000000]}", "less than or equal to 2000000"),
+    # before: a nan mu planned garbage lengths
+    ("input: {dist: lognormal, mu: .nan, sigma: 1, max: 100}\n  output: {dist: fixed, value: 8}", "finite number"),
+])
+def test_workload_lengths_are_bounded(capsys, tmp_path, params, names):
+    wl = tmp_path / "wl.yaml"
+    wl.write_text(f"workload: synthetic-uniform\nparams:\n  {params}\n")
+    assert main([*BASE, "--workload", str(wl), "--plan-only", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and str(wl) in err and names in err, err
