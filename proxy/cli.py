@@ -61,7 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="query key whose value url.query keeps as sent (repeatable, or a,b); every other value is a keyed hash")
     p.add_argument("--header-timeout-s", type=float, metavar="S",
                    help="close a connection that has not sent a whole request head for S seconds, idle keep-alive included (default 30)")
-    p.add_argument("--max-connections", type=int, metavar="N", help="downstream connections open at once; more are closed at accept (default 4096)")
+    p.add_argument("--max-connections", type=int, metavar="N", help="downstream connections open at once; more are closed at accept (default 4096; the "
+                        "open-file limit is raised toward its hard limit to fit them)")
     p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate (chain): speak TLS toward the downstream (with --tls-key)")
     p.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
     p.add_argument("--protocol", choices=PROTOCOLS, default=None,
@@ -175,6 +176,27 @@ def tune_gc() -> None:
     settle(freeze_survivors=True)
 
 
+FDS_PER_CONNECTION = 2  # a downstream connection and the upstream connection paired with it
+FDS_RESERVED = 64  # the listening and admin sockets, packet sockets, the span export, pooled upstream connections (~20 idle)
+
+
+def fit_open_files(max_connections: int) -> tuple[int, int]:
+    """Raise this process's open-file limit (soft, up to the hard one) to what ``max_connections`` connection pairs
+    need; returns (needed, the soft limit now). Below it a flood of connections meets EMFILE before --max-connections."""
+    import resource
+
+    needed = FDS_PER_CONNECTION * max_connections + FDS_RESERVED
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return needed, soft
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return needed, soft
+    return needed, target
+
+
 WORKERS_PER_CPU = 4  # --workers' bound: one worker per core is the useful most; each is a whole tap process
 
 
@@ -197,6 +219,12 @@ def run(args: argparse.Namespace) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO)
     quiet_bad_requests()  # (the --workers parent's summed admin server too)
+    needed, soft = fit_open_files(opts.max_connections)  # (inherited by --workers' processes)
+    if soft < needed:
+        log.warning("tap %s: --max-connections %d needs about %d open files, this process may open %d (ulimit -n, hard limit "
+                    "reached): past about %d connections new ones fail at accept; raise the hard limit or lower "
+                    "--max-connections", opts.link, opts.max_connections, needed, soft,
+                    max(0, (soft - FDS_RESERVED) // FDS_PER_CONNECTION))
     most = max_workers()
     if not 1 <= args.workers <= most:
         raise ConfigError(f"--workers: must be 1 to {most} on this host ({WORKERS_PER_CPU} per CPU it may use; got {args.workers})")

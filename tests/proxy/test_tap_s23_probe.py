@@ -119,3 +119,24 @@ async def test_admin_port_bad_requests_are_one_line_each(upstream, make_tap, cap
         assert r.exc_info is None and r.levelno == logging.INFO and "\n" not in line and "answered 400" in line, line
     # and the admin server still answers
     assert b"200 OK" in await _raw(tap.admin_port, b"GET /livez HTTP/1.1\r\nHost: a\r\n\r\n")
+
+
+def test_open_file_limit_is_raised_to_what_max_connections_needs():
+    # before: --max-connections 4096 under ulimit -n 1024 (a common default): a connection flood met EMFILE at accept
+    # (the tap retrying each second, requests timing out) long before the cap; the soft limit is now raised toward
+    # the hard one at start, and a hard limit too low is one warning line
+    import resource
+
+    from deltatap.proxy.cli import FDS_PER_CONNECTION, FDS_RESERVED, fit_open_files
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2 * FDS_RESERVED + 100:
+        pytest.skip("hard open-file limit too low to lower and raise here")
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (FDS_RESERVED + 10, hard))
+        needed, now = fit_open_files(50)
+        assert needed == FDS_PER_CONNECTION * 50 + FDS_RESERVED
+        assert now == needed == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        assert fit_open_files(10) == (FDS_PER_CONNECTION * 10 + FDS_RESERVED, now)  # (never lowered)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
