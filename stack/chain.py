@@ -92,8 +92,10 @@ def _tap_listen(topo: Topology | None, link: str, ephemeral: bool) -> tuple[str,
     spec = next((x for x in topo.links if x.name == link), None)
     if spec is None or spec.tap is None:
         return "127.0.0.1", 0, 0
+    from deltatap.proxy.options import default_admin_port
+
     host, port = parse_hostport(spec.tap.listen)
-    admin = parse_hostport(spec.tap.admin)[1] if spec.tap.admin else port + 1000
+    admin = parse_hostport(spec.tap.admin)[1] if spec.tap.admin else default_admin_port(port, f"links.{link}.tap.admin")
     return host, port, admin
 
 

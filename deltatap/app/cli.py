@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from deltatap import __version__
@@ -50,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # gRPC's C core logs at INFO to stderr unless told otherwise (e.g. "Other threads are currently calling into gRPC,
+    # skipping fork() handlers" at each fork of a process that holds a gRPC channel: selftest printed six); its
+    # warnings and errors still show. Set before anything imports grpc; GRPC_VERBOSITY in the environment wins.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)

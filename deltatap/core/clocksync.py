@@ -81,7 +81,7 @@ async def estimate_offset(base_url: str, samples: int = 16, timeout_s: float = 5
                 got.append((to_unix_ns(t1), int(data["receive_unix_ns"]), int(data["transmit_unix_ns"]), to_unix_ns(t4), int(data.get("anchor_uncertainty_ns", 0))))
                 await asyncio.sleep(0.01)
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        raise ConnectionError(f"clock sync: cannot reach the collector at {url}: {exc or type(exc).__name__}") from None
+        raise ConnectionError(f"clock sync: cannot reach the clock endpoint {url} (a deltatap collector's or coordinator's): {exc or type(exc).__name__}") from None
     except (ValueError, KeyError) as exc:
         raise ConnectionError(f"clock sync: {url} did not answer with a clock sample ({exc})") from None
     return estimate_from_samples(got)

@@ -379,7 +379,10 @@ def make_exporter(otlp: str | None = None, protocol: str | None = None, timeout_
     if not target or target == "none":
         return NullExporter()
     if target.startswith("file:"):
-        return OtlpJsonFileExporter(target[len("file:") :])
+        path = target[len("file:") :]
+        if not path.strip():
+            raise TelemetryConfigError("--otlp file: needs a path to write the spans to, e.g. file:spans.jsonl")
+        return OtlpJsonFileExporter(path)
     if target.startswith("grpc://"):
         target, proto = "http://" + target[len("grpc://") :], "grpc"
     if not target.startswith(("http://", "https://")):

@@ -43,5 +43,5 @@ async def test_offset_against_a_live_answerer(aiohttp_unused_port=None):
 async def test_unreachable_collector_is_a_clear_error():
     import pytest
 
-    with pytest.raises(ConnectionError, match="cannot reach the collector"):
+    with pytest.raises(ConnectionError, match="cannot reach the clock endpoint"):
         await estimate_offset("http://127.0.0.1:9", samples=2, timeout_s=1)
