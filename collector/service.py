@@ -38,7 +38,7 @@ from deltatap.collector.sinks import RowWriter
 from deltatap.collector.sketches import Aggregator
 from deltatap.collector.spans import SpanRecord
 from deltatap.core.gc_pauses import settle
-from deltatap.core.config import ConfigError
+from deltatap.core.config import ConfigError, listen_error_line
 from deltatap.core.topology import Topology, default_topology, parse_hostport
 
 log = logging.getLogger("deltatap.collector")
@@ -156,7 +156,7 @@ class RunningCollector:
                 try:
                     self._grpc, bound = await start_grpc((host, port), self._on_spans, self._on_error)
                 except OSError as exc:  # one line, like --otlp-http and --metrics
-                    raise ConfigError(f"--otlp-grpc {host}:{port}: cannot listen ({exc.strerror or exc})") from None
+                    raise ConfigError(listen_error_line("--otlp-grpc", host, port, exc)) from None
                 self.otlp_grpc_endpoint = f"grpc://{host}:{bound}"
             if o.otlp_http is not None:
                 host, port = parse_hostport(o.otlp_http, "--otlp-http")
@@ -177,7 +177,7 @@ class RunningCollector:
         try:
             await site.start()
         except OSError as exc:
-            raise ConfigError(f"{flag} {host}:{port}: cannot listen ({exc.strerror or exc})") from None
+            raise ConfigError(listen_error_line(flag, host, port, exc)) from None
         return site._server.sockets[0].getsockname()[1]
 
     async def _ticker(self) -> None:

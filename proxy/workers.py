@@ -82,12 +82,12 @@ def _reserve(host: str, port: int) -> socket.socket:
 
 def run_workers(opts: TapOptions, workers: int, serve_worker: Callable[[TapOptions, int], int]) -> int:
     """Fork ``workers`` processes running ``serve_worker(worker_opts, report_fd)`` and serve the summed admin port."""
-    from deltatap.core.config import ConfigError
+    from deltatap.core.config import ConfigError, listen_error_line
 
     try:
         reserved = _reserve(opts.listen_host or "0.0.0.0", opts.listen_port)
     except OSError as exc:
-        raise ConfigError(f"--listen {opts.listen_host}:{opts.listen_port}: cannot listen ({exc.strerror or exc})") from None
+        raise ConfigError(listen_error_line("--listen", opts.listen_host, opts.listen_port, exc)) from None
     port = reserved.getsockname()[1]
     _share_packet_log(opts, port)
     children: list[int] = []
@@ -220,9 +220,11 @@ async def _parent(opts: TapOptions, port: int, admins: list[str], children: list
             for pid in children:
                 _signal(pid, signal.SIGTERM)
             await asyncio.get_running_loop().run_in_executor(None, _reap, children)
-            from deltatap.core.config import ConfigError
+            await session.close()  # (else asyncio's "Unclosed client session" follows the line below)
+            await runner.cleanup()
+            from deltatap.core.config import ConfigError, listen_error_line
 
-            raise ConfigError(f"--admin {opts.admin_host}:{opts.admin_port}: cannot listen ({exc.strerror or exc})") from None
+            raise ConfigError(listen_error_line("--admin", opts.admin_host, opts.admin_port, exc)) from None
         aport = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         admin_url = f"http://{opts.admin_host}:{aport}"
     print(f"deltatap tap {opts.link}: {'https' if opts.tls_cert else 'http'}://{opts.listen_host}:{port} -> {opts.upstream} ({len(children)} workers; admin {admin_url})",

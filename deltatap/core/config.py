@@ -38,6 +38,19 @@ def os_error_line(exc: OSError) -> str:
     return f"{' -> '.join(paths)}: {reason}" if paths else reason
 
 
+def listen_error_line(flag: str, host: str | None, port: int | None, exc: OSError) -> str:
+    """One line for a listening socket the system refused (``flag``: the option that named the address): the system's
+    own reason (asyncio's "error while attempting to bind on address ..." wrapper taken off) and what to do."""
+    reason = os.strerror(exc.errno) if exc.errno else (exc.strerror or str(exc) or type(exc).__name__)
+    if exc.errno == errno.EADDRINUSE:
+        reason += "; another process listens there: stop it, or choose another port (0 takes a free one)"
+    elif exc.errno in (errno.EACCES, errno.EPERM) and port is not None and 0 < port < 1024:
+        reason += "; ports below 1024 need root or CAP_NET_BIND_SERVICE: choose a port of 1024 or more"
+    elif exc.errno == errno.EADDRNOTAVAIL:
+        reason += "; no interface of this machine has that address: 127.0.0.1 or 0.0.0.0?"
+    return f"{flag} {host or '0.0.0.0'}:{port}: cannot listen ({reason})"
+
+
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False, populate_by_name=True)
 

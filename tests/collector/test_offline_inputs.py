@@ -252,7 +252,7 @@ def test_collect_with_grpc_port_in_use_is_one_clean_line(tmp_path):
         p = _cli("collect", "--otlp-grpc", f"127.0.0.1:{port}", "--otlp-http", "none", "--metrics", "none",
                  "--out", str(tmp_path / "c"), "--duration", "1", timeout=60)
     assert p.returncode == 2
-    assert p.stderr == f"deltatap collect: --otlp-grpc 127.0.0.1:{port}: cannot listen (Address already in use)\n", p.stderr
+    assert p.stderr == f"deltatap collect: --otlp-grpc 127.0.0.1:{port}: cannot listen (Address already in use; another process listens there: stop it, or choose another port (0 takes a free one))\n", p.stderr
 
 
 def test_collect_records_provenance_and_c1_uses_it_without_records(run, tmp_path):

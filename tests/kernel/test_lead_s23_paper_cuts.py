@@ -54,3 +54,33 @@ def test_clock_sync_names_the_endpoint_not_the_collector():
         port = s.getsockname()[1]  # closed once the block ends: nothing listens there
     with pytest.raises(ConnectionError, match=rf"cannot reach the clock endpoint http://127\.0\.0\.1:{port}/v1/clock"):
         asyncio.run(estimate_offset(f"http://127.0.0.1:{port}", samples=1, timeout_s=1.0))
+
+
+def test_listen_error_line_takes_the_systems_reason_and_says_what_to_do():
+    from deltatap.core.config import listen_error_line
+
+    wrapped = OSError(98, "error while attempting to bind on address ('127.0.0.1', 9100): address already in use")
+    assert listen_error_line("--listen", "127.0.0.1", 9100, wrapped) == (
+        "--listen 127.0.0.1:9100: cannot listen (Address already in use; another process listens there: stop it, "
+        "or choose another port (0 takes a free one))")
+    assert "below 1024 need root" in listen_error_line("--listen", None, 80, OSError(13, "permission denied"))
+    assert "no interface" in listen_error_line("--admin", "10.9.9.9", 9000, OSError(99, "cannot assign"))
+
+
+def test_workers_admin_port_in_use_is_one_line_and_no_unclosed_session(tmp_path):
+    import subprocess
+    import sys
+
+    with socket.socket() as held, socket.socket() as free:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        free.bind(("127.0.0.1", 0))
+        admin, listen = held.getsockname()[1], free.getsockname()[1]
+        free.close()
+        p = subprocess.run([sys.executable, "-m", "deltatap", "tap", "--link", "edge", "--upstream", "http://127.0.0.1:9",
+                            "--listen", f"127.0.0.1:{listen}", "--admin", f"127.0.0.1:{admin}", "--workers", "2", "--otlp", "none"],
+                           capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    errors = [ln for ln in p.stderr.splitlines() if "WARNING" not in ln]  # (the upstream-unreachable warnings of each worker)
+    assert errors == [f"deltatap tap: --admin 127.0.0.1:{admin}: cannot listen (Address already in use; another process "
+                      "listens there: stop it, or choose another port (0 takes a free one))"], p.stderr
