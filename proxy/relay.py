@@ -74,13 +74,14 @@ REPLAY_MAX_BYTES = 1 << 20
 DEFER_WATCH = os.environ.get("DELTATAP_TAP_DEFER", "1").strip().lower() not in ("0", "off", "false", "no")
 # Deferred accounting (issue 15): a request read's accounting (Downstream._account: the exchanges begun, fingerprints,
 # captures, timers, counters, the forwarded stamps already taken) waits, after its bytes went upstream, until the next
-# event that touches the pair (any read, close, timer or pause of either side: _Watches.run runs it first) or
-# ACCOUNT_DELAY_S later (one timer per loop for all of them): the tap goes back to sleep right after the forward, so
-# the upstream the write woke does not wait for a CPU the tap keeps. On with deferred watching (the same switch).
-# The timer is only the backstop for a pair on which nothing happens (the upstream's answer, or the client's next read,
-# usually comes first and runs the account after its own forward): long enough that it rarely fires (a fire is one
-# more wake-up of the tap per request), short enough for the in-flight gauge; never longer than the tap's own
-# --timeout-s, whose timer the account makes (counting from the read: Downstream._begin).
+# event that touches the pair (any read, close, timer or pause of either side: _Watches.run runs it first): the tap goes
+# back to sleep right after the forward, so the upstream the write woke does not wait for a CPU the tap keeps. On with
+# deferred watching (the same switch). The requests it begins are counted in flight when it is deferred (the gauge does
+# not wait for it). A loop timer backs it up only for a tap with --timeout-s (whose timer the account makes, counting
+# from the read: Downstream._begin): ACCOUNT_DELAY_S later, or the timeout if shorter (one timer per loop for all of
+# them). Without --timeout-s nothing needs the account sooner than the pair's next event (the upstream's answer, a
+# close, the tap's close), and a timer made per forwarded request cost the tap ~8 of its ~20 us awake after the
+# forward at 1 stream (docs/benchmarks.md, session 23).
 ACCOUNT_DELAY_S = 0.02
 
 
@@ -90,12 +91,12 @@ class _Watches:
     I/O callbacks, on uvloop and on asyncio's own loop alike); before any other work touches a pair with one pending
     (``up.deferred``), :meth:`run` runs them all first, so each pair sees its events in exactly the undeferred order.
 
-    And the loop's deferred accounts (:data:`ACCOUNT_DELAY_S`): ``(d, data, events, n, heads, t, bound, stamp, False,
-    now)``, each request read's :meth:`Downstream._account`, its bytes already written upstream (``stamp``), in the
-    order the reads came; ``d.accounting`` while one of the pair's waits. :meth:`run` runs them first (:meth:`settle`: a pair's
-    account is older than any watch of it still pending, whose read came after it), and so does the one timer
-    (:meth:`_timed`), made when the first waits (:data:`ACCOUNT_DELAY_S`, or the tap's shorter ``--timeout-s``) and
-    cancelled when none is left."""
+    And the loop's deferred accounts: ``(d, data, events, n, heads, t, bound, stamp, False, now, True)``, each request
+    read's :meth:`Downstream._account`, its bytes already written upstream (``stamp``) and its requests already counted
+    in flight, in the order the reads came; ``d.accounting`` while one of the pair's waits. :meth:`run` runs them first
+    (:meth:`settle`: a pair's account is older than any watch of it still pending, whose read came after it), and so does
+    the one timer (:meth:`_timed`) where a tap has ``--timeout-s``: made when the first such account waits
+    (:data:`ACCOUNT_DELAY_S`, or the shorter ``--timeout-s``) and cancelled when none is left."""
 
     __slots__ = ("loop", "items", "next", "scheduled", "accounts", "acc_next", "timer", "__weakref__")
 
@@ -113,11 +114,13 @@ class _Watches:
         self.run()
 
     def defer(self, item: tuple, limit_s: float | None) -> None:
-        """Keep one request read's account (see the class) for later: at most ``limit_s`` (the tap's ``--timeout-s``)
-        or :data:`ACCOUNT_DELAY_S` later, the shorter."""
+        """Keep one request read's account (see the class) for later: until the pair's next event, and with the tap's
+        ``--timeout-s`` (``limit_s``) at most that or :data:`ACCOUNT_DELAY_S` later, the shorter."""
         self.accounts.append(item)
         item[0].accounting = True
-        delay = ACCOUNT_DELAY_S if limit_s is None or limit_s > ACCOUNT_DELAY_S else limit_s
+        if limit_s is None:
+            return  # (no timer: nothing needs the account before the pair's next event)
+        delay = ACCOUNT_DELAY_S if limit_s > ACCOUNT_DELAY_S else limit_s
         timer = self.timer
         if timer is None:
             self.timer = self.loop.call_later(delay, self._timed)
@@ -525,8 +528,10 @@ class Downstream(_Side):
                 tap = self.tap
                 if w is not None and self.kernel is not None and not tap.draining:  # the rest after the tap gave its CPU back (_Watches)
                     limit = tap.o.timeout_s
+                    if heads:  # (its requests in flight from now: the gauge does not wait for the account)
+                        tap.exchange_started(len(heads))
                     w.defer((self, data, events, n, heads, t, bound, stamp, False,
-                             (self.loop or asyncio.get_running_loop()).time() if heads and limit is not None else None), limit)
+                             (self.loop or asyncio.get_running_loop()).time() if heads and limit is not None else None, True), limit)
                     return
             else:
                 queued = True
@@ -534,11 +539,11 @@ class Downstream(_Side):
         self._account(data, events, n, heads, t, bound, stamp, queued)
 
     def _account(self, data: bytes, events: list[tuple], n: int, heads: list[tuple], t: int, bound: int,
-                 stamp: tuple[int, int] | None, queued: bool, now: float | None = None) -> None:
+                 stamp: tuple[int, int] | None, queued: bool, now: float | None = None, counted: bool = False) -> None:
         """What :meth:`_process` does after a read's bytes went upstream (or were queued for it): the exchanges begun,
         their body bytes fingerprinted and captured, their ends stamped; ``stamp``: the write that carried the read.
         ``now``: the loop's time at that read, when this runs later (deferred, :class:`_Watches`): the ``--timeout-s``
-        timers count from it."""
+        timers count from it; ``counted``: its requests were counted in flight when it was deferred."""
         tap = self.tap
         ended: list[Exchange] = []
         h = 0
@@ -558,7 +563,7 @@ class Downstream(_Side):
                             ex.capture = None
             elif kind == HEAD:
                 self.head_deadline = None  # (the head timer, if pending, then does nothing when it fires)
-                self._begin(heads[h], (t, bound), now)
+                self._begin(heads[h], (t, bound), now, counted)
                 h += 1
             elif kind == END:
                 ex = self.current
@@ -584,9 +589,9 @@ class Downstream(_Side):
             for ex in ended:  # (nothing to write: the request's end came in bytes already sent)
                 self._forwarded(ex, None)
 
-    def _begin(self, begun: tuple, at: tuple[int, int], now: float | None = None) -> None:
+    def _begin(self, begun: tuple, at: tuple[int, int], now: float | None = None, counted: bool = False) -> None:
         """The exchange of a request head already forwarded (``begun``: what the forwarding pass made of it; ``now``:
-        the loop's time at its read, when that was earlier, see :meth:`_account`)."""
+        the loop's time at its read, when that was earlier; ``counted``: already in flight; see :meth:`_account`)."""
         head, first, span, request_id, created = begun
         tap = self.tap
         o = tap.o
@@ -597,7 +602,8 @@ class Downstream(_Side):
         ex = Exchange(rec, span, Fingerprinter(tap.fp_key), head.method)
         self.current = ex
         self.exchanges.append(ex)
-        tap.exchange_started()
+        if not counted:
+            tap.exchange_started()
         if o.timeout_s is not None:
             loop = self.loop or asyncio.get_running_loop()
             ex.timer = loop.call_later(o.timeout_s, self._timed_out, ex) if now is None else loop.call_at(now + o.timeout_s, self._timed_out, ex)

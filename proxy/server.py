@@ -270,11 +270,11 @@ class Tap:
             await self._sync_clock()
 
     # ---- exchanges ------------------------------------------------------------------------
-    def exchange_started(self) -> None:
-        """A request began."""
-        self.in_flight += 1
-        self.counters.in_flight += 1
-        if self.in_flight == 1:  # (_idle is set only where in_flight reaches 0: clear it once, not per request)
+    def exchange_started(self, n: int = 1) -> None:
+        """``n`` requests began (a deferred account's are counted when it is deferred: ``relay.Downstream._process``)."""
+        self.in_flight += n
+        self.counters.in_flight += n
+        if self.in_flight == n:  # (_idle is set only where in_flight reaches 0: clear it once, not per request)
             self._idle.clear()
 
     def count_upstream_error(self, error_type: str) -> None:

@@ -266,7 +266,8 @@ async def test_the_timer_alone_begins_the_exchange(make_tap):
 
 async def test_close_waits_for_a_request_whose_account_waits(make_tap, monkeypatch):
     """A tap closing while a forwarded request's account waits (a long timer here, so it surely does): close runs it
-    first, so the request is in flight, the grace period waits for its answer, and the client gets it whole."""
+    first (the request counted in flight since its deferral, session 23), the grace period waits for its answer, and
+    the client gets it whole."""
     monkeypatch.setattr(relay, "ACCOUNT_DELAY_S", 30.0)
     got = asyncio.Event()
 
@@ -286,7 +287,7 @@ async def test_close_waits_for_a_request_whose_account_waits(make_tap, monkeypat
         reader, writer = await asyncio.open_connection("127.0.0.1", tap.port)
         async with asyncio.timeout(10):
             await _second_request_at_upstream(tap, reader, writer, got)
-            assert [d.accounting for d in tap.tap.connections] == [True] and tap.tap.in_flight == 0
+            assert [d.accounting for d in tap.tap.connections] == [True] and tap.tap.in_flight == 1
             await tap.close(grace_s=5)
             answer = await reader.read()
         assert answer.startswith(b"HTTP/1.1 200 OK\r\n") and answer.endswith(b"\r\n\r\nok"), answer
@@ -297,7 +298,7 @@ async def test_close_waits_for_a_request_whose_account_waits(make_tap, monkeypat
 
 def test_the_timer_is_never_later_than_the_taps_timeout():
     """The backstop timer comes ACCOUNT_DELAY_S after the first account waits, or sooner where the tap's --timeout-s is
-    shorter (the timeout's own timer is made by the account)."""
+    shorter (the timeout's own timer is made by the account); a tap without --timeout-s makes none (session 23)."""
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -305,7 +306,9 @@ def test_the_timer_is_never_later_than_the_taps_timeout():
         d = types.SimpleNamespace(accounting=False)
         t0 = loop.time()
         w.defer((d,), None)
-        assert d.accounting and w.timer.when() >= t0 + relay.ACCOUNT_DELAY_S - 0.002
+        assert d.accounting and w.timer is None
+        w.defer((d,), 30.0)
+        assert w.timer.when() >= t0 + relay.ACCOUNT_DELAY_S - 0.002
         w.defer((d,), 60.0)  # (a longer timeout: the same timer)
         first = w.timer
         w.defer((d,), 0.004)  # (a shorter one: a sooner timer)
