@@ -79,7 +79,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--run-id", help="run id used in request ids and spans (default: 8 random hex digits)")
     p.add_argument("--plan-only", action="store_true", help="write the request sequence to --out/requests.jsonl and exit")
     p.add_argument("--json", action="store_true", help="print summary.json to stdout")
-    p.set_defaults(func=main)
+    # what a refused option is called where the user typed it (LoadOptions' field -> the flag; its first spelling)
+    p.set_defaults(func=main, flag_names={a.dest: a.option_strings[0] for a in p._actions if a.option_strings})
 
 
 def main(args: argparse.Namespace) -> int:
@@ -103,7 +104,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         options = LoadOptions(**fields)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err, "its flags")) from None
+        names = {**getattr(args, "flag_names", {}), "headers": "--header", "labels": "--label"}
+        raise ConfigError(format_validation_error(err, "its flags", names)) from None
     if args.plan_only:
         return _plan_only(options)
     if options.out:  # (refused now, not after the whole run: its records would be lost)

@@ -55,10 +55,15 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False, populate_by_name=True)
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
+def format_validation_error(err: ValidationError, source: str, names: dict[str, str] | None = None) -> str:
+    """The lines of a pydantic refusal: one per field, ``loc: reason (got value)``. ``names``: what the user typed for
+    a top-level field (a command's flags: ``{"duration_s": "--duration"}``), so a flag error names the flag."""
     lines = [f"{source}: invalid configuration"]
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        parts = [str(p) for p in e["loc"]]
+        if names and parts and parts[0] in names:
+            parts[0] = names[parts[0]]
+        loc = ".".join(parts) or "(top level)"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key (misspelt? see docs/reference.md)"

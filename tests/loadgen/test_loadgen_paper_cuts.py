@@ -177,9 +177,9 @@ async def test_unreachable_target_names_the_address_and_the_reason(telemetry):
 
 
 @pytest.mark.parametrize("flags, line", [
-    (("--rate", "1", "--duration", "inf"), "  - duration_s: Input should be a finite number"),
-    (("--rate", "nan", "--duration", "1"), "  - rate: Input should be a finite number"),
-    (("--concurrency", "1", "--requests", "1", "--request-timeout", "inf"), "  - request_timeout_s: Input should be a finite number"),
+    (("--rate", "1", "--duration", "inf"), "  - --duration: Input should be a finite number"),
+    (("--rate", "nan", "--duration", "1"), "  - --rate: Input should be a finite number"),
+    (("--concurrency", "1", "--requests", "1", "--request-timeout", "inf"), "  - --request-timeout: Input should be a finite number"),
 ])
 async def test_cli_refuses_infinite_and_nan_seconds_and_rates(flags, line):
     """An infinite --duration planned an overflowing request count (a traceback); NaN slipped through gt=0."""
