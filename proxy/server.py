@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
+import ssl
 import time
 from dataclasses import dataclass
 
@@ -101,11 +103,11 @@ class Tap:
         try:
             self._server = await conn.start_server(self._accept, o.listen_host, o.listen_port, backlog=1024, reuse_port=self.reuse_port)
         except OSError as exc:
-            from deltatap.core.config import ConfigError
+            from deltatap.core.config import ConfigError, listen_error_line
 
             if self._clock_task is not None:
                 self._clock_task.cancel()
-            raise ConfigError(f"--listen {o.listen_host}:{o.listen_port}: cannot listen ({exc.strerror or exc})") from None
+            raise ConfigError(listen_error_line("--listen", o.listen_host, o.listen_port, exc)) from None
         port = self._server.sockets[0].getsockname()[1]
         admin_url = admin_port = None
         if o.admin_port is not None:
@@ -116,9 +118,9 @@ class Tap:
                 await asite.start()
             except OSError as exc:
                 await self.close(0)
-                from deltatap.core.config import ConfigError
+                from deltatap.core.config import ConfigError, listen_error_line
 
-                raise ConfigError(f"--admin {o.admin_host}:{o.admin_port}: cannot listen ({exc.strerror or exc})") from None
+                raise ConfigError(listen_error_line("--admin", o.admin_host, o.admin_port, exc)) from None
             admin_port = asite._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             admin_url = f"http://{_host_for_url(o.admin_host)}:{admin_port}"
         url = f"{'https' if self.tls_context else 'http'}://{_host_for_url(o.listen_host)}:{port}"
@@ -224,11 +226,21 @@ class Tap:
             pass
 
     async def probe_upstream(self, timeout_s: float = 1.0) -> str | None:
-        """None if a TCP connection to the upstream opens within ``timeout_s``, else why not (one phrase)."""
+        """None if a connection to the upstream opens within ``timeout_s`` (for an ``https://`` upstream: with its TLS
+        handshake, verified as the relay's), else why not (one phrase)."""
+        tls = self.ssl_context
         try:
-            _r, w = await asyncio.wait_for(asyncio.open_connection(self.upstream_host, self.upstream_port), timeout_s)
+            _r, w = await asyncio.wait_for(asyncio.open_connection(
+                self.upstream_host, self.upstream_port, ssl=tls, server_hostname=self.upstream_host if tls else None), timeout_s)
         except asyncio.TimeoutError:
-            return f"no answer to a TCP connect within {timeout_s:g} s"
+            return f"no answer to a {'TLS' if tls else 'TCP'} connect within {timeout_s:g} s"
+        except ssl.SSLCertVerificationError as exc:
+            return f"its TLS certificate is not trusted ({exc.verify_message or exc.reason}; --insecure for a self-signed one)"
+        except ssl.SSLError as exc:
+            hint = "; plain HTTP? then --upstream http://" if exc.reason == "WRONG_VERSION_NUMBER" else ""
+            return f"TLS handshake failed ({exc.reason or exc}{hint})"
+        except socket.gaierror as exc:
+            return f"cannot resolve {self.upstream_host} ({exc.strerror or exc})"
         except OSError as exc:
             return (os.strerror(exc.errno) if exc.errno else str(exc)).lower()
         w.close()
