@@ -683,6 +683,24 @@ static PyObject *h1_feed_head(PyObject *mod, PyObject *const *argv, Py_ssize_t a
             result = Py_BuildValue("(ins)", 2, bn ? (Py_ssize_t)0 : pos, "the head is larger than the reader's limit");
             goto out;
         }
+        if (request) { /* h1._py_request_start: bytes that cannot begin a request fail now, not at an empty line */
+            const char *bad = NULL;
+            if (!TCHAR[(unsigned char)jp[0]]) {
+                bad = "request line does not begin with a method";
+            } else {
+                const char *nl = memchr(jp, '\n', (size_t)jl);
+                if (nl != NULL) {
+                    int rc = parse_core(jp, (Py_ssize_t)(nl - jp) + 1, 1, &p, &bad);
+                    parsed_clear(&p);
+                    if (rc < 0) goto out;
+                    if (rc == 0) bad = NULL;
+                }
+            }
+            if (bad != NULL) {
+                result = Py_BuildValue("(ins)", 2, bn ? (Py_ssize_t)0 : pos, bad);
+                goto out;
+            }
+        }
         PyObject *nb = joined;
         if (nb == NULL) {
             nb = PyBytes_FromStringAndSize(jp, jl);

@@ -18,7 +18,8 @@ answers exactly that for one direction of one connection, from the bytes alone (
   values stay bytes exactly as sent (case, order, duplicates, obs-text); nothing is normalised.
 
 A head the reader cannot frame (no colon, whitespace before the colon, a bad start line, a conflicting or
-invalid ``Content-Length``, a head larger than ``max_head``) yields an :data:`ERROR` event and the reader
+invalid ``Content-Length``, a head larger than ``max_head``; a request's as soon as its first byte or its first
+line shows it cannot begin one, without waiting for an empty line) yields an :data:`ERROR` event and the reader
 becomes opaque: a relay then passes the rest of the connection on as bytes, unchanged — an upstream that
 meets the same bytes answers them itself, as it would have without the relay.
 
@@ -391,6 +392,10 @@ class Reader:
         if end < 0:
             if len(joined) > self.max_head:
                 return self._fail(out, pos if not buf else 0, "the head is larger than the reader's limit")
+            if self.request:
+                bad = _py_request_start(joined)
+                if bad is not None:
+                    return self._fail(out, pos if not buf else 0, bad)
             self._buf = joined if buf else bytes(data[pos:])
             self.pending_from = start if not buf else 0
             return len(data)
@@ -555,6 +560,24 @@ class Reader:
         self.pending_from = None
         out.append((ERROR, start, reason))
         return 1 << 62  # (past any data: the caller's loop ends)
+
+
+def _py_request_start(joined: bytes) -> str | None:
+    """Why the unfinished request head ``joined`` (its leading empty lines skipped) cannot begin a request, or None
+    while it may: its first byte is no method character, or its first line is whole and is no request line (the
+    rule of :func:`_py_parse_head`). Bytes that are not HTTP (a TLS ClientHello to a plain port, binary junk, a bare
+    ``GET /``) are then passed on unparsed at once, and the upstream answers them as it would directly, instead of
+    waiting in the reader for an empty line that never comes. (The C accelerator's ``feed_head`` does the same.)"""
+    if joined[:1].translate(None, _TCHAR):
+        return "request line does not begin with a method"
+    nl = joined.find(b"\n")
+    if nl < 0:
+        return None
+    try:
+        _py_parse_head(joined[: nl + 1], True)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _py_head_end(buf: bytes, start: int) -> int:
