@@ -74,8 +74,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-defer-watch", action="store_true",
                    help="watch each upstream read before the next ready one is forwarded, and account each request read "
                         "before its callback returns (default: every ready read of a poll round is forwarded first, then each "
-                        "is watched; a request read's accounting waits until the tap has slept, at most 20 ms; stamps "
-                        "unchanged; also DELTATAP_TAP_DEFER=0)")
+                        "is watched; a request read's accounting waits until the tap has slept: until the pair's next "
+                        "event, at most 20 ms with --timeout-s; stamps unchanged; also DELTATAP_TAP_DEFER=0)")
     p.set_defaults(func=run)
 
 
