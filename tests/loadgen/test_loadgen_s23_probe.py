@@ -70,12 +70,25 @@ def test_sessions_of_a_plan_that_does_not_cycle():
     assert sessions_needed("closed", ModeConfig(units=units, concurrency=8)) == 8
 
 
+async def _one_request(srv):
+    """One request of the load generator's client to the RawServer ``srv``, on a session of its own."""
+    from test_loadgen_h1client import one, target
+
+    from deltatap.loadgen.client import make_session
+
+    t = target(f"http://127.0.0.1:{srv.port}", timeout_s=30)
+    pool = make_session(t)
+    try:
+        return await one(t, pool)
+    finally:
+        await pool.close()
+
+
 async def test_a_close_in_the_middle_of_the_response_head_says_so():
     # before: 'the server closed the connection before the response head (0 bytes read)' after 37 bytes of the head
-    from test_loadgen_h1client import RawServer, one, target
+    from test_loadgen_h1client import RawServer
 
     from deltatap.core.vocab import Outcome
-    from deltatap.loadgen.client import make_session
 
     async def handler(r, w, conn):
         await srv.read_request(r, conn)
@@ -85,12 +98,7 @@ async def test_a_close_in_the_middle_of_the_response_head_says_so():
         await asyncio.wait_for(r.read(), 10)
 
     async with RawServer(handler) as srv:
-        t = target(f"http://127.0.0.1:{srv.port}", timeout_s=30)
-        pool = make_session(t)
-        try:
-            rec = await one(t, pool)
-        finally:
-            await pool.close()
+        rec = await _one_request(srv)
     assert rec.status == Outcome.UPSTREAM_ERROR
     assert rec.error == "the server closed the connection in the middle of the response head"
 
@@ -129,10 +137,9 @@ def test_tls_failure_hint():
 async def test_a_stream_without_end_is_cut_at_the_limit():
     # before: a server streaming without end filled the client's memory (6 GB in 10 s, probed), then the run's end
     # tokenised all of it
-    from test_loadgen_h1client import RawServer, one, target
+    from test_loadgen_h1client import RawServer
 
     from deltatap.core.vocab import Outcome
-    from deltatap.loadgen.client import make_session
     from deltatap.loadgen.h1client import STREAM_LIMIT
 
     sent = [0]
@@ -150,12 +157,7 @@ async def test_a_stream_without_end_is_cut_at_the_limit():
             pass
 
     async with RawServer(handler) as srv:
-        t = target(f"http://127.0.0.1:{srv.port}", timeout_s=30)
-        pool = make_session(t)
-        try:
-            rec = await one(t, pool)
-        finally:
-            await pool.close()
+        rec = await _one_request(srv)
     assert rec.status == Outcome.UPSTREAM_ERROR
     assert rec.error.startswith(f"the answer passed {STREAM_LIMIT >> 20} MiB"), rec.error
     assert sent[0] < STREAM_LIMIT + (8 << 20)
