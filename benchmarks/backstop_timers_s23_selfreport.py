@@ -8,7 +8,7 @@ PYTHONPATH (``benchmarks/tap_cpu_ab.py``'s ``shim``).
 """
 import asyncio, sys, json
 import uvloop
-from deltatap.proxy import relay, TapOptions
+from deltatap.proxy import TapOptions
 from deltatap.proxy.server import start_tap
 
 N, PER, FIRST, GAP = (int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]))

@@ -34,13 +34,12 @@ import os
 import socket
 import ssl as _ssl
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from deltatap import __version__
-from deltatap.core.clock import mono_ns
 from deltatap.net.conn import StampedProtocol, open_connection
-from deltatap.net.h1 import BODY, END, ERROR, HEAD, Head, Reader
+from deltatap.net.h1 import BODY, END, HEAD, Head, Reader
 
 __all__ = ["BODY_LIMIT", "ConnectFailed", "Exchange", "H1Pool", "cannot_connect", "connect_reason"]
 

@@ -7,13 +7,11 @@ Real servers on 127.0.0.1: the reference engine (deltatap.stack) and the loadgen
 from __future__ import annotations
 
 import argparse
-import asyncio
 import io
 import json
 import logging
 import re
 import socket
-import sys
 from pathlib import Path
 
 import pytest
