@@ -5,15 +5,19 @@
  *   tcp_notsent(sock)             pktstamp.tcp_notsent: tcpi_notsent_bytes or None
  *   recv(sock, buffer, flags)     kstamp._recv_stamped: recvmsg into a writable buffer, the software receive stamp
  *                                 of its SO_TIMESTAMPING control message parsed here -> (n, kernel_ns or 0)
- *   ring_newest(ring, head)       PacketLog._newest
- *   ring_release(ring, hw, end)   PacketLog.maintain's hand-back: the head word hw (8 bytes, shared by the processes of
- *                                 a shared log) moved from its value to end by a compare-and-swap, then the status
- *                                 words of the frames claimed, [head, end), zeroed -> the head after (unchanged
- *                                 where it was already at or past end: nothing zeroed)
- *   ring_reaches(ring, head, wall_ns, limit)               PacketLog.reaches
- *   ring_segments(ring, head, pattern, base_seq, limit)    PacketLog.segments_since
- *   ring_newest_segment(ring, head, pattern, limit)        PacketLog.newest_segment
- *   ring_cuts(ring, head, pattern, base, limit, n, last_ns, read_size)  PacketLog.cuts
+ *   ring_newest(ring, head[, top])  PacketLog._newest_from: one past the newest filled frame in [head, top), top
+ *                                 (the released word + the ring's frames: PacketLog._window) at most head + frames,
+ *                                 its default
+ *   ring_release(ring, hw, end)   PacketLog.maintain's hand-back: the log's words hw (16 bytes, shared by the processes
+ *                                 of a shared log: the head, then the released word) - when no hand-back is under way
+ *                                 (released == head), the head moved from its value to end by a compare-and-swap, the
+ *                                 status words of the frames claimed, [head, end), zeroed, then released stored = end
+ *                                 (release order) -> the head after (nothing zeroed where the head was already at or
+ *                                 past end, or another hand-back is under way)
+ *   ring_reaches(ring, head, wall_ns, limit[, top])               PacketLog.reaches
+ *   ring_segments(ring, head, pattern, base_seq, limit[, top])    PacketLog.segments_since
+ *   ring_newest_segment(ring, head, pattern, limit[, top])        PacketLog.newest_segment
+ *   ring_cuts(ring, head, pattern, base, limit, n, last_ns, read_size[, top])  PacketLog.cuts
  *   read_setup(read_lag, offset, measure_offset, read_size, maintain_every_ns)  binds kstamp's process-wide state
  *   to_mono(k)                    kstamp._to_mono (the shared offset list; re-measured by kstamp._measure_offset)
  *   read_one(transport)           KernelStampTransport._one_segment + _hand_over_read(taken=True) + _deliver, up to
@@ -216,9 +220,11 @@ static inline long long pymod(long long a, long long b) {
 static inline Py_ssize_t frame_at(const ring_t *r, long long frame) { return (Py_ssize_t)(pymod(frame, r->frames) * FRAME); }
 static inline int filled(const ring_t *r, long long frame) { return (rd_u32(r->p + frame_at(r, frame)) & TP_STATUS_USER) != 0; }
 
-static long long newest(const ring_t *r, long long head) {
+/* one past the newest filled frame in [head, top) (top: at most head + frames, see PacketLog._newest_from) */
+static long long newest(const ring_t *r, long long head, long long top) {
     long long lo = head, hi = head + r->frames;
-    if (!filled(r, lo)) return lo;
+    if (top < hi) hi = top;
+    if (hi <= lo || !filled(r, lo)) return lo;
     while (hi - lo > 1) {
         long long mid = lo + ((hi - lo) >> 1);
         if (filled(r, mid)) lo = mid;
@@ -229,21 +235,22 @@ static long long newest(const ring_t *r, long long head) {
 
 static PyObject *pk_ring_newest(PyObject *self, PyObject *args) {
     PyObject *obj;
-    long long head;
+    long long head, top = LLONG_MAX;
     ring_t r;
-    if (!PyArg_ParseTuple(args, "OL", &obj, &head)) return NULL;
+    if (!PyArg_ParseTuple(args, "OL|L", &obj, &head, &top)) return NULL;
     if (ring_get(obj, &r, 0) != 0) return NULL;
-    long long out = newest(&r, head);
+    long long out = newest(&r, head, top);
     PyBuffer_Release(&r.view);
     return PyLong_FromLongLong(out);
 }
 
-/* the head word of a packet log (PacketLog._hw: 8 bytes, aligned): its buffer held in *view, the word in *word */
+/* the words of a packet log (PacketLog._hwv: 16 bytes, aligned; word[0] the head, word[1] the released word): its
+ * buffer held in *view, the words at *word */
 static int head_word(PyObject *obj, Py_buffer *view, long long **word, int writable) {
     if (PyObject_GetBuffer(obj, view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) return -1;
-    if (view->len < 8 || ((uintptr_t)view->buf & 7) != 0) {
+    if (view->len < 16 || ((uintptr_t)view->buf & 7) != 0) {
         PyBuffer_Release(view);
-        PyErr_SetString(PyExc_ValueError, "head word: 8 aligned bytes");
+        PyErr_SetString(PyExc_ValueError, "head words: 16 aligned bytes");
         return -1;
     }
     *word = (long long *)view->buf;
@@ -261,13 +268,20 @@ static PyObject *pk_ring_release(PyObject *self, PyObject *args) {
         PyBuffer_Release(&r.view);
         return NULL;
     }
-    /* claim [head, end): only the process whose swap moved the head zeroes those frames (a stale end: none) */
+    /* claim [head, end) when no hand-back is under way (released == head; released read first: it never passes the
+     * head): only the process whose swap moved the head zeroes those frames (a stale end, or a swap lost: none), then
+     * publishes released = end after the zeroing (a search's window ends at released + frames: PacketLog._window) */
+    long long released = __atomic_load_n(word + 1, __ATOMIC_ACQUIRE);
     long long head = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-    while (head < end && !__atomic_compare_exchange_n(word, &head, end, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    long long after = head;
+    if (released == head && head < end && __atomic_compare_exchange_n(word, &head, end, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        unsigned char *w = (unsigned char *)r.view.buf;
+        for (; head < end; head++) __atomic_store_n((uint32_t *)(w + frame_at(&r, head)), 0u, __ATOMIC_RELEASE);
+        __atomic_store_n(word + 1, end, __ATOMIC_RELEASE);
+        after = end;
+    } else if (head > after) {
+        after = head; /* (the swap lost: the head another process moved it to) */
     }
-    long long after = head < end ? end : head;
-    unsigned char *w = (unsigned char *)r.view.buf;
-    for (; head < end; head++) __atomic_store_n((uint32_t *)(w + frame_at(&r, head)), 0u, __ATOMIC_RELEASE);
     PyBuffer_Release(&hv);
     PyBuffer_Release(&r.view);
     return PyLong_FromLongLong(after);
@@ -275,8 +289,8 @@ static PyObject *pk_ring_release(PyObject *self, PyObject *args) {
 
 /* PacketLog.reaches from head: whether the oldest frame a search limit frames back from the newest reads (still the
  * user's: else not there) came no later than wall */
-static int reaches_from(const ring_t *r, long long head, long long wall, long long limit) {
-    long long nw = newest(r, head);
+static int reaches_from(const ring_t *r, long long head, long long top, long long wall, long long limit) {
+    long long nw = newest(r, head, top);
     long long oldest = nw - limit > head ? nw - limit : head;
     if (nw <= oldest) return 0;
     const unsigned char *f = r->p + frame_at(r, oldest);
@@ -286,11 +300,11 @@ static int reaches_from(const ring_t *r, long long head, long long wall, long lo
 
 static PyObject *pk_ring_reaches(PyObject *self, PyObject *args) {
     PyObject *obj;
-    long long head, wall, limit;
+    long long head, wall, limit, top = LLONG_MAX;
     ring_t r;
-    if (!PyArg_ParseTuple(args, "OLLL", &obj, &head, &wall, &limit)) return NULL;
+    if (!PyArg_ParseTuple(args, "OLLL|L", &obj, &head, &wall, &limit, &top)) return NULL;
     if (ring_get(obj, &r, 0) != 0) return NULL;
-    int out = reaches_from(&r, head, wall, limit);
+    int out = reaches_from(&r, head, top, wall, limit);
     PyBuffer_Release(&r.view);
     return PyBool_FromLong(out);
 }
@@ -340,8 +354,8 @@ typedef struct {
     Py_ssize_t end;   /* the search's end in bytes */
 } matcher_t;
 
-static int matcher_init(matcher_t *m, const ring_t *r, const unsigned char *pat, long long head, long long limit) {
-    long long nw = newest(r, head);
+static int matcher_init(matcher_t *m, const ring_t *r, const unsigned char *pat, long long head, long long top, long long limit) {
+    long long nw = newest(r, head, top);
     long long oldest = nw - limit > head ? nw - limit : head;
     m->r = r;
     m->pat = pat;
@@ -396,11 +410,12 @@ static int parse_ring_pattern(PyObject *obj, Py_buffer *pat, ring_t *r) {
 }
 
 /* segments toward the pattern from the one holding base on, oldest first, into a malloc'd array */
-static int collect(const ring_t *r, const unsigned char *pat, long long head, uint32_t base, long long limit, seg_t **out, Py_ssize_t *count) {
+static int collect(const ring_t *r, const unsigned char *pat, long long head, long long top, uint32_t base, long long limit, seg_t **out,
+                   Py_ssize_t *count) {
     matcher_t m;
     Py_ssize_t cap = 0, n = 0, off, ip;
     seg_t *segs = NULL, s;
-    matcher_init(&m, r, pat, head, limit);
+    matcher_init(&m, r, pat, head, top, limit);
     while (matcher_next(&m, &off, &ip)) {
         if (!segment_at(r, off, ip, &s)) continue;
         uint32_t rel_end = s.end - base;
@@ -437,16 +452,16 @@ static PyObject *seg_tuple(const seg_t *s) {
 static PyObject *pk_ring_segments(PyObject *self, PyObject *args) {
     PyObject *obj;
     Py_buffer pat;
-    long long head, base, limit;
+    long long head, base, limit, top = LLONG_MAX;
     ring_t r;
-    if (!PyArg_ParseTuple(args, "OLy*LL", &obj, &head, &pat, &base, &limit)) return NULL;
+    if (!PyArg_ParseTuple(args, "OLy*LL|L", &obj, &head, &pat, &base, &limit, &top)) return NULL;
     if (parse_ring_pattern(obj, &pat, &r) != 0) {
         PyBuffer_Release(&pat);
         return NULL;
     }
     seg_t *segs = NULL;
     Py_ssize_t n = 0;
-    int rc = collect(&r, (const unsigned char *)pat.buf, head, (uint32_t)base, limit, &segs, &n);
+    int rc = collect(&r, (const unsigned char *)pat.buf, head, top, (uint32_t)base, limit, &segs, &n);
     PyBuffer_Release(&r.view);
     PyBuffer_Release(&pat);
     if (rc != 0) return NULL;
@@ -471,9 +486,9 @@ static PyObject *pk_ring_segments(PyObject *self, PyObject *args) {
 static PyObject *pk_ring_newest_segment(PyObject *self, PyObject *args) {
     PyObject *obj;
     Py_buffer pat;
-    long long head, limit;
+    long long head, limit, top = LLONG_MAX;
     ring_t r;
-    if (!PyArg_ParseTuple(args, "OLy*L", &obj, &head, &pat, &limit)) return NULL;
+    if (!PyArg_ParseTuple(args, "OLy*L|L", &obj, &head, &pat, &limit, &top)) return NULL;
     if (parse_ring_pattern(obj, &pat, &r) != 0) {
         PyBuffer_Release(&pat);
         return NULL;
@@ -482,7 +497,7 @@ static PyObject *pk_ring_newest_segment(PyObject *self, PyObject *args) {
     Py_ssize_t off, ip;
     seg_t s;
     int found = 0;
-    matcher_init(&m, &r, (const unsigned char *)pat.buf, head, limit);
+    matcher_init(&m, &r, (const unsigned char *)pat.buf, head, top, limit);
     while (matcher_next(&m, &off, &ip)) {
         if (segment_at(&r, off, ip, &s)) {
             found = 1;
@@ -542,9 +557,9 @@ static int place_cuts(const seg_t *segs, Py_ssize_t count, uint32_t base, long l
 static PyObject *pk_ring_cuts(PyObject *self, PyObject *args) {
     PyObject *obj;
     Py_buffer pat;
-    long long head, base_ll, limit, n, last_ns, read_size;
+    long long head, base_ll, limit, n, last_ns, read_size, top = LLONG_MAX;
     ring_t r;
-    if (!PyArg_ParseTuple(args, "OLy*LLLLL", &obj, &head, &pat, &base_ll, &limit, &n, &last_ns, &read_size)) return NULL;
+    if (!PyArg_ParseTuple(args, "OLy*LLLLL|L", &obj, &head, &pat, &base_ll, &limit, &n, &last_ns, &read_size, &top)) return NULL;
     if (parse_ring_pattern(obj, &pat, &r) != 0) {
         PyBuffer_Release(&pat);
         return NULL;
@@ -552,7 +567,7 @@ static PyObject *pk_ring_cuts(PyObject *self, PyObject *args) {
     seg_t *segs = NULL;
     Py_ssize_t count = 0, nc = 0;
     uint32_t base = (uint32_t)base_ll;
-    int rc = collect(&r, (const unsigned char *)pat.buf, head, base, limit, &segs, &count);
+    int rc = collect(&r, (const unsigned char *)pat.buf, head, top, base, limit, &segs, &count);
     PyBuffer_Release(&r.view);
     PyBuffer_Release(&pat);
     if (rc != 0) return NULL;
@@ -1033,8 +1048,9 @@ static PyObject *pk_to_mono(PyObject *self, PyObject *arg) {
 /* ReadLag.add(ns) on kstamp.READ_LAG (the C twin, checked by read_setup) */
 static inline void lag_add(long long ns) { lag_count((lag_t *)g_read_lag, ns); }
 
-/* PacketLog._head: the head word's value (one atomic load), or -1 with an exception */
-static int plog_head(PyObject *plog, long long *head) {
+/* PacketLog._window: the head and the search's top (the released word, loaded first, + the ring's frames: the
+ * frames read past it may be a hand-back's not zeroed yet) -> 0; or -1 with an exception */
+static int plog_head(PyObject *plog, long long frames, long long *head, long long *top) {
     PyObject *hw = aget(plog, s_hw);
     if (hw == NULL) return -1;
     Py_buffer hv;
@@ -1042,6 +1058,7 @@ static int plog_head(PyObject *plog, long long *head) {
     int rc = head_word(hw, &hv, &word, 0);
     Py_DECREF(hw);
     if (rc != 0) return -1;
+    *top = __atomic_load_n(word + 1, __ATOMIC_ACQUIRE) + frames;
     *head = __atomic_load_n(word, __ATOMIC_ACQUIRE);
     PyBuffer_Release(&hv);
     return 0;
@@ -1161,7 +1178,7 @@ static int key_pattern(PyObject *key, unsigned char *pat) {
  * -1 with an exception. Sets the transport's _irs1 (found here when unknown) and _unlogged_tail as the reference. */
 static int checked_cuts(PyObject *tr, PyObject *plog, const unsigned char *pat, long long n, long long last, long long first,
                         cut_t **out, Py_ssize_t *nc, int *unlogged) {
-    long long irs1, rx_off, head;
+    long long irs1, rx_off, head, top;
     *out = NULL;
     kstate_t *st = kstate_or_fail(tr);
     if (st == NULL) return -1;
@@ -1184,7 +1201,6 @@ static int checked_cuts(PyObject *tr, PyObject *plog, const unsigned char *pat, 
     Py_DECREF(v);
     if (irs1 == -1 && PyErr_Occurred()) return -1;
     rx_off = st->rx_off;
-    if (plog_head(plog, &head) != 0) return -1;
     uint32_t base = (uint32_t)((irs1 + rx_off) & 0xFFFFFFFFLL);
     PyObject *mv = aget(plog, s_mv);
     if (mv == NULL) return -1;
@@ -1192,9 +1208,13 @@ static int checked_cuts(PyObject *tr, PyObject *plog, const unsigned char *pat, 
     int rc = ring_get(mv, &r, 0);
     Py_DECREF(mv);
     if (rc != 0) return -1;
+    if (plog_head(plog, r.frames, &head, &top) != 0) {
+        PyBuffer_Release(&r.view);
+        return -1;
+    }
     seg_t *segs = NULL;
     Py_ssize_t count = 0;
-    rc = collect(&r, pat, head, base, g_search_frames, &segs, &count);
+    rc = collect(&r, pat, head, top, base, g_search_frames, &segs, &count);
     PyBuffer_Release(&r.view);
     if (rc != 0) return -1;
     cut_t *cuts = PyMem_Malloc((size_t)(count + 1) * sizeof(cut_t));
@@ -1249,15 +1269,18 @@ static PyObject *read_packets(PyObject *tr, long long first) {
     key = aget(tr, s_pkey);
     if (key == NULL || key_pattern(key, pat) != 0) goto done;
     if (first) { /* PacketLog.reaches(first, _SEARCH_FRAMES) */
-        long long head;
+        long long head, top;
         ring_t r;
-        if (plog_head(plog, &head) != 0) goto done;
         PyObject *mv = aget(plog, s_mv);
         if (mv == NULL) goto done;
         int rc = ring_get(mv, &r, 0);
         Py_DECREF(mv);
         if (rc != 0) goto done;
-        int reaches = reaches_from(&r, head, first, g_search_frames);
+        if (plog_head(plog, r.frames, &head, &top) != 0) {
+            PyBuffer_Release(&r.view);
+            goto done;
+        }
+        int reaches = reaches_from(&r, head, top, first, g_search_frames);
         PyBuffer_Release(&r.view);
         if (!reaches) {
             PyObject *c = PyDict_GetItemWithError(g_merged, s_out_of_reach);

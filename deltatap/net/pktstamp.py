@@ -21,8 +21,11 @@ for a departure, when the packet entered the device (on loopback a few µs befor
 A tap of several workers (``deltatap tap --workers N``) shares one log (:func:`shared_packet_log`): the parent opens
 it before the fork, with a filter attached once on the tap's ends (its listen port, the upstream's addresses and
 port), and the workers inherit the socket and its ring: each packet is logged once, not once per worker, and no
-connection attaches a filter. The ring's head lives in a shared word; a hand-back claims its range by a
-compare-and-swap, and a search takes a frame handed back under it for not there (:meth:`PacketLog.maintain`,
+connection attaches a filter. The ring's head lives in a shared word, with a second one, the released word: the end
+of the last range handed back whose frames are all zeroed. A hand-back claims its range by a compare-and-swap on the
+head, when no other is under way, zeroes it, then publishes the released word; a search reads no frame at or past
+``released + frames`` (there, until the zeroing is done, lie the claimed frames' lap-old packets), and takes a frame
+handed back under it for not there (:meth:`PacketLog.maintain`, :meth:`PacketLog._window`,
 :meth:`PacketLog._segment_at`).
 
 A segment's TCP sequence number maps to the connection's stream offset through one anchor per connection,
@@ -75,7 +78,7 @@ _TP_STATUS_USER = 1
 _SOFTWARE = 1 << 4  # SOF_TIMESTAMPING_SOFTWARE: the ring's stamp is the packet's skb->tstamp
 _TP2 = struct.Struct("=IIIHHII")  # tpacket2_hdr: status, len, snaplen, mac, net, sec, nsec
 _U32 = struct.Struct("=I")
-_I64 = struct.Struct("=q")  # the head word (PacketLog._hw)
+_I64 = struct.Struct("=q")  # the head word, and the released word after it (PacketLog._hw)
 _PORTS = struct.Struct("!HH")
 _IPV4 = struct.Struct("!BBHHHBBH4s4s")
 _TCP = struct.Struct("!HHIIB")
@@ -307,28 +310,40 @@ class PacketLog:
 
     def _shared_head(self, shared: bool) -> None:
         """The head (the oldest frame not handed back, a frame number not reduced modulo the ring's frames) lives in
-        an 8-byte word, ``_hw``: for a log the workers of a tap share (opened before the fork), in an anonymous shared
-        page, so that every process reads and hands back from the same head; else in the process's own memory. The C
-        hand-back claims a range with a compare-and-swap on it (``_pktring.ring_release``); the Python reference,
-        which cannot, takes ``_lock`` (a ``multiprocessing`` lock made before the fork; None for a log of one process)
-        around its read and write of the head. (A run mixes neither: ``DELTATAP_NATIVE`` is the same in every worker.)"""
+        an 8-byte word, and the released word (the end of the last hand-back whose frames are all zeroed: at most the
+        head, equal to it when no hand-back is under way) in the 8 bytes after it, ``_hw``: for a log the workers of a
+        tap share (opened before the fork), in an anonymous shared page, so that every process reads and hands back
+        from the same head; else in the process's own memory. The C hand-back claims a range with a compare-and-swap on
+        the head (``_pktring.ring_release``); the Python reference, which cannot, takes ``_lock`` (a
+        ``multiprocessing`` lock made before the fork; None for a log of one process) around its reads and write of the
+        words. (A run mixes neither: ``DELTATAP_NATIVE`` is the same in every worker.) See :meth:`maintain`."""
         if shared:
             import multiprocessing
 
             self._hw: Any = mmap.mmap(-1, mmap.PAGESIZE, mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
             self._lock: Any = multiprocessing.get_context("fork").Lock()
         else:
-            self._hw, self._lock = bytearray(8), None
-        self._hwv = memoryview(self._hw)[:8]
+            self._hw, self._lock = bytearray(16), None
+        self._hwv = memoryview(self._hw)[:16]
 
     @property
     def _head(self) -> int:
-        """The oldest frame not handed back (see :meth:`_shared_head`)."""
+        """The oldest frame not handed back (see :meth:`_shared_head`). Set (a log's start, a test's ring): the
+        released word with it (every frame before it handed back and zeroed)."""
         return _I64.unpack_from(self._hwv)[0]
 
     @_head.setter
     def _head(self, frame: int) -> None:
+        _I64.pack_into(self._hwv, 8, frame)
         _I64.pack_into(self._hwv, 0, frame)
+
+    def _window(self) -> tuple[int, int]:
+        """``(head, top)``: the frames a search may read, ``[head, top)``; ``top`` is the released word (read first: it
+        never passes the head) plus the ring's frames. Past it lie, physically, the frames of a hand-back claimed but
+        not all zeroed yet, still marked the user's with packets a lap old: read there, they would stand for the newest
+        frames (see :meth:`maintain`). In a log of one process the released word is the head: ``head + frames``."""
+        top = _I64.unpack_from(self._hwv, 8)[0] + self._frames
+        return _I64.unpack_from(self._hwv)[0], top
 
     def _attach(self, span: tuple[int, int] | None = None) -> None:
         """(Re)attach the filter for the watched ports: listed one by one up to ``_MAX_LISTED_PORTS``, else their range
@@ -426,14 +441,14 @@ class PacketLog:
 
     def _newest(self) -> int:
         """One past the newest frame the kernel has filled: frames ``[head, end)`` are ours, the rest its own."""
-        return self._newest_from(self._head)
+        return self._newest_from(*self._window())
 
-    def _newest_from(self, head: int) -> int:
-        """:meth:`_newest` from ``head`` (the head read once by the caller)."""
+    def _newest_from(self, head: int, top: int) -> int:
+        """:meth:`_newest` in the window ``[head, top)`` (read once by the caller: :meth:`_window`)."""
         if self._acc is not None:
-            return self._acc.ring_newest(self._mv, head)
-        lo, hi = head, head + self._frames  # filled(lo - 1 ...) / not filled(hi) invariant
-        if not self._filled(lo):
+            return self._acc.ring_newest(self._mv, head, top)
+        lo, hi = head, min(head + self._frames, top)  # filled(lo - 1 ...) / not filled(hi) invariant
+        if hi <= lo or not self._filled(lo):
             return lo
         while hi - lo > 1:
             mid = (lo + hi) >> 1
@@ -443,12 +458,38 @@ class PacketLog:
                 hi = mid
         return hi
 
+    def _claim(self, end: int) -> int | None:
+        """The claim of a hand-back (:meth:`maintain`'s first step): the head moved to ``end`` when no hand-back is
+        under way (the released word equals the head) and the head is before ``end`` -> the frame it was at (the range
+        ``[head, end)`` is this process's to zero); None: nothing claimed. Under the log's lock (C: a compare-and-swap,
+        ``_pktring.ring_release``)."""
+        lock = self._lock
+        if lock is not None:
+            lock.acquire()
+        try:
+            hv = self._hwv
+            released = _I64.unpack_from(hv, 8)[0]
+            head = _I64.unpack_from(hv)[0]
+            if released != head or head >= end:
+                return None
+            _I64.pack_into(hv, 0, end)  # (claimed: the frames below it are no longer searched)
+            return head
+        finally:
+            if lock is not None:
+                lock.release()
+
     def maintain(self, force: bool = False) -> None:
-        """Hand back all but the newest ``_KEEP_FRAMES`` frames (every 20 ms at most, unless ``force``). The range
-        handed back, ``[head, end)``, is claimed first: the head moves to ``end`` only if no other process of a shared
-        log moved it meanwhile (C: a compare-and-swap; here: under the log's lock), and only the process that moved it
-        zeroes those frames, once: a process whose view of the head is stale never zeroes a frame the kernel has since
-        filled again (it finds the head past its ``end`` and hands back nothing)."""
+        """Hand back all but the newest ``_KEEP_FRAMES`` frames (every 20 ms at most, unless ``force``), in three
+        steps: the claim (:meth:`_claim`: the head moves from ``head`` to ``end`` only if no other process of a shared
+        log moved it meanwhile and no hand-back is under way), the zeroing of ``[head, end)``'s status words, by the
+        process that claimed them only, once, and the released word set to ``end``. A process whose view of the head is
+        stale never zeroes a frame the kernel has since filled again (it finds the head past its ``end``, or another
+        hand-back under way, and hands back nothing this time). Between the claim and the released word a search's
+        window (:meth:`_window`) ends at the old released word + frames: the slots being zeroed, which hold the claimed
+        frames' lap-old packets still marked the user's, lie past it and are not read; as the kernel fills only zeroed
+        slots, every frame in ``[head, released + frames)`` is the kernel's (zero) or a packet newer than the head's.
+        A process that dies between the claim and the released word leaves every later hand-back refused: the ring
+        fills, the kernel drops what does not fit, and reads fall back to their own stamps (none placed wrong)."""
         now = time.perf_counter_ns()
         if not force and now - self._last_maintain < _MAINTAIN_EVERY_NS:
             return
@@ -457,30 +498,24 @@ class PacketLog:
         if self._acc is not None:
             self._acc.ring_release(self._mv, self._hwv, end)
             return
-        lock = self._lock
-        if lock is not None:
-            lock.acquire()
-        try:
-            head = self._head
-            if head < end:
-                self._head = end  # (claimed: the frames below it are no longer searched)
-        finally:
-            if lock is not None:
-                lock.release()
+        head = self._claim(end)
+        if head is None:
+            return
         mv, at, zero = self._mv, self._at, _U32.pack_into
         while head < end:
             zero(mv, at(head), 0)
             head += 1
+        _I64.pack_into(self._hwv, 8, end)  # (released: every frame before end zeroed)
 
     def reaches(self, wall_ns: int, limit: int = _FRAMES) -> bool:
         """Whether a search ``limit`` frames back from the newest would reach a packet that arrived at ``wall_ns``: the
         oldest frame it reads came no later. A read whose bytes arrived before that cannot be placed, and searching
         for them would read the whole window in vain (the later a read, the more such searches cost: at 10,000 streams
         that spiral is what saturated a tap)."""
-        head = self._head
+        head, top = self._window()
         if self._acc is not None:
-            return self._acc.ring_reaches(self._mv, head, wall_ns, limit)
-        newest = self._newest_from(head)
+            return self._acc.ring_reaches(self._mv, head, wall_ns, limit, top)
+        newest = self._newest_from(head, top)
         oldest = max(head, newest - limit)
         if newest <= oldest:
             return False
@@ -496,8 +531,8 @@ class PacketLog:
         contiguously (source and destination address, source and destination port), each hit checked
         against its frame's own layout: the ring is read at C speed, not frame by frame in Python."""
         pattern = _pattern(key)
-        head = self._head
-        newest = self._newest_from(head)
+        head, top = self._window()
+        newest = self._newest_from(head, top)
         oldest = max(head, newest - limit)
         if newest <= oldest:
             return
@@ -546,7 +581,8 @@ class PacketLog:
         (source ip, source port, local ip, local port)) from the one holding sequence number ``base_seq`` on,
         searched newest first in the ring. The search stops at that segment or ``limit`` frames back."""
         if self._acc is not None:
-            return self._acc.ring_segments(self._mv, self._head, _pattern(key), base_seq, limit)
+            head, top = self._window()
+            return self._acc.ring_segments(self._mv, head, _pattern(key), base_seq, limit, top)
         out = []
         for off, ip in self._matches(key, limit):
             seg = self._segment_at(off, ip)
@@ -566,7 +602,8 @@ class PacketLog:
     def newest_segment(self, key: tuple[bytes, int, bytes, int], limit: int = _FRAMES) -> tuple[int, int, int] | None:
         """The newest ``(seq, end_seq, wall_ns)`` toward ``key`` still in the ring (data segments only)."""
         if self._acc is not None:
-            return self._acc.ring_newest_segment(self._mv, self._head, _pattern(key), limit)
+            head, top = self._window()
+            return self._acc.ring_newest_segment(self._mv, head, _pattern(key), limit, top)
         for off, ip in self._matches(key, limit):
             seg = self._segment_at(off, ip)
             if seg is not None:
@@ -582,7 +619,8 @@ class PacketLog:
         place them (a segment missed, a segment ending past the waiting bytes while ``n`` is under ``read_size``, the
         read's buffer: an anchor off, or none found). ``limit``: frames searched back (:meth:`segments_since`)."""
         if self._acc is not None:
-            return self._acc.ring_cuts(self._mv, self._head, _pattern(key), base, limit, n, last_ns, read_size)
+            head, top = self._window()
+            return self._acc.ring_cuts(self._mv, head, _pattern(key), base, limit, n, last_ns, read_size, top)
         segs = self.segments_since(key, base, limit)
         cuts: list[tuple[int, int]] = []
         pos = 0

@@ -67,7 +67,7 @@ def test_a_stale_head_never_zeroes_a_frame_the_kernel_filled_again(c_impl: bool)
         assert b._head == frames // 2 and _status(ring, frames)[: frames // 2] == [0] * (frames // 2)
         _fill(ring, range(frames, frames + 10), frames, 2 * 10**18)  # the kernel fills slots 0..9 again
         before = bytes(ring)
-        a._newest_from = lambda head, n=stale_newest: n  # type: ignore[method-assign]  # (its view of the ring: stale)
+        a._newest_from = lambda head, top, n=stale_newest: n  # type: ignore[method-assign]  # (its view of the ring: stale)
         a.maintain(force=True)
         refilled = _status(ring, frames)[:10]
         if not shared:  # the protocol of before: the refilled frames lost
@@ -347,10 +347,90 @@ def test_a_frame_handed_back_under_a_search_is_not_there(c_impl: bool) -> None:
             struct.pack_into("=I", ring, _FRAME, 0)
         else:  # (handed back, then the kernel's next packet in the slot: another connection's)
             _frame(ring, _FRAME, rng, (_LO, 40001, _LO, 8080), base + 10, 10, 9 * 10**9, False)
-        log._newest_from = lambda head: 3  # type: ignore[method-assign]  # (found before the hand-back)
+        log._newest_from = lambda head, top: 3  # type: ignore[method-assign]  # (found before the hand-back)
         if c_impl:  # (the C search finds the newest itself: the head stays where it was, frame 1 is not handed back)
             log._head = 0
         segs = log.segments_since(key, base)
         assert segs == [(base, base + 10, 5 * 10**9), (base + 20, base + 30, 7 * 10**9)], (what, segs)
         cuts, _tail, why = log.cuts(key, base, 30, 0, 16, 1 << 18)
         assert cuts is None and "start 10 bytes in" in why
+
+
+def _claimed_not_zeroed(c_impl: bool, fixed: bool):
+    """A ring of 16 frames, frames 0..14 filled (15 the kernel's): a connection's waiting bytes in three segments, the
+    first (the one holding the first waiting byte, 10 bytes from ``base``) in frame 1, the others in frames 8 and 12,
+    other connections' packets around them. A hand-back of another process of the shared log has claimed [0, 2) (the
+    head at 2) and not zeroed those frames yet: slots 0 and 1 still hold their packets, marked the user's, physically
+    frames 16 and 17 of the window [2, 18). ``fixed``: the released word at 0, as the claim leaves it; else the
+    released word moved with the head (the starting protocol's window, [head, head + frames), read the same way)."""
+    from tests.kernel.test_pktring import _frame
+
+    frames, base = 16, 1000
+    key, other = (_LO, 40000, _LO, 8080), (_LO, 40001, _LO, 8080)
+    rng = random.Random(7)
+    ring = bytearray(frames * _FRAME)
+    mine = {1: (base, 5), 8: (base + 10, 8), 12: (base + 20, 12)}  # frame -> (seq, stamp in s)
+    for f in range(15):
+        seq, sec = mine.get(f, (50_000 + 10 * f, 0))
+        _frame(ring, f * _FRAME, rng, key if f in mine else other, seq, 10, (sec or f) * 10**9, False)
+    first = PacketLog.over(ring, acc if c_impl else None)
+    log = PacketLog.over(ring, acc if c_impl else None, share=first)
+    assert log._newest() == 15 and log.segments_since(key, base) == [(base + 10 * i, base + 10 * (i + 1), s * 10**9) for i, s in enumerate((5, 8, 12))]
+    if c_impl:  # (the C claim is ring_release's compare-and-swap, the zeroing in the same call: the swap made by hand)
+        struct.pack_into("=q", first._hwv, 0, 2)
+    else:
+        assert first._claim(2) == 0 and first._claim(2) is None
+    if not fixed:
+        struct.pack_into("=q", first._hwv, 8, 2)
+    return log, key, base
+
+
+@pytest.mark.parametrize("c_impl", _IMPLS)
+def test_a_search_between_a_claim_and_its_zeroing_reads_no_lap_old_frame(c_impl: bool) -> None:
+    """The hand-back's window (the head moved, the claimed frames not zeroed yet) made deterministic. The starting
+    protocol's search (its window [head, head + frames)) lands on the claimed slots, still the user's, and takes frame
+    17 (physically frame 1) for the newest: its newest-first search meets the segment holding the first waiting byte
+    there and stops, never seeing frames 8 and 12; the read is placed as that segment, then an unlogged tail stamped at
+    the read's own stamp: bytes 10..20, which arrived at 8 s, stamped at 99 s, the merged stamp the log exists to undo.
+    With the released word the window ends at 16: the newest is 15, the claimed frame not read, and the read cannot be
+    placed (its first segment handed back: a gap), as once the zeroing is done. The C search and the Python alike."""
+    for fixed in (False, True):
+        log, key, base = _claimed_not_zeroed(c_impl, fixed)
+        cuts, tail, why = log.cuts(key, base, 30, 99 * 10**9, 16, 1 << 18)
+        if not fixed:
+            assert log._newest() == 18
+            assert cuts == [(10, 5 * 10**9), (30, 99 * 10**9)] and tail and why is None
+            assert log.newest_segment(key) == (base, base + 10, 5 * 10**9)  # (an anchor taken from it: 20 bytes off)
+            continue
+        assert log._window() == (2, 16) and log._newest() == 15
+        assert log.segments_since(key, base) == [(base + 10, base + 20, 8 * 10**9), (base + 20, base + 30, 12 * 10**9)]
+        assert cuts is None and "start 10 bytes in" in why
+        assert log.newest_segment(key) == (base + 20, base + 30, 12 * 10**9)
+        assert log.reaches(12 * 10**9, 4) and not log.reaches(2 * 10**9, 4) and log.reaches(2 * 10**9)
+
+
+@pytest.mark.parametrize("c_impl", _IMPLS)
+def test_no_hand_back_is_claimed_while_another_is_under_way(c_impl: bool) -> None:
+    """While a hand-back is claimed and not released (the released word behind the head), another process's hand-back
+    claims nothing and zeroes nothing (two under way at once could publish the released word out of order); once the
+    first publishes, the next claims from its end, and the released word follows it: a log of one process's words equal
+    after each hand-back, as before."""
+    frames = 64
+    ring = bytearray(frames * _FRAME)
+    _fill(ring, range(0, 60), frames, 10**18)
+    a = PacketLog.over(ring, acc if c_impl else None)
+    b = PacketLog.over(ring, acc if c_impl else None, share=a)
+    struct.pack_into("=q", a._hwv, 0, 8)  # (a claim of [0, 8) under way: the head moved, the released word at 0)
+    before = bytes(ring)
+    b.maintain(force=True)  # (would claim [8, 28))
+    assert bytes(ring) == before and a._window() == (8, frames)
+    for f in range(8):  # (the first hand-back done: zeroed, released)
+        struct.pack_into("=I", ring, f * _FRAME, 0)
+    struct.pack_into("=q", a._hwv, 8, 8)
+    b.maintain(force=True)
+    assert a._window() == (28, 28 + frames) and _status(ring, frames)[:28] == [0] * 28 and _status(ring, frames)[28:60] == [1] * 32
+    one = PacketLog.over(bytearray(ring), acc if c_impl else None)
+    one._head = 28
+    _fill(one._ring, range(60, 80), frames, 2 * 10**18)
+    one.maintain(force=True)
+    assert one._window() == (48, 48 + frames) and one._newest() == 80
