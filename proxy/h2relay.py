@@ -21,11 +21,6 @@ Stream ids differ between the two sides (each side numbers its own); :class:`Str
 byte-identical to a direct connection: HPACK re-encodes the header block (the header list is the same), frame
 boundaries of DATA may differ (the bytes are the same), and PING/SETTINGS are per hop.
 
-An upstream that does not speak HTTP/2 (h2c toward an HTTP/1.1-only server): nothing of the tap's own goes to the
-client until the upstream's first bytes are HTTP/2's SETTINGS (:func:`answers_h2`); other bytes, or a close without
-answering, reach the client as they came, close kind included, and the pair passes bytes as they are from then on
-(:meth:`H2Downstream._pass_through`).
-
 ``--header-timeout-s`` holds for the connection: its preface and SETTINGS must come within it, and a connection with no
 stream open that long gets GOAWAY NO_ERROR and is closed (:meth:`H2Downstream._idle_check`).
 
@@ -86,18 +81,6 @@ _RESET = classify(ConnectionResetError())
 _REFUSED = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_refused",
                    "the upstream refused the stream (RST_STREAM REFUSED_STREAM or GOAWAY before it)")
 _NOT_H2 = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_not_h2", "the upstream did not negotiate HTTP/2 (ALPN h2)")
-_NOT_H2_ANSWER = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_not_h2",
-                         "the upstream answered HTTP/2's preface with bytes that are not HTTP/2; they went to the client as they came")
-
-
-def answers_h2(head: bytes) -> bool | None:
-    """Whether an upstream's first bytes ``head`` are HTTP/2's answer to its preface, a SETTINGS frame on stream 0
-    (RFC 9113 section 3.4): True or False once they tell (at most 9 bytes needed), None while too few have come."""
-    if len(head) > 3 and head[3] != 0x4:
-        return False
-    if len(head) > 5 and head[5 : min(len(head), 9)] != bytes(min(len(head), 9) - 5):
-        return False
-    return True if len(head) >= 9 else None
 
 
 def observer_for(request_headers: list[tuple[bytes, bytes]], response_headers: list[tuple[bytes, bytes]]) -> StreamObserver | None:
@@ -152,7 +135,8 @@ async def downstream_alpn(tap: Tap, timeout_s: float = 1.0) -> tuple[str, ...]:
                 speaks = writer.get_extra_info("ssl_object").selected_alpn_protocol() == ALPN_H2
             else:
                 writer.write(PREFACE + hyperframe.frame.SettingsFrame(0).serialize())
-                speaks = answers_h2(await reader.readexactly(9)) is True
+                head = await reader.readexactly(9)
+                speaks = head[3] == 0x4 and head[5:9] == b"\0\0\0\0"  # a SETTINGS frame on stream 0: HTTP/2's answer
     except (OSError, TimeoutError, asyncio.IncompleteReadError, _ssl.SSLError):
         speaks = False
     finally:
@@ -161,30 +145,6 @@ async def downstream_alpn(tap: Tap, timeout_s: float = 1.0) -> tuple[str, ...]:
     log.info("tap %s: TLS toward clients offers ALPN %s (the upstream %s HTTP/2)", tap.o.link, ", ".join(ALPN_PROTOCOLS if speaks else h1_only),
              "speaks" if speaks else "does not speak (or did not answer)")
     return ALPN_PROTOCOLS if speaks else h1_only
-
-
-# taps whose upstream answered HTTP/2's preface with bytes that are not HTTP/2 -> the loop time it last did
-_H1_ONLY: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
-H1_ONLY_FOR_S = 60.0  # how long that answer holds: the next h2c client after it is relayed over HTTP/2 again, and tells
-
-
-def upstream_h1_only(tap: Tap) -> bool:
-    """Whether the tap's upstream answered HTTP/2's preface in something else within :data:`H1_ONLY_FOR_S` (see
-    :meth:`H2Downstream._pass_through`): an h2c prior-knowledge client's connection is then passed on unparsed from
-    its first byte (:meth:`deltatap.proxy.relay.Downstream.on_data`), so the upstream reads the client's own bytes, as
-    directly. Counted and logged as any connection whose upstream does not speak HTTP/2 (:func:`count_not_h2`)."""
-    since = _H1_ONLY.get(tap)
-    return since is not None and asyncio.get_running_loop().time() - since < H1_ONLY_FOR_S
-
-
-def count_not_h2(tap: Tap, peer: str | None, how: str) -> None:
-    """One HTTP/2 client connection whose upstream does not speak HTTP/2: counted; a warning the first time, then
-    every 1000th."""
-    c = tap.counters
-    c.upstream_not_http2 += 1
-    if c.upstream_not_http2 == 1 or c.upstream_not_http2 % 1000 == 0:
-        log.warning("tap %s: the upstream %s: it does not speak HTTP/2 (h2c prior knowledge); an HTTP/2 client from %s "
-                    "gets what it sends, unparsed (%d so far)", tap.o.link, how, peer, c.upstream_not_http2)
 
 
 def negotiated(transport: Any) -> bool:
@@ -311,18 +271,6 @@ class H2Downstream(_H2Side):
         self.settled = False  # the client's SETTINGS (after its preface) was read
         self.idle_since: float | None = None  # loop time since when no stream is open (None: one is)
         self.idle_timer: asyncio.TimerHandle | None = None
-        # Until the upstream's first bytes show it speaks HTTP/2 (a SETTINGS frame: answers_h2), nothing of the tap's
-        # own goes to the client (its SETTINGS wait in the h2 state): an upstream that answers otherwise, or closes
-        # without answering, reaches the client as it would directly (see H2Upstream.on_data, _pass_through)
-        self.holding = True
-        self.passing = False  # the upstream did not answer in HTTP/2: bytes pass as they are, both ways
-        self.up_eof = False  # (passing) the upstream half-closed
-        self.down_eof = False  # (passing) the client half-closed
-
-    def flush(self) -> None:
-        if self.holding or self.passing:
-            return
-        super().flush()
 
     # (what the tap's shutdown reads of a connection: see deltatap.proxy.server.Tap.close)
     @property
@@ -356,7 +304,6 @@ class H2Downstream(_H2Side):
             raise
         except BaseException as exc:  # noqa: BLE001 - every failure becomes the streams' answer
             self.connecting = None
-            self.holding = False  # (the tap answers each stream itself)
             self.failure = _NOT_H2 if isinstance(exc, _NotH2) else connect_failure(exc)
             if self.failure.error_type == "upstream_unreachable":
                 log.debug("tap %s: %s", tap.o.link, self.failure.cause)
@@ -380,9 +327,6 @@ class H2Downstream(_H2Side):
 
     # ---- reads ------------------------------------------------------------------------------
     def on_data(self, data: bytes, t: int, bound: int) -> None:
-        if self.passing:
-            self._pass_up(data)
-            return
         if self.held or self.connecting is not None:
             self.held.append((data, t, bound))
             return
@@ -393,9 +337,6 @@ class H2Downstream(_H2Side):
     def cuts_received(self, data: bytes, pieces: list[tuple[int, int, int, int]]) -> None:
         """A late read the kernel-stamped transport split at packet arrivals: each packet's frames watched with its own
         arrival, what they make the tap send written once (as the HTTP/1.1 relay forwards such a read in one write)."""
-        if self.passing:
-            self._pass_up(data)
-            return
         if self.held or self.connecting is not None:
             self.held += [(data[a:b], t, bound) for a, b, t, bound in pieces]
             return
@@ -411,7 +352,6 @@ class H2Downstream(_H2Side):
         except h2.exceptions.ProtocolError as exc:
             log.info("tap %s: an HTTP/2 client (%s) broke the protocol (%s); closing its connection", self.tap.o.link, self.peer,
                      type(exc).__name__)
-            self.holding = False  # (the tap ends it for its own reason: its SETTINGS and GOAWAY go out)
             self.flush()
             self.transport.close()
             return False
@@ -652,7 +592,6 @@ class H2Downstream(_H2Side):
         s.timer = None
         if s.done:
             return
-        self.holding = False  # (the tap's own answer: its SETTINGS go first)
         if self.up is not None and s.up_id is not None:
             self.up.reset_stream(s, h2.errors.ErrorCodes.CANCEL)
             self.up.flush()
@@ -704,10 +643,9 @@ class H2Downstream(_H2Side):
     def go_away(self) -> None:
         """The tap is stopping: GOAWAY (NO_ERROR) naming the last stream the client opened; streams in flight go on,
         new ones are refused."""
-        if self.closed or self.going_away or self.passing or self.transport.is_closing():
+        if self.closed or self.going_away or self.transport.is_closing():
             return
         self.going_away = True
-        self.holding = False  # (the tap speaks for itself as it stops: its SETTINGS, then the GOAWAY)
         self.flush()
         self.send(_goaway_frame(self.conn.highest_inbound_stream_id, h2.errors.ErrorCodes.NO_ERROR, b""))
 
@@ -716,7 +654,7 @@ class H2Downstream(_H2Side):
         not sent its preface and SETTINGS by now is closed; one with no stream open since then gets GOAWAY NO_ERROR
         (naming the last stream it opened) and is closed. Both are counted as header timeouts, as on HTTP/1.1."""
         self.idle_timer = None
-        if self.closed or self.passing or self.transport is None or self.transport.is_closing():
+        if self.closed or self.transport is None or self.transport.is_closing():
             return
         timeout = self.tap.o.header_timeout_s
         loop = asyncio.get_running_loop()
@@ -745,11 +683,6 @@ class H2Downstream(_H2Side):
 
     # ---- end of the connections -------------------------------------------------------------
     def on_eof(self) -> bool:
-        up = self.up
-        if self.passing and up is not None and not self.up_eof and up.transport.can_write_eof():
-            up.transport.write_eof()  # (bytes passing as they are: the client's half-close passes on too)
-            self.down_eof = True
-            return True
         return False  # (HTTP/2 has no half-close of the connection: the client is gone)
 
     def on_lost(self, exc: BaseException | None) -> None:
@@ -778,14 +711,6 @@ class H2Downstream(_H2Side):
         (the tap answers for no stream); each stream that was not over is recorded as broken by the upstream."""
         self.up = None
         t = up.lost_mono_ns or mono()
-        if self.holding or self.passing:  # (it never answered in HTTP/2: the client gets what it sent, and its close)
-            if not self.passing:
-                self._pass_through(up, t, b"")
-            if up.reset_by_peer:
-                reset(self.transport)
-            elif not self.transport.is_closing():
-                self.transport.close()
-            return
         for s in list(self.streams.values()):
             if s.done:
                 continue
@@ -801,50 +726,6 @@ class H2Downstream(_H2Side):
             reset(self.transport)
         elif not self.transport.is_closing():
             self.transport.close()
-
-    def _pass_through(self, up: H2Upstream, t: int, data: bytes) -> None:
-        """The upstream's first bytes are not HTTP/2's answer to its preface (``data``: what it sent so far, may be
-        empty: it closed without answering): from now on the two connections pass bytes as they are, both ways, as
-        if the tap were not there (the client never got anything of the tap's own: see :attr:`holding`), and the
-        upstream's close reaches the client as it came (FIN as FIN, RST as RST). The streams the client had opened
-        end here (``upstream_not_h2``; a close without answering: ``upstream_closed``/``upstream_reset``)."""
-        self.holding = False
-        self.passing = True
-        tap = self.tap
-        count_not_h2(tap, self.peer,
-                     f"answered HTTP/2's preface with bytes that are not HTTP/2 (first bytes {bytes(data[:16])!r})" if data else
-                     "reset the connection without answering HTTP/2's preface" if up.reset_by_peer else
-                     "closed the connection without answering HTTP/2's preface")
-        if data and tap.ssl_context is None:  # (an answer, over h2c: the next h2c clients pass unparsed, upstream_h1_only)
-            _H1_ONLY[tap] = asyncio.get_running_loop().time()
-        failure = _NOT_H2_ANSWER if data else _RESET if up.reset_by_peer else _CLOSED
-        for s in list(self.streams.values()):
-            if s.done:
-                continue
-            rec = s.rec
-            rec.failure = failure
-            if data:
-                rec.upstream_error = t
-            else:
-                rec.upstream_closed = t
-            tap.count_upstream_error(failure.error_type)
-            s.reset = True
-            self._complete(s)
-        self.failure = failure
-        self.waiting_open.clear()
-        self.conn.data_to_send()  # (the tap's own frames that waited: the client never gets them)
-        self.marks.clear()
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
-        if data and not self.transport.is_closing():
-            self.send(data)
-
-    def _pass_up(self, data: bytes) -> None:
-        """A client's bytes after its upstream turned out not to speak HTTP/2: on to it as they are."""
-        up = self.up
-        if up is not None and not up.transport.is_closing():
-            up.send(data)
 
     def _complete(self, s: Stream) -> None:
         if s.done:
@@ -918,7 +799,6 @@ class H2Upstream(_H2Side):
         self.conn = h2.connection.H2Connection(_config(True))
         self.marks: list[Callable[[int, int], None]] = []  # stamps to set from the next upstream write
         self.going_away = False  # the upstream sent GOAWAY: no new streams on this connection
-        self.first = b""  # the upstream's first bytes while fewer than tell whether it answers in HTTP/2 (answers_h2)
 
     def on_made(self) -> None:
         codes = h2.settings.SettingCodes
@@ -962,33 +842,9 @@ class H2Upstream(_H2Side):
         if d is None:
             self.transport.close()
             return
-        if d.holding or d.passing:
-            data = self._answer_h2(d, data, t)
-            if data is None:
-                return
         if self._feed(d, data, t, bound):
             d.flush()
             self.flush()
-
-    def _answer_h2(self, d: H2Downstream, data: bytes, t: int) -> bytes | None:
-        """The upstream's first bytes while the client waits for them (:attr:`H2Downstream.holding`): the bytes to
-        feed the h2 state once they begin with HTTP/2's SETTINGS (the tap's own frames then go to the client), None
-        otherwise (too few yet; or not HTTP/2: then they, and all after, pass to the client as they are)."""
-        if d.passing:
-            if not d.transport.is_closing():
-                d.send(data)
-            return None
-        head = self.first + data if self.first else data
-        speaks = answers_h2(head)
-        if speaks is None:
-            self.first = head
-            return None
-        self.first = b""
-        if not speaks:
-            d._pass_through(self, t, head)
-            return None
-        d.holding = False
-        return head
 
     def cuts_received(self, data: bytes, pieces: list[tuple[int, int, int, int]]) -> None:
         """A late read split at packet arrivals (see :meth:`H2Downstream.cuts_received`): watched packet by packet,
@@ -997,14 +853,6 @@ class H2Upstream(_H2Side):
         if d is None:
             self.transport.close()
             return
-        if d.holding or d.passing:
-            got = self._answer_h2(d, data, pieces[-1][2])
-            if got is None:
-                return
-            if len(got) > len(data):  # (bytes of an earlier read lead: they join the first piece)
-                n = len(got) - len(data)
-                pieces = [(0 if i == 0 else a + n, b + n, t, bound) for i, (a, b, t, bound) in enumerate(pieces)]
-                data = got
         for a, b, t, bound in pieces:
             if not self._feed(d, data[a:b], t, bound):
                 return
@@ -1162,17 +1010,7 @@ class H2Upstream(_H2Side):
 
     # ---- end --------------------------------------------------------------------------------
     def on_eof(self) -> bool:
-        d = self.down
-        if d is None or d.closed or not (d.holding or d.passing):
-            return False
-        if not d.passing:  # (closed without answering in HTTP/2: what it sent, if anything, and then its FIN)
-            d._pass_through(self, mono(), self.first)
-            self.first = b""
-        d.up_eof = True
-        if d.down_eof or d.transport.is_closing() or not d.transport.can_write_eof():
-            return False  # (then the close: both sides half-closed, or TLS toward the client, which has no half-close)
-        d.transport.write_eof()  # (the client's bytes still pass on: a closed upstream resets them, as directly)
-        return True
+        return False
 
     def on_lost(self, exc: BaseException | None) -> None:
         d, self.down = self.down, None

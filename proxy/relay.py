@@ -450,12 +450,6 @@ class Downstream(_Side):
                 if len(data) < 24 and h2relay.PREFACE.startswith(data):
                     self.sniff = data
                     return
-                if h2relay.upstream_h1_only(self.tap) and not h2relay.negotiated(self.transport):
-                    h2relay.count_not_h2(self.tap, self.peer, "answered HTTP/2's preface in something else lately")
-                    self.opaque = True  # (its own bytes, unparsed from the first, on a connection of its own, as directly)
-                    self.connecting = asyncio.ensure_future(self._connect(fresh=True))
-                    self._to_upstream(data)
-                    return
                 h2relay.adopt(self, data, t, bound)
                 return
             if self.tap.o.protocol == "grpc":  # a gRPC tap speaks HTTP/2 only: say so once, close
