@@ -193,6 +193,8 @@ def main() -> int:
     ap.add_argument("--deltatap", help="deltatap executable for the taps, the load generator and the collector (e.g. another build's "
                     "venv/bin/deltatap); default: the one beside this interpreter")
     ap.add_argument("--max-wall-s", type=float, default=300.0, help="hard wall-clock limit per run (every child killed at the end)")
+    ap.add_argument("--tap-workers", type=int, default=1, choices=range(1, 5), metavar="N",
+                    help="each tap as N processes on its one port (tap --workers N: one packet log shared by them)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--suffix", default="", help="appended to the result file names")
@@ -215,8 +217,9 @@ def main() -> int:
                               firewall_delay_ms=args.firewall_delay_ms, gateway_delay_ms=args.gateway_delay_ms,
                               output_tokens=tuple(args.output_tokens), seed=args.seed, busy=args.burners if args.busy else 0,
                               max_wall_s=args.max_wall_s, kernel_stamps=False if args.kernel_stamps == "off" else None,
-                              packet_stamps=False if args.packet_stamps == "off" else None, deltatap=args.deltatap)
-            label = f"{args.engine} engine, {rate:g} req/s" + (f", {gap:g} ms gaps" if args.engine == "plain" else "") + (", busy" if args.busy else "")
+                              packet_stamps=False if args.packet_stamps == "off" else None, deltatap=args.deltatap,
+                              tap_workers=args.tap_workers)
+            label = f"{args.engine} engine, {rate:g} req/s" + (f", {gap:g} ms gaps" if args.engine == "plain" else "") + (", busy" if args.busy else "") + (f", {args.tap_workers} tap workers" if args.tap_workers > 1 else "")
             print(f"\n== {label}")
             start = uptime()
             tmp = Path(tempfile.mkdtemp(prefix="deltatap-referee-"))
@@ -239,7 +242,7 @@ def main() -> int:
                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
                 "setup": {"engine": args.engine, "rate_per_s": rate, "arrival": "poisson", "requests": args.requests, "gap_ms": gap if args.engine == "plain" else None,
                           "prefill_ms": args.prefill_ms, "output_tokens": args.output_tokens, "firewall_delay_ms": args.firewall_delay_ms,
-                          "gateway_delay_ms": args.gateway_delay_ms, "busy_burners": cfg.busy, "kernel_stamps": args.kernel_stamps, "packet_stamps": args.packet_stamps,
+                          "gateway_delay_ms": args.gateway_delay_ms, "busy_burners": cfg.busy, "tap_workers": args.tap_workers, "kernel_stamps": args.kernel_stamps, "packet_stamps": args.packet_stamps,
                           "deltatap": deltatap_build(args.deltatap), "warmup_excluded": args.warmup, "threshold_ms": 0.3,
                           "error_sign": "row - wire: positive = the row's stamp is later than the packet",
                           "mapping": "deltatap/app/referee/compare.py docstring"},

@@ -52,6 +52,7 @@ class ChainConfig:
     kernel_stamps: bool | None = None  # None: the taps' default; False: DELTATAP_KERNEL_STAMPS=0
     packet_stamps: bool | None = None  # None: the taps' default; False: DELTATAP_PACKET_STAMPS=0 (as without CAP_NET_RAW)
     deltatap: str | None = None  # the deltatap executable to run (another build's venv); default: this interpreter's
+    tap_workers: int = 1  # each tap's --workers: > 1 runs its processes on one port sharing one packet log
 
 
 @dataclass
@@ -163,7 +164,7 @@ def run_chain(cfg: ChainConfig, workdir: Path, log=print) -> ChainRun:
     def tap(link: str) -> list[str]:
         d, u = LINKS[link]
         return [*dt, "tap", "--link", link, "--listen", f"127.0.0.1:{ports[link]}", "--upstream", url(u), "--no-admin", "--grace-s", "2",
-                "--otlp", otlp, "--downstream", d, "--downstream-kind", KIND[d], "--upstream-name", u, "--upstream-kind", KIND[u]]
+                *(["--workers", str(cfg.tap_workers)] if cfg.tap_workers > 1 else []), "--otlp", otlp, "--downstream", d, "--downstream-kind", KIND[d], "--upstream-name", u, "--upstream-kind", KIND[u]]
 
     def proxy(name: str, upstream: str, delay: float) -> list[str]:
         return [*py, str(ENGINES_PY), "proxy", "--listen", f"127.0.0.1:{ports[name]}", "--upstream", url(upstream), "--delay-ms", str(delay)]
