@@ -68,6 +68,31 @@ static int slot_init(Slot *s, PyObject *type, PyObject *name) {
     return 0;
 }
 
+/* every other attribute read and written here: through deltatap.net._pktring's slot access where that module is built
+   (its capsule _slot_api: a __slots__ attribute straight from its slot, the offset cached per type and name; anything
+   else, the generic call), else the generic calls themselves; and a stamped transport's rx_mono_ns / rx_bound_ns read
+   from its C state (api_rx: 1 set, 0 None, -1 not such a transport: the attributes are read) */
+typedef struct {
+    PyObject *(*get)(PyObject *obj, PyObject *name);
+    int (*set)(PyObject *obj, PyObject *name, PyObject *v);
+    int (*rx)(PyObject *tr, long long *mono_ns, long long *bound_ns);
+} pk_slot_api;
+static PyObject *(*a_get)(PyObject *, PyObject *) = PyObject_GetAttr;
+static int (*a_set)(PyObject *, PyObject *, PyObject *) = PyObject_SetAttr;
+static int no_rx(PyObject *tr, long long *mono_ns, long long *bound_ns) { return -1; }
+static int (*a_rx)(PyObject *, long long *, long long *) = no_rx;
+
+static void slot_api_take(void) {
+    pk_slot_api *api = PyCapsule_Import("deltatap.net._pktring._slot_api", 0);
+    if (api == NULL) { /* (not built: the generic calls) */
+        PyErr_Clear();
+        return;
+    }
+    a_get = api->get;
+    a_set = api->set;
+    a_rx = api->rx;
+}
+
 static inline PyObject *sget(Slot *s, PyObject *obj) { return PyMember_GetOne((const char *)obj, s->def); }
 static inline int sset(Slot *s, PyObject *obj, PyObject *v) { return PyMember_SetOne((char *)obj, s->def, v); }
 
@@ -92,12 +117,12 @@ static int ctx_take(Ctx *c, PyObject *up, PyObject *d) {
         PyErr_SetString(PyExc_RuntimeError, "deltatap.proxy._relay.setup() was not called");
         return -1;
     }
-    v = PyObject_GetAttr(d, S_unplaced);
+    v = a_get(d, S_unplaced);
     if (v == NULL) return -1;
     int placed = v == Py_None;
     Py_DECREF(v);
     if (!placed) return 0;
-    PyObject *exs = PyObject_GetAttr(d, S_exchanges);
+    PyObject *exs = a_get(d, S_exchanges);
     if (exs == NULL) return -1;
     Py_ssize_t n = PyObject_Size(exs);
     if (n <= 0) {
@@ -126,7 +151,7 @@ static int ctx_take(Ctx *c, PyObject *up, PyObject *d) {
         if ((c->parser = sget(&O_parser, obs)) == NULL) goto error;
         if ((PyObject *)Py_TYPE(c->parser) != ParserType) goto no;
     }
-    if ((c->reader = PyObject_GetAttr(up, S_reader)) == NULL) goto error;
+    if ((c->reader = a_get(up, S_reader)) == NULL) goto error;
     if ((PyObject *)Py_TYPE(c->reader) != ReaderType) goto no;
     return 1;
 no:
@@ -157,9 +182,9 @@ static int slot_add(Slot *s, PyObject *obj, Py_ssize_t n) {
 
 /* StreamObserver.forwarded(tw, bw) (its native branch: the observer's gaps are GapCore) */
 static int forwarded(PyObject *obs, PyObject *tw, PyObject *bw) {
-    PyObject *unf = PyObject_GetAttr(obs, S_unfwd);
+    PyObject *unf = a_get(obs, S_unfwd);
     if (unf == NULL) return -1;
-    PyObject *gaps = PyObject_GetAttr(obs, S_gaps_forwarded);
+    PyObject *gaps = a_get(obs, S_gaps_forwarded);
     if (gaps == NULL) {
         Py_DECREF(unf);
         return -1;
@@ -175,14 +200,14 @@ static int forwarded(PyObject *obs, PyObject *tw, PyObject *bw) {
     int any = PyObject_IsTrue(unf);
     Py_DECREF(unf);
     if (any < 0) return -1;
-    if (any && (PyObject_SetAttr(obs, S_ltf_t, tw) < 0 || PyObject_SetAttr(obs, S_ltf_b, bw) < 0)) return -1;
-    PyObject *first = PyObject_GetAttr(obs, S_unfwd_first);
+    if (any && (a_set(obs, S_ltf_t, tw) < 0 || a_set(obs, S_ltf_b, bw) < 0)) return -1;
+    PyObject *first = a_get(obs, S_unfwd_first);
     if (first == NULL) return -1;
     int had = PyObject_IsTrue(first);
     Py_DECREF(first);
     if (had < 0) return -1;
-    if (had && (PyObject_SetAttr(obs, S_ftf_t, tw) < 0 || PyObject_SetAttr(obs, S_ftf_b, bw) < 0)) return -1;
-    if (PyObject_SetAttr(obs, S_unfwd, Zero) < 0 || PyObject_SetAttr(obs, S_unfwd_first, Py_False) < 0) return -1;
+    if (had && (a_set(obs, S_ftf_t, tw) < 0 || a_set(obs, S_ftf_b, bw) < 0)) return -1;
+    if (a_set(obs, S_unfwd, Zero) < 0 || a_set(obs, S_unfwd_first, Py_False) < 0) return -1;
     return 0;
 }
 
@@ -313,7 +338,7 @@ static int watch_one(Ctx *c, PyObject *data, PyObject *t, PyObject *bound, PyObj
     if (nev == 1)
         tell = content > 0;
     else { /* (_forward_tokens with the write placed: the exchange's last unplaced write is dropped when tokens came) */
-        PyObject *unf = PyObject_GetAttr(obs, S_unfwd);
+        PyObject *unf = a_get(obs, S_unfwd);
         if (unf == NULL) {
             rc = -1;
             goto done;
@@ -362,7 +387,7 @@ static PyObject *relay_watch(PyObject *mod, PyObject *const *args, Py_ssize_t na
 static Py_ssize_t watch_cuts_from(PyObject *const *args, Py_ssize_t i) {
     PyObject *up = args[0], *data = args[2], *pieces = args[3], *tw = args[5], *bw = args[6];
     if (!PyBytes_Check(data) || !PyList_Check(pieces) || i < 0 || i >= PyList_GET_SIZE(pieces)) return i;
-    PyObject *plain = PyObject_GetAttr(up, S_plain);
+    PyObject *plain = a_get(up, S_plain);
     if (plain == NULL) return -1;
     int is_plain = PyObject_IsTrue(plain);
     Py_DECREF(plain);
@@ -399,7 +424,7 @@ static Py_ssize_t watch_cuts_from(PyObject *const *args, Py_ssize_t i) {
             break;
         }
         /* (the loop stamps the connection's latest read first) */
-        if (PyObject_SetAttr(up, S_last_read_t, t) < 0 || PyObject_SetAttr(up, S_last_read_bound, bound) < 0)
+        if (a_set(up, S_last_read_t, t) < 0 || a_set(up, S_last_read_bound, bound) < 0)
             rc = -1;
         else
             rc = watch_one(&c, piece, t, bound, tw, bw);
@@ -477,7 +502,7 @@ static int fatal_call(PyObject *up) {
     Py_XINCREF(value);
     Py_XINCREF(tb);
     PyErr_SetExcInfo(type, value, tb);
-    PyObject *r = NULL, *tr = PyObject_GetAttr(up, S_kernel);
+    PyObject *r = NULL, *tr = a_get(up, S_kernel);
     if (tr != NULL) {
         PyObject *args[3] = {tr, value, S_dr_failed};
         r = PyObject_VectorcallMethod(S_fatal, args, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
@@ -507,7 +532,7 @@ static int reads_ready(Py_ssize_t nargs, Py_ssize_t want, const char *sig) {
 
 /* truthiness of obj.name: 1, 0, -1 */
 static int attr_true(PyObject *obj, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(obj, name);
+    PyObject *v = a_get(obj, name);
     if (v == NULL) return -1;
     int r = PyObject_IsTrue(v);
     Py_DECREF(v);
@@ -516,7 +541,7 @@ static int attr_true(PyObject *obj, PyObject *name) {
 
 /* obj.name is None: 1, 0, -1 */
 static int attr_none(PyObject *obj, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(obj, name);
+    PyObject *v = a_get(obj, name);
     if (v == NULL) return -1;
     int r = v == Py_None;
     Py_DECREF(v);
@@ -545,7 +570,7 @@ static int run_item(PyObject *const *it) {
         if (took < 0) return -1;
         if (took) return 0;
     }
-    PyObject *up = it[0], *reader = PyObject_GetAttr(up, S_reader);
+    PyObject *up = it[0], *reader = a_get(up, S_reader);
     if (reader == NULL) return -1;
     PyObject *fargs[2] = {reader, it[2]};
     PyObject *events = PyObject_VectorcallMethod(S_feed, fargs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
@@ -568,14 +593,14 @@ static PyObject *watches_run(PyObject *w, PyObject *const *args, Py_ssize_t narg
         if (rr == NULL) return NULL;
         Py_DECREF(rr);
     }
-    PyObject *items = PyObject_GetAttr(w, S_items);
+    PyObject *items = a_get(w, S_items);
     if (items == NULL) return NULL;
     if (!PyList_CheckExact(items)) { /* (the definition's, for anything else) */
         Py_DECREF(items);
         return PyObject_Vectorcall(RunPy, &w, 1, NULL);
     }
     for (;;) {
-        PyObject *v = PyObject_GetAttr(w, S_next);
+        PyObject *v = a_get(w, S_next);
         if (v == NULL) goto error;
         Py_ssize_t next = PyLong_AsSsize_t(v);
         Py_DECREF(v);
@@ -592,9 +617,9 @@ static PyObject *watches_run(PyObject *w, PyObject *const *args, Py_ssize_t narg
         }
         Py_INCREF(item);
         v = PyLong_FromSsize_t(next + 1);
-        int rc = v == NULL ? -1 : PyObject_SetAttr(w, S_next, v);
+        int rc = v == NULL ? -1 : a_set(w, S_next, v);
         Py_XDECREF(v);
-        if (rc == 0) rc = PyObject_SetAttr(PyTuple_GET_ITEM(item, 0), S_deferred, Py_False);
+        if (rc == 0) rc = a_set(PyTuple_GET_ITEM(item, 0), S_deferred, Py_False);
         if (rc < 0) {
             Py_DECREF(item);
             goto error;
@@ -605,7 +630,7 @@ static PyObject *watches_run(PyObject *w, PyObject *const *args, Py_ssize_t narg
         }
         Py_DECREF(item);
     }
-    if (PyList_SetSlice(items, 0, PyList_GET_SIZE(items), NULL) < 0 || PyObject_SetAttr(w, S_next, Zero) < 0) goto error;
+    if (PyList_SetSlice(items, 0, PyList_GET_SIZE(items), NULL) < 0 || a_set(w, S_next, Zero) < 0) goto error;
     Py_DECREF(items);
     Py_RETURN_NONE;
 error:
@@ -619,7 +644,7 @@ static PyObject *watches_round(PyObject *w, PyObject *const *args, Py_ssize_t na
         PyErr_SetString(PyExc_TypeError, "_round() takes no arguments");
         return NULL;
     }
-    if (PyObject_SetAttr(w, S_scheduled, Py_False) < 0) return NULL;
+    if (a_set(w, S_scheduled, Py_False) < 0) return NULL;
     return PyObject_VectorcallMethod(S_run, &w, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
@@ -643,10 +668,10 @@ static int unpack2(PyObject *got, PyObject **tw, PyObject **bw) {
 static int send_down(PyObject *d, PyObject *data, PyObject **tw, PyObject **bw) {
     PyObject *got = NULL;
     if (_PyType_Lookup(Py_TYPE(d), S_send) == StampedSend) { /* StampedProtocol.send: its C twin first, as it calls it */
-        PyObject *k = PyObject_GetAttr(d, S_kernel);
+        PyObject *k = a_get(d, S_kernel);
         if (k == NULL) return -1;
         if (k != Py_None) {
-            PyObject *fast = PyObject_GetAttr(k, S_wfast);
+            PyObject *fast = a_get(k, S_wfast);
             if (fast == NULL) {
                 Py_DECREF(k);
                 return -1;
@@ -678,7 +703,7 @@ static int send_down(PyObject *d, PyObject *data, PyObject **tw, PyObject **bw) 
 static PyObject *up_data_received(PyObject *up, PyObject *const *args, Py_ssize_t nargs) {
     if (reads_ready(nargs, 1, "data_received(data)") < 0) return NULL;
     PyObject *data = args[0], *pargs[2] = {up, data};
-    PyObject *w = PyObject_GetAttr(up, S_watches), *k = NULL, *d = NULL, *tw = NULL, *bw = NULL, *t = NULL, *bound = NULL,
+    PyObject *w = a_get(up, S_watches), *k = NULL, *d = NULL, *tw = NULL, *bw = NULL, *t = NULL, *bound = NULL,
              *out = NULL;
     if (w == NULL) return NULL;
     if (w == Py_None) { /* deferral off: the definition, whole */
@@ -692,24 +717,38 @@ static PyObject *up_data_received(PyObject *up, PyObject *const *args, Py_ssize_
         if (rr == NULL) goto done;
         Py_DECREF(rr);
     }
-    if ((k = PyObject_GetAttr(up, S_kernel)) == NULL || (d = PyObject_GetAttr(up, S_down)) == NULL) goto done;
+    if ((k = a_get(up, S_kernel)) == NULL || (d = a_get(up, S_down)) == NULL) goto done;
     int usual = k != Py_None && d != Py_None;
     if (usual && (usual = attr_true(up, S_plain)) < 0) goto done;
     if (usual && (usual = attr_none(d, S_replay)) < 0) goto done;
-    if (usual && (r = attr_none(k, S_rx_mono_ns)) < 0) goto done;
-    if (usual && r) usual = 0;
+    if (usual) {
+        long long rt, rb;
+        int got = a_rx(k, &rt, &rb); /* (the transport's C state; else its attribute) */
+        if (got < 0) {
+            if ((r = attr_none(k, S_rx_mono_ns)) < 0) goto done;
+            got = !r;
+        }
+        if (!got) usual = 0;
+    }
     if (!usual) {
         out = PyObject_Vectorcall(StampedDataReceived, pargs, 2, NULL); /* (-> on_data) */
         if (out != NULL) Py_SETREF(out, Py_NewRef(Py_None));
         goto done;
     }
     if (send_down(d, data, &tw, &bw) < 0) goto done;
-    if ((t = PyObject_GetAttr(k, S_rx_mono_ns)) == NULL || PyObject_SetAttr(up, S_last_read_t, t) < 0) goto done;
-    if ((bound = PyObject_GetAttr(k, S_rx_bound_ns)) == NULL || PyObject_SetAttr(up, S_last_read_bound, bound) < 0) goto done;
+    {
+        long long rt, rb;
+        if (a_rx(k, &rt, &rb) == 1) { /* (the values the attributes give, made once) */
+            if ((t = PyLong_FromLongLong(rt)) == NULL || (bound = PyLong_FromLongLong(rb)) == NULL) goto done;
+        } else if ((t = a_get(k, S_rx_mono_ns)) == NULL || (bound = a_get(k, S_rx_bound_ns)) == NULL) {
+            goto done;
+        }
+    }
+    if (a_set(up, S_last_read_t, t) < 0 || a_set(up, S_last_read_bound, bound) < 0) goto done;
     {
         PyObject *item = PyTuple_Pack(7, up, d, data, t, bound, tw, bw);
         if (item == NULL) goto done;
-        PyObject *items = PyObject_GetAttr(w, S_items);
+        PyObject *items = a_get(w, S_items);
         if (items == NULL) {
             Py_DECREF(item);
             goto done;
@@ -722,14 +761,14 @@ static PyObject *up_data_received(PyObject *up, PyObject *const *args, Py_ssize_
         }
         Py_DECREF(items);
         Py_DECREF(item);
-        if (rc < 0 || PyObject_SetAttr(up, S_deferred, Py_True) < 0) goto done;
+        if (rc < 0 || a_set(up, S_deferred, Py_True) < 0) goto done;
     }
     if ((r = attr_true(w, S_scheduled)) < 0) goto done;
     if (!r) {
-        if (PyObject_SetAttr(w, S_scheduled, Py_True) < 0) goto done;
-        PyObject *loop = PyObject_GetAttr(w, S_loop);
+        if (a_set(w, S_scheduled, Py_True) < 0) goto done;
+        PyObject *loop = a_get(w, S_loop);
         if (loop == NULL) goto done;
-        PyObject *rnd = PyObject_GetAttr(w, S_round);
+        PyObject *rnd = a_get(w, S_round);
         if (rnd == NULL) {
             Py_DECREF(loop);
             goto done;
@@ -768,13 +807,13 @@ static int watch_piece(PyObject *up, PyObject *d, PyObject *data, PyObject *cut,
         return rc;
     }
     PyObject *t = PyTuple_GET_ITEM(cut, 2), *bound = PyTuple_GET_ITEM(cut, 3);
-    if (PyObject_SetAttr(up, S_last_read_t, t) < 0 || PyObject_SetAttr(up, S_last_read_bound, bound) < 0) return -1;
+    if (a_set(up, S_last_read_t, t) < 0 || a_set(up, S_last_read_bound, bound) < 0) return -1;
     PyObject *slice = PySlice_New(PyTuple_GET_ITEM(cut, 0), PyTuple_GET_ITEM(cut, 1), NULL);
     if (slice == NULL) return -1;
     PyObject *piece = PyObject_GetItem(data, slice); /* data[start:end] */
     Py_DECREF(slice);
     if (piece == NULL) return -1;
-    PyObject *reader = PyObject_GetAttr(up, S_reader), *events = NULL, *got = NULL;
+    PyObject *reader = a_get(up, S_reader), *events = NULL, *got = NULL;
     if (reader != NULL) {
         PyObject *fargs[2] = {reader, piece};
         events = PyObject_VectorcallMethod(S_feed, fargs, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
@@ -800,14 +839,14 @@ static PyObject *up_cuts_received(PyObject *up, PyObject *const *args, Py_ssize_
     int r = attr_true(up, S_deferred);
     if (r < 0) return NULL;
     if (r) {
-        PyObject *w = PyObject_GetAttr(up, S_watches);
+        PyObject *w = a_get(up, S_watches);
         if (w == NULL) return NULL;
         PyObject *rr = PyObject_VectorcallMethod(S_run, &w, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
         Py_DECREF(w);
         if (rr == NULL) return NULL;
         Py_DECREF(rr);
     }
-    if ((d = PyObject_GetAttr(up, S_down)) == NULL) return NULL;
+    if ((d = a_get(up, S_down)) == NULL) return NULL;
     r = d == Py_None ? 1 : attr_true(d, S_accounting);
     if (r) { /* (the definition: the connection closed, or a request's account waits: run after the forward there) */
         Py_DECREF(d);
@@ -816,7 +855,7 @@ static PyObject *up_cuts_received(PyObject *up, PyObject *const *args, Py_ssize_
         return PyObject_Vectorcall(CutsReceivedPy, pargs, 3, NULL);
     }
     PyObject *out = NULL;
-    if (send_down(d, data, &tw, &bw) < 0 || PyObject_SetAttr(d, S_replay, Py_None) < 0) goto done;
+    if (send_down(d, data, &tw, &bw) < 0 || a_set(d, S_replay, Py_None) < 0) goto done;
     if ((wc = PyDict_GetItemWithError(RelayGlobals, S_watch_cuts)) == NULL) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_NameError, "name '_watch_cuts' is not defined");
         goto done;
@@ -940,6 +979,7 @@ static PyObject *relay_setup(PyObject *mod, PyObject *const *args, Py_ssize_t na
     INTERN(S_ftf_b, "first_token_forwarded_bound_ns") INTERN(S_plain, "plain") INTERN(S_last_read_t, "last_read_t")
     INTERN(S_last_read_bound, "last_read_bound")
 #undef INTERN
+    slot_api_take();
     if (Zero == NULL && (Zero = PyLong_FromLong(0)) == NULL) return NULL;
     if (slot_init(&R_state, args[5], S_state) < 0 || slot_init(&R_remaining, args[5], S_remaining) < 0 ||
         slot_init(&R_buf, args[5], S_buf) < 0 || slot_init(&R_pending_from, args[5], S_pending_from) < 0 ||

@@ -929,7 +929,7 @@ static PyObject *pk_read_setup(PyObject *self, PyObject *args) {
  * writable object slot (a member descriptor found in the type's MRO, which takes precedence over any instance dict);
  * the offset is cached per (type, name) and checked against the type's version tag (any change to the type or its
  * bases gives it a new one). Anything else, and an unset slot (AttributeError), takes the generic path. */
-#define SLOT_CACHE 64
+#define SLOT_CACHE 256
 typedef struct {
     PyTypeObject *type;
     unsigned int version;
@@ -974,6 +974,27 @@ static int aset(PyObject *obj, PyObject *name, PyObject *v) {
     Py_XDECREF(old);
     return 0;
 }
+
+/* The slot access above, and a stamped transport's read stamp, for deltatap.proxy._relay's per-read attributes (one
+ * definition, here): a capsule, _pktring._slot_api (relay falls back to the generic attribute calls without it) */
+typedef struct {
+    PyObject *(*get)(PyObject *obj, PyObject *name);            /* aget: obj.<name>, a new reference, or NULL */
+    int (*set)(PyObject *obj, PyObject *name, PyObject *v);     /* aset: obj.<name> = v: 0, or -1 */
+    int (*rx)(PyObject *tr, long long *mono_ns, long long *bound_ns);
+} pk_slot_api;
+
+/* the transport's rx_mono_ns and rx_bound_ns: 1 (both set), 0 (rx_mono_ns is None), -1 (not a transport derived
+ * from transport_base(): the caller reads the attributes; no exception) */
+static int api_rx(PyObject *tr, long long *mono_ns, long long *bound_ns) {
+    kstate_t *st = kstate(tr);
+    if (st == NULL) return -1;
+    if (!st->rx_set) return 0;
+    *mono_ns = st->rx_mono_ns;
+    *bound_ns = st->rx_bound_ns;
+    return 1;
+}
+
+static pk_slot_api g_slot_api;
 
 static int get_ll(PyObject *obj, PyObject *name, long long *out) {
     PyObject *v = aget(obj, name);
@@ -1829,6 +1850,15 @@ PyMODINIT_FUNC PyInit__pktring(void) {
     if (m == NULL) return NULL;
     if (PyType_Ready(&LagType) != 0 || PyModule_AddObjectRef(m, "ReadLag", (PyObject *)&LagType) != 0 ||
         PyModule_AddIntConstant(m, "FRAME", FRAME) != 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    g_slot_api.get = aget;
+    g_slot_api.set = aset;
+    g_slot_api.rx = api_rx;
+    PyObject *cap = PyCapsule_New(&g_slot_api, "deltatap.net._pktring._slot_api", NULL);
+    if (cap == NULL || PyModule_AddObject(m, "_slot_api", cap) != 0) {
+        Py_XDECREF(cap);
         Py_DECREF(m);
         return NULL;
     }
