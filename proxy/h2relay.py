@@ -21,6 +21,11 @@ Stream ids differ between the two sides (each side numbers its own); :class:`Str
 byte-identical to a direct connection: HPACK re-encodes the header block (the header list is the same), frame
 boundaries of DATA may differ (the bytes are the same), and PING/SETTINGS are per hop.
 
+An upstream connection that does not speak HTTP/2 (h2c toward an HTTP/1.1-only server): nothing of the tap's own goes
+to the client until the upstream's first bytes are HTTP/2's SETTINGS (:func:`answers_h2`); other bytes, or a close
+without answering, reach the client as they came, its close kind included (FIN as FIN, RST as RST), and from then on
+the pair passes bytes as they are, both ways (:meth:`H2Downstream._pass_through`).
+
 ``--header-timeout-s`` holds for the connection: its preface and SETTINGS must come within it, and a connection with no
 stream open that long gets GOAWAY NO_ERROR and is closed (:meth:`H2Downstream._idle_check`).
 
@@ -81,6 +86,28 @@ _RESET = classify(ConnectionResetError())
 _REFUSED = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_refused",
                    "the upstream refused the stream (RST_STREAM REFUSED_STREAM or GOAWAY before it)")
 _NOT_H2 = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_not_h2", "the upstream did not negotiate HTTP/2 (ALPN h2)")
+_NOT_H2_ANSWER = Failure(Outcome.UPSTREAM_ERROR, 502, "upstream_not_h2",
+                         "the upstream answered HTTP/2's preface with bytes that are not HTTP/2; they went to the client as they came")
+
+
+def answers_h2(head: bytes) -> bool | None:
+    """Whether an upstream's first bytes ``head`` begin HTTP/2's answer to its preface, a SETTINGS frame on stream 0
+    (RFC 9113 section 3.4): True or False once they tell (at most 9 bytes needed), None while too few have come."""
+    if len(head) > 3 and head[3] != 0x4:
+        return False
+    if len(head) > 5 and any(head[5:9]):
+        return False
+    return True if len(head) >= 9 else None
+
+
+def count_not_h2(tap: Tap, peer: str | None, how: str) -> None:
+    """One HTTP/2 client connection whose upstream connection does not speak HTTP/2: counted
+    (``deltatap_tap_upstream_not_http2_total``); a warning the first time, then every 1000th."""
+    c = tap.counters
+    c.upstream_not_http2 += 1
+    if c.upstream_not_http2 == 1 or c.upstream_not_http2 % 1000 == 0:
+        log.warning("tap %s: the upstream %s: it does not speak HTTP/2 (h2c prior knowledge); the HTTP/2 client (%s) gets what "
+                    "it sent, and its close, as they came (%d so far)", tap.o.link, how, peer, c.upstream_not_http2)
 
 
 def observer_for(request_headers: list[tuple[bytes, bytes]], response_headers: list[tuple[bytes, bytes]]) -> StreamObserver | None:
@@ -135,8 +162,7 @@ async def downstream_alpn(tap: Tap, timeout_s: float = 1.0) -> tuple[str, ...]:
                 speaks = writer.get_extra_info("ssl_object").selected_alpn_protocol() == ALPN_H2
             else:
                 writer.write(PREFACE + hyperframe.frame.SettingsFrame(0).serialize())
-                head = await reader.readexactly(9)
-                speaks = head[3] == 0x4 and head[5:9] == b"\0\0\0\0"  # a SETTINGS frame on stream 0: HTTP/2's answer
+                speaks = answers_h2(await reader.readexactly(9)) is True
     except (OSError, TimeoutError, asyncio.IncompleteReadError, _ssl.SSLError):
         speaks = False
     finally:
@@ -271,6 +297,19 @@ class H2Downstream(_H2Side):
         self.settled = False  # the client's SETTINGS (after its preface) was read
         self.idle_since: float | None = None  # loop time since when no stream is open (None: one is)
         self.idle_timer: asyncio.TimerHandle | None = None
+        # Until the upstream's first bytes show it speaks HTTP/2 (a SETTINGS frame: answers_h2), nothing of the tap's
+        # own goes to the client (its SETTINGS wait in the h2 state): an upstream connection that answers otherwise, or
+        # closes without answering, reaches the client as it would directly (H2Upstream.on_data, _pass_through)
+        self.holding = True
+        self.passing = False  # the upstream did not answer in HTTP/2: bytes pass as they are, both ways
+        self.up_eof = False  # (passing) the upstream's FIN went on to the client
+        self.down_eof = False  # the client half-closed (while holding or passing: kept open, see on_eof)
+        self.eof_mono: int | None = None  # (holding) when the client's FIN came
+
+    def flush(self) -> None:
+        if self.holding or self.passing:
+            return
+        super().flush()
 
     # (what the tap's shutdown reads of a connection: see deltatap.proxy.server.Tap.close)
     @property
@@ -304,6 +343,7 @@ class H2Downstream(_H2Side):
             raise
         except BaseException as exc:  # noqa: BLE001 - every failure becomes the streams' answer
             self.connecting = None
+            self.holding = False  # (the tap answers each stream itself)
             self.failure = _NOT_H2 if isinstance(exc, _NotH2) else connect_failure(exc)
             if self.failure.error_type == "upstream_unreachable":
                 log.debug("tap %s: %s", tap.o.link, self.failure.cause)
@@ -315,6 +355,7 @@ class H2Downstream(_H2Side):
             return
         self.up = up
         self._replay()
+        self._flush_up()  # (its preface, if the replay wrote nothing: see H2Upstream.on_made)
 
     def _replay(self) -> None:
         held, self.held = self.held, []
@@ -327,6 +368,9 @@ class H2Downstream(_H2Side):
 
     # ---- reads ------------------------------------------------------------------------------
     def on_data(self, data: bytes, t: int, bound: int) -> None:
+        if self.passing:
+            self._pass_up(data)
+            return
         if self.held or self.connecting is not None:
             self.held.append((data, t, bound))
             return
@@ -337,6 +381,9 @@ class H2Downstream(_H2Side):
     def cuts_received(self, data: bytes, pieces: list[tuple[int, int, int, int]]) -> None:
         """A late read the kernel-stamped transport split at packet arrivals: each packet's frames watched with its own
         arrival, what they make the tap send written once (as the HTTP/1.1 relay forwards such a read in one write)."""
+        if self.passing:
+            self._pass_up(data)
+            return
         if self.held or self.connecting is not None:
             self.held += [(data[a:b], t, bound) for a, b, t, bound in pieces]
             return
@@ -352,6 +399,7 @@ class H2Downstream(_H2Side):
         except h2.exceptions.ProtocolError as exc:
             log.info("tap %s: an HTTP/2 client (%s) broke the protocol (%s); closing its connection", self.tap.o.link, self.peer,
                      type(exc).__name__)
+            self.holding = False  # (the tap ends it for its own reason: its SETTINGS and GOAWAY go out)
             self.flush()
             self.transport.close()
             return False
@@ -568,6 +616,7 @@ class H2Downstream(_H2Side):
     # ---- tap-made answers, timeouts ---------------------------------------------------------
     def _answer(self, s: Stream, failure: Failure) -> None:
         """Answer stream ``s`` with the tap's own error response (nothing of the upstream's came)."""
+        self.holding = False  # (the tap speaks for itself: its SETTINGS go first)
         rec = s.rec
         rec.failure = failure
         if failure.outcome == Outcome.TIMEOUT:
@@ -592,6 +641,7 @@ class H2Downstream(_H2Side):
         s.timer = None
         if s.done:
             return
+        self.holding = False  # (the tap's own answer or reset: its SETTINGS go first)
         if self.up is not None and s.up_id is not None:
             self.up.reset_stream(s, h2.errors.ErrorCodes.CANCEL)
             self.up.flush()
@@ -643,9 +693,10 @@ class H2Downstream(_H2Side):
     def go_away(self) -> None:
         """The tap is stopping: GOAWAY (NO_ERROR) naming the last stream the client opened; streams in flight go on,
         new ones are refused."""
-        if self.closed or self.going_away or self.transport.is_closing():
+        if self.closed or self.going_away or self.passing or self.transport.is_closing():
             return
         self.going_away = True
+        self.holding = False  # (the tap speaks for itself as it stops: its SETTINGS, then the GOAWAY)
         self.flush()
         self.send(_goaway_frame(self.conn.highest_inbound_stream_id, h2.errors.ErrorCodes.NO_ERROR, b""))
 
@@ -654,7 +705,7 @@ class H2Downstream(_H2Side):
         not sent its preface and SETTINGS by now is closed; one with no stream open since then gets GOAWAY NO_ERROR
         (naming the last stream it opened) and is closed. Both are counted as header timeouts, as on HTTP/1.1."""
         self.idle_timer = None
-        if self.closed or self.transport is None or self.transport.is_closing():
+        if self.closed or self.passing or self.transport is None or self.transport.is_closing():
             return
         timeout = self.tap.o.header_timeout_s
         loop = asyncio.get_running_loop()
@@ -683,6 +734,17 @@ class H2Downstream(_H2Side):
 
     # ---- end of the connections -------------------------------------------------------------
     def on_eof(self) -> bool:
+        up = self.up
+        if self.passing:  # (bytes passing as they are: the client's half-close passes on too, unless the upstream's came)
+            self.down_eof = True
+            if up is None or self.up_eof or up.transport.is_closing() or not up.transport.can_write_eof():
+                return False  # (then the close: both directions are over)
+            up.transport.write_eof()
+            return True
+        if self.holding and up is not None:  # (what to do with it waits for the upstream's answer: _pass_through, H2Upstream)
+            self.down_eof = True
+            self.eof_mono = mono()
+            return True
         return False  # (HTTP/2 has no half-close of the connection: the client is gone)
 
     def on_lost(self, exc: BaseException | None) -> None:
@@ -693,7 +755,7 @@ class H2Downstream(_H2Side):
         self.tap.connections.discard(self)  # type: ignore[arg-type]
         if self.connecting is not None:
             self.connecting.cancel()
-        t = self.lost_mono_ns
+        t = self.eof_mono or self.lost_mono_ns  # (a FIN held while the upstream had not answered: when it came)
         for s in list(self.streams.values()):
             if not s.done:
                 s.rec.downstream_closed = t
@@ -711,6 +773,14 @@ class H2Downstream(_H2Side):
         (the tap answers for no stream); each stream that was not over is recorded as broken by the upstream."""
         self.up = None
         t = up.lost_mono_ns or mono()
+        if self.holding or self.passing:  # (it never answered in HTTP/2: the client gets its close as it came)
+            if not self.passing:
+                self._pass_through(up, t, up.first)
+            if up.reset_by_peer:
+                reset(self.transport)
+            elif not self.transport.is_closing():
+                self.transport.close()
+            return
         for s in list(self.streams.values()):
             if s.done:
                 continue
@@ -726,6 +796,54 @@ class H2Downstream(_H2Side):
             reset(self.transport)
         elif not self.transport.is_closing():
             self.transport.close()
+
+    def _pass_through(self, up: H2Upstream, t: int, data: bytes) -> None:
+        """The upstream connection's first bytes are not HTTP/2's answer to its preface (``data``: all it sent so far,
+        read at ``t``; empty: it closed without answering): from now on the pair passes bytes as they are, both ways,
+        and each side's close reaches the other as it came (FIN as FIN, RST as RST); the client never got anything of
+        the tap's own (:attr:`holding`). Its streams end here: ``upstream_not_h2`` (a close without answering:
+        ``upstream_closed``, a reset ``upstream_reset``), their spans as any others."""
+        self.holding = False
+        self.passing = True
+        tap = self.tap
+        reset_ = up.reset_by_peer and not data
+        count_not_h2(tap, self.peer, f"answered HTTP/2's preface with bytes that are not HTTP/2 (first bytes {bytes(data[:16])!r})"
+                     if data else "reset the connection without answering HTTP/2's preface" if reset_ else
+                     "closed the connection without answering HTTP/2's preface")
+        failure = _NOT_H2_ANSWER if data else _RESET if reset_ else _CLOSED
+        for s in list(self.streams.values()):
+            if s.done:
+                continue
+            rec = s.rec
+            rec.failure = failure
+            if data:
+                rec.upstream_error = t
+            else:
+                rec.upstream_closed = t
+            tap.count_upstream_error(failure.error_type)
+            s.reset = True
+            self._complete(s)
+        self.failure = failure
+        self.waiting_open.clear()
+        self.conn.data_to_send()  # (the tap's own frames that waited: the client never gets them)
+        self.marks.clear()
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+        if data and not self.transport.is_closing():
+            self.send(data)
+        if self.down_eof and up.transport is not None and not up.transport.is_closing():
+            if up.transport.can_write_eof():
+                up.transport.write_eof()  # (the client's FIN, held until now: on to the upstream as it came)
+            else:
+                up.transport.close()
+
+    def _pass_up(self, data: bytes) -> None:
+        """A client's bytes after its upstream turned out not to speak HTTP/2: on to it as they are (where the upstream
+        connection is gone, dropped, as a closed connection's kernel would)."""
+        up = self.up
+        if up is not None and not up.transport.is_closing():
+            up.send(data)
 
     def _complete(self, s: Stream) -> None:
         if s.done:
@@ -799,13 +917,17 @@ class H2Upstream(_H2Side):
         self.conn = h2.connection.H2Connection(_config(True))
         self.marks: list[Callable[[int, int], None]] = []  # stamps to set from the next upstream write
         self.going_away = False  # the upstream sent GOAWAY: no new streams on this connection
+        self.first = b""  # the upstream's first bytes while fewer than tell whether it answers in HTTP/2 (answers_h2)
+        self.first_at = (0, 0)  # (t, bound) of the read that brought them
 
     def on_made(self) -> None:
         codes = h2.settings.SettingCodes
         self.conn.local_settings = h2.settings.Settings(client=True, initial_values={
             codes.MAX_CONCURRENT_STREAMS: 100, codes.MAX_HEADER_LIST_SIZE: self.conn.DEFAULT_MAX_HEADER_LIST_SIZE, codes.ENABLE_PUSH: 0})
         self.conn.initiate_connection()
-        self.flush()
+        # (the preface leaves with what the client sent meanwhile, in one write: H2Downstream._connect replays it at
+        # once. An HTTP/1.1-only upstream then reads it all before it answers and closes: its close is a FIN, as
+        # directly, not the reset of a close with bytes unread)
 
     def mirror(self, changed: dict) -> None:
         """The client's SETTINGS that bound what the upstream may send, as the tap's own toward it."""
@@ -842,9 +964,38 @@ class H2Upstream(_H2Side):
         if d is None:
             self.transport.close()
             return
+        if (d.holding or d.passing) and not self._answer_h2(d, data, t, bound):
+            return
         if self._feed(d, data, t, bound):
             d.flush()
             self.flush()
+
+    def _answer_h2(self, d: H2Downstream, data: bytes, t: int, bound: int) -> bool:
+        """The upstream's bytes while the client waits for its first ones (:attr:`H2Downstream.holding`), or once it
+        turned out not to speak HTTP/2 (:attr:`H2Downstream.passing`: they go on to the client as they are). True
+        when they begin with HTTP/2's SETTINGS: the h2 state takes them (bytes of earlier reads fed first) and the
+        tap's own frames go to the client from now on; False when they are taken here."""
+        if d.passing:
+            if not d.transport.is_closing():
+                d.send(data)
+            return False
+        head = self.first + data if self.first else data
+        speaks = answers_h2(head)
+        if speaks is None:
+            if not self.first:
+                self.first_at = (t, bound)
+            self.first = head
+            return False
+        if not speaks:
+            self.first = b""
+            d._pass_through(self, t, head)
+            return False
+        d.holding = False
+        first, self.first = self.first, b""
+        if d.down_eof:  # (the client half-closed meanwhile: gone, as HTTP/2 has no half-close)
+            d.transport.close()
+            return False
+        return not first or self._feed(d, first, *self.first_at)
 
     def cuts_received(self, data: bytes, pieces: list[tuple[int, int, int, int]]) -> None:
         """A late read split at packet arrivals (see :meth:`H2Downstream.cuts_received`): watched packet by packet,
@@ -853,6 +1004,18 @@ class H2Upstream(_H2Side):
         if d is None:
             self.transport.close()
             return
+        if d.holding or d.passing:  # (piece by piece until the h2 state takes them: see _answer_h2)
+            for i, (a, b, t, bound) in enumerate(pieces):
+                if not (d.holding or d.passing):
+                    pieces = pieces[i:]
+                    break
+                if self._answer_h2(d, data[a:b], t, bound):
+                    if not self._feed(d, data[a:b], t, bound):
+                        return
+                    pieces = pieces[i + 1:]
+                    break
+            else:
+                return
         for a, b, t, bound in pieces:
             if not self._feed(d, data[a:b], t, bound):
                 return
@@ -1010,7 +1173,18 @@ class H2Upstream(_H2Side):
 
     # ---- end --------------------------------------------------------------------------------
     def on_eof(self) -> bool:
-        return False
+        d = self.down
+        if d is None or d.closed or not (d.holding or d.passing):
+            return False
+        if not d.passing:  # (closed without answering in HTTP/2: what it sent, if anything, then its FIN)
+            first, self.first = self.first, b""
+            d._pass_through(self, mono(), first)
+        d.up_eof = True
+        if d.down_eof or d.transport.is_closing() or not d.transport.can_write_eof():
+            d.transport.close()  # (both directions over, or a client connection with no half-close: the close)
+            return False
+        d.transport.write_eof()  # (the client's bytes still pass on: an upstream that closed resets them, as directly)
+        return True
 
     def on_lost(self, exc: BaseException | None) -> None:
         d, self.down = self.down, None

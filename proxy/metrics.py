@@ -63,7 +63,8 @@ class TapCounters:
 
     __slots__ = ("requests", "upstream_errors", "in_flight", "request_bytes", "response_bytes",
                  "overhead_request", "overhead_first_token", "upstream_ttft", "unparsed", "connections", "upstream_connections",
-                 "connections_refused", "header_timeouts", "ws_malformed", "tls_handshake_failures", "not_http2", "stale_retries")
+                 "connections_refused", "header_timeouts", "ws_malformed", "tls_handshake_failures", "not_http2", "upstream_not_http2",
+                 "stale_retries")
 
     def __init__(self) -> None:
         self.requests: dict[str, int] = {}  # outcome -> count
@@ -82,6 +83,9 @@ class TapCounters:
         self.ws_malformed = 0  # WebSocket directions whose frames broke RFC 6455: relayed on, unwatched from there
         self.tls_handshake_failures = 0  # downstream TLS handshakes that failed (plain HTTP to a TLS tap included)
         self.not_http2 = 0  # --protocol grpc: connections closed because they did not open with HTTP/2's preface
+        # HTTP/2 client connections whose upstream connection did not answer HTTP/2's preface in HTTP/2 (other bytes, or a
+        # close): what it sent, and its close, passed on to the client as they came (h2relay.H2Downstream._pass_through)
+        self.upstream_not_http2 = 0
         self.stale_retries = 0  # requests sent again on a fresh connection: the pooled one closed before answering
 
 
@@ -118,6 +122,9 @@ class _TapCollector(Collector):
              "port included)", c.tls_handshake_failures),
             ("deltatap_tap_not_http2", "Downstream connections closed because they did not open with HTTP/2's preface "
              "(--protocol grpc)", c.not_http2),
+            ("deltatap_tap_upstream_not_http2", "HTTP/2 client connections whose upstream connection did not answer HTTP/2's "
+             "preface in HTTP/2 (other bytes, or a close without answering); what it sent, and its close, went to the client as "
+             "they came", c.upstream_not_http2),
             ("deltatap_tap_stale_retries", "Times a pooled upstream connection closed before any byte of an answer and what was "
              "sent on it went again on a fresh connection", c.stale_retries),
             ("deltatap_tap_request_bytes", "Request body bytes forwarded upstream", c.request_bytes),
