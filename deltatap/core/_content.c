@@ -82,8 +82,45 @@ typedef struct {
 
 /* ---- the observer's attributes ---------------------------------------------------------------------------- */
 
+/* read and written through deltatap.net._pktring's slot access once that module is loaded (its capsule _slot_api,
+   defined there, the one proxy/_relay.c takes too; StreamObserver's and ContentStream's attributes are __slots__: each
+   straight from its slot, the offset cached per type and name; anything else, the generic call), else the generic
+   calls themselves. Looked for (not imported) at each observe() until found. */
+typedef struct {
+    PyObject *(*get)(PyObject *obj, PyObject *name);
+    int (*set)(PyObject *obj, PyObject *name, PyObject *v);
+    int (*rx)(PyObject *tr, long long *mono_ns, long long *bound_ns);
+} pk_slot_api;
+static PyObject *(*a_get)(PyObject *, PyObject *) = PyObject_GetAttr;
+static int (*a_set)(PyObject *, PyObject *, PyObject *) = PyObject_SetAttr;
+static int a_taken;
+
+static void slot_api_take(void) {
+    static PyObject *name;
+    if (name == NULL && (name = PyUnicode_InternFromString("deltatap.net._pktring")) == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    PyObject *m = PyImport_GetModule(name); /* (sys.modules only: nothing imported here) */
+    if (m == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    a_taken = 1;
+    PyObject *cap = PyObject_GetAttrString(m, "_slot_api");
+    Py_DECREF(m);
+    pk_slot_api *api = cap == NULL ? NULL : PyCapsule_GetPointer(cap, "deltatap.net._pktring._slot_api");
+    Py_XDECREF(cap);
+    if (api == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    a_get = api->get;
+    a_set = api->set;
+}
+
 static int is_none_attr(PyObject *o, PyObject *name, int *out) {
-    PyObject *v = PyObject_GetAttr(o, name);
+    PyObject *v = a_get(o, name);
     if (v == NULL) return -1;
     *out = v == Py_None;
     Py_DECREF(v);
@@ -92,12 +129,12 @@ static int is_none_attr(PyObject *o, PyObject *name, int *out) {
 
 /* what the scanner may take for granted: re-read after anything Python did */
 static int obs_refresh(Obs *c) {
-    PyObject *v = PyObject_GetAttr(c->obs, S_fmt);
+    PyObject *v = a_get(c->obs, S_fmt);
     if (v == NULL) return -1;
     c->fmt = v == ChatFmt ? FMT_CHAT : v == ComplFmt ? FMT_COMPLETIONS : FMT_OTHER;
     c->detect = 0;
     if (v == Py_None) { /* ContentStream.take: detect_format(obj, event, self._hint), the hint tried first */
-        PyObject *h = PyObject_GetAttr(c->obs, S_hint);
+        PyObject *h = a_get(c->obs, S_hint);
         if (h == NULL) {
             Py_DECREF(v);
             return -1;
@@ -117,14 +154,14 @@ static int obs_refresh(Obs *c) {
         /* (another hint: Python) */
     }
     Py_DECREF(v);
-    PyObject *parts = PyObject_GetAttr(c->obs, S_parts);
+    PyObject *parts = a_get(c->obs, S_parts);
     if (parts == NULL) return -1;
     c->keep = parts != Py_None;
     if (c->keep && !PyList_CheckExact(parts)) c->fmt = FMT_OTHER; /* (not the list count appends to: Python) */
     Py_DECREF(parts);
     if (is_none_attr(c->obs, S_first_t, &c->waiting) < 0) return -1;
     if (c->fmt == FMT_OTHER) return 0;
-    PyObject *facts = PyObject_GetAttr(c->obs, S_facts);
+    PyObject *facts = a_get(c->obs, S_facts);
     if (facts == NULL) return -1;
     int rc = is_none_attr(facts, S_model, &c->need_model);
     if (rc == 0) rc = is_none_attr(facts, S_response_id, &c->need_id);
@@ -134,7 +171,7 @@ static int obs_refresh(Obs *c) {
 
 static int add_attr(PyObject *o, PyObject *name, Py_ssize_t n) {
     if (n == 0) return 0;
-    PyObject *v = PyObject_GetAttr(o, name);
+    PyObject *v = a_get(o, name);
     if (v == NULL) return -1;
     PyObject *d = PyLong_FromSsize_t(n);
     if (d == NULL) {
@@ -145,7 +182,7 @@ static int add_attr(PyObject *o, PyObject *name, Py_ssize_t n) {
     Py_DECREF(v);
     Py_DECREF(d);
     if (s == NULL) return -1;
-    int rc = PyObject_SetAttr(o, name, s);
+    int rc = a_set(o, name, s);
     Py_DECREF(s);
     return rc;
 }
@@ -156,9 +193,9 @@ static int obs_flush(Obs *c) {
     if (add_attr(o, S_events, c->events) < 0 || add_attr(o, S_content_events, c->content) < 0 ||
         add_attr(o, S_tokens, c->content) < 0 || add_attr(o, S_leading_ws, c->leading_ws) < 0)
         return -1;
-    if (c->done && PyObject_SetAttr(o, S_done, Py_True) < 0) return -1;
-    if (c->last && (PyObject_SetAttr(o, S_last_t, c->t) < 0 || PyObject_SetAttr(o, S_last_b, c->bound) < 0)) return -1;
-    if (c->first && (PyObject_SetAttr(o, S_first_t, c->t) < 0 || PyObject_SetAttr(o, S_first_b, c->bound) < 0)) return -1;
+    if (c->done && a_set(o, S_done, Py_True) < 0) return -1;
+    if (c->last && (a_set(o, S_last_t, c->t) < 0 || a_set(o, S_last_b, c->bound) < 0)) return -1;
+    if (c->first && (a_set(o, S_first_t, c->t) < 0 || a_set(o, S_first_b, c->bound) < 0)) return -1;
     c->events = c->content = c->leading_ws = 0;
     c->done = c->last = c->first = 0;
     return 0;
@@ -650,7 +687,7 @@ static PyObject *str_of(Str s) {
 static int set_str(PyObject *o, PyObject *name, Str s) {
     PyObject *v = str_of(s);
     if (v == NULL) return -1;
-    int rc = PyObject_SetAttr(o, name, v);
+    int rc = a_set(o, name, v);
     Py_DECREF(v);
     return rc;
 }
@@ -665,7 +702,7 @@ static int set_int(PyObject *o, PyObject *name, Str s) {
     buf[s.n] = 0;
     PyObject *v = PyLong_FromString(buf, NULL, 10);
     if (v == NULL) return -1;
-    int rc = PyObject_SetAttr(o, name, v);
+    int rc = a_set(o, name, v);
     Py_DECREF(v);
     return rc;
 }
@@ -673,13 +710,13 @@ static int set_int(PyObject *o, PyObject *name, Str s) {
 /* what extract (and detect_format) record for a sure event: the format, model, id, usage, finish reasons */
 static int apply_facts(Obs *c, Scan *sc) {
     if (c->detect) { /* ContentStream.take: self._fmt, self.format */
-        if (PyObject_SetAttr(c->obs, S_fmt, c->fmt == FMT_CHAT ? ChatFmt : ComplFmt) < 0 ||
-            PyObject_SetAttr(c->obs, S_format, c->fmt == FMT_CHAT ? ChatName : ComplName) < 0)
+        if (a_set(c->obs, S_fmt, c->fmt == FMT_CHAT ? ChatFmt : ComplFmt) < 0 ||
+            a_set(c->obs, S_format, c->fmt == FMT_CHAT ? ChatName : ComplName) < 0)
             return -1;
         c->detect = 0;
     }
     if (!sc->model.s && !sc->id.s && !sc->in.s && !sc->out.s && sc->nfinish == 0) return 0;
-    PyObject *facts = PyObject_GetAttr(c->obs, S_facts);
+    PyObject *facts = a_get(c->obs, S_facts);
     if (facts == NULL) return -1;
     int rc = 0;
     if (sc->model.s && (rc = set_str(facts, S_model, sc->model)) == 0) c->need_model = 0;
@@ -687,7 +724,7 @@ static int apply_facts(Obs *c, Scan *sc) {
     if (rc == 0 && sc->in.s) rc = set_int(facts, S_input_tokens, sc->in);
     if (rc == 0 && sc->out.s) rc = set_int(facts, S_output_tokens, sc->out);
     if (rc == 0 && sc->nfinish > 0) { /* StreamFacts.take_finish: each reason once, in order */
-        PyObject *reasons = PyObject_GetAttr(facts, S_finish_reasons);
+        PyObject *reasons = a_get(facts, S_finish_reasons);
         if (reasons == NULL) rc = -1;
         for (int i = 0; rc == 0 && i < sc->nfinish; i++) {
             PyObject *v = str_of(sc->finish[i]);
@@ -734,7 +771,7 @@ static int keep_text(Obs *c, Text *t) {
         Py_DECREF(list);
     }
     if (text == NULL) return -1;
-    PyObject *parts = PyObject_GetAttr(c->obs, S_parts);
+    PyObject *parts = a_get(c->obs, S_parts);
     int rc = -1;
     if (parts != NULL) {
         if (PyList_Check(parts))
@@ -1105,6 +1142,7 @@ static PyObject *parser_observe(PyObject *pself, PyObject *const *args, Py_ssize
         PyErr_SetString(PyExc_RuntimeError, "SseParser.observe() re-entered");
         return NULL;
     }
+    if (!a_taken) slot_api_take();
     Obs c = {0};
     c.obs = args[0];
     c.t = args[2];
@@ -1116,7 +1154,7 @@ static PyObject *parser_observe(PyObject *pself, PyObject *const *args, Py_ssize
     if (add_attr(obs, S_chunks, 1) < 0 || add_attr(obs, S_bytes, size) < 0) return NULL;
     int none;
     if (is_none_attr(obs, S_first_chunk, &none) < 0) return NULL;
-    if (none && PyObject_SetAttr(obs, S_first_chunk, c.t) < 0) return NULL;
+    if (none && a_set(obs, S_first_chunk, c.t) < 0) return NULL;
     if (obs_refresh(&c) < 0) return NULL;
     int waiting = c.waiting;
     self->ctx = &c;
@@ -1126,7 +1164,7 @@ static PyObject *parser_observe(PyObject *pself, PyObject *const *args, Py_ssize
         /* the Python observes each content event's gap as it takes it: those before the failing one are in */
         Py_XDECREF(none_list);
         PyErr_Clear(); /* (the first error wins) */
-        PyObject *gaps = PyObject_GetAttr(obs, S_gaps);
+        PyObject *gaps = a_get(obs, S_gaps);
         if (gaps != NULL) {
             gaps_observe(gaps, c.t, c.n_content);
             Py_DECREF(gaps);
@@ -1139,7 +1177,7 @@ static PyObject *parser_observe(PyObject *pself, PyObject *const *args, Py_ssize
     if (obs_flush(&c) < 0) return NULL;
     /* StreamObserver._events */
     if (c.n_content > 0) {
-        PyObject *gaps = PyObject_GetAttr(obs, S_gaps);
+        PyObject *gaps = a_get(obs, S_gaps);
         if (gaps == NULL) return NULL;
         int rc = gaps_observe(gaps, c.t, c.n_content);
         Py_DECREF(gaps);
@@ -1147,8 +1185,8 @@ static PyObject *parser_observe(PyObject *pself, PyObject *const *args, Py_ssize
         if (add_attr(obs, S_unfwd, c.n_content) < 0) return NULL;
     }
     int had_first = waiting && !c.waiting;
-    if (had_first && PyObject_SetAttr(obs, S_unfwd_first, Py_True) < 0) return NULL;
-    if (PyObject_SetAttr(obs, S_last_had_first, had_first ? Py_True : Py_False) < 0) return NULL;
+    if (had_first && a_set(obs, S_unfwd_first, Py_True) < 0) return NULL;
+    if (a_set(obs, S_last_had_first, had_first ? Py_True : Py_False) < 0) return NULL;
     return PyLong_FromSsize_t(c.n_content);
 }
 

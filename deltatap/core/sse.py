@@ -420,6 +420,13 @@ class StreamObserver(ContentStream):
     empty deltas, and with ``parts`` a list each content event's text) and handing every other one to :meth:`take`,
     in order; a subclass that overrides ``take``, ``count`` or ``_events`` gets the Python path."""
 
+    # (slots: the C read path reads and writes these on every read, straight from the slot; an instance dict stays
+    # for anything else set on an observer, a subclass's or a test's)
+    __slots__ = (
+        "chunks", "bytes", "first_chunk_mono_ns", "first_token_forwarded_mono_ns", "last_token_forwarded_mono_ns",
+        "first_token_forwarded_bound_ns", "last_token_forwarded_bound_ns", "gaps", "gaps_forwarded", "_unforwarded",
+        "_unforwarded_first", "_last_had_first", "__dict__",
+    )
     _native = _ObservingParser is not None
 
     def __init_subclass__(cls, **kw: object) -> None:

@@ -25,7 +25,8 @@ from deltatap.core.gap_stats import GapStats
 
 native = pytest.mark.skipif(sse._observe_acc is None, reason="deltatap.core._content is not built or DELTATAP_NATIVE turns it off")
 
-_SLOTS = [s for s in sse.ContentStream.__slots__ if s != "parser"]
+_SLOTS = [s for s in sse.ContentStream.__slots__ + sse.StreamObserver.__slots__
+          if s not in ("parser", "gaps", "gaps_forwarded", "__dict__")]  # (gaps: below)
 
 
 def _gaps(g: GapStats) -> tuple:

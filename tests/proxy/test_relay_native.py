@@ -171,7 +171,8 @@ def _snapshot(up: Upstream, d: Downstream, exs: list[Exchange]) -> list:
                 None if ex.capture_out is None else bytes(ex.capture_out)]
         s = ex.rec.stream
         if s is not None:
-            slots = [getattr(s, a) for cls in type(s).__mro__ for a in getattr(cls, "__slots__", ()) if a not in ("parser", "_fmt")]
+            slots = [getattr(s, a) for cls in type(s).__mro__ for a in getattr(cls, "__slots__", ())
+                     if a not in ("parser", "_fmt", "gaps", "gaps_forwarded", "__dict__")]  # (those: below)
             snap += [repr(slots), repr({k: v for k, v in vars(s).items() if k not in ("gaps", "gaps_forwarded")}),
                      (s.parser.comments, s.parser.events, s.parser.truncated), _gaps(s.gaps), _gaps(s.gaps_forwarded)]
         out.append(snap)
