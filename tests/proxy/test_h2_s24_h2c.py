@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tap_helpers import wait_spans
 
 from deltatap.core.vocab import Attr
+from deltatap.net.pktstamp import tcp_counters
 from deltatap.proxy import TapOptions, start_tap
 from deltatap.telemetry.tracer import setup_telemetry
 
@@ -52,6 +53,7 @@ class Http1Only:
     def __init__(self, mode: str) -> None:
         self.mode = mode
         self.got: list[bytes] = []
+        self.segments: list[int] = []  # data segments each connection had brought when its request head was read
         self.server: asyncio.AbstractServer | None = None
         self.port = 0
         self.open = 0  # connections being served
@@ -71,6 +73,7 @@ class Http1Only:
                     return
                 buf += chunk
             self.got.append(buf)
+            self.segments.append(tcp_counters(writer.get_extra_info("socket"))[0])
             if self.mode == "reset":
                 writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 writer.transport.abort()
@@ -158,6 +161,9 @@ def test_an_upstream_that_does_not_speak_http2_reaches_an_h2_client_as_directly(
     assert direct == through == again == expect  # the bytes, and FIN as FIN, RST as RST; nothing of the tap's own
     assert len(up.got) == 3 and all(g.startswith(PREFACE) for g in up.got)  # (each connection began with HTTP/2's preface)
     assert up.got[1] != up.got[0]  # (through the tap the upstream read the tap's own HTTP/2 frames: no shortcut)
+    # the tap's preface left in one write with the client's request (as the client's own bytes, directly): a server
+    # that answers what its first read holds and closes leaves nothing unread, and its close is a FIN, not a reset
+    assert up.segments == [1, 1, 1]
     assert tap.tap.counters.upstream_not_http2 == 2
     warned = [r for r in caplog.records if "does not speak HTTP/2" in r.getMessage()]
     assert len(warned) == 1 and "127.0.0.1" in warned[0].getMessage()  # once (then every 1000th)
@@ -234,7 +240,7 @@ def test_an_answer_split_before_it_tells_and_the_clients_bytes_after_it_pass_as_
     assert tap.tap.counters.upstream_not_http2 == 1
 
 
-_ECHO = re.compile(rb"(b'(?:[^'\\]|\\.)*')")
+_ECHO = re.compile(rb"""(b'(?:[^'\\]|\\.)*'|b"(?:[^"\\]|\\.)*")""")  # (repr quotes with " where the bytes hold a ')
 
 
 def engine_answer(got: bytes) -> tuple[bytes, bytes]:
