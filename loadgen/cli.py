@@ -133,10 +133,15 @@ def main(args: argparse.Namespace) -> int:
         print_summary(result.summary)
     if result.out_dir:
         print(f"records: {result.out_dir / 'records.jsonl'}  summary: {result.out_dir / 'summary.json'}", file=sys.stderr)
+    for line in result.lost + result.stopped:  # --processes N: a process that died, failed or was stopped on its own
+        _say(f"--processes: {line}")
+    if result.lost and not result.interrupted:  # (its loss stopped the run: the plan no longer held)
+        _say(f"the sending stopped when a process was lost; {len(result.records)} requests of the others recorded")
     if result.interrupted:  # Ctrl-C / SIGTERM: the sending stopped, what it got is written; the signal's exit status
-        _say(f"interrupted ({result.interrupted}): nothing more was sent; {len(result.records)} requests recorded")
+        if not result.stopped:
+            _say(f"interrupted ({result.interrupted}): nothing more was sent; {len(result.records)} requests recorded")
         return 128 + getattr(signal, result.interrupted)
-    return 0 if result.summary["request_count"] > 0 else 1
+    return 0 if result.summary["request_count"] > 0 and not result.lost else 1
 
 
 def _say(line: str) -> None:

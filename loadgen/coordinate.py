@@ -27,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import signal
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,6 +179,7 @@ async def join(url: str, key: str, timeout_s: float = 120.0) -> Assignment:
 # stamps, output text for the reference token count) and are merged by the parent; each exports its own spans.
 
 PROGRESS_SLOTS = 4  # per process, in a shared array: sent, done, in flight, errors (the live progress line)
+STOP_GRACE_S = 30.0  # after a stop (Ctrl-C, SIGTERM): how long every process has to end its requests and hand its records back
 
 
 def split_concurrency(concurrency: int, processes: int, index: int) -> int:
@@ -184,8 +187,25 @@ def split_concurrency(concurrency: int, processes: int, index: int) -> int:
     return concurrency // processes + (1 if index < concurrency % processes else 0)
 
 
+def _ended_how(exitcode: int | None) -> str:
+    """How a process ended, in words (``multiprocessing``'s exit code: negative for a signal)."""
+    if exitcode is None:
+        return "is still running"
+    if exitcode < 0:
+        try:
+            return f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with status {exitcode}"
+
+
 class ProcessGroup:
-    """The spawned processes 1..N-1 of a ``--processes N`` run, driven over pipes from the parent's loop."""
+    """The spawned processes 1..N-1 of a ``--processes N`` run, driven over pipes from the parent's loop.
+
+    The parent alone decides when the run stops: :meth:`stop` (its Ctrl-C or SIGTERM) tells every process to end its
+    send phase as one process ends it (``run.SendStop``), and :meth:`results` then waits at most
+    :data:`STOP_GRACE_S` for their records. A process that dies (SIGKILL, a crash) or does not answer in time loses
+    its records only: :meth:`results` returns the others', and :attr:`lost` has one line for each one lost."""
 
     def __init__(self, processes: int, otlp: str | None) -> None:
         import multiprocessing
@@ -195,7 +215,14 @@ class ProcessGroup:
         self.progress = ctx.Array("q", PROGRESS_SLOTS * processes, lock=False)
         self._pipes: list[Any] = []
         self._procs: list[Any] = []
+        self._planned: list[int] = []  # requests each spawned process was given (prepare)
         self.finished = False  # every process sent its records (else closing stops them at once)
+        self.stopped: str | None = None  # the stop's name (SIGINT, SIGTERM) once :meth:`stop` was called
+        self._deadline: float | None = None  # (loop time) after a stop: when the records still missing are given up
+        self.lost: list[str] = []  # one line per process whose records did not come back
+        self.notes: list[str] = []  # one line per process stopped by a signal of its own (its records came back)
+        self._watched: list[int] = []  # sentinels watched in the loop (start's on_death)
+        self._gone: set[int] = set()  # processes whose records are lost: closing kills them at once
         for p in range(1, processes):
             ours, theirs = ctx.Pipe()
             proc = ctx.Process(target=child_main, args=(theirs, p, otlp, self.progress, clock.ANCHOR), name=f"deltatap-load-{p}", daemon=True)
@@ -203,6 +230,14 @@ class ProcessGroup:
             theirs.close()
             self._pipes.append(ours)
             self._procs.append(proc)
+
+    def _name(self, i: int) -> str:
+        return f"process {i + 2} of {self.n}"
+
+    async def _exit_words(self, i: int) -> str:
+        proc = self._procs[i]
+        await asyncio.get_running_loop().run_in_executor(None, proc.join, 1.0)  # (an EOF comes just before the exit)
+        return f"{_ended_how(proc.exitcode)} (pid {proc.pid})"
 
     async def _recv(self, i: int, timeout_s: float | None) -> Any:
         loop = asyncio.get_running_loop()
@@ -216,11 +251,11 @@ class ProcessGroup:
         try:
             msg = await loop.run_in_executor(None, recv)
         except (EOFError, OSError):
-            raise ConfigError(f"--processes: process {i + 2} of {self.n} ended unexpectedly (exit code {self._procs[i].exitcode})") from None
+            raise ConfigError(f"--processes: {self._name(i)} ended unexpectedly: it {await self._exit_words(i)}") from None
         except TimeoutError:
-            raise ConfigError(f"--processes: process {i + 2} of {self.n} did not answer within {timeout_s:.0f} s") from None
+            raise ConfigError(f"--processes: {self._name(i)} did not answer within {timeout_s:.0f} s") from None
         if isinstance(msg, tuple) and msg and msg[0] == "error":
-            raise ConfigError(f"--processes: process {i + 2} of {self.n}: {msg[1]}")
+            raise ConfigError(f"--processes: {self._name(i)}: {msg[1]}")
         return msg
 
     async def _send_all(self, messages: list[Any]) -> None:
@@ -229,16 +264,106 @@ class ProcessGroup:
 
     async def prepare(self, plans: list[dict[str, Any]], timeout_s: float = 120.0) -> None:
         """Hand each process its share (``plans[i]`` for process i + 1) and wait until all are ready to send."""
+        self._planned = [len(p["cfg"].units) for p in plans]
         await self._send_all(plans)
         await asyncio.gather(*(self._recv(i, timeout_s) for i in range(len(self._pipes))))
 
-    async def start(self, start_mono_ns: int) -> None:
+    async def start(self, start_mono_ns: int, on_death: Callable[[str], None] | None = None) -> None:
+        """Send the shared start; from now on a process that ends with a non-zero status (killed, crashed) before its
+        records came calls ``on_death(line)`` at once (the parent stops the run: its plan no longer holds)."""
         await self._send_all([("start", start_mono_ns)] * len(self._pipes))
+        if on_death is not None:
+            loop = asyncio.get_running_loop()
+            for i, proc in enumerate(self._procs):  # (its sentinel becomes readable when it exits: no thread, no poll)
+                loop.add_reader(proc.sentinel, self._ended, i, on_death, 0)
+                self._watched.append(proc.sentinel)
 
-    async def results(self) -> list[dict[str, Any]]:
-        """Each process's ``{"records": [...], "max_in_flight": n, "spans": {...}}``, once it has finished."""
-        out = list(await asyncio.gather(*(self._recv(i, None) for i in range(len(self._pipes)))))
+    def _ended(self, i: int, on_death: Callable[[str], None], tries: int) -> None:
+        loop = asyncio.get_running_loop()
+        proc = self._procs[i]
+        if tries == 0:
+            loop.remove_reader(proc.sentinel)
+            self._watched.remove(proc.sentinel)
+        code = proc.exitcode  # (None for a moment after the sentinel: the exit is not reaped yet)
+        if code is None and tries < 100:
+            loop.call_later(0.01, self._ended, i, on_death, tries + 1)
+        elif code != 0 and not self.finished:
+            on_death(f"{self._name(i)} {_ended_how(code)}")
+
+    def _unwatch(self) -> None:
+        loop = asyncio.get_running_loop()
+        for fd in self._watched:
+            loop.remove_reader(fd)
+        self._watched.clear()
+
+    def stop(self, name: str) -> None:
+        """End the run (``name``: the signal that asked it): every process stops sending, ends what it has in flight and
+        hands back its records; :meth:`results` waits for them at most :data:`STOP_GRACE_S` from now."""
+        if self.stopped is not None:
+            return
+        self.stopped = name
+        self._deadline = asyncio.get_running_loop().time() + STOP_GRACE_S
+        for pipe in self._pipes:
+            try:
+                pipe.send(("stop", name))  # (a few bytes: never blocks on a live process; a dead one is named by results)
+            except (OSError, ValueError):
+                pass
+
+    async def _result(self, i: int) -> Any:
+        """Process ``i + 1``'s results (waiting on its pipe in the loop, then read in a thread), or a line saying why not."""
+        loop = asyncio.get_running_loop()
+        pipe = self._pipes[i]
+        ready = loop.create_future()
+        loop.add_reader(pipe.fileno(), lambda: ready.done() or ready.set_result(None))
+        try:
+            await ready
+        finally:
+            loop.remove_reader(pipe.fileno())
+        try:
+            msg = await loop.run_in_executor(None, pipe.recv)
+        except (EOFError, OSError):
+            return f"{await self._exit_words(i)} before it handed back its records"
+        except Exception as exc:  # noqa: BLE001 - (a message cut or garbled: unpickling fails) the others' records stand
+            return f"handed back records that could not be read ({type(exc).__name__}: {exc})"
+        if isinstance(msg, tuple) and msg and msg[0] == "error":
+            return f"failed ({msg[1]})"
+        if not isinstance(msg, dict) or "records" not in msg:  # (nothing else is ever sent at this point)
+            return f"answered {type(msg).__name__} instead of its records"
+        return msg
+
+    async def results(self) -> list[dict[str, Any] | None]:
+        """Each process's ``{"records": [...], "max_in_flight": n, "spans": {...}, ...}`` once it has finished, in
+        process order; None for a process whose records are lost (it died, failed, or did not hand them back within
+        :data:`STOP_GRACE_S` of a stop), with its line in :attr:`lost`."""
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(self._result(i)) for i in range(len(self._pipes))]
+        pending = set(tasks)
+        try:
+            while pending:  # (no bound before a stop: a run takes as long as it takes)
+                _done, pending = await asyncio.wait(pending, timeout=0.5)
+                if pending and self._deadline is not None and loop.time() >= self._deadline:
+                    break
+        finally:
+            for t in pending:
+                t.cancel()
+        out: list[dict[str, Any] | None] = []
+        for i, t in enumerate(tasks):
+            got = t.result() if t.done() and not t.cancelled() else (
+                f"did not hand back its records within {STOP_GRACE_S:g} s of the stop ({self.stopped})")
+            if isinstance(got, str):
+                self._gone.add(i)
+                first = i + 2  # (its share: the plan's requests first, first + N, ...: their ids RUN-m<k>)
+                share = f"requests {first}, {first + self.n}, {first + 2 * self.n}, ... of the plan"
+                planned = f", {self._planned[i]} planned" if i < len(self._planned) else ""
+                self.lost.append(f"{self._name(i)} {got}: its records are lost ({share}{planned})")
+                out.append(None)
+            else:
+                if got.get("interrupted") and self.stopped is None:  # (a SIGTERM of its own: the run was not stopped)
+                    self.notes.append(f"{self._name(i)} was stopped by {got['interrupted']} (pid {self._procs[i].pid}): "
+                                      f"the rest of its share was not sent; its records are in")
+                out.append(got)
         self.finished = True
+        self._unwatch()
         return out
 
     def progress_of(self, index: int) -> tuple[int, ...]:
@@ -246,27 +371,35 @@ class ProcessGroup:
         return tuple(self.progress[base : base + PROGRESS_SLOTS])
 
     async def close(self) -> None:
+        """End the processes: those that finished exit by themselves; any other is stopped (SIGTERM, then SIGKILL: one
+        that was handing back its records ignores SIGTERM). Bounded: at most a few seconds per process."""
+        loop = asyncio.get_running_loop()
+        self._unwatch()
+        for i, proc in enumerate(self._procs):
+            if i in self._gone and proc.is_alive():  # (it had its time: STOP_GRACE_S)
+                proc.kill()
+            elif not self.finished and proc.is_alive():  # the run ended early (an error, Ctrl-C before the send phase)
+                proc.terminate()
+            await loop.run_in_executor(None, proc.join, 15 if self.finished else 5)
+            if proc.is_alive():
+                proc.kill()
+                await loop.run_in_executor(None, proc.join, 5)
         for pipe in self._pipes:
             try:
                 pipe.close()
             except OSError:
                 pass
-        loop = asyncio.get_running_loop()
-        for proc in self._procs:
-            if not self.finished and proc.is_alive():  # the run ended early (an error, Ctrl-C): no more load
-                proc.terminate()
-            await loop.run_in_executor(None, proc.join, 15)
-            if proc.is_alive():
-                proc.terminate()
-                await loop.run_in_executor(None, proc.join, 5)
 
 
 def child_main(pipe: Any, index: int, otlp: str | None, progress: Any, anchor: clock.Anchor) -> None:
     """Entry point of spawned process ``index`` (runs its share, sends its records back). It takes the parent's
     clock anchor: the monotonic clock is the host's, so with one anchor every process's Unix stamps (records and
-    spans alike) are the parent's to the nanosecond."""
-    import signal
+    spans alike) are the parent's to the nanosecond.
 
+    The parent decides when the run stops: Ctrl-C (SIGINT to the whole process group) is ignored here, and the parent's
+    word ("stop") ends this send phase; so does SIGTERM sent to this process, and the parent's end (its pipe closes: no
+    process sends load for a run nobody collects). Once the send phase is over SIGTERM is ignored too, until the records
+    are handed back."""
     clock.ANCHOR = anchor
 
     from deltatap.net import aio
@@ -277,13 +410,14 @@ def child_main(pipe: Any, index: int, otlp: str | None, progress: Any, anchor: c
     except BaseException as exc:  # noqa: BLE001 - reported to the parent as one line
         try:
             pipe.send(("error", f"{type(exc).__name__}: {exc}"))
-        except OSError:
+        except (OSError, ValueError):
             pass
+        raise SystemExit(1) from None  # (a non-zero exit: the parent stops the run at once, then reads the line)
 
 
 async def _child(pipe: Any, index: int, otlp: str | None, progress: Any) -> None:
     from deltatap.loadgen.modes import MODES, ModeConfig, open_sessions, preconnect
-    from deltatap.loadgen.run import loop_wait_s, process_cpu_s
+    from deltatap.loadgen.run import SendStop, loop_wait_s, process_cpu_s
     from deltatap.loadgen.runner import Runner, load_telemetry, send_phase_gc, send_phase_slice
 
     loop = asyncio.get_running_loop()
@@ -296,16 +430,23 @@ async def _child(pipe: Any, index: int, otlp: str | None, progress: Any) -> None
         cfg: ModeConfig = plan["cfg"]
         runner.prebuild([r for u in cfg.units for r in u])
         sessions = open_sessions(runner, plan["sessions"])
+        stopped: str | None = None
         try:
             if plan["preconnect"]:
                 await preconnect(sessions, plan["preconnect"])
             with send_phase_gc(), send_phase_slice():  # (its collection before "ready": not between the start's news and the start)
                 pipe.send(("ready", index))
-                _tag, cfg.start_mono_ns = await loop.run_in_executor(None, pipe.recv)
+                tag, arg = await loop.run_in_executor(None, pipe.recv)  # ("start", instant), or ("stop", name) first
                 ticker = asyncio.create_task(_publish_progress(runner, progress, index))
                 try:
                     cpu0, wait0 = process_cpu_s(), loop_wait_s()
-                    await MODES[plan["mode"]](runner, cfg, sessions)
+                    with SendStop(runner, (signal.SIGTERM,), stop_pipe=pipe) as stop:
+                        if tag == "stop":
+                            stop.stop(arg)
+                        else:
+                            cfg.start_mono_ns = arg
+                        await stop.run(MODES[plan["mode"]](runner, cfg, sessions))
+                    stopped = stop.name
                     cpu_s, wait1 = process_cpu_s() - cpu0, loop_wait_s()
                     wait_s = wait1 - wait0 if wait0 is not None and wait1 is not None else None
                 finally:
@@ -322,6 +463,7 @@ async def _child(pipe: Any, index: int, otlp: str | None, progress: Any) -> None
         await loop.run_in_executor(None, pipe.send, {
             "records": runner.records, "max_in_flight": c.max_in_flight, "cpu_s": cpu_s, "wait_s": wait_s,
             "spans": {"ended": st.spans_ended, "exported": st.spans_exported, "dropped": st.spans_dropped},
+            "interrupted": stopped,
         })
     finally:
         telemetry.shutdown()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import resource
 from typing import Any, Literal
 
@@ -18,6 +19,18 @@ DEFAULT_MODEL = "default"  # the model sent when none is given and the target li
 MAX_SECONDS = 30 * 86400.0  # the bound of every span of time a run takes (a timeout, --duration, the open loop's plan)
 MAX_REQUESTS = 10_000_000  # the most requests one run plans (each is prepared before the first send)
 FRAMING_HEADERS = ("content-length", "transfer-encoding")  # the load generator frames each body itself
+
+
+PROCESSES_PER_CPU = 4  # --processes' bound: one per core is the useful most; each is a whole interpreter (~75 MB)
+
+
+def processes_allowed() -> int:
+    """The most ``--processes`` one run takes on this host (:data:`PROCESSES_PER_CPU` per CPU it may run on)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return PROCESSES_PER_CPU * max(1, cpus)
 
 
 def _connections_allowed() -> int:
@@ -90,10 +103,14 @@ class LoadOptions(StrictModel):
             raise ValueError("--coordinate needs --hosts N (how many hosts send load, this one included)")
         if self.hosts is not None and not self.coordinate:
             raise ValueError("--hosts is the coordinator's: give it with --coordinate HOST:PORT")
+        if self.processes > processes_allowed():
+            raise ValueError(f"--processes {self.processes}: at most {processes_allowed()} on this host ({PROCESSES_PER_CPU} per "
+                             f"CPU it may use; one per core is the useful most: each is a whole Python process)")
         if self.processes > 1 and self.batch is not None:
             raise ValueError("--processes works with --rate or --concurrency: a --batch barrier cannot span processes")
-        if self.processes > 1 and self.concurrency is not None and self.concurrency < self.processes:
-            raise ValueError(f"--processes {self.processes} needs --concurrency >= {self.processes} (each process keeps its part in flight)")
+        if self.processes > 1 and self.mode == "closed" and (self.concurrency or 1) < self.processes:  # (the default: 1)
+            raise ValueError(f"--processes {self.processes} needs --concurrency >= {self.processes} (each process keeps its part in "
+                             f"flight; without --rate or --concurrency the run is a closed loop of --concurrency 1)")
         for name, value in self.headers.items():
             if not name or any(c in name for c in " :\t\r\n\0") or any(c in value for c in "\r\n\0"):
                 raise ValueError(f"header {name!r}: a name without spaces or colons and a value without line breaks")

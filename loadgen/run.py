@@ -48,6 +48,8 @@ class LoadResult:
     plan: list[PlannedRequest] = field(default_factory=list, repr=False)
     out_dir: Path | None = None
     interrupted: str | None = None  # SIGINT / SIGTERM ended the send phase early (the records are what it got)
+    lost: list[str] = field(default_factory=list)  # --processes N: one line per process whose records are lost
+    stopped: list[str] = field(default_factory=list)  # --processes N: one line per process stopped by a SIGTERM of its own
 
 
 def group_units(plan: list[PlannedRequest]) -> list[list[PlannedRequest]]:
@@ -198,38 +200,49 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
         runner.prebuild([r for u in cfg.units for r in u])
         if per:
             await preconnect(sessions, per)
-        # (the send phase's collection runs before a shared start is set: its CPU, tens to hundreds of ms with a large
-        # plan, would otherwise fall between the start being sent and the start, and this process start late)
-        with send_phase_gc(), send_phase_slice():
-            if group is not None:
-                if cfg.start_mono_ns is None:
-                    cfg.start_mono_ns = mono_ns() + PROCESS_START_IN_NS  # every process ready: start together, 0.1 s from now
-                await group.start(cfg.start_mono_ns)
-            if options.progress:
-                from deltatap.loadgen.progress import LiveProgress
+        results: list[dict[str, Any] | None] = []
+        # Ctrl-C / SIGTERM ends the sending, not the run (several processes: every process's sending, group.stop); the
+        # coordinating host of several hosts: a signal still ends the run at once
+        sigs = STOP_SIGNALS if coordinator is None else ()
+        with SendStop(runner, sigs, on_stop=None if group is None else group.stop) as stop:
+            # (the send phase's collection runs before a shared start is set: its CPU, tens to hundreds of ms with a
+            # large plan, would otherwise fall between the start being sent and the start, and this process start late)
+            with send_phase_gc(), send_phase_slice():
+                if group is not None:
+                    if cfg.start_mono_ns is None:
+                        cfg.start_mono_ns = mono_ns() + PROCESS_START_IN_NS  # every process ready: start together, 0.1 s from now
+                    await group.start(cfg.start_mono_ns, on_death=stop.stop)  # (a process lost: the run stops)
+                if options.progress:
+                    from deltatap.loadgen.progress import LiveProgress
 
-                total = len(plan) if options.duration_s is None else None
-                counters: Any = runner.counters if group is None else _SummedCounters(runner.counters, group)
-                progress = LiveProgress(counters, total)
-                progress.start()
-            cpu0, wait0 = process_cpu_s(), loop_wait_s()
-            send = MODES[options.mode](runner, cfg, sessions)
-            if group is None and coordinator is None:  # (one process, one host: Ctrl-C ends the sending, not the run)
-                await _interruptible(send, interrupted, runner)
-            else:
-                await send
-            send_cpu_s, wait1 = process_cpu_s() - cpu0, loop_wait_s()
-            if wait0 is not None and wait1 is not None:
-                send_wait_s = wait1 - wait0
-        cpu_per_process, wait_per_process = [send_cpu_s], [send_wait_s]
-        if group is not None:
-            for res in await group.results():
-                runner.records.extend(res["records"])
-                child_spans.append(res["spans"])
-                cpu_per_process.append(res["cpu_s"])
-                wait_per_process.append(res.get("wait_s"))
-        send_cpu_s = sum(cpu_per_process)  # (every process's; the wait only where each process could read its own)
-        send_wait_s = None if None in wait_per_process else sum(wait_per_process)
+                    total = len(plan) if options.duration_s is None else None
+                    counters: Any = runner.counters if group is None else _SummedCounters(runner.counters, group)
+                    progress = LiveProgress(counters, total)
+                    progress.start()
+                cpu0, wait0 = process_cpu_s(), loop_wait_s()
+                await stop.run(MODES[options.mode](runner, cfg, sessions))
+                send_cpu_s, wait1 = process_cpu_s() - cpu0, loop_wait_s()
+                if wait0 is not None and wait1 is not None:
+                    send_wait_s = wait1 - wait0
+            if group is not None:  # (a stop meanwhile ends theirs too; then their records are a bounded wait)
+                results = await group.results()
+        if stop.name in _STOP_NAMES:  # (else a process was lost: group.lost names it)
+            interrupted.append(stop.name)
+        cpu_per_process: list[float | None] = [send_cpu_s]
+        wait_per_process = [send_wait_s]
+        for res in results:  # several processes: their records, in process order (the merge's sort below orders them)
+            if res is None:  # (lost: named in group.lost)
+                cpu_per_process.append(None)
+                wait_per_process.append(None)
+                continue
+            runner.records.extend(res["records"])
+            child_spans.append(res["spans"])
+            cpu_per_process.append(res["cpu_s"])
+            wait_per_process.append(res.get("wait_s"))
+            if res.get("interrupted") in _STOP_NAMES and not interrupted:  # (one stopped by a SIGTERM of its own)
+                interrupted.append(res["interrupted"])
+        send_cpu_s = sum(c for c in cpu_per_process if c is not None)  # (every process's; the wait only where each could read its own)
+        send_wait_s = None if None in wait_per_process else sum(w for w in wait_per_process if w is not None)
     finally:
         if group is not None:
             await group.close()
@@ -280,39 +293,93 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
     for spans in child_spans:  # several processes: every process's spans
         for k in ("ended", "exported", "dropped"):
             summary["run"]["spans"][k] += spans[k]
+    # SIGINT / SIGTERM ended the sending early (null: it ran to its end); --processes N: the processes whose records are lost
+    summary["run"]["interrupted"] = interrupted[0] if interrupted else None
+    summary["run"]["processes_lost"] = list(group.lost) if group is not None else []
+    summary["run"]["processes_stopped"] = list(group.notes) if group is not None else []  # (by a SIGTERM of their own)
     if assignment is not None:
         summary["run"]["hosts"] = assignment.to_dict()  # several hosts: this one's share and the shared start
-    result = LoadResult(summary, records, [r.to_dict() for r in warm_records], plan, None, interrupted[0] if interrupted else None)
+    result = LoadResult(summary, records, [r.to_dict() for r in warm_records], plan, None, summary["run"]["interrupted"],
+                        summary["run"]["processes_lost"], summary["run"]["processes_stopped"])
     if options.out:
         result.out_dir = write_outputs(Path(options.out), result, measured, warm_records, options.write_requests)
     return result
 
 
-async def _interruptible(send: Any, interrupted: list[str], runner: Runner) -> None:
-    """Run the send phase ``send``; SIGINT (Ctrl-C) or SIGTERM ends it early: nothing more is sent, what is in flight
-    ends as ``client_cancel``, and the run goes on to write its records and summary (``interrupted`` gets the
-    signal's name). A second signal, once the sending has ended, acts as it would without this."""
-    loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(send)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # the signals that end a send phase early (SendStop): an interrupted run
 
-    def stop(name: str) -> None:
-        if not interrupted:
-            interrupted.append(name)
-            task.cancel()
 
-    sigs = (signal.SIGINT, signal.SIGTERM)
-    for sig in sigs:
-        loop.add_signal_handler(sig, stop, sig.name)
-    try:
-        await task
-    except asyncio.CancelledError:
-        if not interrupted or not task.cancelled():
-            raise
-        runner.cancel_flights()
-        await runner.flights_ended(5.0)  # (a cancelled request files its record as it ends)
-    finally:
-        for sig in sigs:
+_STOP_NAMES = tuple(s.name for s in STOP_SIGNALS)
+
+
+class SendStop:
+    """Ends a send phase early: SIGINT (Ctrl-C) or SIGTERM while it runs (``signals``), or, in a spawned process of
+    ``--processes N`` (loadgen/coordinate.py), the parent's word on ``stop_pipe`` (or the parent's end: its pipe closes).
+    Nothing more is sent, what is in flight ends as ``client_cancel``, and the run goes on to write its records and
+    summary; :attr:`name` is the stop's (the signal's name). ``on_stop(name)`` is called at the stop (the parent: tell the
+    other processes). The one definition of an interrupted send phase, for one process, the parent and each spawned one::
+
+        with SendStop(runner) as stop:
+            await stop.run(send)
+
+    A second signal while the block runs is ignored; after it, a signal acts as it would without this (a spawned process:
+    ignored, until its records are handed back)."""
+
+    def __init__(self, runner: Runner, signals: tuple[signal.Signals, ...] = STOP_SIGNALS,
+                 on_stop: Callable[[str], None] | None = None, stop_pipe: Any = None) -> None:
+        self.runner, self.signals, self.on_stop, self.pipe = runner, signals, on_stop, stop_pipe
+        self.name: str | None = None
+        self._task: asyncio.Future[Any] | None = None
+
+    def __enter__(self) -> SendStop:
+        loop = asyncio.get_running_loop()
+        for sig in self.signals:
+            loop.add_signal_handler(sig, self.stop, sig.name)
+        if self.pipe is not None:
+            loop.add_reader(self.pipe.fileno(), self._heard)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        loop = asyncio.get_running_loop()
+        if self.pipe is not None:
+            loop.remove_reader(self.pipe.fileno())
+        for sig in self.signals:
             loop.remove_signal_handler(sig)
+            if self.pipe is not None:  # (a spawned process: no signal ends it before its records are handed back)
+                signal.signal(sig, signal.SIG_IGN)
+
+    def _heard(self) -> None:
+        try:
+            msg = self.pipe.recv()
+        except (EOFError, OSError):  # the parent is gone: nobody collects this run
+            asyncio.get_running_loop().remove_reader(self.pipe.fileno())
+            self.stop("EOF")
+            return
+        if isinstance(msg, tuple) and len(msg) == 2 and msg[0] == "stop":
+            self.stop(str(msg[1]))
+
+    def stop(self, name: str) -> None:
+        if self.name is not None:
+            return
+        self.name = name
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        if self.on_stop is not None:
+            self.on_stop(name)
+
+    async def run(self, send: Any) -> None:
+        """Await the send phase ``send`` (a coroutine), ended early by a stop (before it began: not run at all)."""
+        if self.name is not None:
+            send.close()
+            return
+        task = self._task = asyncio.ensure_future(send)
+        try:
+            await task
+        except asyncio.CancelledError:
+            if self.name is None or not task.cancelled():
+                raise
+            self.runner.cancel_flights()
+            await self.runner.flights_ended(5.0)  # (a cancelled request files its record as it ends)
 
 
 PROCESS_START_IN_NS = 100_000_000  # --processes: the shared start, this long after every process said it was ready
