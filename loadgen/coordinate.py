@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import signal
 import socket
 from collections.abc import Callable
@@ -199,6 +200,20 @@ def _ended_how(exitcode: int | None) -> str:
     return f"exited with status {exitcode}"
 
 
+def _has_data(pipe: Any) -> bool:
+    """Whether a bytes wait in ``pipe`` (a socket pair's end) to be read: a peek, nothing taken (False at its end)."""
+    try:
+        sock = socket.socket(fileno=os.dup(pipe.fileno()))
+    except OSError:
+        return False
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
 class ProcessGroup:
     """The spawned processes 1..N-1 of a ``--processes N`` run, driven over pipes from the parent's loop.
 
@@ -269,8 +284,9 @@ class ProcessGroup:
         await asyncio.gather(*(self._recv(i, timeout_s) for i in range(len(self._pipes))))
 
     async def start(self, start_mono_ns: int, on_death: Callable[[str], None] | None = None) -> None:
-        """Send the shared start; from now on a process that ends with a non-zero status (killed, crashed) before its
-        records came calls ``on_death(line)`` at once (the parent stops the run: its plan no longer holds)."""
+        """Send the shared start; from now on a process that fails (exits with a status, its line sent) or dies (killed,
+        crashed) before it handed back its records calls ``on_death(line)`` at once (the parent stops the run: its plan
+        no longer holds)."""
         await self._send_all([("start", start_mono_ns)] * len(self._pipes))
         if on_death is not None:
             loop = asyncio.get_running_loop()
@@ -287,8 +303,10 @@ class ProcessGroup:
         code = proc.exitcode  # (None for a moment after the sentinel: the exit is not reaped yet)
         if code is None and tries < 100:
             loop.call_later(0.01, self._ended, i, on_death, tries + 1)
-        elif code != 0 and not self.finished:
-            on_death(f"{self._name(i)} {_ended_how(code)}")
+        elif self.finished or code is None or code == 0:  # (0: it handed back its records, or the run's end is near)
+            return
+        elif code > 0 or not _has_data(self._pipes[i]):  # its failure (its line waits in the pipe), or a death before
+            on_death(f"{self._name(i)} {_ended_how(code)}")  # its records (a crash after them, at exit, loses nothing)
 
     def _unwatch(self) -> None:
         loop = asyncio.get_running_loop()

@@ -255,3 +255,26 @@ def test_processes_past_the_host_or_the_load_are_refused_in_one_line(capsys, tmp
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.startswith("deltatap load: ") and names in err, err
     assert not (tmp_path / "out").exists()
+
+
+async def test_more_processes_than_requests_is_no_loss(sse_server, telemetry):
+    # the processes with nothing to send end at once (status 0): not a process lost, the run goes to its end
+    state, url = sse_server
+    state.first_ms, state.interval_ms, state.tokens = 2.0, 1.0, 2
+    res = await run_load(opts(url, rate=50, requests=2, processes=3), telemetry)
+    assert res.lost == [] and res.interrupted is None and res.summary["status_counts"] == {"ok": 2}
+    assert [r["request_id"] for r in res.records] == ["li-m1", "li-m2"]
+
+
+def test_a_death_after_the_hand_back_is_told_by_the_bytes_waiting():
+    # a process that exits non-zero after handing back its records (a crash at exit) lost nothing: its bytes wait
+    from deltatap.loadgen.coordinate import _has_data
+
+    ours, theirs = multiprocessing.get_context("spawn").Pipe()
+    assert not _has_data(ours)
+    theirs.send({"records": []})
+    assert _has_data(ours) and _has_data(ours)  # (a peek takes nothing)
+    assert ours.recv() == {"records": []}
+    theirs.close()
+    assert not _has_data(ours)  # (its end, nothing waiting)
+    ours.close()
