@@ -91,8 +91,9 @@ class _Watches:
     I/O callbacks, on uvloop and on asyncio's own loop alike); before any other work touches a pair with one pending
     (``up.deferred``), :meth:`run` runs them all first, so each pair sees its events in exactly the undeferred order.
 
-    And the loop's deferred accounts: ``(d, data, events, n, heads, t, bound, stamp, False, now, True)``, each request
-    read's :meth:`Downstream._account`, its bytes already written upstream (``stamp``) and its requests already counted
+    And the loop's deferred accounts: ``(d, data, events, n, heads, t, bound, stamp, False, now, True, placing)``, each
+    request read's :meth:`Downstream._account`, its bytes already written upstream (``stamp``; ``placing``: that write's
+    departure still to be looked up, when it was slow and carried a request's end) and its requests already counted
     in flight, in the order the reads came; ``d.accounting`` while one of the pair's waits. :meth:`run` runs them first
     (:meth:`settle`: a pair's account is older than any watch of it still pending, whose read came after it), and so does
     the one timer (:meth:`_timed`) where a tap has ``--timeout-s``: made when the first such account waits
@@ -523,27 +524,35 @@ class Downstream(_Side):
         if payload:
             up = self.up
             if up is not None:
-                stamp = self._send_up(payload, ended)
                 w = up.watches
                 tap = self.tap
                 if w is not None and self.kernel is not None and not tap.draining:  # the rest after the tap gave its CPU back (_Watches)
+                    # (a slow write that carried a request's end is placed there too, from what it left: the search of
+                    # the packet log is no part of the forward, and its result is the same while the segment is in reach)
+                    stamp = self._send_up(payload, ended, place=False)
+                    placing = (up, up.unplaced) if ended and up.unplaced is not None else None
                     limit = tap.o.timeout_s
                     if heads:  # (its requests in flight from now: the gauge does not wait for the account)
                         tap.exchange_started(len(heads))
                     w.defer((self, data, events, n, heads, t, bound, stamp, False,
-                             (self.loop or asyncio.get_running_loop()).time() if heads and limit is not None else None, True), limit)
+                             (self.loop or asyncio.get_running_loop()).time() if heads and limit is not None else None, True,
+                             placing), limit)
                     return
+                stamp = self._send_up(payload, ended)
             else:
                 queued = True
                 self._queue_up(payload)
         self._account(data, events, n, heads, t, bound, stamp, queued)
 
     def _account(self, data: bytes, events: list[tuple], n: int, heads: list[tuple], t: int, bound: int,
-                 stamp: tuple[int, int] | None, queued: bool, now: float | None = None, counted: bool = False) -> None:
+                 stamp: tuple[int, int] | None, queued: bool, now: float | None = None, counted: bool = False,
+                 placing: tuple[Upstream, tuple[int, int, int]] | None = None) -> None:
         """What :meth:`_process` does after a read's bytes went upstream (or were queued for it): the exchanges begun,
         their body bytes fingerprinted and captured, their ends stamped; ``stamp``: the write that carried the read.
         ``now``: the loop's time at that read, when this runs later (deferred, :class:`_Watches`): the ``--timeout-s``
-        timers count from it; ``counted``: its requests were counted in flight when it was deferred."""
+        timers count from it; ``counted``: its requests were counted in flight when it was deferred; ``placing``:
+        ``(upstream, its unplaced write)`` when that write was slow and carried a request's end: ``stamp`` is placed at
+        its departure here (what :meth:`_send_up` does at once when the account is not deferred)."""
         tap = self.tap
         ended: list[Exchange] = []
         h = 0
@@ -580,6 +589,8 @@ class Downstream(_Side):
         if not ended:
             return
         if stamp is not None:
+            if placing is not None:
+                stamp = placing[0].place(placing[1], stamp[0], stamp[1])
             for ex in ended:
                 self._forwarded(ex, stamp)
         elif queued:
@@ -690,8 +701,9 @@ class Downstream(_Side):
         if sum(map(len, self.to_up)) > 1 << 20:
             self.transport.pause_reading()  # (resumed once connected)
 
-    def _send_up(self, payload: bytes, ended: bool) -> tuple[int, int]:
-        """Write ``payload`` upstream; its stamp, placed at its departure when it carried a request's end (``ended``)."""
+    def _send_up(self, payload: bytes, ended: bool, place: bool = True) -> tuple[int, int]:
+        """Write ``payload`` upstream; its stamp, placed at its departure when it carried a request's end (``ended``)
+        and ``place`` (else the caller places it later from ``self.up.unplaced``: :meth:`_account`'s ``placing``)."""
         up = self.up
         assert up is not None
         replay = self.replay
@@ -702,7 +714,7 @@ class Downstream(_Side):
             else:
                 replay.append(payload)
         t, bound = up.send(payload)
-        if ended and up.unplaced is not None:
+        if place and ended and up.unplaced is not None:
             t, bound = up.place(up.unplaced, t, bound)
         return t, bound
 
