@@ -281,7 +281,7 @@ class H2Downstream(_H2Side):
     def __init__(self, tap: Tap, peer: str | None) -> None:
         self.tap = tap
         self.peer = peer
-        self.conn = h2.connection.H2Connection(_config(False))
+        self.conn = _Connection(_config(False))
         self.up: H2Upstream | None = None
         self.connecting: asyncio.Task | None = None
         self.held: list[tuple[bytes, int, int]] = []  # reads waiting for the upstream connection
@@ -903,6 +903,18 @@ def _reopen(conn: h2.connection.H2Connection) -> None:
                                     else h2.connection.ConnectionState.SERVER_OPEN)
 
 
+class _Connection(h2.connection.H2Connection):
+    """h2's connection, put back to open as soon as it receives a GOAWAY (:func:`_reopen`): the frames that follow
+    the GOAWAY in the same read (the HEADERS and DATA of the streams it lets finish) are taken, not refused as frames
+    on a closed connection, which ended the whole connection (a read merges them wherever the transport reads what
+    waits at once: TLS, ``DELTATAP_KERNEL_STAMPS=0``, or one write of the peer's)."""
+
+    def _receive_goaway_frame(self, frame: hyperframe.frame.GoAwayFrame) -> tuple[list, list]:
+        frames, events = super()._receive_goaway_frame(frame)
+        _reopen(self)
+        return frames, events
+
+
 def _goaway_frame(last_stream_id: int, error_code: int, additional_data: bytes | None) -> bytes:
     """A GOAWAY frame written by the relay itself (h2's own would close its state machine: see :func:`_reopen`)."""
     return hyperframe.frame.GoAwayFrame(0, last_stream_id=last_stream_id, error_code=int(error_code),
@@ -914,7 +926,7 @@ class H2Upstream(_H2Side):
 
     def __init__(self, down: H2Downstream) -> None:
         self.down: H2Downstream | None = down
-        self.conn = h2.connection.H2Connection(_config(True))
+        self.conn = _Connection(_config(True))
         self.marks: list[Callable[[int, int], None]] = []  # stamps to set from the next upstream write
         self.going_away = False  # the upstream sent GOAWAY: no new streams on this connection
         self.first = b""  # the upstream's first bytes while fewer than tell whether it answers in HTTP/2 (answers_h2)

@@ -13,11 +13,15 @@ import ast
 import asyncio
 import logging
 import re
+import shutil
 import socket
 import struct
 
 import h2.config
 import h2.connection
+import h2.events
+import h2.exceptions
+import hyperframe.frame
 import pytest
 import uvloop
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -291,3 +295,55 @@ def test_the_reference_engine_answers_an_h2_client_through_the_tap_as_directly(r
         assert t_echoed[3] == 0x4 and t_echoed != echoed  # (the tap's own SETTINGS, then its frames)
         assert int(re.search(rb"Content-Length: (\d+)", got).group(1)) == len(got.partition(b"\r\n\r\n")[2])
     assert tap.tap.counters.upstream_not_http2 == 2
+
+
+async def _curl(url: str) -> tuple[int, bytes]:
+    proc = await asyncio.create_subprocess_exec("curl", "-sS", "--http2-prior-knowledge", "--max-time", str(WAIT_S), url,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    out, _ = await asyncio.wait_for(proc.communicate(), WAIT_S + 2)
+    return proc.returncode, out
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_an_upstream_goaway_and_the_response_after_it_in_one_read_reach_the_client(run, telemetry):
+    """An HTTP/2 upstream that answers with a GOAWAY naming the stream and the stream's response in one write (one read
+    at the tap): the response reaches the client as directly. (h2 refuses every frame after a GOAWAY it read until the
+    relay put its state back to open, which it did only after the read: the tap closed the connection. The tap's
+    upstream preface leaving with the client's request, this session, made such merged reads likelier.)"""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        c.initiate_connection()
+        writer.write(c.data_to_send())
+        try:
+            while data := await asyncio.wait_for(reader.read(65536), WAIT_S):
+                for ev in c.receive_data(data):
+                    if isinstance(ev, h2.events.RequestReceived):
+                        writer.write(c.data_to_send())
+                        c.send_headers(ev.stream_id, [(":status", "200"), ("content-type", "text/plain")])
+                        c.send_data(ev.stream_id, b"after the goaway", end_stream=True)
+                        goaway = hyperframe.frame.GoAwayFrame(0, last_stream_id=ev.stream_id, error_code=0).serialize()
+                        writer.write(goaway + c.data_to_send())  # (one write)
+                writer.write(c.data_to_send())
+        except (OSError, TimeoutError, h2.exceptions.ProtocolError):
+            pass
+        finally:
+            writer.close()
+
+    async def scenario():
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        tap = None
+        try:
+            direct = await _curl(f"http://127.0.0.1:{port}/x")
+            tap = await start(f"http://127.0.0.1:{port}", telemetry)
+            through = await _curl(f"{tap.url}/x")
+            return direct, through
+        finally:
+            if tap is not None:
+                await tap.close(grace_s=1)
+            server.close()
+            await server.wait_closed()
+
+    direct, through = run(scenario())
+    assert through == direct == (0, b"after the goaway")
