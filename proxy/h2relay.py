@@ -602,7 +602,7 @@ class H2Downstream(_H2Side):
 
     # ---- writes -----------------------------------------------------------------------------
     def _flush_up(self) -> None:
-        if self.up is not None:
+        if self.up is not None and not self.passing:  # (passing: nothing of the tap's own goes upstream either)
             self.up.flush()
 
     def on_pause_writing(self) -> None:
