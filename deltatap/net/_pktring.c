@@ -619,6 +619,7 @@ typedef struct {
     long long segs_in, rx_off, empty_mono, rx_mono_ns, rx_bound_ns, tx_off, writes, last_write_mono_ns, last_write_bound_ns;
     long long split_segs, split_got; /* _split_counts: (tcpi_data_segs_in, tcpi_bytes_received) when split_set */
     char rx_set, lw_set, split_set; /* rx_mono_ns / last_write_mono_ns / _split_counts hold a value (else None) */
+    char closed_in; /* read_one's TCP_INFO said TCP_CLOSE (a reset came in): the read may not be the loop's last report */
 } kstate_t;
 
 static PyTypeObject *g_state_type;
@@ -1116,7 +1117,9 @@ static PyObject *pk_read_one(PyObject *self, PyObject *tr) {
         Py_RETURN_FALSE;
     }
     memset(info, 0, sizeof info);
+    st->closed_in = 0;
     if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &ilen) != 0 || ilen < DATA_SEGS_IN_AT + 4) Py_RETURN_FALSE;
+    st->closed_in = info[0] == TCP_CLOSE; /* tcpi_state: the first byte */
     long long segs = (long long)rd_u32(info + DATA_SEGS_IN_AT), got_bytes;
     uint64_t received;
     memcpy(&received, info + BYTES_RECEIVED_AT, 8);
@@ -1558,7 +1561,7 @@ static PyObject *pk_read_split(PyObject *self, PyObject *tr) {
  * read_one's or read_split's BlockingIOError / InterruptedError end the call; any other OSError goes to _fatal(exc);
  * any other exception propagates, as from the reference. kstamp registers it only where its _read_split is
  * read_split. */
-static PyObject *s_data_received, *s_fast, *s_peer_eof, *s_on_readable, *s_dr_failed, *s_cr_failed, *s_split_rest;
+static PyObject *s_data_received, *s_fast, *s_peer_eof, *s_on_readable, *s_dr_failed, *s_cr_failed, *s_split_rest, *s_reread;
 
 static int fatal_call(PyObject *tr, PyObject *msg) {
     /* the pending exception to tr._fatal(exc[, msg]), handled there as the reference's ``except ... as exc`` block
@@ -1617,6 +1620,8 @@ static PyObject *hand_over(PyObject *tr, PyObject *name, PyObject *const *args, 
     return fatal_call(tr, failed) < 0 ? NULL : Py_NewRef(Py_None);
 }
 
+static PyObject *readable_fast(PyObject *tr);
+
 static PyObject *pk_readable(PyObject *self, PyObject *tr) {
     PyObject *v = aget(tr, s_lost);
     if (v == NULL) return NULL;
@@ -1633,6 +1638,21 @@ static PyObject *pk_readable(PyObject *self, PyObject *tr) {
     int fast = v != NULL && PyCFunction_Check(v) && PyCFunction_GET_FUNCTION(v) == (PyCFunction)pk_read_one;
     Py_XDECREF(v);
     if (!fast) return call0(tr, s_on_readable); /* (the reference, whole) */
+    kstate_t *st = kstate_or_fail(tr);
+    if (st == NULL) return NULL;
+    long long off = st->rx_off;
+    PyObject *r = readable_fast(tr);
+    /* KernelStampTransport._reread: bytes were handed over while a reset waited behind them (uvloop reports a socket
+     * whose readiness carried POLLERR no more: this read may have been its last report) */
+    if (r != NULL && st->closed_in && st->rx_off != off) {
+        Py_DECREF(r);
+        return call0(tr, s_reread);
+    }
+    return r;
+}
+
+/* readable's read once the transport is known to take read_one (its fast path) */
+static PyObject *readable_fast(PyObject *tr) {
     PyObject *got = pk_read_one(NULL, tr);
     if (got == NULL) return read_failed(tr);
     if (PyBytes_CheckExact(got)) {
@@ -1874,7 +1894,7 @@ PyMODINIT_FUNC PyInit__pktring(void) {
         {&s_lazy_placement, "lazy_placement"}, {&s_restamp_write, "_restamp_write"}, {&s_sent, "_sent"}, {&s_fatal, "_fatal"},
         {&s_last_write_mono, "last_write_mono"}, {&s_last_write_bound, "last_write_bound"}, {&s_unplaced, "unplaced"},
         {&s_bounded, "bounded"}, {&s_packets, "packets"}, {&s_fallback, "fallback"},
-        {&s_data_received, "data_received"}, {&s_fast, "_fast"}, {&s_peer_eof, "_peer_eof"}, {&s_split_rest, "_split_rest"},
+        {&s_data_received, "data_received"}, {&s_fast, "_fast"}, {&s_peer_eof, "_peer_eof"}, {&s_split_rest, "_split_rest"}, {&s_reread, "_reread"},
         {&s_on_readable, "_on_readable"}, {&s_dr_failed, "protocol.data_received() failed"},
         {&s_cr_failed, "protocol.cuts_received() failed"},
     };

@@ -79,6 +79,7 @@ from typing import Any
 
 from deltatap.net.pktstamp import _ANCBUF, SO_TIMESTAMPING, PacketLog, packet_log, recv_stamped, tcp_counters, tcp_notsent
 from deltatap.net.pktstamp import _MAINTAIN_EVERY_NS
+from deltatap.net.pktstamp import _tcp_info
 from deltatap.net.pktstamp import _acc as _pktacc
 from deltatap.net.pktstamp import kernel_ns as _kernel_ns
 
@@ -215,6 +216,7 @@ _to_mono_ref = _to_mono  # (the reference: tests/kernel/test_kstamp_native.py co
 # built or ``DELTATAP_NATIVE`` turns ``pktring`` off (the Python here runs, and stays the definition).
 # Likewise ``read_packets``: :meth:`KernelStampTransport._read_by_packets` for a protocol with ``cuts_received``, up to
 # that call.
+_TCP_CLOSE = 7  # tcpi_state (include/net/tcp_states.h) of a connection a reset (or a fatal error) closed
 _read_one: Callable[[Any], Any] | None = None
 _read_packets: Callable[[Any, int], Any] | None = None
 if _pktacc is not None and hasattr(_pktacc, "read_packets"):
@@ -375,9 +377,35 @@ class KernelStampTransport(_TransportBase):
         """Take in what has arrived and hand it to the protocol with its kernel stamp. When the
         first waiting packet is more than ``_PROMPT_NS`` old (the process was late), peek first,
         find where the packets' stamps change and hand the bytes over one arrival at a time, each
-        with its own stamp (see :meth:`_arrivals`)."""
+        with its own stamp (see :meth:`_arrivals`). Bytes handed over while a reset waited behind them:
+        :meth:`_reread`."""
         if self._lost:
             return
+        off = self._rx_off
+        self._read_once()
+        if self._rx_off != off and not self._lost:
+            b = _tcp_info(self._sock, 1)
+            if b is not None and b[0] == _TCP_CLOSE:
+                self._reread()
+
+    def _reread(self) -> None:
+        """Read again at once: bytes were just handed over and the connection is closed by a reset (TCP_CLOSE) whose
+        error still waits behind them. uvloop (libuv's uv_poll) stops watching a socket after a readiness report
+        that carried POLLERR, so when the bytes and the reset came together that callback was the last one: without
+        this read the protocol would never learn of the reset (a tap would pass on the bytes, not the reset, and
+        hold the exchange open). asyncio's loops report it again; the extra read then finds the same."""
+        if not (self._lost or self._paused or self._closing):
+            self._loop.call_soon(self._reread_now)
+
+    def _reread_now(self) -> None:
+        if not (self._lost or self._paused or self._closing):
+            if _readable is not None:
+                _readable(self)
+            else:
+                self._on_readable()
+
+    def _read_once(self) -> None:
+        """:meth:`_on_readable`'s one read."""
         if self._plog is not None:
             fast = self._fast
             if fast is not None:  # the C twin of _one_segment, in one call (see _read_one)
