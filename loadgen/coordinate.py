@@ -337,6 +337,7 @@ class ProcessGroup:
             await ready
         finally:
             loop.remove_reader(pipe.fileno())
+            os.set_blocking(pipe.fileno(), True)  # (uvloop's reader left it non-blocking: a long message's read would fail)
         try:
             msg = await loop.run_in_executor(None, pipe.recv)
         except (EOFError, OSError):

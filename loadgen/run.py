@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import platform
 import resource
 import signal
@@ -343,6 +344,7 @@ class SendStop:
         loop = asyncio.get_running_loop()
         if self.pipe is not None:
             loop.remove_reader(self.pipe.fileno())
+            os.set_blocking(self.pipe.fileno(), True)  # (uvloop's reader left it non-blocking: the records' send would fail)
         for sig in self.signals:
             loop.remove_signal_handler(sig)
             if self.pipe is not None:  # (a spawned process: no signal ends it before its records are handed back)

@@ -278,3 +278,84 @@ def test_a_death_after_the_hand_back_is_told_by_the_bytes_waiting():
     theirs.close()
     assert not _has_data(ours)  # (its end, nothing waiting)
     ours.close()
+
+
+
+# Before (this session's first version): uvloop's reader on a pipe (the stop's in a spawned process, the results' wait
+# in the parent) leaves its descriptor non-blocking; a hand-back larger than the socket buffer then failed with
+# BlockingIOError, in the process sending it or in the parent reading it: the records of every --processes run past
+# ~400 requests a process were lost (benchmarks/processes_stop_s24_loadint.py, 3 of 3 runs of 3000 requests). Both
+# run on uvloop here (deltatap.net.aio.run), as in the command; the pauses make the buffer run full / empty for sure.
+
+BIG = 4 << 20
+
+
+def test_a_spawned_processes_pipe_is_blocking_again_after_the_send_phase():
+    import threading
+    import time
+
+    from deltatap.loadgen.run import SendStop
+    from deltatap.net import aio
+
+    ours, theirs = multiprocessing.get_context("spawn").Pipe()
+    got: list[bytes] = []
+
+    def read_late() -> None:
+        time.sleep(0.2)  # (the sender meets a full buffer)
+        got.append(ours.recv_bytes())
+
+    async def child_side() -> None:
+        with SendStop(None, (), stop_pipe=theirs) as stop:  # type: ignore[arg-type]
+            await stop.run(asyncio.sleep(0))
+        assert stop.name is None
+        reader = threading.Thread(target=read_late, daemon=True)
+        reader.start()
+        try:
+            theirs.send_bytes(b"r" * BIG)
+        finally:
+            reader.join(10)
+
+    aio.run(child_side())
+    assert len(got) == 1 and len(got[0]) == BIG
+    ours.close()
+    theirs.close()
+
+
+def test_the_parent_reads_a_hand_back_that_comes_slowly():
+    import struct
+    import threading
+    import time
+    from multiprocessing.reduction import ForkingPickler
+
+    from deltatap.loadgen.coordinate import ProcessGroup
+    from deltatap.net import aio
+
+    group = ProcessGroup(1, None)  # (no process spawned: the pipe below stands for process 2's)
+    ours, theirs = multiprocessing.get_context("spawn").Pipe()
+    group._pipes.append(ours)
+    payload = bytes(ForkingPickler.dumps({"records": [b"r" * BIG]}))
+    framed = struct.pack("!i", len(payload)) + payload
+
+    def write_in_two() -> None:  # the hand-back's first part, a pause (the reader meets an empty buffer), the rest
+        half = len(framed) // 2
+        view = memoryview(framed)
+        theirs_fd = theirs.fileno()
+        sent = 0
+        while sent < half:
+            sent += os.write(theirs_fd, view[sent:half])
+        time.sleep(0.2)
+        while sent < len(framed):
+            sent += os.write(theirs_fd, view[sent:])
+
+    async def parent_side() -> object:
+        writer = threading.Thread(target=write_in_two, daemon=True)
+        writer.start()
+        try:
+            return await group._result(0)
+        finally:
+            writer.join(10)
+
+    got = aio.run(parent_side())
+    assert isinstance(got, dict) and len(got["records"][0]) == BIG
+    ours.close()
+    theirs.close()
