@@ -36,7 +36,10 @@ event's length, nesting is bounded (deeper goes to Python), nothing is copied. *
     {"gaps_observe", (PyCFunction)(void (*)(void))module_gaps_observe, METH_FASTCALL, \
      "gaps_observe(gaps, t_mono_ns, n): what n calls of gaps.observe(t_mono_ns) do"}, \
     {"setup_observer", (PyCFunction)(void (*)(void))setup_observer, METH_FASTCALL, \
-     "setup_observer(chat, completions, heappush, heapreplace, log_gamma)"},
+     "setup_observer(chat, completions, heappush, heapreplace, log_gamma)"}, \
+    {"slot_access", module_slot_access, METH_O, \
+     "slot_access(on) -> bool: on, take _pktring's slot access (when loaded) at the next observe(); off, the generic " \
+     "attribute calls from now on (tests run both); returns whether it is in use"},
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -44,6 +47,7 @@ static int observe_event(void *self);
 static PyObject *parser_observe(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 static PyObject *setup_observer(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 static PyObject *module_gaps_observe(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *module_slot_access(PyObject *mod, PyObject *on);
 
 static int add_gap_type(PyObject *m);
 #define SSE_MODULE_INIT(m) add_gap_type(m)
@@ -117,6 +121,16 @@ static void slot_api_take(void) {
     }
     a_get = api->get;
     a_set = api->set;
+}
+
+static PyObject *module_slot_access(PyObject *mod, PyObject *on) {
+    int want = PyObject_IsTrue(on);
+    if (want < 0) return NULL;
+    a_get = PyObject_GetAttr;
+    a_set = PyObject_SetAttr;
+    a_taken = !want; /* (on: looked for again at the next observe) */
+    if (want) slot_api_take();
+    return PyBool_FromLong(a_get != PyObject_GetAttr);
 }
 
 static int is_none_attr(PyObject *o, PyObject *name, int *out) {
