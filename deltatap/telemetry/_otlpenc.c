@@ -11,9 +11,9 @@
  *   - an attribute set that is not an exact dict goes to attrs_fallback(tag, attributes) -> bytes.
  * configure(record_type, span_fallback, attr_fallback, attrs_fallback) names them once (otlp_encode does at import).
  *
- * Memory: every write goes through buf_reserve (a growing PyMem buffer, sizes checked against overflow); nothing
- * of a size from the input lives on the stack; borrowed references are held (INCREF) across every call back into
- * Python, which may run arbitrary code.
+ * Memory: every write goes through buf_reserve (a growing PyMem buffer, sizes checked against overflow; a field
+ * written in place reserves its whole length first); nothing of a size from the input lives on the stack; borrowed
+ * references are held (INCREF) across every call back into Python, which may run arbitrary code.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -34,7 +34,8 @@ static PyObject *tag_event_attr = NULL; /* b"\x1a" */
 
 #define FALLBACK 1 /* return code: hand the whole span to span_fallback */
 
-static int buf_reserve(Buf *b, Py_ssize_t extra) {
+/* the slow path of buf_reserve: grow the buffer (sizes checked against overflow) */
+static int buf_grow(Buf *b, Py_ssize_t extra) {
     if (extra < 0 || b->len > PY_SSIZE_T_MAX - extra) {
         PyErr_NoMemory();
         return -1;
@@ -59,7 +60,13 @@ static int buf_reserve(Buf *b, Py_ssize_t extra) {
     return 0;
 }
 
-static int buf_put(Buf *b, const void *src, Py_ssize_t n) {
+/* room for ``extra`` more bytes (inline: the usual call finds it there; 0 <= len <= cap always holds) */
+static inline int buf_reserve(Buf *b, Py_ssize_t extra) {
+    if (extra >= 0 && extra <= b->cap - b->len) return 0;
+    return buf_grow(b, extra);
+}
+
+static inline int buf_put(Buf *b, const void *src, Py_ssize_t n) {
     if (n <= 0) return 0;
     if (buf_reserve(b, n) < 0) return -1;
     memcpy(b->p + b->len, src, (size_t)n);
@@ -67,13 +74,13 @@ static int buf_put(Buf *b, const void *src, Py_ssize_t n) {
     return 0;
 }
 
-static int buf_byte(Buf *b, unsigned char c) {
+static inline int buf_byte(Buf *b, unsigned char c) {
     if (buf_reserve(b, 1) < 0) return -1;
     b->p[b->len++] = c;
     return 0;
 }
 
-static int varint_len(uint64_t v) {
+static inline int varint_len(uint64_t v) {
     int n = 1;
     while (v > 0x7F) {
         v >>= 7;
@@ -82,28 +89,42 @@ static int varint_len(uint64_t v) {
     return n;
 }
 
-static int buf_varint(Buf *b, uint64_t v) {
-    if (buf_reserve(b, 10) < 0) return -1;
-    unsigned char *q = b->p + b->len;
+/* a varint at q, which has room for 10 bytes; the end */
+static inline unsigned char *raw_varint(unsigned char *q, uint64_t v) {
     while (v > 0x7F) {
         *q++ = (unsigned char)((v & 0x7F) | 0x80);
         v >>= 7;
     }
     *q++ = (unsigned char)v;
-    b->len = q - b->p;
+    return q;
+}
+
+static inline int buf_varint(Buf *b, uint64_t v) {
+    if (buf_reserve(b, 10) < 0) return -1;
+    b->len = raw_varint(b->p + b->len, v) - b->p;
     return 0;
 }
 
-static int buf_fixed64(Buf *b, uint64_t v) {
+static inline int buf_fixed64(Buf *b, uint64_t v) {
     if (buf_reserve(b, 8) < 0) return -1;
-    for (int i = 0; i < 8; i++) b->p[b->len++] = (unsigned char)(v >> (8 * i));
+    unsigned char *q = b->p + b->len;
+    for (int i = 0; i < 8; i++) q[i] = (unsigned char)(v >> (8 * i));
+    b->len += 8;
     return 0;
 }
 
-/* tag, length, bytes */
-static int buf_field(Buf *b, unsigned char tag, const void *src, Py_ssize_t n) {
-    if (buf_byte(b, tag) < 0 || buf_varint(b, (uint64_t)n) < 0) return -1;
-    return buf_put(b, src, n);
+/* tag, length, bytes (one reservation) */
+static inline int buf_field(Buf *b, unsigned char tag, const void *src, Py_ssize_t n) {
+    if (n < 0 || n > PY_SSIZE_T_MAX - 11 || buf_reserve(b, 11 + n) < 0) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        return -1;
+    }
+    unsigned char *q = b->p + b->len;
+    *q++ = tag;
+    q = raw_varint(q, (uint64_t)n);
+    if (n > 0) memcpy(q, src, (size_t)n);
+    b->len = (q - b->p) + n;
+    return 0;
 }
 
 /* append a bytes object returned by a fallback (steals the reference) */
@@ -122,6 +143,17 @@ static int buf_put_result(Buf *b, PyObject *res) {
 /* an exact int in [0, 2**64) -> *out (1: it is not; no error set) */
 static int as_u64(PyObject *v, uint64_t *out) {
     if (!PyLong_CheckExact(v)) return FALLBACK;
+    int overflow = 0;
+    long long sx = PyLong_AsLongLongAndOverflow(v, &overflow); /* (the usual: within int64, no byte-array detour) */
+    if (!overflow) {
+        if (sx < 0) { /* negative (or an error): not a u64 */
+            PyErr_Clear();
+            return FALLBACK;
+        }
+        *out = (uint64_t)sx;
+        return 0;
+    }
+    if (overflow < 0) return FALLBACK;
     unsigned long long x = PyLong_AsUnsignedLongLong(v);
     if (x == (unsigned long long)-1 && PyErr_Occurred()) {
         PyErr_Clear();
@@ -239,10 +271,22 @@ static int put_attribute(Buf *b, unsigned char tag, PyObject *tagobj, PyObject *
     if (rc == FALLBACK) return attr_via_python(b, tagobj, k, v);
     avlen = hlen + tlen;
     Py_ssize_t kvlen = 1 + varint_len((uint64_t)klen) + klen + 1 + varint_len((uint64_t)avlen) + avlen;
-    if (buf_byte(b, tag) < 0 || buf_varint(b, (uint64_t)kvlen) < 0) return -1;
-    if (buf_field(b, 0x0a, key, klen) < 0) return -1;
-    if (buf_byte(b, 0x12) < 0 || buf_varint(b, (uint64_t)avlen) < 0) return -1;
-    if (buf_put(b, head, hlen) < 0 || buf_put(b, tail, tlen) < 0) return -1;
+    /* one reservation for the field (tag, length, KeyValue), then written in place */
+    if (buf_reserve(b, 11 + kvlen) < 0) return -1;
+    unsigned char *q = b->p + b->len;
+    *q++ = tag;
+    q = raw_varint(q, (uint64_t)kvlen);
+    *q++ = 0x0a;
+    q = raw_varint(q, (uint64_t)klen);
+    if (klen > 0) memcpy(q, key, (size_t)klen);
+    q += klen;
+    *q++ = 0x12;
+    q = raw_varint(q, (uint64_t)avlen);
+    if (hlen > 0) memcpy(q, head, (size_t)hlen);
+    q += hlen;
+    if (tlen > 0) memcpy(q, tail, (size_t)tlen);
+    q += tlen;
+    b->len = q - b->p;
     return 0;
 }
 
