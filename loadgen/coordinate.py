@@ -275,7 +275,14 @@ class ProcessGroup:
 
     async def _send_all(self, messages: list[Any]) -> None:
         loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(None, pipe.send, m) for pipe, m in zip(self._pipes, messages, strict=True)))
+
+        async def send(i: int, m: Any) -> None:
+            try:
+                await loop.run_in_executor(None, self._pipes[i].send, m)
+            except (OSError, ValueError):  # (before: 'deltatap load: Broken pipe', naming nothing)
+                raise ConfigError(f"--processes: {self._name(i)} ended unexpectedly: it {await self._exit_words(i)}") from None
+
+        await asyncio.gather(*(send(i, m) for i, m in enumerate(messages)))
 
     async def prepare(self, plans: list[dict[str, Any]], timeout_s: float = 120.0) -> None:
         """Hand each process its share (``plans[i]`` for process i + 1) and wait until all are ready to send."""

@@ -359,3 +359,21 @@ def test_the_parent_reads_a_hand_back_that_comes_slowly():
     assert isinstance(got, dict) and len(got["records"][0]) == BIG
     ours.close()
     theirs.close()
+
+
+async def test_a_process_killed_before_its_share_came_is_named_in_one_line():
+    # before: 'deltatap load: Broken pipe' (exit 1), naming nothing
+    from deltatap.core.config import ConfigError
+    from deltatap.loadgen.coordinate import ProcessGroup
+    from deltatap.loadgen.modes import ModeConfig
+
+    group = ProcessGroup(2, None)
+    try:
+        (proc,) = group._procs
+        proc.kill()
+        await asyncio.get_running_loop().run_in_executor(None, proc.join, 10)
+        with pytest.raises(ConfigError) as err:
+            await group.prepare([{"cfg": ModeConfig(units=[])}], timeout_s=10)
+        assert str(err.value) == f"--processes: process 2 of 2 ended unexpectedly: it was killed by SIGKILL (pid {proc.pid})"
+    finally:
+        await group.close()
