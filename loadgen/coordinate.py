@@ -30,6 +30,7 @@ import json
 import os
 import signal
 import socket
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -238,6 +239,7 @@ class ProcessGroup:
         self.notes: list[str] = []  # one line per process stopped by a signal of its own (its records came back)
         self._watched: list[int] = []  # sentinels watched in the loop (start's on_death)
         self._gone: set[int] = set()  # processes whose records are lost: closing kills them at once
+        self._receiving: set[int] = set()  # processes whose hand-back has begun to arrive
         for p in range(1, processes):
             ours, theirs = ctx.Pipe()
             proc = ctx.Process(target=child_main, args=(theirs, p, otlp, self.progress, clock.ANCHOR), name=f"deltatap-load-{p}", daemon=True)
@@ -310,8 +312,8 @@ class ProcessGroup:
         code = proc.exitcode  # (None for a moment after the sentinel: the exit is not reaped yet)
         if code is None and tries < 100:
             loop.call_later(0.01, self._ended, i, on_death, tries + 1)
-        elif self.finished or code is None or code == 0:  # (0: it handed back its records, or the run's end is near)
-            return
+        elif self.finished or i in self._receiving or code is None or code == 0:  # (its hand-back under way or done:
+            return  # results() reads it, or names the loss)
         elif code > 0 or not _has_data(self._pipes[i]):  # its failure (its line waits in the pipe), or a death before
             on_death(f"{self._name(i)} {_ended_how(code)}")  # its records (a crash after them, at exit, loses nothing)
 
@@ -342,6 +344,7 @@ class ProcessGroup:
         loop.add_reader(pipe.fileno(), lambda: ready.done() or ready.set_result(None))
         try:
             await ready
+            self._receiving.add(i)
         finally:
             loop.remove_reader(pipe.fileno())
             os.set_blocking(pipe.fileno(), True)  # (uvloop's reader left it non-blocking: a long message's read would fail)
@@ -431,9 +434,14 @@ def child_main(pipe: Any, index: int, otlp: str | None, progress: Any, anchor: c
     from deltatap.net import aio
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the parent, which ends the run for everyone
+    handed_back: list[bool] = []
     try:
-        aio.run(_child(pipe, index, otlp, progress))
+        aio.run(_child(pipe, index, otlp, progress, handed_back))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent as one line
+        if handed_back:  # (its records are with the parent: a failure after that, e.g. the exporter's shutdown, loses nothing)
+            print(f"deltatap load: process {index + 1}: after its records were handed back: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+            return
         try:
             pipe.send(("error", f"{type(exc).__name__}: {exc}"))
         except (OSError, ValueError):
@@ -441,7 +449,7 @@ def child_main(pipe: Any, index: int, otlp: str | None, progress: Any, anchor: c
         raise SystemExit(1) from None  # (a non-zero exit: the parent stops the run at once, then reads the line)
 
 
-async def _child(pipe: Any, index: int, otlp: str | None, progress: Any) -> None:
+async def _child(pipe: Any, index: int, otlp: str | None, progress: Any, handed_back: list[bool]) -> None:
     from deltatap.loadgen.modes import MODES, ModeConfig, open_sessions, preconnect
     from deltatap.loadgen.run import SendStop, loop_wait_s, process_cpu_s
     from deltatap.loadgen.runner import Runner, load_telemetry, send_phase_gc, send_phase_slice
@@ -491,6 +499,7 @@ async def _child(pipe: Any, index: int, otlp: str | None, progress: Any) -> None
             "spans": {"ended": st.spans_ended, "exported": st.spans_exported, "dropped": st.spans_dropped},
             "interrupted": stopped,
         })
+        handed_back.append(True)
     finally:
         telemetry.shutdown()
 
