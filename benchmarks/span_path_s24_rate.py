@@ -24,10 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REQUEST = (b"POST /v1/chat/completions?first_ms=0&tokens=1 HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Type: application/json\r\n"
-           b"Accept: */*\r\nAccept-Encoding: gzip, deflate\r\nUser-Agent: Python/3.11 aiohttp/3.9.5\r\nContent-Length: 143\r\n\r\n")
 BODY = json.dumps({"model": "mock", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "stream": True,
                    "stream_options": {"include_usage": True}}).encode()
+REQUEST = (b"POST /v1/chat/completions?first_ms=0&tokens=1 HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Type: application/json\r\n"
+           b"Accept: */*\r\nAccept-Encoding: gzip, deflate\r\nUser-Agent: Python/3.11 aiohttp/3.9.5\r\n"
+           b"Content-Length: %d\r\n\r\n" % len(BODY))
 ROLE = b'data: {"object":"chat.completion.chunk","model":"mock","choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}\n\n'
 TOKEN = b'data: {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": " tok0"}}]}\n\n'
 USAGE = b'data: {"object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":8,"completion_tokens":1},"engine_ms":0.1}\n\n'
