@@ -493,20 +493,33 @@ def _run_metadata(options: LoadOptions, spec: WorkloadSpec, tok: Any, run_id: st
 
 def _write_records(path: Path, records: list[RequestRecord]) -> None:
     w = RecordWriter(path)
-    for r in records:
-        w.write(r)
-    w.close()
+    try:
+        for r in records:
+            w.write(r)
+    finally:
+        w.close()
 
 
 def write_outputs(out: Path, result: LoadResult, measured: list[RequestRecord], warm: list[RequestRecord], plan: bool) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    _write_records(out / "records.jsonl", measured)
+    """Write the run's files into ``out``. A write the system refuses (a full disk) raises an OSError naming the file, that
+    it is cut short and which files were not written (before: the system's reason alone, 'No space left on device')."""
+    steps: list[tuple[str, Callable[[Path], None]]] = [("records.jsonl", lambda p: _write_records(p, measured))]
     if warm:
-        _write_records(out / "warmup.jsonl", warm)
+        steps.append(("warmup.jsonl", lambda p: _write_records(p, warm)))
     if plan:
-        write_requests(out / "requests.jsonl", result.plan)
-    (out / "summary.json").write_text(json.dumps(result.summary, indent=2, default=str) + "\n", encoding="utf-8")
-    (out / "run.json").write_text(json.dumps(result.summary["run"], indent=2, default=str) + "\n", encoding="utf-8")
+        steps.append(("requests.jsonl", lambda p: write_requests(p, result.plan)))
+    steps.append(("summary.json", lambda p: p.write_text(json.dumps(result.summary, indent=2, default=str) + "\n", encoding="utf-8")))
+    steps.append(("run.json", lambda p: p.write_text(json.dumps(result.summary["run"], indent=2, default=str) + "\n", encoding="utf-8")))
+    out.mkdir(parents=True, exist_ok=True)
+    for k, (name, write) in enumerate(steps):
+        try:
+            write(out / name)
+        except OSError as exc:
+            if exc.filename is not None:  # (it names its path already: opening failed)
+                raise
+            rest = ", ".join(n for n, _w in steps[k + 1 :])
+            raise OSError(exc.errno, f"{exc.strerror or exc}: written in part{f'; not written: {rest}' if rest else ''}",
+                          str(out / name)) from None
     return out
 
 

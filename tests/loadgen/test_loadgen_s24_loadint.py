@@ -377,3 +377,18 @@ async def test_a_process_killed_before_its_share_came_is_named_in_one_line():
         assert str(err.value) == f"--processes: process 2 of 2 ended unexpectedly: it was killed by SIGKILL (pid {proc.pid})"
     finally:
         await group.close()
+
+
+async def test_an_out_that_fills_up_names_the_file_cut_short(sse_server, telemetry, tmp_path):
+    # before: 'deltatap load: No space left on device' - no file named, nothing said of records.jsonl cut short
+    from deltatap.core.config import os_error_line
+
+    state, url = sse_server
+    state.first_ms, state.interval_ms, state.tokens = 1.0, 1.0, 1
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "records.jsonl").symlink_to("/dev/full")  # (every write there: ENOSPC, a full disk)
+    with pytest.raises(OSError) as err:
+        await run_load(opts(url, rate=200, requests=6, processes=2, out=str(out)), telemetry)
+    assert os_error_line(err.value) == (f"{out / 'records.jsonl'}: No space left on device: written in part; not written: "
+                                        "requests.jsonl, summary.json, run.json")
