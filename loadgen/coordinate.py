@@ -240,6 +240,7 @@ class ProcessGroup:
         self._watched: list[int] = []  # sentinels watched in the loop (start's on_death)
         self._gone: set[int] = set()  # processes whose records are lost: closing kills them at once
         self._receiving: set[int] = set()  # processes whose hand-back has begun to arrive
+        self._grace_cut = False  # a second signal ended the wait for the records (hurry)
         for p in range(1, processes):
             ours, theirs = ctx.Pipe()
             proc = ctx.Process(target=child_main, args=(theirs, p, otlp, self.progress, clock.ANCHOR), name=f"deltatap-load-{p}", daemon=True)
@@ -336,6 +337,12 @@ class ProcessGroup:
             except (OSError, ValueError):
                 pass
 
+    def hurry(self) -> None:
+        """After a stop, a second Ctrl-C: stop waiting for the records still missing (:meth:`results` names them lost)."""
+        if self._deadline is not None:
+            self._deadline = asyncio.get_running_loop().time()
+            self._grace_cut = True
+
     async def _result(self, i: int) -> Any:
         """Process ``i + 1``'s results (waiting on its pipe in the loop, then read in a thread), or a line saying why not."""
         loop = asyncio.get_running_loop()
@@ -378,7 +385,8 @@ class ProcessGroup:
         out: list[dict[str, Any] | None] = []
         for i, t in enumerate(tasks):
             got = t.result() if t.done() and not t.cancelled() else (
-                f"did not hand back its records within {STOP_GRACE_S:g} s of the stop ({self.stopped})")
+                f"had not handed back its records at a second signal after the stop ({self.stopped})" if self._grace_cut
+                else f"did not hand back its records within {STOP_GRACE_S:g} s of the stop ({self.stopped})")
             if isinstance(got, str):
                 self._gone.add(i)
                 first = i + 2  # (its share: the plan's requests first, first + N, ...: their ids RUN-m<k>)

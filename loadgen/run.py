@@ -205,7 +205,8 @@ async def run_load(options: LoadOptions, telemetry: Telemetry, say: Callable[[st
         # Ctrl-C / SIGTERM ends the sending, not the run (several processes: every process's sending, group.stop); the
         # coordinating host of several hosts: a signal still ends the run at once
         sigs = STOP_SIGNALS if coordinator is None else ()
-        with SendStop(runner, sigs, on_stop=None if group is None else group.stop) as stop:
+        with SendStop(runner, sigs, on_stop=None if group is None else group.stop,
+                      on_again=None if group is None else group.hurry) as stop:
             # (the send phase's collection runs before a shared start is set: its CPU, tens to hundreds of ms with a
             # large plan, would otherwise fall between the start being sent and the start, and this process start late)
             with send_phase_gc(), send_phase_slice():
@@ -323,19 +324,21 @@ class SendStop:
         with SendStop(runner) as stop:
             await stop.run(send)
 
-    A second signal while the block runs is ignored; after it, a signal acts as it would without this (a spawned process:
-    ignored, until its records are handed back)."""
+    A second signal while the block runs calls ``on_again()`` (the parent: stop waiting for the others' records), else
+    is ignored; after the block, a signal acts as it would without this (a spawned process: ignored, until its records
+    are handed back)."""
 
     def __init__(self, runner: Runner, signals: tuple[signal.Signals, ...] = STOP_SIGNALS,
-                 on_stop: Callable[[str], None] | None = None, stop_pipe: Any = None) -> None:
-        self.runner, self.signals, self.on_stop, self.pipe = runner, signals, on_stop, stop_pipe
+                 on_stop: Callable[[str], None] | None = None, stop_pipe: Any = None,
+                 on_again: Callable[[], None] | None = None) -> None:
+        self.runner, self.signals, self.on_stop, self.pipe, self.on_again = runner, signals, on_stop, stop_pipe, on_again
         self.name: str | None = None
         self._task: asyncio.Future[Any] | None = None
 
     def __enter__(self) -> SendStop:
         loop = asyncio.get_running_loop()
         for sig in self.signals:
-            loop.add_signal_handler(sig, self.stop, sig.name)
+            loop.add_signal_handler(sig, self._signalled, sig.name)
         if self.pipe is not None:
             loop.add_reader(self.pipe.fileno(), self._heard)
         return self
@@ -359,6 +362,11 @@ class SendStop:
             return
         if isinstance(msg, tuple) and len(msg) == 2 and msg[0] == "stop":
             self.stop(str(msg[1]))
+
+    def _signalled(self, name: str) -> None:
+        if self.name is not None and self.on_again is not None:
+            self.on_again()
+        self.stop(name)
 
     def stop(self, name: str) -> None:
         if self.name is not None:

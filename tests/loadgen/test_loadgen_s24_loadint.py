@@ -392,3 +392,32 @@ async def test_an_out_that_fills_up_names_the_file_cut_short(sse_server, telemet
         await run_load(opts(url, rate=200, requests=6, processes=2, out=str(out)), telemetry)
     assert os_error_line(err.value) == (f"{out / 'records.jsonl'}: No space left on device: written in part; not written: "
                                         "requests.jsonl, summary.json, run.json")
+
+
+async def test_a_second_ctrl_c_ends_the_wait_for_a_process_that_hangs(sse_server, telemetry):
+    # the grace for the records (30 s) is cut short by a second Ctrl-C: the user who presses it twice gets the command back
+    state, url = sse_server
+    hold(state)
+    stopped: list[int] = []
+
+    async def freeze_then_interrupt_twice() -> None:
+        await until(lambda: state.in_flight >= 4, "4 requests in flight")
+        (child,) = multiprocessing.active_children()
+        os.kill(child.pid, signal.SIGSTOP)
+        stopped.append(child.pid)
+        os.kill(os.getpid(), signal.SIGINT)
+        await asyncio.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    task = asyncio.ensure_future(freeze_then_interrupt_twice())
+    try:
+        res = await asyncio.wait_for(run_load(opts(url, concurrency=4, duration_s=30, processes=2), telemetry), 20)
+    finally:
+        await task
+        for pid in stopped:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert res.interrupted == "SIGINT"
+    assert res.lost == ["process 2 of 2 had not handed back its records at a second signal after the stop (SIGINT): its "
+                        "records are lost (requests 2, 4, 6, ... of the plan, 500 planned)"]
+    assert [r["request_id"] for r in res.records] == ["li-m1", "li-m3"] and cancelled(res.records)
