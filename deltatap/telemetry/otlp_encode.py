@@ -428,15 +428,26 @@ def encode_export_request(spans: Sequence[ReadableSpan | SpanRecord]) -> bytes:
     """A serialized ``ExportTraceServiceRequest`` holding ``spans`` (see the module docstring)."""
     # resource -> scope -> spans, grouped by equality as the SDK groups them; equality (and the Resource's costly
     # hash) is asked once per distinct (resource, scope) object pair, then identity serves
+    # (a record's SpanOrigin, by identity too: a tap's spans all share one, found with one lookup per span)
     groups: dict[Any, dict[Any, list]] = {}
     by_id: dict[tuple[int, int], list] = {}
+    by_origin: dict[int, list] = {}
     record = SpanRecord
     for span in spans:
         if type(span) is record:
             origin = span[0]
-            res, scope = origin.resource, origin.scope or None
-        else:
-            res, scope = span.resource, span.instrumentation_scope or None
+            out = by_origin.get(id(origin))
+            if out is None:
+                res, scope = origin.resource, origin.scope or None
+                key = (id(res), id(scope))
+                out = by_id.get(key)
+                if out is None:
+                    out = groups.setdefault(res, {}).setdefault(scope, [])
+                    by_id[key] = out
+                by_origin[id(origin)] = out
+            out.append(span)
+            continue
+        res, scope = span.resource, span.instrumentation_scope or None
         key = (id(res), id(scope))
         out = by_id.get(key)
         if out is None:

@@ -52,3 +52,24 @@ def test_lengths_across_varint_boundaries_and_buffer_growth(n):
                          trace_state="s=" + "t" * n, status_code=2, status_description="d" * n) for _ in range(3)]
     c, p = _both(spans)
     assert isinstance(c, bytes) and c == p
+
+
+def test_records_of_several_origins_group_as_the_spans_they_stand_for():
+    """encode_export_request finds a record's group by its SpanOrigin's identity: origins sharing a resource object,
+    an equal resource in another object, another scope, interleaved, group as their ReadableSpans do."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from deltatap.telemetry.otlp_encode import encode_export_request
+    from deltatap.telemetry.spans import SCOPE
+
+    r1, r1_again, r2 = Resource({"service.name": "a"}), Resource({"service.name": "a"}), Resource({"service.name": "b"})
+    other = InstrumentationScope("other", "1")
+    origins = [SpanOrigin(r1), SpanOrigin(r1), SpanOrigin(r1_again), SpanOrigin(r2), SpanOrigin(r1, other), SpanOrigin(r2, None)]
+    records = [span_record(origins[i % len(origins)], f"s{i}", KIND_SERVER, i + 1, i + 1, {"i": i}, [("e", 10**18 + i, None)],
+                           10**18, 10**18 + i) for i in range(3 * len(origins))]
+    assert origins[0].scope is SCOPE
+    mixed = records[:5] + [r.readable() for r in records[5:9]] + records[9:]
+    want = encode_export_request([r.readable() for r in records])
+    assert encode_export_request(records) == want
+    assert encode_export_request(mixed) == want
