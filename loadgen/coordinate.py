@@ -416,6 +416,7 @@ class ProcessGroup:
             if i in self._gone and proc.is_alive():  # (it had its time: STOP_GRACE_S)
                 proc.kill()
             elif not self.finished and proc.is_alive():  # the run ended early (an error, Ctrl-C before the send phase)
+                self._pipes[i].close()  # (nobody reads its records: their send fails at once instead of blocking)
                 proc.terminate()
             await loop.run_in_executor(None, proc.join, 15 if self.finished else 5)
             if proc.is_alive():
