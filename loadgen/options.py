@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import resource
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from deltatap.core.config import StrictModel
+from deltatap.core.config import PROCESSES_PER_CPU, StrictModel, processes_allowed  # (--processes' bound: the tap's --workers' rule)
 from deltatap.loadgen.arrivals import ARRIVALS
 from deltatap.loadgen.client import ENDPOINTS, check_http_url
 
@@ -19,18 +18,6 @@ DEFAULT_MODEL = "default"  # the model sent when none is given and the target li
 MAX_SECONDS = 30 * 86400.0  # the bound of every span of time a run takes (a timeout, --duration, the open loop's plan)
 MAX_REQUESTS = 10_000_000  # the most requests one run plans (each is prepared before the first send)
 FRAMING_HEADERS = ("content-length", "transfer-encoding")  # the load generator frames each body itself
-
-
-PROCESSES_PER_CPU = 4  # --processes' bound: one per core is the useful most; each is a whole interpreter (~75 MB)
-
-
-def processes_allowed() -> int:
-    """The most ``--processes`` one run takes on this host (:data:`PROCESSES_PER_CPU` per CPU it may run on)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return PROCESSES_PER_CPU * max(1, cpus)
 
 
 def _connections_allowed() -> int:

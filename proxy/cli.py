@@ -13,7 +13,7 @@ from deltatap.net import aio
 from deltatap.net.kstamp import stamp_source
 from deltatap.core.vocab import Attr
 from deltatap.core.gc_pauses import settle
-from deltatap.core.config import ConfigError
+from deltatap.core.config import PROCESSES_PER_CPU, ConfigError, processes_allowed
 from deltatap.telemetry.tracer import TelemetryConfigError, setup_telemetry
 from deltatap.core.topology import load_topology
 from deltatap.proxy.metrics import quiet_bad_requests
@@ -197,16 +197,9 @@ def fit_open_files(max_connections: int) -> tuple[int, int]:
     return needed, target
 
 
-WORKERS_PER_CPU = 4  # --workers' bound: one worker per core is the useful most; each is a whole tap process
-
-
-def max_workers() -> int:
-    """The most ``--workers`` a tap takes on this host (:data:`WORKERS_PER_CPU` per CPU this process may run on)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return WORKERS_PER_CPU * max(1, cpus)
+# --workers' bound: the same rule as the load generator's --processes (deltatap.core.config)
+WORKERS_PER_CPU = PROCESSES_PER_CPU
+max_workers = processes_allowed
 
 
 def run(args: argparse.Namespace) -> int:

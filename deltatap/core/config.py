@@ -38,6 +38,19 @@ def os_error_line(exc: OSError) -> str:
     return f"{' -> '.join(paths)}: {reason}" if paths else reason
 
 
+PROCESSES_PER_CPU = 4  # one process per core is the useful most; each is a whole interpreter (~75 MB)
+
+
+def processes_allowed() -> int:
+    """The most processes one command runs side by side on this host (``tap --workers``, ``load --processes``):
+    :data:`PROCESSES_PER_CPU` per CPU this process may run on."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return PROCESSES_PER_CPU * max(1, cpus)
+
+
 def listen_error_line(flag: str, host: str | None, port: int | None, exc: OSError) -> str:
     """One line for a listening socket the system refused (``flag``: the option that named the address): the system's
     own reason (asyncio's "error while attempting to bind on address ..." wrapper taken off) and what to do."""
