@@ -2,6 +2,6 @@
 
 import sys
 
-from deltatap.app.cli import main
+from deltatap.app import main
 
 sys.exit(main())
