@@ -282,6 +282,8 @@ class Reader:
                     self._end(out, pos)
                 elif how == 2:
                     pos = self._fail(out, arg[0], arg[1])
+            elif st == _S_HEAD:  # (second: with the accelerator, every read that begins a message comes here)
+                pos = self._feed_head(data, pos, out)
             elif st == _S_LENGTH:
                 take = min(self._remaining, n - pos)
                 out.append((BODY, pos, pos + take))
@@ -316,8 +318,6 @@ class Reader:
                         self._state, self._remaining = _S_TRAILER, 0  # _remaining: trailer bytes so far
                 else:
                     pos = self._feed_chunk_framing(data, pos, out)
-            elif st == _S_HEAD:
-                pos = self._feed_head(data, pos, out)
             elif st == _S_CHUNK_SIZE or st == _S_CHUNK_CRLF or st == _S_TRAILER:
                 pos = self._feed_chunk_framing(data, pos, out)
             elif st == _S_HELD:
