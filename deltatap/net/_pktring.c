@@ -54,7 +54,9 @@
 #include <netinet/tcp.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <linux/sockios.h>
 #include <time.h>
 
 #ifndef SO_TIMESTAMPING
@@ -1774,9 +1776,11 @@ static PyObject *pk_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     if (n == len) {
         long long tx_off = st->tx_off;
         st->tx_off = tx_off + n;
-        bound = t1 - t0;
+        /* _sent: TCP still holding bytes (SIOCOUTQNSD, kstamp._unsent): they leave after t1, by an unknown time */
+        int unsent = 0, queued = ioctl(fd, SIOCOUTQNSD, &unsent) == 0 && unsent > 0;
+        bound = queued ? -1 : t1 - t0;
         st->last_write_bound_ns = bound;
-        if (bound > g_slow_ns) {
+        if (queued || t1 - t0 > g_slow_ns) {
             PyObject *plog = aget(tr, s_plog);
             if (plog == NULL) return NULL;
             int none = plog == Py_None;
@@ -1786,13 +1790,13 @@ static PyObject *pk_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             } else if ((r = get_true(tr, s_lazy_placement)) < 0) {
                 return NULL;
             } else if (r) {
-                unplaced = Py_BuildValue("(LLL)", t0, t1, tx_off + n);
+                unplaced = Py_BuildValue("(LLLO)", t0, t1, tx_off + n, queued ? Py_True : Py_False);
                 if (unplaced == NULL) return NULL;
                 int rc = aset(tr, s_unplaced_write, unplaced);
                 Py_DECREF(unplaced); /* (the transport holds it) */
                 if (rc != 0) return NULL;
             } else {
-                PyObject *got = PyObject_CallMethod(tr, "_restamp_write", "LL", t0, t1);
+                PyObject *got = PyObject_CallMethod(tr, "_restamp_write", "LLO", t0, t1, queued ? Py_True : Py_False);
                 if (got == NULL) return NULL;
                 Py_DECREF(got);
                 known = 0;

@@ -105,6 +105,16 @@ _PLACEMENT_TOL_NS = 50_000  # a packet-log placement whose last segment is furth
 _SEARCH_FRAMES = 2048
 _SLOW_SEND_NS = 30_000  # a send that took longer: its departure is looked up in the packet log
 _RESTAMP_SLACK_NS = 50_000  # a logged departure this far outside the send's readings is not this write's
+_SIOCOUTQNSD = 0x894B  # ioctl: bytes written to a TCP socket that TCP has not sent yet (tcpi_notsent_bytes)
+
+
+def _unsent(fd: int) -> int:
+    """Bytes the kernel holds for ``fd`` that TCP has not sent (its congestion window full, pacing, the peer's window
+    shut): a ``send`` that took every byte while some wait here has not put them on the wire. 0 where unknown."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, _SIOCOUTQNSD, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
 _MAX_AGE_NS = 60 * 10**9  # a stamp older than this (or from the future) means the wall clock stepped
 _SOCKET_ERRORS = (OSError,)
 _mono = time.perf_counter_ns  # deltatap.clock.mono_ns, bound here for the read path
@@ -321,7 +331,7 @@ class KernelStampTransport(_TransportBase):
         # True: a slow send is not placed from the packet log at once; the latest one is kept in unplaced_write for
         # place_write() (a relay places only the writes whose stamps it keeps exact: a head, a first or last token)
         self.lazy_placement = False
-        self.unplaced_write: tuple[int, int, int] | None = None  # (t0, t1, stream offset after the write)
+        self.unplaced_write: tuple[int, int, int, bool] | None = None  # (t0, t1, stream offset after the write, queued)
         self._fast = _read_one  # the C twin of _one_segment (None: the Python reference; a test may set either)
         self._wfast = _send  # the C twin of the usual write (None: the Python reference, _write; likewise)
         if sock.family == socket.AF_INET:
@@ -720,25 +730,30 @@ class KernelStampTransport(_TransportBase):
                 return (newest[1] - counts[1]) & 0xFFFFFFFF
         return None
 
-    def _restamp_write(self, t0: int, t1: int) -> None:
+    def _restamp_write(self, t0: int, t1: int, queued: bool = False) -> None:
         """A ``send`` that took long (the process lost its CPU in it, or the kernel's work for the peer ran in it):
-        its bytes left somewhere between the readings ``t0`` and ``t1``. Take the departure of the segment that
-        carried the write's last byte from the packet log; keep ``t0`` (and the bound) when it has none."""
-        t = self._departure(t0, t1, self._tx_off)
+        its bytes left somewhere between the readings ``t0`` and ``t1``; or one after which TCP still held bytes
+        (``queued``): they leave after ``t1``. Take the departure of the segment that carried the write's last byte
+        from the packet log; keep ``t0`` (and the bound: ``t1 - t0``, or -1 when queued) when it has none."""
+        t = self._departure(t0, t1, self._tx_off, queued)
         if t is not None:
             self.last_write_mono_ns, self.last_write_bound_ns = t, 0
 
-    def place_write(self, unplaced: tuple[int, int, int] | None) -> tuple[int, int] | None:
-        """``(t, bound)`` of a slow send kept by :attr:`unplaced_write` (with :attr:`lazy_placement`): its departure
-        from the packet log (bound 0), else ``(t0, t1 - t0)``; None for None. Call it soon (within the packet log's
-        reach: thousands of packets)."""
+    def place_write(self, unplaced: tuple[int, int, int, bool] | None) -> tuple[int, int] | None:
+        """``(t, bound)`` of a slow or queued send kept by :attr:`unplaced_write` (with :attr:`lazy_placement`): its
+        departure from the packet log (bound 0), else ``(t0, t1 - t0)`` (queued: ``(t0, -1)``, it left later by an
+        unknown time, or has not left yet); None for None. Call it soon (within the packet log's reach: thousands of
+        packets)."""
         if unplaced is None:
             return None
-        t0, t1, end = unplaced
-        t = self._departure(t0, t1, end)
-        return (t, 0) if t is not None else (t0, t1 - t0)
+        t0, t1, end, queued = unplaced
+        t = self._departure(t0, t1, end, queued)
+        return (t, 0) if t is not None else (t0, -1 if queued else t1 - t0)
 
-    def _departure(self, t0: int, t1: int, end: int) -> int | None:
+    def _departure(self, t0: int, t1: int, end: int, queued: bool = False) -> int | None:
+        """The departure (mono ns) of the segment that carried stream offset ``end - 1``, from the packet log: between
+        the readings ``t0`` and ``t1`` give or take ``_RESTAMP_SLACK_NS`` (clamped to them), or for a ``queued`` write
+        any time from ``t0`` on; None when the log does not hold it (not sent yet, or out of reach)."""
         plog, key = self._plog, self._tkey
         assert plog is not None and key is not None
         for _ in range(2):
@@ -753,9 +768,9 @@ class KernelStampTransport(_TransportBase):
                 seq, send, wall = segs[0]
                 if ((last - seq) & 0xFFFFFFFF) < ((send - seq) & 0xFFFFFFFF):
                     t = _to_mono(wall)
-                    if t0 - _RESTAMP_SLACK_NS <= t <= t1 + _RESTAMP_SLACK_NS:
+                    if t0 - _RESTAMP_SLACK_NS <= t and (queued or t <= t1 + _RESTAMP_SLACK_NS):
                         SLOW_SENDS["packets"] += 1
-                        return min(max(t, t0), t1)
+                        return max(t, t0) if queued else min(max(t, t0), t1)
             self._iss1 = None  # (a stale anchor, or the segment is not out yet: once more, then keep t0)
         SLOW_SENDS["bounded"] += 1
         return None
@@ -891,14 +906,17 @@ class KernelStampTransport(_TransportBase):
         partial send, or none)."""
         self._tx_off += n
         if n == len(data):
-            self.last_write_bound_ns = t1 - t0  # the bytes left between the two readings
-            if t1 - t0 > _SLOW_SEND_NS:
+            # the bytes left between the two readings, unless TCP still holds some: then they leave later (when the
+            # acknowledgements or the peer's window let them), after t1 by an unknown time (-1)
+            queued = _unsent(self._fd) > 0
+            self.last_write_bound_ns = -1 if queued else t1 - t0
+            if queued or t1 - t0 > _SLOW_SEND_NS:
                 if self._plog is None:
                     SLOW_SENDS["bounded"] += 1
                 elif self.lazy_placement:
-                    self.unplaced_write = (t0, t1, self._tx_off)
+                    self.unplaced_write = (t0, t1, self._tx_off, queued)
                 else:
-                    self._restamp_write(t0, t1)
+                    self._restamp_write(t0, t1, queued)
             return
         self.last_write_bound_ns = -1  # (the rest waits for the socket: the write's last byte leaves later)
         self._loop.add_writer(self._fd, self._on_writable)
