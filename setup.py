@@ -41,6 +41,7 @@ ext_modules = [
     Extension(
         f"{pkg}.{src.stem}",
         [str(src)],
+        depends=["deltatap/net/_slot_api.h"],  # the capsule's struct, shared by _pktring, _content and _relay (in the sdist)
         optional=True,  # no compiler: the pure-Python reference is used
         extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wno-unused-function"],
     )

@@ -72,11 +72,7 @@ static int slot_init(Slot *s, PyObject *type, PyObject *name) {
    (its capsule _slot_api: a __slots__ attribute straight from its slot, the offset cached per type and name; anything
    else, the generic call), else the generic calls themselves; and a stamped transport's rx_mono_ns / rx_bound_ns read
    from its C state (api_rx: 1 set, 0 None, -1 not such a transport: the attributes are read) */
-typedef struct {
-    PyObject *(*get)(PyObject *obj, PyObject *name);
-    int (*set)(PyObject *obj, PyObject *name, PyObject *v);
-    int (*rx)(PyObject *tr, long long *mono_ns, long long *bound_ns);
-} pk_slot_api;
+#include "../deltatap/net/_slot_api.h"
 static PyObject *(*a_get)(PyObject *, PyObject *) = PyObject_GetAttr;
 static int (*a_set)(PyObject *, PyObject *, PyObject *) = PyObject_SetAttr;
 static int no_rx(PyObject *tr, long long *mono_ns, long long *bound_ns) { return -1; }

@@ -90,11 +90,7 @@ typedef struct {
    defined there, the one proxy/_relay.c takes too; StreamObserver's and ContentStream's attributes are __slots__: each
    straight from its slot, the offset cached per type and name; anything else, the generic call), else the generic
    calls themselves. Looked for (not imported) at each observe() until found. */
-typedef struct {
-    PyObject *(*get)(PyObject *obj, PyObject *name);
-    int (*set)(PyObject *obj, PyObject *name, PyObject *v);
-    int (*rx)(PyObject *tr, long long *mono_ns, long long *bound_ns);
-} pk_slot_api;
+#include "../net/_slot_api.h"
 static PyObject *(*a_get)(PyObject *, PyObject *) = PyObject_GetAttr;
 static int (*a_set)(PyObject *, PyObject *, PyObject *) = PyObject_SetAttr;
 static int a_taken;

@@ -980,11 +980,7 @@ static int aset(PyObject *obj, PyObject *name, PyObject *v) {
 
 /* The slot access above, and a stamped transport's read stamp, for deltatap.proxy._relay's per-read attributes (one
  * definition, here): a capsule, _pktring._slot_api (relay falls back to the generic attribute calls without it) */
-typedef struct {
-    PyObject *(*get)(PyObject *obj, PyObject *name);            /* aget: obj.<name>, a new reference, or NULL */
-    int (*set)(PyObject *obj, PyObject *name, PyObject *v);     /* aset: obj.<name> = v: 0, or -1 */
-    int (*rx)(PyObject *tr, long long *mono_ns, long long *bound_ns);
-} pk_slot_api;
+#include "_slot_api.h" /* (the struct: aget, aset, api_rx) */
 
 /* the transport's rx_mono_ns and rx_bound_ns: 1 (both set), 0 (rx_mono_ns is None), -1 (not a transport derived
  * from transport_base(): the caller reads the attributes; no exception) */

@@ -81,7 +81,6 @@ from deltatap.net.pktstamp import _ANCBUF, SO_TIMESTAMPING, PacketLog, packet_lo
 from deltatap.net.pktstamp import _MAINTAIN_EVERY_NS
 from deltatap.net.pktstamp import _tcp_info
 from deltatap.net.pktstamp import _acc as _pktacc
-from deltatap.net.pktstamp import kernel_ns as _kernel_ns
 
 __all__ = ["KernelStampServer", "KernelStampTransport", "connect", "enabled", "stamp_source", "start_server"]
 
