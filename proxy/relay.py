@@ -28,7 +28,7 @@ import ssl as _ssl
 import weakref
 from collections import deque
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from deltatap.core import native
 from deltatap.core import sse as _sse
