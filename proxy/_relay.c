@@ -7,7 +7,7 @@ does exactly what they do for the usual read, and nothing for any other:
   write (tw, bw). It handles the read only when it is body bytes alone: the response reader is in a body state
   (Content-Length, chunk size / data / CRLF, trailers) and its framing (h1's C ``body`` step, called as h1.Reader.feed
   calls it) uses the whole read without the message ending or the framing failing; the downstream's last write is
-  placed (``d.unplaced is None``); an exchange waits; its response has a stream observer (a StreamObserver with the
+  placed (``d.unplaced is None``); an exchange waits, its first token's write placed (``first_unplaced is None``); its response has a stream observer (a StreamObserver with the
   C observer, ``SseParser.observe``) or neither an observer nor a capture. Then it writes the reader's new state,
   counts each BODY piece on the record (``response_bytes``), feeds it to the observer (``observe``, what
   StreamObserver.feed calls), counts the read (``chunks``, ``end``) and does the observer's ``forwarded``
@@ -40,7 +40,7 @@ static PyObject *ParserType;   /* deltatap.core._content.SseParser (the observin
 static PyObject *GapsObserve;  /* deltatap.core._content.gaps_observe */
 static PyObject *Zero;
 static PyObject *S_reader, *S_state, *S_remaining, *S_buf, *S_pending_from, *S_unplaced, *S_exchanges, *S_rec,
-    *S_stream, *S_capture_out, *S_response_bytes, *S_chunks, *S_end, *S_last_unplaced, *S_parser, *S_observe,
+    *S_stream, *S_capture_out, *S_response_bytes, *S_chunks, *S_end, *S_last_unplaced, *S_first_unplaced, *S_parser, *S_observe,
     *S_unfwd, *S_unfwd_first, *S_gaps_forwarded, *S_ltf_t, *S_ltf_b, *S_ftf_t, *S_ftf_b, *S_plain, *S_last_read_t,
     *S_last_read_bound;
 
@@ -129,6 +129,11 @@ static int ctx_take(Ctx *c, PyObject *up, PyObject *d) {
     Py_DECREF(exs);
     if (c->ex == NULL) return -1;
     if ((PyObject *)Py_TYPE(c->ex) != ExchangeType) goto no;
+    v = a_get(c->ex, S_first_unplaced);
+    if (v == NULL) goto error;
+    int first_placed = v == Py_None;
+    Py_DECREF(v);
+    if (!first_placed) goto no; /* (the first token's write was not out yet when placed: Python's, which places it) */
     if ((c->rec = sget(&X_rec, c->ex)) == NULL) goto error;
     if ((PyObject *)Py_TYPE(c->rec) != RecordType) goto no;
     PyObject *obs = sget(&C_stream, c->rec);
@@ -968,7 +973,7 @@ static PyObject *relay_setup(PyObject *mod, PyObject *const *args, Py_ssize_t na
     INTERN(S_pending_from, "pending_from") INTERN(S_unplaced, "unplaced") INTERN(S_exchanges, "exchanges")
     INTERN(S_rec, "rec") INTERN(S_stream, "stream") INTERN(S_capture_out, "capture_out")
     INTERN(S_response_bytes, "response_bytes") INTERN(S_chunks, "chunks") INTERN(S_end, "end")
-    INTERN(S_last_unplaced, "last_unplaced") INTERN(S_parser, "parser") INTERN(S_observe, "observe")
+    INTERN(S_last_unplaced, "last_unplaced") INTERN(S_first_unplaced, "first_unplaced") INTERN(S_parser, "parser") INTERN(S_observe, "observe")
     INTERN(S_unfwd, "_unforwarded") INTERN(S_unfwd_first, "_unforwarded_first")
     INTERN(S_gaps_forwarded, "gaps_forwarded") INTERN(S_ltf_t, "last_token_forwarded_mono_ns")
     INTERN(S_ltf_b, "last_token_forwarded_bound_ns") INTERN(S_ftf_t, "first_token_forwarded_mono_ns")

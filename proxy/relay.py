@@ -218,7 +218,7 @@ class Exchange:
     """One request/response pair in flight on a connection pair."""
 
     __slots__ = ("rec", "span", "fp", "capture", "request_done", "final", "response_started", "capture_out",
-                 "timer", "done", "forward_pending", "method", "down_eof", "last_unplaced")
+                 "timer", "done", "forward_pending", "method", "down_eof", "last_unplaced", "first_unplaced")
 
     def __init__(self, rec: TapRecord, span: SpanStart, fp: Fingerprinter, method: bytes) -> None:
         self.rec = rec
@@ -234,7 +234,9 @@ class Exchange:
         self.forward_pending = False  # the request's last byte waits for the upstream connection
         self.method = method
         self.down_eof: int | None = None  # the client half-closed (FIN) while this exchange was in flight
-        self.last_unplaced: tuple[int, int, int] | None = None  # the latest token's write, if its departure is not placed yet
+        self.last_unplaced: tuple[int, int, int, bool] | None = None  # the latest token's write, if its departure is not placed yet
+        # the first token's write when TCP still held its bytes as it was placed (not out yet): placed at a later read
+        self.first_unplaced: tuple[int, int, int, bool] | None = None
 
 
 class _Side(StampedProtocol):
@@ -977,6 +979,8 @@ class Upstream(_Side):
                     if d.unplaced is None:
                         ex.last_unplaced = None
                         obs.forwarded(tw, bw)  # type: ignore[union-attr]
+                        if ex.first_unplaced is not None:
+                            self._place_first(d, ex, obs)  # type: ignore[arg-type]
                     else:
                         tw, bw = self._forward_tokens(d, ex, obs, tw, bw)  # type: ignore[arg-type]
                 return tw, bw
@@ -1064,6 +1068,8 @@ class Upstream(_Side):
                         fed = False
                     if obs.finish(t, bound):
                         tw, bw = self._forward_tokens(d, ex, obs, tw, bw)
+                    if ex.first_unplaced is not None:
+                        self._place_first(d, ex, obs)
                     if ex.last_unplaced is not None:  # the last token's write: its departure, now that it is the last
                         lt, lb = d.place(ex.last_unplaced, obs.last_token_forwarded_mono_ns or tw, obs.last_token_forwarded_bound_ns)
                         obs.last_token_forwarded_mono_ns, obs.last_token_forwarded_bound_ns = lt, lb
@@ -1111,12 +1117,26 @@ class Upstream(_Side):
                 tw, bw = d.place(u, tw, bw)
                 d.unplaced = None
                 ex.last_unplaced = None
+                if bw < 0 and u[3]:  # (TCP still held its bytes: not out yet, placed at a later read)
+                    ex.first_unplaced = u
             elif n:
                 ex.last_unplaced = u
         elif obs.unforwarded[0]:
             ex.last_unplaced = None
         obs.forwarded(tw, bw)
+        if ex.first_unplaced is not None and ex.first_unplaced is not u:
+            Upstream._place_first(d, ex, obs)
         return tw, bw
+
+    @staticmethod
+    def _place_first(d: Downstream, ex: Exchange, obs: StreamObserver) -> None:
+        """The first token's write, which TCP still held when it was placed: its departure from the packet log once
+        its bytes left (tried at each later read of the exchange and at its end; until then its stamp is the write's
+        with an unknown bound)."""
+        t, b = d.place(ex.first_unplaced, obs.first_token_forwarded_mono_ns or 0, obs.first_token_forwarded_bound_ns)
+        if b >= 0:
+            obs.first_token_forwarded_mono_ns, obs.first_token_forwarded_bound_ns = t, b
+            ex.first_unplaced = None
 
     def _opaque_bytes(self, d: Downstream, data: bytes, t: int, bound: int, tw: int, bw: int) -> None:
         ex = d.exchanges[0]
