@@ -21,7 +21,7 @@ import pytest
 import uvloop
 from aiohttp import web
 
-from deltatap.net import kstamp
+from deltatap.net import kstamp, pktstamp
 from deltatap.core.clock import mono_ns
 from deltatap.net.kstamp import KernelStampTransport
 from deltatap.net.wire import (
@@ -560,7 +560,7 @@ def test_a_slow_send_takes_its_departure_from_the_packet_log(run, packet_stamps,
             tr.write(b"token %d\n" % i)
             stamp, bound = tr.last_write_mono_ns, tr.last_write_bound_ns
             _n, anc, _f, _a = c.recvmsg(64, socket.CMSG_SPACE(48))
-            out.append((before, stamp, bound, kstamp._to_mono(kstamp._kernel_ns(anc))))
+            out.append((before, stamp, bound, kstamp._to_mono(pktstamp.kernel_ns(anc))))
             await asyncio.sleep(0.001)
         c.close()
         server.close()

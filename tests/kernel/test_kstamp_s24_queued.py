@@ -67,6 +67,8 @@ async def _queued_write(native: str, lazy: bool):
         if tr.get_write_buffer_size():
             break
         await asyncio.sleep(0)
+    tr.abort()
+    await asyncio.sleep(0)
     server.close()
     peer.close()
     pytest.skip("no write was taken whole with bytes left unsent (the kernel's buffers)")
@@ -76,6 +78,8 @@ async def _queued_write(native: str, lazy: bool):
 def test_a_write_tcp_still_holds_is_not_stamped_as_sent(run, native):
     async def scenario():
         server, peer, tr, t, bound, unplaced = await _queued_write(native, lazy=False)
+        tr.abort()  # (its packet-log watch ends with it)
+        await asyncio.sleep(0)
         peer.close()
         server.close()
         return bound
@@ -110,6 +114,8 @@ def test_a_queued_write_is_placed_at_its_departure_once_it_left(run, native):
             late = tr.place_write(unplaced)
             return t0, t1, early, late
         finally:
+            tr.abort()  # (its packet-log watch ends with it)
+            await asyncio.sleep(0)
             peer.close()
             server.close()
 
