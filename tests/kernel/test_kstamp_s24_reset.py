@@ -19,22 +19,11 @@ import uvloop
 
 from deltatap.net import kstamp
 
+from test_kstamp import packet_stamps  # noqa: F401 (the fixture: with and without the packet log)
+
 pytestmark = pytest.mark.skipif(not kstamp.enabled(), reason="kernel receive stamps need Linux (SO_TIMESTAMPING)")
 
 LOOPS = pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
-
-
-@pytest.fixture(params=["packets", "no-packets"])
-def packet_stamps(request, monkeypatch) -> str:
-    from deltatap.net import pktstamp
-
-    if request.param == "no-packets":
-        monkeypatch.setenv("DELTATAP_PACKET_STAMPS", "0")
-    else:
-        monkeypatch.delenv("DELTATAP_PACKET_STAMPS", raising=False)
-        if pktstamp.packet_log() is None:
-            pytest.skip("per-packet stamps need CAP_NET_RAW (a packet socket)")
-    return request.param
 
 
 @pytest.fixture(params=["native", "python"])
