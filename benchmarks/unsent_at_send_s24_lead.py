@@ -3,8 +3,8 @@
 Such a write's bytes leave later (when acknowledgements or the peer's window let them), so a stamp that says "left
 within the send" is early. For each congestion control and burst size: ``--connections`` fresh loopback connections
 (TCP_NODELAY, as the tap's), each writing ``burst`` writes of ``--size`` bytes back to back while the peer does not
-read, then the peer reads; after each ``send`` the sender's ``SIOCOUTQNSD`` (bytes TCP has not sent: what
-``deltatap.net.kstamp._unsent`` reads) says whether the write's last byte is still held.
+read, then the peer reads; after each ``send`` the sender's ``tcpi_notsent_bytes`` (bytes TCP has not sent:
+``deltatap.net.pktstamp.tcp_notsent``, what the stamped transport reads) says whether the write's last byte is still held.
 
     .venv/bin/python benchmarks/unsent_at_send_s24_lead.py [--connections 100] [--bursts 6 30 100]
 
@@ -21,7 +21,7 @@ import socket
 import time
 from pathlib import Path
 
-from deltatap.net.kstamp import _unsent
+from deltatap.net.pktstamp import tcp_notsent
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def one(cc: str, burst: int, connections: int, size: int) -> dict:
             for _ in range(burst):
                 n = c.send(b"x" * size)
                 total += 1
-                if n == size and _unsent(c.fileno()) > 0:
+                if n == size and tcp_notsent(c):
                     held += 1
             time.sleep(0.002)
             s.settimeout(2)

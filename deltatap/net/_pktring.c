@@ -54,9 +54,7 @@
 #include <netinet/tcp.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
-#include <linux/sockios.h>
 #include <time.h>
 
 #ifndef SO_TIMESTAMPING
@@ -1772,8 +1770,11 @@ static PyObject *pk_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     if (n == len) {
         long long tx_off = st->tx_off;
         st->tx_off = tx_off + n;
-        /* _sent: TCP still holding bytes (SIOCOUTQNSD, kstamp._unsent): they leave after t1, by an unknown time */
-        int unsent = 0, queued = ioctl(fd, SIOCOUTQNSD, &unsent) == 0 && unsent > 0;
+        /* _sent: TCP still holding bytes (tcp_notsent: tcpi_notsent_bytes): they leave after t1, by an unknown time */
+        unsigned char info[TCP_INFO_LEN];
+        socklen_t ilen = TCP_INFO_LEN;
+        memset(info, 0, sizeof info);
+        int queued = getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &ilen) == 0 && ilen >= NOTSENT_AT + 4 && rd_u32(info + NOTSENT_AT) > 0;
         bound = queued ? -1 : t1 - t0;
         st->last_write_bound_ns = bound;
         if (queued || t1 - t0 > g_slow_ns) {

@@ -104,16 +104,6 @@ _PLACEMENT_TOL_NS = 50_000  # a packet-log placement whose last segment is furth
 _SEARCH_FRAMES = 2048
 _SLOW_SEND_NS = 30_000  # a send that took longer: its departure is looked up in the packet log
 _RESTAMP_SLACK_NS = 50_000  # a logged departure this far outside the send's readings is not this write's
-_SIOCOUTQNSD = 0x894B  # ioctl: bytes written to a TCP socket that TCP has not sent yet (tcpi_notsent_bytes)
-
-
-def _unsent(fd: int) -> int:
-    """Bytes the kernel holds for ``fd`` that TCP has not sent (its congestion window full, pacing, the peer's window
-    shut): a ``send`` that took every byte while some wait here has not put them on the wire. 0 where unknown."""
-    try:
-        return struct.unpack("i", fcntl.ioctl(fd, _SIOCOUTQNSD, b"\0\0\0\0"))[0]
-    except OSError:
-        return 0
 _MAX_AGE_NS = 60 * 10**9  # a stamp older than this (or from the future) means the wall clock stepped
 _SOCKET_ERRORS = (OSError,)
 _mono = time.perf_counter_ns  # deltatap.clock.mono_ns, bound here for the read path
@@ -905,9 +895,9 @@ class KernelStampTransport(_TransportBase):
         partial send, or none)."""
         self._tx_off += n
         if n == len(data):
-            # the bytes left between the two readings, unless TCP still holds some: then they leave later (when the
-            # acknowledgements or the peer's window let them), after t1 by an unknown time (-1)
-            queued = _unsent(self._fd) > 0
+            # the bytes left between the two readings, unless TCP still holds some (tcpi_notsent_bytes: its congestion
+            # window full, pacing, the peer's window shut): then they leave later, after t1 by an unknown time (-1)
+            queued = bool(tcp_notsent(self._sock))
             self.last_write_bound_ns = -1 if queued else t1 - t0
             if queued or t1 - t0 > _SLOW_SEND_NS:
                 if self._plog is None:

@@ -1,7 +1,7 @@
 """Session 24: the first token's write when TCP still holds its bytes at ``send``'s return (the client's window shut:
 it does not read yet). The tap used to stamp it as gone within its send; now its departure is taken from the packet
 log at a later read of the exchange, once the bytes left (``proxy/relay.py``: ``Upstream._place_first``;
-``deltatap/net/kstamp.py``: ``_unsent``). Live on 127.0.0.1: a raw upstream answers a large response head (it fills a
+``deltatap/net/kstamp.py``: ``_sent``). Live on 127.0.0.1: a raw upstream answers a large response head (it fills a
 small client window), the first token, and, 0.4 s later, the rest; the client reads nothing for 0.2 s, then
 everything. The span's first-token-forwarded time is the token's departure, after the client began to read, not its
 write ~0.2 s before."""
