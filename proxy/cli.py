@@ -197,11 +197,6 @@ def fit_open_files(max_connections: int) -> tuple[int, int]:
     return needed, target
 
 
-# --workers' bound: the same rule as the load generator's --processes (deltatap.core.config)
-WORKERS_PER_CPU = PROCESSES_PER_CPU
-max_workers = processes_allowed
-
-
 def run(args: argparse.Namespace) -> int:
     opts = build_options(args)
     if args.no_defer_watch:  # (read when each upstream connection is made; the environment for --workers' processes too)
@@ -218,9 +213,9 @@ def run(args: argparse.Namespace) -> int:
                     "reached): past about %d connections new ones fail at accept; raise the hard limit or lower "
                     "--max-connections", opts.link, opts.max_connections, needed, soft,
                     max(0, (soft - FDS_RESERVED) // FDS_PER_CONNECTION))
-    most = max_workers()
+    most = processes_allowed()  # (the load generator's --processes: the same bound)
     if not 1 <= args.workers <= most:
-        raise ConfigError(f"--workers: must be 1 to {most} on this host ({WORKERS_PER_CPU} per CPU it may use; got {args.workers})")
+        raise ConfigError(f"--workers: must be 1 to {most} on this host ({PROCESSES_PER_CPU} per CPU it may use; got {args.workers})")
     if args.workers > 1:
         from deltatap.proxy.workers import run_workers
 
