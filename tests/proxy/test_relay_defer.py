@@ -153,8 +153,13 @@ async def _replay_rounds(tap: Tap, case, defer: bool) -> tuple[list, list]:
     for rnd in rounds:
         for p in rnd:
             up, d, kernel, exs, raised, calls, close = sides[p]
-            if timeouts.get(p) == done[p] and d.exchanges:  # the exchange timeout fires before this call
-                d._timed_out(d.exchanges[0])
+            if timeouts.get(p) == done[p]:  # the exchange timeout fires before this call
+                # (for the exchange in flight once the pair's pending work is done, as the tap's timer settles it first:
+                # picked before that, a deferred run's exchanges[0] could be one an undeferred run had already ended)
+                if d.accounting or (d.up is not None and d.up.deferred):
+                    d._settle()
+                if d.exchanges:
+                    d._timed_out(d.exchanges[0])
             kind, group, _write = calls[done[p]]
             done[p] += 1
             try:
