@@ -432,28 +432,24 @@ def encode_export_request(spans: Sequence[ReadableSpan | SpanRecord]) -> bytes:
     groups: dict[Any, dict[Any, list]] = {}
     by_id: dict[tuple[int, int], list] = {}
     by_origin: dict[int, list] = {}
+
+    def group(res: Any, scope: Any) -> list:
+        key = (id(res), id(scope))
+        out = by_id.get(key)
+        if out is None:
+            out = by_id[key] = groups.setdefault(res, {}).setdefault(scope, [])
+        return out
+
     record = SpanRecord
     for span in spans:
         if type(span) is record:
             origin = span[0]
             out = by_origin.get(id(origin))
             if out is None:
-                res, scope = origin.resource, origin.scope or None
-                key = (id(res), id(scope))
-                out = by_id.get(key)
-                if out is None:
-                    out = groups.setdefault(res, {}).setdefault(scope, [])
-                    by_id[key] = out
-                by_origin[id(origin)] = out
+                out = by_origin[id(origin)] = group(origin.resource, origin.scope or None)
             out.append(span)
-            continue
-        res, scope = span.resource, span.instrumentation_scope or None
-        key = (id(res), id(scope))
-        out = by_id.get(key)
-        if out is None:
-            out = groups.setdefault(res, {}).setdefault(scope, [])
-            by_id[key] = out
-        out.append(span)
+        else:
+            group(span.resource, span.instrumentation_scope or None).append(span)
     # one join at the end: the lengths of nested messages are summed, never built by copying
     parts: list[bytes] = []
     for res, scopes in groups.items():
