@@ -205,8 +205,17 @@ def main() -> int:
             pids["envoy"] = ev.pid
         load = os.getloadavg()[0]
         levels = aio.run(measure(urls, pids, args))
+        # the taps first (a graceful stop: each flushes its last spans, the profiled one writes its stats), and only
+        # once they are gone their OTLP sinks and the rest: a sink stopped alongside its tap refused that last flush
+        tap_pids = {pid for name, pid in pids.items() if name.startswith("tap-")}
+        taps = [proc for proc in procs if proc.pid in tap_pids]
+        for proc in taps:
+            proc.terminate()
+        for proc in taps:
+            proc.wait(30)
         for proc in procs[1:]:
-            proc.terminate()  # taps: graceful stop (the profiled one writes its stats)
+            if proc.poll() is None:
+                proc.terminate()
         for proc in procs[1:]:
             proc.wait(30)
     finally:
