@@ -29,7 +29,7 @@ from deltatap.collector.rows import Cascade, DeltaValue, JoinMethod, LinkGaps, P
 from deltatap.collector.spans import SpanRecord
 from deltatap.core import native
 from deltatap.core.topology import Topology
-from deltatap.core.vocab import Attr, Outcome, Role, delta_bound, point
+from deltatap.core.vocab import Attr, Outcome, Role, add_bounds, delta_bound, point
 
 
 _new = tuple.__new__  # builds a NamedTuple (PointObs, DeltaValue) without its Python-level __new__
@@ -124,8 +124,9 @@ def _point_deltas(defs: list[tuple[str, str, str]], by: dict[str, list[Obs]],
             d = _new(DeltaValue, (e[1] - s[1], 0 if same else e[2] + s[2], same))
         if bounds:
             b = delta_bound(bounds.get((e[3], e[0])), bounds.get((s[3], s[0])))
-            if b:
-                d = _new(DeltaValue, (d[0], d[1] + b, d[2]))
+            if b:  # (BOUND_UNKNOWN: no bound; the delta's err keeps its clock part, delta_bounds says unknown)
+                if b > 0:
+                    d = _new(DeltaValue, (d[0], d[1] + b, d[2]))
                 if delta_bounds is not None:
                     delta_bounds[name] = b
         out[name] = d
@@ -349,7 +350,7 @@ class Decomposer:
         for link, (req, ft, _) in ex.tap_overhead.items():  # each tap's own overheads: request, first token
             for name, v, b in zip(self.tap_names.get(link) or _tap_names(link), (req, ft), ex.tap_overhead_bounds.get(link, (0, 0))):
                 if v is not None:
-                    deltas[name] = _new(DeltaValue, (v, b, True))
+                    deltas[name] = _new(DeltaValue, (v, b if b > 0 else 0, True))
                     if b:
                         delta_bounds[name] = b
         if ex.gaps:
@@ -358,8 +359,8 @@ class Decomposer:
         if res is not None:
             deltas[RESIDUAL] = res
             if delta_bounds:
-                b = delta_bounds.get(SYSTEM_TTFT, 0) + sum(delta_bounds.get(n, 0) for n in self.residual_terms)
-                b += sum(delta_bounds.get(n, 0) for link, r, f in self.residual_taps if ex.attempts.get(link, 0) for n in (r, f))
+                b = add_bounds(delta_bounds.get(SYSTEM_TTFT, 0), *(delta_bounds.get(n, 0) for n in self.residual_terms),
+                               *(delta_bounds.get(n, 0) for link, r, f in self.residual_taps if ex.attempts.get(link, 0) for n in (r, f)))
                 if b:
                     delta_bounds[RESIDUAL] = b
 

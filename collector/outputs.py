@@ -1,7 +1,7 @@
 """The files a collector run or a report leaves in its output directory.
 
 * ``summary.json``        delta -> {p50_ms, p90_ms, p95_ms, p99_ms, p999_ms, mean_ms, min_ms, max_ms, count, error_bound_ms,
-                           bounded_share, bound_mean_ms, bound_max_ms}
+                           bounded_share, bound_mean_ms, bound_max_ms, unbounded_share}
 * ``summary.csv`` / ``summary.md``   the same as a table
 * ``decomposition.md`` / ``.csv`` / ``.json``   the profiles draft section 6 table
 * ``sketches.json``       the mergeable aggregate (``deltatap report --from a/sketches.json b/sketches.json``)

@@ -54,7 +54,9 @@ Flat records
 :func:`to_record` / :func:`from_record` convert a row to a flat mapping of scalars with a stable
 column set for a topology (:func:`record_columns`), used for Parquet, CSV and JSON lines:
 identity and result columns, ``labels`` (JSON object text), ``stamp_bounds`` (JSON object text
-``{"points": {point: [before_ns, after_ns]}, "deltas": {delta: ns}}``, empty when every point is exact), then per point ``pt.<point>.unix_ns``,
+``{"points": {point: [before_ns, after_ns]}, "deltas": {delta: ns}}``, empty when every point is exact; null for a side
+or a bound that is unknown: a write whose departure nothing observed, :data:`deltatap.core.vocab.BOUND_UNKNOWN` in the
+row; that delta's ``err_ns`` then holds only its clock part), then per point ``pt.<point>.unix_ns``,
 ``pt.<point>.unc_ns``, ``pt.<point>.src`` (``observer/source``), per delta ``d.<delta>.ns``,
 ``d.<delta>.err_ns``, ``d.<delta>.within`` (bool), per link gap columns
 ``gap.<link>.{up,down}.{count,mean_ns,p99_ns,max_ns}``, and ``cascade.*``. Missing values are
@@ -81,7 +83,7 @@ import numpy as np
 from deltatap.core import native
 from deltatap.core.topology import Topology, default_topology
 from deltatap.collector.deltas import DeltaDef, delta_defs, intermediaries  # noqa: F401 - re-exported: the rows' readers import them here
-from deltatap.core.vocab import DEFAULT_POINT_ALIASES, ComponentKind, Role, point
+from deltatap.core.vocab import BOUND_UNKNOWN, DEFAULT_POINT_ALIASES, ComponentKind, Role, point
 
 ROW_SCHEMA_VERSION = 1
 _acc = native.load("deltatap.collector._columns", __name__)  # DeltaColumns.add_rows in one call (None: the Python below)
@@ -233,6 +235,21 @@ def record_columns(topology: Topology | None = None) -> list[str]:
     return cols
 
 
+def _bound_out(ns: int) -> int | None:
+    return None if ns < 0 else ns  # (BOUND_UNKNOWN: JSON null, never a number that reads as a bound)
+
+
+def _bound_in(v: Any) -> int:
+    return BOUND_UNKNOWN if v is None else int(v)
+
+
+def _bounds_json(row: Row) -> str:
+    """The ``stamp_bounds`` column: ``{"points": {point: [before_ns, after_ns]}, "deltas": {delta: ns}}``, an unknown
+    side or bound (:data:`deltatap.core.vocab.BOUND_UNKNOWN`) as null."""
+    return json.dumps({"points": {k: [_bound_out(b), _bound_out(a)] for k, (b, a) in row.point_bounds.items()},
+                       "deltas": {k: _bound_out(b) for k, b in row.delta_bounds.items()}}, sort_keys=True)
+
+
 def to_record(row: Row, topology: Topology | None = None) -> dict[str, Any]:
     """``row`` as a flat mapping with exactly :func:`record_columns` keys (missing -> None).
 
@@ -246,8 +263,7 @@ def to_record(row: Row, topology: Topology | None = None) -> dict[str, Any]:
         labels=json.dumps(row.labels, sort_keys=True), tokens_in=row.tokens_in, tokens_out=row.tokens_out,
         tokens_source=None if row.tokens_source is None else str(row.tokens_source),
         trace_ids=",".join(row.trace_ids),
-        stamp_bounds=json.dumps({"points": row.point_bounds, "deltas": row.delta_bounds}, sort_keys=True)
-        if row.point_bounds or row.delta_bounds else None,
+        stamp_bounds=_bounds_json(row) if row.point_bounds or row.delta_bounds else None,
     )
     for name, p in row.points.items():
         rec[f"pt.{name}.unix_ns"] = p.unix_ns
@@ -302,8 +318,8 @@ def from_record(rec: Mapping[str, Any]) -> Row:
     sb = rec.get("stamp_bounds")
     if sb:
         doc = json.loads(sb)
-        row.point_bounds = {k: (int(v[0]), int(v[1])) for k, v in doc.get("points", {}).items()}
-        row.delta_bounds = {k: int(v) for k, v in doc.get("deltas", {}).items()}
+        row.point_bounds = {k: (_bound_in(v[0]), _bound_in(v[1])) for k, v in doc.get("points", {}).items()}
+        row.delta_bounds = {k: _bound_in(v) for k, v in doc.get("deltas", {}).items()}
     gaps: dict[str, dict[str, dict[str, Any]]] = {}
     for key, v in rec.items():
         if v is None or v == "" or (isinstance(v, float) and v != v):

@@ -11,7 +11,8 @@ from all rows: :meth:`Aggregator.merge`, :meth:`Aggregator.to_dict` / :meth:`Agg
 (the ``sketches.json`` file ``deltatap report --from`` merges). ``error_bound_ms`` is the largest
 error bound of any row's value (clock uncertainties and stamp intervals; quantiles carry the sketch's relative
 accuracy on top); ``bounded_share``, ``bound_mean_ms`` and ``bound_max_ms`` say how many values had a point that
-was an interval rather than an exact stamp (``Row.delta_bounds``), and how wide.
+was an interval rather than an exact stamp (``Row.delta_bounds``), and how wide; ``unbounded_share`` how many had
+no bound at all (a write no later observation saw leave: ``deltatap.core.vocab.BOUND_UNKNOWN``; not in the widths).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ EXACT_CAP = 50_000
 
 
 class DeltaSketch:
-    __slots__ = ("sketch", "err_max_ns", "exact", "cap", "bounded", "bound_sum_ns", "bound_max_ns")
+    __slots__ = ("sketch", "err_max_ns", "exact", "cap", "bounded", "bound_sum_ns", "bound_max_ns", "unbounded")
 
     def __init__(self, alpha: float, cap: int = EXACT_CAP) -> None:
         self.sketch = DDSketch(relative_accuracy=alpha)
@@ -52,6 +53,7 @@ class DeltaSketch:
         self.bounded = 0
         self.bound_sum_ns = 0
         self.bound_max_ns = 0
+        self.unbounded = 0  # of those, the values with no bound at all (a point's side unknown: BOUND_UNKNOWN)
         self.cap = cap
         self.exact: list[np.ndarray] | None = []
 
@@ -114,10 +116,14 @@ class DeltaSketch:
         return values, stores, zero, float(values.sum()), float(values.min()), float(values.max()), err
 
     def add_bounds(self, bounds: list[int]) -> None:
-        """Values (already added) whose stamps were bounded, by the part of their error bound that makes."""
+        """Values (already added) whose stamps were bounded, by the part of their error bound that makes
+        (:data:`~deltatap.core.vocab.BOUND_UNKNOWN`, negative: no bound; counted in :attr:`unbounded`, not in the widths)."""
         self.bounded += len(bounds)
-        self.bound_sum_ns += sum(bounds)
-        self.bound_max_ns = max(self.bound_max_ns, max(bounds))
+        known = [b for b in bounds if b >= 0]
+        self.unbounded += len(bounds) - len(known)
+        if known:
+            self.bound_sum_ns += sum(known)
+            self.bound_max_ns = max(self.bound_max_ns, max(known))
 
     def merge(self, other: DeltaSketch) -> None:
         self.sketch.merge(other.sketch)
@@ -125,6 +131,7 @@ class DeltaSketch:
         self.bounded += other.bounded
         self.bound_sum_ns += other.bound_sum_ns
         self.bound_max_ns = max(self.bound_max_ns, other.bound_max_ns)
+        self.unbounded += other.unbounded
         if other.exact is None:
             self.exact = None
         else:
@@ -171,8 +178,10 @@ class DeltaSketch:
         out["count"] = n
         out["error_bound_ms"] = self.err_max_ns / 1e6
         out["bounded_share"] = None if n == 0 else self.bounded / n  # values with a stamp interval (not exact)
-        out["bound_mean_ms"] = self.bound_sum_ns / self.bounded / 1e6 if self.bounded else None
-        out["bound_max_ms"] = self.bound_max_ns / 1e6 if self.bounded else None
+        known = self.bounded - self.unbounded
+        out["bound_mean_ms"] = self.bound_sum_ns / known / 1e6 if known else None
+        out["bound_max_ms"] = self.bound_max_ns / 1e6 if known else None
+        out["unbounded_share"] = None if n == 0 else self.unbounded / n  # values with no bound (a write never seen to leave)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -180,7 +189,7 @@ class DeltaSketch:
         return {
             "count": s._count, "sum": s._sum, "min": s._min if s._count else None, "max": s._max if s._count else None,
             "zero": s._zero_count, "pos": _store_to_dict(s._store), "neg": _store_to_dict(s._negative_store), "err_max_ns": self.err_max_ns,
-            "bounded": self.bounded, "bound_sum_ns": self.bound_sum_ns, "bound_max_ns": self.bound_max_ns,
+            "bounded": self.bounded, "bound_sum_ns": self.bound_sum_ns, "bound_max_ns": self.bound_max_ns, "unbounded": self.unbounded,
             "values": None if self.values() is None else self.values().tolist(),
         }
 
@@ -197,6 +206,7 @@ class DeltaSketch:
         s._max = float(d["max"]) if d.get("max") is not None else -math.inf
         out.err_max_ns = int(d.get("err_max_ns", 0))
         out.bounded, out.bound_sum_ns, out.bound_max_ns = int(d.get("bounded", 0)), int(d.get("bound_sum_ns", 0)), int(d.get("bound_max_ns", 0))
+        out.unbounded = int(d.get("unbounded", 0))
         vals = d.get("values")
         out.exact = None if vals is None else [np.asarray(vals, dtype=np.int64)]
         return out

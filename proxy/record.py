@@ -187,12 +187,12 @@ def bounds(rec: TapRecord) -> dict[str, tuple[int, int]]:
     if s.first_token_mono_ns is not None:
         out[_E_FT] = (s.first_token_bound_ns, 0)
         out[_E_LT] = (s.last_token_bound_ns, 0)
+    # (a write's bound -1: its bytes were still held when stamped and nothing saw them leave by the exchange's end:
+    # stated unknown, deltatap.core.vocab.BOUND_UNKNOWN, never exact)
     if s.first_token_forwarded_mono_ns is not None:
-        b = s.first_token_forwarded_bound_ns
-        out[_E_FT_FWD] = (0, b if b > 0 else 0)
+        out[_E_FT_FWD] = (0, s.first_token_forwarded_bound_ns)
     if s.last_token_forwarded_mono_ns is not None:
-        b = s.last_token_forwarded_bound_ns
-        out[_E_LT_FWD] = (0, b if b > 0 else 0)
+        out[_E_LT_FWD] = (0, s.last_token_forwarded_bound_ns)
     return out
 
 

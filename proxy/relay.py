@@ -38,6 +38,7 @@ from deltatap.core.sse import StreamObserver
 from deltatap.core.vocab import Outcome, TapEvent
 from deltatap.net import h1
 from deltatap.net.conn import StampedProtocol, open_connection, reset
+from deltatap.net.pktstamp import tcp_notsent
 from deltatap.proxy.errors import TAP_TIMEOUT, Failure, classify, connect_failure
 from deltatap.proxy.headers import rewrite_request_head, trace_context
 from deltatap.proxy.record import TapRecord
@@ -218,7 +219,7 @@ class Exchange:
     """One request/response pair in flight on a connection pair."""
 
     __slots__ = ("rec", "span", "fp", "capture", "request_done", "final", "response_started", "capture_out",
-                 "timer", "done", "forward_pending", "method", "down_eof", "last_unplaced", "first_unplaced")
+                 "timer", "done", "forward_pending", "method", "down_eof", "last_unplaced", "first_unplaced", "held")
 
     def __init__(self, rec: TapRecord, span: SpanStart, fp: Fingerprinter, method: bytes) -> None:
         self.rec = rec
@@ -237,6 +238,9 @@ class Exchange:
         self.last_unplaced: tuple[int, int, int, bool] | None = None  # the latest token's write, if its departure is not placed yet
         # the first token's write when TCP still held its bytes as it was placed (not out yet): placed at a later read
         self.first_unplaced: tuple[int, int, int, bool] | None = None
+        # the request's and the response head's forwarding writes whose bytes TCP (or the transport) still held when
+        # stamped, event -> (the side that wrote, its unplaced write or None): settled by _settle_held
+        self.held: dict[str, tuple[_Side, tuple[int, int, int, bool] | None]] | None = None
 
 
 class _Side(StampedProtocol):
@@ -267,6 +271,77 @@ class _Side(StampedProtocol):
         if unplaced is None or self.kernel is None:
             return t, bound
         return self.kernel.place_write(unplaced) or (t, bound)
+
+
+def _drained(side: _Side) -> bool:
+    """Every byte written on ``side``'s connection has left: none waits in its transport's buffer, and TCP holds none
+    unsent (``tcpi_notsent_bytes`` 0). False when that cannot be told (the connection closing or closed, no TCP_INFO).
+    What a write stamped while its bytes were held is bounded by: it left between its stamp and this check."""
+    tr = side.transport
+    if tr is None or tr.is_closing():
+        return False
+    try:
+        if tr.get_write_buffer_size():
+            return False
+        sock = tr.get_extra_info("socket")
+        return sock is not None and tcp_notsent(sock) == 0
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def _settle_held(ex: Exchange) -> None:
+    """The request's and the response head's forwarding writes whose bytes were still held when stamped
+    (``ex.held``): each one's departure from the packet log once it has left (its unplaced write known), else, once its
+    connection holds no byte unsent (:func:`_drained`), its stamp with the bound ``now - stamp``; one still held stays
+    unknown (bound -1) until a later call (the response head, a later read that takes the Python path, the end)."""
+    held = ex.held
+    rec = ex.rec
+    assert held is not None
+    for ev, (side, u) in list(held.items()):
+        req = ev == _EV_REQUEST_FORWARDED
+        t = rec.forwarded if req else rec.response_headers_forwarded
+        if t is None:
+            del held[ev]
+            continue
+        b = -1
+        if u is not None and side.transport is not None and not side.transport.is_closing():
+            t2, b = side.place(u, t, -1)
+            if b >= 0:
+                t = t2
+        if b < 0 and _drained(side):
+            b = mono() - t
+        if b >= 0:
+            if req:
+                rec.forwarded = t
+            else:
+                rec.response_headers_forwarded = t
+            rec.bounds[ev] = (0, b)
+            del held[ev]
+    if not held:
+        ex.held = None
+
+
+def _settle_writes(ex: Exchange, d: Downstream) -> None:
+    """At the exchange's end, before its record is handed on: each forwarding write stamped while its bytes were still
+    held (bound -1) gets its departure or a bound if it can (:func:`_settle_held`; the first token's through
+    :meth:`Upstream._place_first`; the tokens' writes, once the downstream holds no byte unsent, ``now - stamp``). One
+    that cannot stays -1: its span states the bound unknown (``deltatap.core.vocab.BOUND_UNKNOWN``), never exact."""
+    if ex.held is not None:
+        _settle_held(ex)
+    obs = ex.rec.stream
+    if not isinstance(obs, StreamObserver):
+        return
+    if ex.first_unplaced is not None and d.transport is not None and not d.transport.is_closing():
+        Upstream._place_first(d, ex, obs)
+    ft, lt = obs.first_token_forwarded_mono_ns, obs.last_token_forwarded_mono_ns
+    if (ft is not None and obs.first_token_forwarded_bound_ns < 0) or (lt is not None and obs.last_token_forwarded_bound_ns < 0):
+        if _drained(d):
+            now = mono()
+            if ft is not None and obs.first_token_forwarded_bound_ns < 0:
+                obs.first_token_forwarded_bound_ns = now - ft
+                ex.first_unplaced = None
+            if lt is not None and obs.last_token_forwarded_bound_ns < 0:
+                obs.last_token_forwarded_bound_ns = now - lt
 
 
 class Downstream(_Side):
@@ -728,6 +803,11 @@ class Downstream(_Side):
             stamp = (up.last_write_mono or mono(), up.last_write_bound)
         ex.rec.forwarded = stamp[0]
         ex.rec.bounds[_EV_REQUEST_FORWARDED] = (0, stamp[1])
+        if stamp[1] < 0 and self.up is not None:  # (its bytes waited: settled later, _settle_held)
+            held = ex.held
+            if held is None:
+                held = ex.held = {}
+            held[_EV_REQUEST_FORWARDED] = (self.up, self.up.unplaced)
 
     def retry_stale(self, up: Upstream) -> bool:
         """``up``, taken from the pool, closed or reset before any byte of an answer: the upstream ended that idle
@@ -809,6 +889,7 @@ class Downstream(_Side):
             ex.timer.cancel()
             ex.timer = None
         rec = ex.rec
+        _settle_writes(ex, self)
         rec.fingerprint = ex.fp.result()
         rec.request_capture = ex.capture
         rec.response_capture = ex.capture_out
@@ -1029,15 +1110,20 @@ class Upstream(_Side):
                 rec.status = head.status
                 rec.response_headers = t
                 rec.bounds[_EV_RESPONSE_HEADERS] = (bound, 0)
-                if d.unplaced is not None:
-                    tw, bw = d.place(d.unplaced, tw, bw)
+                u = d.unplaced
+                if u is not None:
+                    tw, bw = d.place(u, tw, bw)
                     d.unplaced = None
                 rec.response_headers_forwarded = tw
-                rec.bounds[_EV_RESPONSE_HEADERS_FORWARDED] = (0, max(0, bw))
+                rec.bounds[_EV_RESPONSE_HEADERS_FORWARDED] = (0, bw)
                 rec.end = tw
-                if rec.forwarded is not None and rec.bounds.get(_EV_REQUEST_FORWARDED, (0, 0))[1] < 0:
-                    # (the request waited behind earlier bytes: it had left when the response began to arrive)
-                    rec.bounds[_EV_REQUEST_FORWARDED] = (0, max(0, t - rec.forwarded))
+                if bw < 0:  # (TCP, or the transport, still held its bytes: placed or bounded later, _settle_held)
+                    held = ex.held
+                    if held is None:
+                        held = ex.held = {}
+                    held[_EV_RESPONSE_HEADERS_FORWARDED] = (d, u)
+                if ex.held is not None:
+                    _settle_held(ex)
                 self.keep_alive = head.keep_alive and d.reader.head is not None and d.reader.head.keep_alive
                 ctype = (head.get(b"content-type") or b"").lower()
                 if ctype.startswith(b"text/event-stream"):
@@ -1134,9 +1220,13 @@ class Upstream(_Side):
         its bytes left (tried at each later read of the exchange and at its end; until then its stamp is the write's
         with an unknown bound)."""
         t, b = d.place(ex.first_unplaced, obs.first_token_forwarded_mono_ns or 0, obs.first_token_forwarded_bound_ns)
+        if b < 0 and _drained(d):  # (gone, though the packet log does not have it: it left by now)
+            b = mono() - t
         if b >= 0:
             obs.first_token_forwarded_mono_ns, obs.first_token_forwarded_bound_ns = t, b
             ex.first_unplaced = None
+        if ex.held is not None:
+            _settle_held(ex)
 
     def _opaque_bytes(self, d: Downstream, data: bytes, t: int, bound: int, tw: int, bw: int) -> None:
         ex = d.exchanges[0]

@@ -220,14 +220,20 @@ class PercentilesSection:
              Column("error_bound_ms", "Error bound", "ms", 3), Column("bounded_pct", "Bounded", "%", 1), Column("bound_max_ms", "Widest", "ms", 3)],
         )
         any_bounded = False
+        unbounded: list[str] = []
         for name, s in agg.summaries(order).items():
             share = s.get("bounded_share")
             any_bounded = any_bounded or bool(share)
+            if s.get("unbounded_share"):
+                unbounded.append(f"{name} {100 * s['unbounded_share']:.1f} %")
             pt.add(name, s.get("count"), *[s.get(k) for k in _STATS], s.get("error_bound_ms"), None if share is None else 100 * share, s.get("bound_max_ms"))
         pt.footnotes.append("Error bound: the largest of any value (clock uncertainty across hosts, plus stamp intervals). Bounded: the share of "
                             "values with a point deltatap could only place in an interval (a read that may have waited in the socket without "
                             "a packet socket, a write that may have left later; docs/tap.md), Widest: that interval's largest part of the bound."
                             + ("" if any_bounded else " Every point of this run was exact."))
+        if unbounded:  # (a write no later observation saw leave: its delta has no bound, counted apart from the widths)
+            pt.footnotes.append("Unbounded (a point deltatap could not bound at all: a write TCP still held, never seen to leave; "
+                                "docs/records.md): " + ", ".join(unbounded) + ".")
         left: dict[str, int] = {}
         for r in inputs.rows:
             for d in defs:

@@ -459,23 +459,34 @@ DRAFT_DELTAS: dict[str, tuple[str, str]] = {
 # A stamp within this of the truth counts as exact (the packet stamps' own agreement with a capture is a few µs);
 # a wider interval is stated on the span (Attr.STAMP_BOUNDS) and carried into every delta's error bound.
 STAMP_EXACT_NS = 50_000
+# A side of an interval deltatap could not bound at all (a write whose bytes TCP still held when its stamp was taken,
+# and no later observation saw them leave: no packet log, or the log missed it, and the socket still held bytes, or was
+# gone, when the exchange ended): the event happened at or after ``t`` (at or before, for a read), how much later is
+# not known. Written "?" in the span attribute and as JSON null in rows; every sum with it is unknown (:func:`add_bounds`).
+BOUND_UNKNOWN = -1
 
 
 def format_stamp_bounds(bounds: dict[str, tuple[int, int]]) -> str | None:
     """``{event: (before_ns, after_ns)}`` -> the span attribute's value: ``"event=before/after,..."``, only the events
-    whose interval ``[t - before, t + after]`` is wider than :data:`STAMP_EXACT_NS`; None when every one is exact.
-    A read's bytes may have arrived *before* its stamp (they waited in the socket), a write's left *after* it."""
+    whose interval ``[t - before, t + after]`` is wider than :data:`STAMP_EXACT_NS` or has a side that is unknown
+    (:data:`BOUND_UNKNOWN`, any negative value: written ``?``, e.g. ``"first_token.forwarded=0/?"``); None when every
+    one is exact. A read's bytes may have arrived *before* its stamp (they waited in the socket), a write's left *after*
+    it."""
     parts = None  # (a loop, not a comprehension: no frame of its own, and no list while every event is exact)
     for ev, (b, a) in bounds.items():
-        if b + a > STAMP_EXACT_NS:
+        if b + a > STAMP_EXACT_NS or b < 0 or a < 0:
             if parts is None:
                 parts = []
-            parts.append(f"{ev}={b}/{a}")
+            parts.append(f"{ev}={'?' if b < 0 else b}/{'?' if a < 0 else a}")
     return ",".join(parts) if parts else None
 
 
+def _bound_side(text: str) -> int:
+    return BOUND_UNKNOWN if text == "?" else max(0, int(text))
+
+
 def parse_stamp_bounds(value: object) -> dict[str, tuple[int, int]]:
-    """Inverse of :func:`format_stamp_bounds` (anything malformed is left out)."""
+    """Inverse of :func:`format_stamp_bounds` (``?`` -> :data:`BOUND_UNKNOWN`; anything malformed is left out)."""
     out: dict[str, tuple[int, int]] = {}
     if not isinstance(value, str):
         return out
@@ -483,15 +494,29 @@ def parse_stamp_bounds(value: object) -> dict[str, tuple[int, int]]:
         ev, _, ba = part.partition("=")
         b, _, a = ba.partition("/")
         try:
-            out[ev] = (max(0, int(b)), max(0, int(a)))
+            out[ev] = (_bound_side(b), _bound_side(a))
         except ValueError:
             continue
     return out
 
 
+def add_bounds(*bounds: int) -> int:
+    """The sum of error bounds (ns), :data:`BOUND_UNKNOWN` when any of them is unknown (negative)."""
+    total = 0
+    for b in bounds:
+        if b < 0:
+            return BOUND_UNKNOWN
+        total += b
+    return total
+
+
 def delta_bound(end: tuple[int, int] | None, start: tuple[int, int] | None) -> int:
     """The error bound a delta ``end - start`` takes from its two points' intervals ``(before_ns, after_ns)``
-    (None: exact): the true delta lies in ``[d - (end.before + start.after), d + (end.after + start.before)]``."""
+    (None: exact): the true delta lies in ``[d - (end.before + start.after), d + (end.after + start.before)]``;
+    :data:`BOUND_UNKNOWN` when a side that enters it is unknown (the delta has no bound, never a number)."""
     eb, ea = end or (0, 0)
     sb, sa = start or (0, 0)
+    if eb < 0 or ea < 0 or sb < 0 or sa < 0:
+        return BOUND_UNKNOWN
     return max(eb + sa, ea + sb)
+

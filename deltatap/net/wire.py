@@ -75,6 +75,7 @@ from aiohttp.web_server import Server
 
 from deltatap.net import kstamp
 from deltatap.core.clock import mono_ns
+from deltatap.core.vocab import BOUND_UNKNOWN
 from deltatap.net.kstamp import KernelStampTransport
 
 __all__ = [
@@ -458,12 +459,14 @@ def make_stamping_connector(**kwargs: Any) -> aiohttp.TCPConnector:
 
 def request_written_bound(written_mono_ns: int | None, write_bound_ns: int, head_mono_ns: int | None) -> int:
     """How much after ``written_mono_ns`` a request's last byte may have left, given its write's bound (-1: it
-    waited behind earlier bytes for the socket): then it had left by the time the response head arrived
-    (``head_mono_ns``). Shared by :class:`UpstreamStamps` and the load generator's own client."""
+    waited behind earlier bytes for the socket, or TCP still held its bytes when the write returned): then it had left
+    by the time the response head arrived (``head_mono_ns``: the server answers a request it has read); without a
+    head, unknown (:data:`deltatap.core.vocab.BOUND_UNKNOWN`, never 0). Shared by :class:`UpstreamStamps` and the load
+    generator's own client."""
     if write_bound_ns >= 0:
         return write_bound_ns
     if head_mono_ns is None or written_mono_ns is None:
-        return 0
+        return BOUND_UNKNOWN
     return max(0, head_mono_ns - written_mono_ns)
 
 

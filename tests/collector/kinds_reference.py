@@ -17,7 +17,7 @@ from deltatap.collector.rows import Cascade, DeltaValue, GapStats, JoinMethod, L
 from deltatap.collector.spans import SpanRecord
 from deltatap.core.topology import Topology
 from deltatap.core.vocab import (
-    SPAN_CLIENT, SPAN_COMPONENT_PREFIX, SPAN_TAP, Attr, ClientEvent, ComponentKind, Observer, Outcome, Role, TapEvent, delta_bound,
+    SPAN_CLIENT, SPAN_COMPONENT_PREFIX, SPAN_TAP, Attr, ClientEvent, ComponentKind, Observer, Outcome, Role, TapEvent, add_bounds, delta_bound,
     parse_stamp_bounds, point, tap_point,
 )
 
@@ -536,7 +536,8 @@ def _point_deltas(defs: list[tuple[str, str, str]], by: dict[str, list[Obs]],
         if bounds:
             b = delta_bound(bounds.get((e[3], e[0])), bounds.get((s[3], s[0])))
             if b:
-                d = _new(DeltaValue, (d[0], d[1] + b, d[2]))
+                if b > 0:  # (BOUND_UNKNOWN: the err keeps its clock part)
+                    d = _new(DeltaValue, (d[0], d[1] + b, d[2]))
                 if delta_bounds is not None:
                     delta_bounds[name] = b
         out[name] = d
@@ -657,11 +658,11 @@ def build_row(
         names = _tap_names(link)
         req_b, ft_b = ex.tap_overhead_bounds.get(link, (0, 0))
         if req is not None:
-            deltas[names[0]] = _new(DeltaValue, (req, req_b, True))
+            deltas[names[0]] = _new(DeltaValue, (req, max(0, req_b), True))
             if req_b:
                 delta_bounds[names[0]] = req_b
         if ft is not None:
-            deltas[names[1]] = _new(DeltaValue, (ft, ft_b, True))
+            deltas[names[1]] = _new(DeltaValue, (ft, max(0, ft_b), True))
             if ft_b:
                 delta_bounds[names[1]] = ft_b
     if ex.gaps:
@@ -670,8 +671,8 @@ def build_row(
     if res is not None:
         deltas["residual"] = res
         if delta_bounds:
-            b = delta_bounds.get("system_ttft", 0) + sum(delta_bounds.get(n, 0) for n in tp.residual_terms)
-            b += sum(delta_bounds.get(n, 0) for link, r, f in tp.residual_taps if ex.attempts.get(link, 0) for n in (r, f))
+            b = add_bounds(delta_bounds.get("system_ttft", 0), *(delta_bounds.get(n, 0) for n in tp.residual_terms),
+                           *(delta_bounds.get(n, 0) for link, r, f in tp.residual_taps if ex.attempts.get(link, 0) for n in (r, f)))
             if b:
                 delta_bounds["residual"] = b
 

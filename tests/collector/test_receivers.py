@@ -126,7 +126,7 @@ async def test_forwarding_and_reexport_reach_another_collector(tmp_path):
         summary = json.loads(files["summary.json"].read_text())
         assert summary["engine_ttft"]["count"] == 1 and summary["engine_ttft"]["p50_ms"] == 50.0
         assert set(summary["engine_ttft"]) == {"p50_ms", "p90_ms", "p95_ms", "p99_ms", "p999_ms", "mean_ms", "min_ms", "max_ms", "count", "error_bound_ms",
-                                               "bounded_share", "bound_mean_ms", "bound_max_ms"}
+                                               "bounded_share", "bound_mean_ms", "bound_max_ms", "unbounded_share"}
     finally:
         await front.close()
         await sink.close()

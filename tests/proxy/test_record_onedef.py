@@ -84,10 +84,12 @@ def _stamp_bounds_rule(rec: TapRecord) -> str | None:
             merged[TapEvent.FIRST_TOKEN_RECEIVED] = (s.first_token_bound_ns, 0)
             merged[TapEvent.LAST_TOKEN_RECEIVED] = (s.last_token_bound_ns, 0)
         if s.first_token_forwarded_mono_ns is not None:
-            merged[TapEvent.FIRST_TOKEN_FORWARDED] = (0, max(0, s.first_token_forwarded_bound_ns))
+            merged[TapEvent.FIRST_TOKEN_FORWARDED] = (0, s.first_token_forwarded_bound_ns)
         if s.last_token_forwarded_mono_ns is not None:
-            merged[TapEvent.LAST_TOKEN_FORWARDED] = (0, max(0, s.last_token_forwarded_bound_ns))
-    parts = [f"{ev}={b}/{a}" for ev, (b, a) in merged.items() if b + a > STAMP_EXACT_NS]
+            merged[TapEvent.LAST_TOKEN_FORWARDED] = (0, s.last_token_forwarded_bound_ns)
+    # (a side -1: unknown, the write's bytes never seen to leave: stated "?", never left out as exact)
+    parts = [f"{ev}={'?' if b < 0 else b}/{'?' if a < 0 else a}" for ev, (b, a) in merged.items()
+             if b + a > STAMP_EXACT_NS or b < 0 or a < 0]
     return ",".join(parts) or None
 
 

@@ -1,0 +1,148 @@
+"""Session 25 ("bound"): a forwarding write whose bytes TCP still held when it was stamped (the client's window shut)
+is never reported exact. Live on 127.0.0.1, with the packet log and without it (``kstamp.packet_log`` -> None, what
+``DELTATAP_PACKET_STAMPS=0`` or a tap without CAP_NET_RAW gets): a raw upstream answers a response head larger than
+the client's window, a first token, and the rest; the client (SO_RCVBUF 4 KiB)
+
+* reads nothing until the exchange's span is out (a reader that never reads in time): the response head's, the first
+  and the last token's writes are stated unknown (``=0/?``) - nothing saw them leave;
+* reads after 0.2 s, while the stream goes on: each of those writes gets its departure (packet log) or a finite bound
+  from the later check that TCP held nothing (``tcpi_notsent_bytes`` 0), and the interval holds the truth: the bytes
+  left once the client read, so ``stamp + bound`` is at or after the client's first read."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import pytest
+
+from deltatap.core.clock import mono_ns
+from deltatap.core.vocab import Attr, TapEvent, parse_stamp_bounds
+from deltatap.net import kstamp, pktstamp
+
+TIMEOUT_S = 10.0
+_FIRST = b'data: {"choices":[{"delta":{"content":"first"}}]}\n\n'
+_LATER = b'data: {"choices":[{"delta":{"content":"later"}}]}\n\n'
+_DONE = b"data: [DONE]\n\n"
+
+
+def _chunk(b: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(b), b)
+
+
+def _upstream(listener: socket.socket, pause_s: float) -> None:
+    listener.settimeout(TIMEOUT_S)
+    while True:
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(TIMEOUT_S)
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                data = conn.recv(65536)
+                if not data:
+                    break
+                buf += data
+            if b"\r\n\r\n" not in buf:
+                continue  # (the tap's start-up probe)
+            pad = b"X-Pad: " + b"p" * 12_000 + b"\r\n"  # a head larger than the client's window, within the tap's send buffer
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n" + pad + b"Transfer-Encoding: chunked\r\n\r\n")
+            time.sleep(0.05)
+            conn.sendall(_chunk(_FIRST))
+            time.sleep(pause_s)
+            conn.sendall(_chunk(_LATER) + _chunk(_DONE) + b"0\r\n\r\n")
+            time.sleep(0.05)
+            return
+
+
+async def _exchange(make_tap, span_exporter, read_after_s: float | None, pause_s: float):
+    """One exchange through a tap; the client starts reading ``read_after_s`` after its request (None: once the
+    span is out). Returns (the span's attributes, the record, the mono time the client began to read)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    th = threading.Thread(target=_upstream, args=(listener, pause_s), daemon=True)
+    th.start()
+    spanned = threading.Event()
+    try:
+        tap = await make_tap(f"http://127.0.0.1:{listener.getsockname()[1]}")
+        seen = []
+        real_finish = tap.tap.finish
+
+        def finish(span, rec):
+            seen.append(rec)
+            real_finish(span, rec)
+
+        tap.tap.finish = finish
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.settimeout(TIMEOUT_S)
+        client.connect(("127.0.0.1", tap.port))
+        began: list[int] = []
+
+        def talk() -> bytes:
+            client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: e\r\nContent-Length: 2\r\n\r\n{}")
+            if read_after_s is None:
+                assert spanned.wait(TIMEOUT_S)
+            else:
+                time.sleep(read_after_s)
+            began.append(mono_ns())
+            got = b""
+            while not got.endswith(b"0\r\n\r\n"):
+                data = client.recv(65536)
+                assert data, got[-200:]
+                got += data
+            return got
+
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(TIMEOUT_S):
+            fut = loop.run_in_executor(None, talk)
+            while not span_exporter.get_finished_spans():
+                await asyncio.sleep(0.01)
+            spanned.set()
+            got = await fut
+        client.close()
+    finally:
+        spanned.set()
+        listener.close()
+        th.join(TIMEOUT_S)
+    assert b"first" in got and b"later" in got
+    span = span_exporter.get_finished_spans()[0]
+    return dict(span.attributes), seen[0], began[0]
+
+
+@pytest.fixture(params=["packet_log", "no_packet_log"])
+def plog_mode(request, monkeypatch):
+    if not kstamp.enabled():
+        pytest.skip("needs kernel stamps")
+    if request.param == "packet_log":
+        if pktstamp.packet_log() is None:
+            pytest.skip("needs the packet log (CAP_NET_RAW)")
+    else:
+        monkeypatch.setattr(kstamp, "packet_log", lambda: None)
+    return request.param
+
+
+async def test_writes_still_held_at_the_end_are_stated_unknown(make_tap, span_exporter, plog_mode):
+    a, rec, _began = await _exchange(make_tap, span_exporter, None, 0.05)
+    stated = parse_stamp_bounds(a.get(Attr.STAMP_BOUNDS))
+    for ev in (TapEvent.RESPONSE_HEADERS_FORWARDED, TapEvent.FIRST_TOKEN_FORWARDED, TapEvent.LAST_TOKEN_FORWARDED):
+        assert stated.get(str(ev)) == (0, -1), (ev, a.get(Attr.STAMP_BOUNDS))
+    assert "=0/?" in a[Attr.STAMP_BOUNDS]
+    assert a.get(Attr.OVERHEAD_HOP_NS) is None  # (no bound on the hop either)
+
+
+async def test_writes_held_then_read_get_a_bound_that_holds_the_truth(make_tap, span_exporter, plog_mode):
+    a, rec, began = await _exchange(make_tap, span_exporter, 0.2, 0.4)
+    stated = parse_stamp_bounds(a.get(Attr.STAMP_BOUNDS))
+    obs = rec.stream
+    # the response head's and the first token's writes waited for the client (it read 0.2 s after its request)
+    for ev, t in ((TapEvent.RESPONSE_HEADERS_FORWARDED, rec.response_headers_forwarded),
+                  (TapEvent.FIRST_TOKEN_FORWARDED, obs.first_token_forwarded_mono_ns)):
+        b = stated.get(str(ev), (0, 0))[1]
+        assert b >= 0, (ev, a.get(Attr.STAMP_BOUNDS))  # known: placed, or bounded by the later check
+        assert t + b >= began, (ev, (began - t - b) / 1e6)  # the interval reaches the bytes' departure
+        if plog_mode == "packet_log":
+            assert b == 0 and t >= began  # placed at its departure, after the client began to read
+        else:
+            assert b > 0  # never stated exact
+    assert obs.first_token_mono_ns < began  # (the tap had read it well before: the case was met)
