@@ -15,6 +15,14 @@ each point compared with the wire (mapping: ``deltatap/app/referee/compare.py``)
 |error| p50 / p99 / max, the share of requests off by more than 0.3 ms, late (row after the wire) and
 early counts, and for read points how many late stamps equal a *later* packet of the same response.
 Writes benchmarks/results/wire_referee_<engine>_<rate>[_gap<G>ms][_busy].json per run.
+
+Conditions (session 25): ``--engine raw --engine-arg=--line-end=crlf`` (and ``--framing``, ``--split-ms``,
+``--tokens-per-write``, ``--token-bytes``, ``--usage-in-last``, ``--json-kib``: engines.py raw-engine --help);
+``--slow-reader gateway|firewall|both`` (that plain proxy reads through a small window, so the tap before it has
+its downstream writes held by TCP); ``--input-tokens MIN MAX`` (large prompts: ~7.5 bytes a token). Besides the
+errors, every point is checked against the interval the row states for it (``points_outside_their_interval``:
+by point, late/early, stated exact or as an interval; ``points_with_an_unknown_side``: stated with a side
+unknown, which claims nothing that way). ``--keep DIR`` keeps each run's capture, rows, logs and ports.json.
 """
 
 from __future__ import annotations
@@ -110,6 +118,7 @@ def summarize(comp, wire, run) -> dict:
         "points_covered_by_their_bounds": sum(all_cov) / len(all_cov) if all_cov else None,
         "points_bounded": sum(comp.point_bounded.values()), "points_compared": len(all_cov),
         "examples_over_0_3ms": comp.examples,
+        "points_outside_their_interval": dict(comp.point_outside), "points_with_an_unknown_side": dict(comp.point_unknown), "examples_outside_their_interval": comp.outside_examples,
     }
 
 
@@ -147,12 +156,16 @@ def print_table(label: str, s: dict) -> None:
               f" {d['bounded']:>4} {_pct(d['covered_share']):>6}")
     if s.get("points_compared"):
         print(f"  points stated as intervals: {s['points_bounded']} of {s['points_compared']}; wire time inside the value's interval: "
-              f"{_pct(s['points_covered_by_their_bounds'])}")
+              f"{100 * s['points_covered_by_their_bounds']:.2f}%")
+    if s.get("points_with_an_unknown_side"):
+        print("  stated with an unknown side (no claim): " + ", ".join(f"{k}: {v}" for k, v in sorted(s["points_with_an_unknown_side"].items())))
+    if s.get("points_outside_their_interval"):
+        print("  outside their interval: " + ", ".join(f"{k}: {v}" for k, v in sorted(s["points_outside_their_interval"].items())))
 
 
 def out_name(engine: str, rate: float, gap: float, busy: bool, suffix: str) -> str:
     r = f"{rate:g}"
-    g = f"_gap{gap:g}ms" if engine == "plain" else ""
+    g = f"_gap{gap:g}ms" if engine in ("plain", "raw") else ""
     return f"wire_referee_{engine}_{r}{g}{'_busy' if busy else ''}{suffix}.json"
 
 
@@ -176,7 +189,18 @@ def referee(cfg: ChainConfig, workdir: Path, warmup: int) -> tuple[dict, object]
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--engine", choices=["plain", "llamacpp"], default="plain")
+    ap.add_argument("--engine", choices=["plain", "raw", "llamacpp"], default="plain",
+                    help="raw: a raw-socket engine whose bytes are styled by --engine-arg (engines.py raw-engine --help)")
+    ap.add_argument("--engine-arg", action="append", default=[], metavar="FLAG",
+                    help="raw engine: one style flag, repeatable, e.g. --engine-arg=--line-end=crlf --engine-arg=--framing=close")
+    ap.add_argument("--slow-reader", choices=["none", "gateway", "firewall", "both"], default="none",
+                    help="that plain proxy reads its upstream's answer slowly through a small receive window, so the tap "
+                    "before it (gw-fw, fw-engine) has its downstream writes held by TCP")
+    ap.add_argument("--slow-rcvbuf", type=int, default=2048, help="--slow-reader: SO_RCVBUF of the slow proxy's upstream sockets")
+    ap.add_argument("--slow-read-bytes", type=int, default=512, help="--slow-reader: bytes per read")
+    ap.add_argument("--slow-read-pause-ms", type=float, default=5.0, help="--slow-reader: pause between reads")
+    ap.add_argument("--input-tokens", type=int, nargs=2, default=[16, 64], metavar=("MIN", "MAX"),
+                    help="prompt length (the load generator's synthetic-uniform workload): large values make large request bodies")
     ap.add_argument("--rate", type=float, nargs="+", default=[20.0], help="req/s, Poisson (several: one run each)")
     ap.add_argument("--gap-ms", type=float, nargs="+", default=[2.0], help="plain engine: inter-token gap (several: one run each)")
     ap.add_argument("--requests", type=int, default=200)
@@ -209,7 +233,8 @@ def main() -> int:
         print("SKIPPED: --engine llamacpp needs llama-server and the Gemma 3 270M model under ~/.cache/deltatap "
               "(installed by .ci/realstack; see realstack/parts.py); nothing was run.")
         return 0
-    gaps = args.gap_ms if args.engine == "plain" else [0.0]
+    gaps = args.gap_ms if args.engine in ("plain", "raw") else [0.0]
+    slow = ("--rcvbuf", str(args.slow_rcvbuf), "--read-bytes", str(args.slow_read_bytes), "--read-pause-ms", str(args.slow_read_pause_ms))
     rc = 0
     for rate in args.rate:
         for gap in gaps:
@@ -218,8 +243,12 @@ def main() -> int:
                               output_tokens=tuple(args.output_tokens), seed=args.seed, busy=args.burners if args.busy else 0,
                               max_wall_s=args.max_wall_s, kernel_stamps=False if args.kernel_stamps == "off" else None,
                               packet_stamps=False if args.packet_stamps == "off" else None, deltatap=args.deltatap,
-                              tap_workers=args.tap_workers)
-            label = f"{args.engine} engine, {rate:g} req/s" + (f", {gap:g} ms gaps" if args.engine == "plain" else "") + (", busy" if args.busy else "") + (f", {args.tap_workers} tap workers" if args.tap_workers > 1 else "")
+                              tap_workers=args.tap_workers, engine_args=tuple(args.engine_arg), input_tokens=tuple(args.input_tokens),
+                              gateway_args=slow if args.slow_reader in ("gateway", "both") else (),
+                              firewall_args=slow if args.slow_reader in ("firewall", "both") else ())
+            label = (f"{args.engine} engine, {rate:g} req/s" + (f", {gap:g} ms gaps" if args.engine != "llamacpp" else "")
+                     + (f" ({' '.join(args.engine_arg)})" if args.engine_arg else "") + (f", slow reader: {args.slow_reader}" if args.slow_reader != "none" else "")
+                     + (", busy" if args.busy else "") + (f", {args.tap_workers} tap workers" if args.tap_workers > 1 else ""))
             print(f"\n== {label}")
             start = uptime()
             tmp = Path(tempfile.mkdtemp(prefix="deltatap-referee-"))
@@ -240,7 +269,10 @@ def main() -> int:
             doc = {
                 "benchmark": "wire_referee", "command": "benchmarks/wire_referee.py " + " ".join(sys.argv[1:]),
                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-                "setup": {"engine": args.engine, "rate_per_s": rate, "arrival": "poisson", "requests": args.requests, "gap_ms": gap if args.engine == "plain" else None,
+                "setup": {"engine": args.engine, "rate_per_s": rate, "arrival": "poisson", "requests": args.requests, "gap_ms": gap if args.engine != "llamacpp" else None,
+                          "engine_args": args.engine_arg, "slow_reader": args.slow_reader if args.slow_reader == "none" else
+                          {"proxy": args.slow_reader, "rcvbuf": args.slow_rcvbuf, "read_bytes": args.slow_read_bytes, "read_pause_ms": args.slow_read_pause_ms},
+                          "input_tokens": args.input_tokens,
                           "prefill_ms": args.prefill_ms, "output_tokens": args.output_tokens, "firewall_delay_ms": args.firewall_delay_ms,
                           "gateway_delay_ms": args.gateway_delay_ms, "busy_burners": cfg.busy, "tap_workers": args.tap_workers, "kernel_stamps": args.kernel_stamps, "packet_stamps": args.packet_stamps,
                           "deltatap": deltatap_build(args.deltatap), "warmup_excluded": args.warmup, "threshold_ms": 0.3,

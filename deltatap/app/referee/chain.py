@@ -53,6 +53,9 @@ class ChainConfig:
     packet_stamps: bool | None = None  # None: the taps' default; False: DELTATAP_PACKET_STAMPS=0 (as without CAP_NET_RAW)
     deltatap: str | None = None  # the deltatap executable to run (another build's venv); default: this interpreter's
     tap_workers: int = 1  # each tap's --workers: > 1 runs its processes on one port sharing one packet log
+    engine_args: tuple[str, ...] = ()  # engine "raw": its style flags (engines.py raw-engine --help)
+    gateway_args: tuple[str, ...] = ()  # extra flags of the plain gateway / firewall (e.g. a slow reader: --rcvbuf,
+    firewall_args: tuple[str, ...] = ()  # --read-bytes, --read-pause-ms)
 
 
 @dataclass
@@ -138,6 +141,7 @@ def run_chain(cfg: ChainConfig, workdir: Path, log=print) -> ChainRun:
     names = ["engine", "fw-engine", "firewall", "gw-fw", "gateway", "edge"]
     ports = {k: free_port() for k in names}
     ports["collector-grpc"], ports["collector-http"] = free_port(), free_port()
+    (workdir / "ports.json").write_text(json.dumps(ports))  # to re-read the capture later (--keep)
     otlp = f"grpc://127.0.0.1:{ports['collector-grpc']}"
     url = lambda k: f"http://127.0.0.1:{ports[k]}"  # noqa: E731
     env = dict(os.environ)
@@ -151,6 +155,10 @@ def run_chain(cfg: ChainConfig, workdir: Path, log=print) -> ChainRun:
     if cfg.engine == "plain":
         engine_cmd = [*py, str(ENGINES_PY), "engine", "--listen", f"127.0.0.1:{ports['engine']}", "--gap-ms", str(cfg.gap_ms), "--prefill-ms", str(cfg.prefill_ms)]
         model, engine_desc = "plain-engine", f"plain aiohttp engine (prefill {cfg.prefill_ms} ms, role chunk, first token, then {cfg.gap_ms} ms gaps)"
+    elif cfg.engine == "raw":
+        engine_cmd = [*py, str(ENGINES_PY), "raw-engine", "--listen", f"127.0.0.1:{ports['engine']}", "--gap-ms", str(cfg.gap_ms),
+                      "--prefill-ms", str(cfg.prefill_ms), *cfg.engine_args]
+        model, engine_desc = "plain-engine", f"raw-socket engine (prefill {cfg.prefill_ms} ms, {cfg.gap_ms} ms gaps, {' '.join(cfg.engine_args) or 'defaults'})"
     elif cfg.engine == "llamacpp":
         found = llama_server()
         if found is None:
@@ -167,7 +175,8 @@ def run_chain(cfg: ChainConfig, workdir: Path, log=print) -> ChainRun:
                 *(["--workers", str(cfg.tap_workers)] if cfg.tap_workers > 1 else []), "--otlp", otlp, "--downstream", d, "--downstream-kind", KIND[d], "--upstream-name", u, "--upstream-kind", KIND[u]]
 
     def proxy(name: str, upstream: str, delay: float) -> list[str]:
-        return [*py, str(ENGINES_PY), "proxy", "--listen", f"127.0.0.1:{ports[name]}", "--upstream", url(upstream), "--delay-ms", str(delay)]
+        extra = cfg.gateway_args if name == "gateway" else cfg.firewall_args
+        return [*py, str(ENGINES_PY), "proxy", "--listen", f"127.0.0.1:{ports[name]}", "--upstream", url(upstream), "--delay-ms", str(delay), *extra]
 
     chain_cmds = [
         ("engine", engine_cmd),

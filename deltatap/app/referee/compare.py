@@ -36,8 +36,10 @@ come from different observers) the common observer's wire points are used. The t
 
 Errors are ``row - wire`` (positive: the row's stamp is late). Where the row states an interval for a point
 (``stamp_bounds``: the tap or client could not know the time exactly), a point is *covered* when the wire time lies
-in ``[t - before, t + after]`` widened by ``STAMP_EXACT_NS`` (an exact stamp is exact to that), a delta when its error
-is within its stamp bound plus ``STAMP_EXACT_NS`` per end.
+in ``[t - before, t + after]`` widened by ``STAMP_EXACT_NS`` (an exact stamp is exact to that; a side stated unknown,
+``BOUND_UNKNOWN``, is open: it claims nothing that way, and such values are counted apart), a delta when its error
+is within its stamp bound plus ``STAMP_EXACT_NS`` per end. A point outside its interval is counted by point,
+direction (late: the row after the wire) and whether it was stated exact or as an interval.
 """
 
 from __future__ import annotations
@@ -238,6 +240,11 @@ class Comparison:
     point_covered: dict[str, list[bool]] = field(default_factory=dict)
     delta_bounded: Counter = field(default_factory=Counter)
     delta_covered: dict[str, list[bool]] = field(default_factory=dict)
+    # points whose wire time lies outside the value's interval: late (the row after the interval's end) or early,
+    # split by whether the value was stated exact or as an interval, with the first few as examples
+    point_outside: Counter = field(default_factory=Counter)  # "<point> late|early exact|interval" -> count
+    outside_examples: list[dict] = field(default_factory=list)
+    point_unknown: Counter = field(default_factory=Counter)  # values with a side stated unknown (BOUND_UNKNOWN, -1)
 
 
 def compare(rows, wire: Wire, warmup: int = 10) -> Comparison:
@@ -261,6 +268,9 @@ def compare(rows, wire: Wire, warmup: int = 10) -> Comparison:
     point_covered: dict[str, list[bool]] = {}
     delta_bounded: Counter = Counter()
     delta_covered: dict[str, list[bool]] = {}
+    outside: Counter = Counter()
+    point_unknown: Counter = Counter()
+    outside_examples: list[dict] = []
     row_ids = {r.request_id for r in rows}
     for r in kept:
         w = wire.by_request.get(r.request_id or "")
@@ -288,7 +298,16 @@ def compare(rows, wire: Wire, warmup: int = 10) -> Comparison:
             before, after = r.point_bounds.get(name, (0, 0))
             if before or after:
                 point_bounded[name] += 1
-            point_covered.setdefault(name, []).append(-(after + STAMP_EXACT_NS) <= e <= before + STAMP_EXACT_NS)
+            if before < 0 or after < 0:  # a side stated unknown (BOUND_UNKNOWN): no claim that way
+                point_unknown[name] += 1
+            inside = (after < 0 or -(after + STAMP_EXACT_NS) <= e) and (before < 0 or e <= before + STAMP_EXACT_NS)
+            point_covered.setdefault(name, []).append(inside)
+            if not inside:
+                how = f"{name} {'late' if e > 0 else 'early'} {'interval' if before or after else 'exact'}"
+                outside[how] += 1
+                if len(outside_examples) < 40:
+                    outside_examples.append({"request_id": r.request_id, "point": name, "observer": ob, "error_ms": e / 1e6,
+                                             "before_ms": before / 1e6, "after_ms": after / 1e6})
             if e > 100_000:
                 late01[name] += 1
                 if any(abs(obs.unix_ns - x) <= LATER_PACKET_TOL_NS for x in later_ts):
@@ -321,11 +340,11 @@ def compare(rows, wire: Wire, warmup: int = 10) -> Comparison:
             b = r.delta_bounds.get(name, 0)
             if b:
                 delta_bounded[name] += 1
-            delta_covered.setdefault(name, []).append(abs(dv.ns - wv) <= b + 2 * STAMP_EXACT_NS)
+            delta_covered.setdefault(name, []).append(b < 0 or abs(dv.ns - wv) <= b + 2 * STAMP_EXACT_NS)  # (b < 0: unknown)
     wire_without_row = sum(1 for rid in wire.by_request if rid not in row_ids)
     return Comparison(point_err, delta_err, dict(later), dict(late01), len(rows), len(kept), len(skipped), len(rows) - len(ok),
                       unmatched, missing_hops, not_on_wire, unmapped, pair_changed, wire_without_row, examples,
-                      point_bounded, point_covered, delta_bounded, delta_covered)
+                      point_bounded, point_covered, delta_bounded, delta_covered, outside, outside_examples, point_unknown)
 
 
 def stats(errs: list[int]) -> dict:

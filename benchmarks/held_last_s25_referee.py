@@ -1,0 +1,188 @@
+"""Reproduction (session 25, referee): a last token whose forwarding write TCP holds is stamped at the write, stated exact.
+
+    .venv/bin/python benchmarks/held_last_s25_referee.py        (root: the taps' packet log needs CAP_NET_RAW)
+
+One ``deltatap tap`` process (spans to a file) in front of a raw upstream that answers an SSE stream: a role chunk,
+the first token, then 40 tokens of ~1 KB 2 ms apart, ``[DONE]``. The client has a 4 KiB receive buffer, sends the
+request, reads NOTHING for 0.4 s, then everything. With the window shut the tap's later writes wait in its kernel
+(and its transport): the last token's bytes cannot leave before the client reads (the window is closed), so its
+``last_token.forwarded`` event can be no earlier than the moment the client began to read (``began``). Prints that
+event's time and its stated bound against ``began``; exit status 1 when the stamp is before ``began`` with no bound
+that reaches it (the defect), 0 otherwise. What the wire referee showed first: ``benchmarks/wire_referee.py
+--slow-reader gateway`` (tap gw-fw's ``gateway.out.last_in``: 190 of 190 rows early by 330-568 ms, stated exact).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 10.0
+N_TOKENS = 40
+
+
+def _chunk(b: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(b), b)
+
+
+def _ev(text: str) -> bytes:
+    return b'data: {"choices":[{"index":0,"delta":{"content":"' + text.encode() + b'"}}]}\n\n'
+
+
+def upstream(listener: socket.socket, stop: threading.Event) -> None:
+    listener.settimeout(0.5)
+    while not stop.is_set():
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            continue
+        except OSError:  # (closed at the end)
+            return
+        with conn:
+            conn.settimeout(TIMEOUT_S)
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                data = conn.recv(65536)
+                if not data:
+                    break
+                buf += data
+            if b"\r\n\r\n" not in buf:
+                continue
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            conn.sendall(_chunk(b'data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'))
+            for i in range(N_TOKENS):
+                conn.sendall(_chunk(_ev(f"t{i:03d} " + "x" * 1000)))
+                time.sleep(0.002)
+            conn.sendall(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+            time.sleep(0.2)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    work = Path(tempfile.mkdtemp(prefix="held-last-"))
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+    th = threading.Thread(target=upstream, args=(listener, stop), daemon=True)
+    th.start()
+    port = free_port()
+    spans = work / "spans.jsonl"
+    exe = Path(sys.executable).parent / "deltatap"
+    tap = subprocess.Popen([str(exe), "tap", "--link", "edge", "--listen", f"127.0.0.1:{port}", "--upstream",
+                            f"http://127.0.0.1:{listener.getsockname()[1]}", "--no-admin", "--grace-s", "1", "--otlp", f"file:{spans}"],
+                           stdout=open(work / "tap.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or tap.poll() is not None:
+                    print("the tap did not start; see", work / "tap.log")
+                    return 2
+                time.sleep(0.05)
+        c = socket.socket()
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        c.settimeout(TIMEOUT_S)
+        c.connect(("127.0.0.1", port))
+        c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: e\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+        time.sleep(0.4)  # the window shut: the tap's writes wait
+        began = time.time_ns()
+        got = b""
+        while not got.endswith(b"0\r\n\r\n"):
+            data = c.recv(65536)
+            if not data:
+                break
+            got += data
+        c.close()
+        assert b"t%03d" % (N_TOKENS - 1) in got, got[-300:]
+    finally:
+        tap.send_signal(signal.SIGTERM)
+        try:
+            tap.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(tap.pid, signal.SIGKILL)
+            tap.wait()
+        stop.set()
+        listener.close()
+        th.join(5)
+    sys.path.insert(0, str(ROOT))
+    from deltatap.core.vocab import Attr, parse_stamp_bounds
+
+    found, stated = None, {}
+    for line in spans.read_text().splitlines():
+        obj = json.loads(line)
+        for ev in _events(obj):
+            if ev[0] == "last_token.forwarded":
+                found = ev
+                stated = parse_stamp_bounds(_span_attr(obj, Attr.STAMP_BOUNDS))
+    if found is None:
+        print("no last_token.forwarded event in", spans)
+        return 2
+    _, t_ns, _attrs = found
+    _before, after = stated.get("last_token.forwarded", (0, 0))
+    early_ms = (began - t_ns) / 1e6
+    print(f"client began to read at {began}; last_token.forwarded at {t_ns}: {early_ms:.3f} ms before the bytes could leave;"
+          f" its stated interval (deltatap.stamp.bounds): {stated.get('last_token.forwarded', 'none: stated exact')}")
+    if t_ns < began and (after >= 0 and t_ns + after < began):  # (an unknown side, -1, claims nothing)
+        print("DEFECT: the last token's forwarded stamp is before its bytes could leave and its bound does not reach them")
+        return 1
+    print("ok")
+    return 0
+
+
+def _span_attr(obj, key):
+    """The first span attribute ``key`` in one line of the file export (OTLP JSON)."""
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, dict):
+            if o.get("key") == key and isinstance(o.get("value"), dict):
+                return next(iter(o["value"].values()), None)
+            stack.extend(o.values())
+        elif isinstance(o, list):
+            stack.extend(o)
+    return None
+
+
+def _events(obj):
+    """(name, unix ns, attributes) of every span event in one line of the tap's file export (OTLP JSON)."""
+    out = []
+
+    def attrs(lst):
+        d = {}
+        for a in lst or []:
+            v = a.get("value", {})
+            d[a.get("key")] = next(iter(v.values()), None) if v else None
+        return d
+
+    def walk(o):
+        if isinstance(o, dict):
+            if "timeUnixNano" in o and "name" in o:
+                out.append((o["name"], int(o["timeUnixNano"]), attrs(o.get("attributes"))))
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, list):
+            for v in o:
+                walk(v)
+
+    walk(obj)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
