@@ -31,7 +31,11 @@ Conditions, interleaved in one run (blocks of ``--block`` requests, order shuffl
 ``--pin`` layout, e.g. ``--pin client=0,tap=0,sink=0,engine=1`` (``os.sched_setaffinity`` on every thread of
 each process, changed between blocks). ``gap_us``: as ``tap_overhead.py``'s ``paired_difference_us`` (p50 of each tap
 request's path time less its span's self-report, minus the direct path's p50, same layout); ``gap_with_hop_us``
-also less ``deltatap.overhead.hop_ns``.
+also less ``deltatap.overhead.hop_ns``. ``--turns``: no blocks, ``--requests`` turns of one request per path on kept
+connections, the order reversed every other turn (free layout, or each ``--pin`` layout set once); then ``paired``
+per tap condition: per turn ``gap = (tap path - self-report) - direct path``, split exactly into Δclient_send +
+tap_request_unreported + Δengine (Δengine_wake + Δengine_rest) + tap_first_token_unreported + Δclient_read, each part's
+median (95 % bootstrap interval) and mean over the turns.
 
     .venv/bin/python benchmarks/selfreport_gap.py [--requests 400] [--pin client=0,tap=0,sink=0,engine=1]
 
@@ -284,7 +288,8 @@ async def drive(args, urls: dict[str, str], layouts: dict[str, dict[str, set[int
             cpus = layouts[lay]
             for name, pid in pids.items():
                 set_affinity(pid, (cpus.get(name) or cpus["tap"]) if cpus else allcpus)  # (a --tree tap: the tap's CPUs)
-            await closed_loop(urls[path], 1, 3, f"warm-{path}@{lay}-{rnd}")
+            if args.warm:
+                await closed_loop(urls[path], 1, args.warm, f"warm-{path}@{lay}-{rnd}")
             before = {name: schedstat(pid) for name, pid in pids.items()}
             got: dict[str, tuple] = {}
             await closed_loop(urls[path], 1, per_round, f"{path}@{lay}-{rnd}", None, got)
@@ -298,6 +303,50 @@ async def drive(args, urls: dict[str, str], layouts: dict[str, dict[str, set[int
                 tot[1] += d[1]
                 tot[2] += d[2]
                 tot[3] += len(got)
+    for name, pid in pids.items():
+        set_affinity(pid, allcpus)
+    return detail, sched
+
+
+async def drive_turns(args, urls: dict[str, str], layouts: dict[str, dict[str, set[int]] | None], pids: dict[str, int]) -> tuple[dict, dict]:
+    """``--turns``: per layout (set once), ``--requests`` turns of one request per path on kept connections (one
+    session per path, as a client at 1 stream keeps its connection), the order reversed every other turn (A B B A:
+    tap and direct requests close in time, for :func:`paired_gap`), after ``--warm`` turns left out. Ids
+    ``PATH@LAYOUT-TURN-0``; the processes' schedstat over the layout's turns, per request of any path."""
+    import asyncio
+
+    import aiohttp
+
+    from tap_overhead import one
+    from deltatap.net.wire import make_stamping_connector
+
+    detail: dict[str, tuple] = {}
+    sched: dict[str, dict[str, list[int]]] = {}
+    allcpus = set(range(os.cpu_count() or 1))
+    names = list(urls)
+    for lay, cpus in layouts.items():
+        for name, pid in pids.items():
+            set_affinity(pid, (cpus.get(name) or cpus["tap"]) if cpus else allcpus)
+        sessions = {p: aiohttp.ClientSession(connector=make_stamping_connector(limit=0), auto_decompress=False,
+                                             timeout=aiohttp.ClientTimeout(total=60)) for p in names}
+        try:
+            before = None
+            for i in range(-args.warm, args.requests):
+                if i == 0:
+                    before = {name: schedstat(pid) for name, pid in pids.items()}
+                for path in (names if i % 2 == 0 else names[::-1]):
+                    rid = f"warm-{path}@{lay}-{-i}" if i < 0 else f"{path}@{lay}-{i}-0"
+                    try:
+                        await one(sessions[path], urls[path], rid, None if i < 0 else detail)
+                    except (aiohttp.ClientError, asyncio.TimeoutError):
+                        pass
+            after = {name: schedstat(pid) for name, pid in pids.items()}
+        finally:
+            for sess in sessions.values():
+                await sess.close()
+        for path in names:
+            sched[f"{path}@{lay}"] = {name: [a - b for a, b in zip(after[name], before[name])] + [args.requests * len(names)]
+                                      for name in pids}
     for name, pid in pids.items():
         set_affinity(pid, allcpus)
     return detail, sched
@@ -320,6 +369,7 @@ def analyse(detail: dict, spans: dict, wire, conds: list[str], sched: "SchedInde
                                          "request.forwarded (hop > 0)": [], "first_token.forwarded (hop > 0)": []}
     missing = {"wire": 0, "span": 0}
     engine_vs_sleep: dict[str, list[float]] = {c: [] for c in conds}  # engine running - tap asleep, per tap request (ns)
+    per_req: dict[str, dict[str, float]] = {}  # request id -> its segments (ns), for the pairs below
     for rid, (t0, first, engine_ns) in detail.items():
         cond = rid.rsplit("-", 2)[0]
         if cond not in rows or first is None or engine_ns < 0:
@@ -339,6 +389,8 @@ def analyse(detail: dict, spans: dict, wire, conds: list[str], sched: "SchedInde
             missing["wire"] += 1
             continue
         r["path"].append(path_ns)
+        seg = per_req[rid] = {"path": path_ns, "client_send": down.times["req_last"] - t0_u,
+                              "engine": up.times["first"] - up.times["req_last"] - engine_ns, "client_read": first_u - down.times["first"]}
         r["client_send"].append(down.times["req_last"] - t0_u)
         r["engine"].append(up.times["first"] - up.times["req_last"] - engine_ns)
         r["client_read"].append(first_u - down.times["first"])
@@ -350,7 +402,7 @@ def analyse(detail: dict, spans: dict, wire, conds: list[str], sched: "SchedInde
                 not_asleep[cond] += 1
             else:
                 r["engine_wake"].append(wk[1] - arrive)
-                wake_of[rid] = wk[1] - arrive
+                wake_of[rid] = seg["engine_wake"] = wk[1] - arrive
                 r["engine_rest"].append(up.times["first"] - up.times["req_last"] - engine_ns - (wk[1] - arrive))
                 if wk[1] - wk[0] > 20_000:
                     key = "+".join(sched.running_at(wk[0]))
@@ -373,6 +425,8 @@ def analyse(detail: dict, spans: dict, wire, conds: list[str], sched: "SchedInde
                 if rid in wake_of:  # the engine's switch-in against the tap's sleep, both from the request's packet
                     engine_vs_sleep[cond].append(wake_of[rid] - (slept - ANCHOR.to_mono_ns(up.times["req_last"])))
         r["tap_request_unreported"].append(tap_req - req_o)
+        seg.update({"tap_request_unreported": tap_req - req_o, "tap_first_token_unreported": tap_ft - ft_o,
+                    "left": path_ns - req_o - ft_o, **({"hop": hop_o} if hop_o is not None else {})})
         r["tap_first_token"].append(tap_ft)
         r["tap_first_token_unreported"].append(tap_ft - ft_o)
         r["left"].append(path_ns - req_o - ft_o)
@@ -441,6 +495,50 @@ def analyse(detail: dict, spans: dict, wire, conds: list[str], sched: "SchedInde
             "client_read": round(g["client_read"]["mean_us"] - dd["client_read"]["mean_us"], 1),
         }
         g["mean_gap_us"] = round((float(np.mean(t["left"])) - float(np.mean(d))) / 1e3, 1)
+        g["paired"] = paired_gap(per_req, c, f"direct@{lay}")
+    return out
+
+
+def paired_gap(per_req: dict[str, dict[str, float]], cond: str, direct: str) -> dict | None:
+    """The gap per pair: a tap request and the direct request of the same block index (``--rounds`` = ``--requests``
+    gives one request per block, the two paths in a shuffled order each round: pairs close in time). Per pair
+    ``gap = (tap path - self-report) - direct path`` = Δclient_send + tap_request_unreported + Δengine +
+    tap_first_token_unreported + Δclient_read exactly; each part's median and mean over pairs (the means add up to
+    the mean gap), and the gap's median with a 95 % bootstrap interval over pairs."""
+    from tap_overhead import boot_ci
+
+    pairs = []
+    for rid, seg in per_req.items():
+        c = rid.rsplit("-", 2)[0]  # ids: CONDITION-ROUND-INDEX
+        idx = rid[len(c):]
+        if c != cond or "left" not in seg:
+            continue
+        other = per_req.get(direct + idx)
+        if other is not None:
+            pairs.append((seg, other))
+    if len(pairs) < 2:
+        return None
+    parts: dict[str, list[float]] = {"gap": [], "gap_with_hop": [], "client_send": [], "tap_request_unreported": [],
+                                     "engine": [], "engine_wake": [], "engine_rest": [], "tap_first_token_unreported": [],
+                                     "client_read": []}
+    for t, d in pairs:
+        parts["gap"].append(t["left"] - d["path"])
+        if "hop" in t:
+            parts["gap_with_hop"].append(t["left"] - t["hop"] - d["path"])
+        for k in ("client_send", "engine", "client_read"):
+            parts[k].append(t[k] - d[k])
+        for k in ("tap_request_unreported", "tap_first_token_unreported"):
+            parts[k].append(t[k])
+        if "engine_wake" in t and "engine_wake" in d:
+            parts["engine_wake"].append(t["engine_wake"] - d["engine_wake"])
+            parts["engine_rest"].append((t["engine"] - t["engine_wake"]) - (d["engine"] - d["engine_wake"]))
+    med = lambda a: np.median(a, axis=-1)  # noqa: E731
+    out: dict = {"pairs": len(pairs)}
+    for k, v in parts.items():
+        if v:
+            ci = boot_ci(med, v, paired=True)
+            out[k] = {"median_us": round(float(np.median(v)) / 1e3, 1), "mean_us": round(float(np.mean(v)) / 1e3, 1),
+                      "ci95_median_us": [round(x / 1e3, 1) for x in ci] if ci else None}
     return out
 
 
@@ -457,6 +555,9 @@ def main() -> int:
     p.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
                    help="also run a tap from this source tree (path tap-NAME, interleaved with the others; e.g. a scratch copy "
                         "with a change, for before/after in one run)")
+    p.add_argument("--warm", type=int, default=3, help="warm-up requests before each block (with --turns: turns before the first; left out)")
+    p.add_argument("--turns", action="store_true",
+                   help="no blocks: --requests turns of one request per path on kept connections, order ABBA (per-pair gap and parts: 'paired')")
     p.add_argument("--seed", type=int, default=15)
     p.add_argument("--keep", metavar="DIR", help="keep the pcap and the span file here")
     p.add_argument("--out", default=str(HERE / "results" / "selfreport_gap.json"))
@@ -534,7 +635,7 @@ def main() -> int:
                 **{f"tap-{n}": f"http://127.0.0.1:{extra_ports[n]}/v1/chat/completions" for n in trees}}
         load_before = os.getloadavg()
         t_start = time.monotonic()
-        detail, sched = aio.run(drive(args, urls, layouts, pids))
+        detail, sched = aio.run((drive_turns if args.turns else drive)(args, urls, layouts, pids))
         wall = time.monotonic() - t_start
         load_after = os.getloadavg()
         tids_of.update({t: name for name, pid in pids.items() for t in tids(pid)})
@@ -600,6 +701,10 @@ def print_report(result: dict) -> None:
             after = f", with hop and after-forward {g['gap_with_hop_and_after_forward_us']}" if "gap_with_hop_and_after_forward_us" in g else ""
             print(f"    gap {g['gap_us']} us (with hop {g['gap_with_hop_us']}{after}), mean gap {g['mean_gap_us']}; by segment (means) "
                   f"{g['mean_gap_by_segment_us']}")
+        if g.get("paired"):
+            pr = g["paired"]
+            print(f"    paired ({pr['pairs']} pairs), median [95 % CI] / mean us: " + "  ".join(
+                f"{k} {v['median_us']} {v['ci95_median_us']} / {v['mean_us']}" for k, v in pr.items() if isinstance(v, dict)))
         if "hop_bound_check" in g:
             print(f"    hop bound per request: below the wire's unreported in {g['hop_bound_check']['short_share']} "
                   f"(by {g['hop_bound_check']['short_by_p50_us']} us p50), margin p10 {g['hop_bound_check']['p10_us']} us")

@@ -26,7 +26,15 @@ request also gets a *path time* (TTFT less the engine's own time): ``added_path_
 ``paired_difference_us`` sets each tap request's path time against its own span's self-reported overhead (request +
 first token; ``..._with_hop_us``: also less the span's ``deltatap.overhead.hop_ns``, its bound on the extra hop's
 delivery) and compares the p50 of what is left with the direct path's p50. ``--base-tree DIR`` runs a second tap
-from another source tree (path ``tap-base``) in the same run, for before/after. Where that difference goes, segment by
+from another source tree (path ``tap-base``) in the same run, for before/after; ``--tap-env NAME:VAR=VAL`` the checkout's
+tap with other settings (path ``tap-NAME``). ``paired_difference_us`` compares blocks of requests run seconds apart,
+so the host's other load between the blocks moves it (its 95 % bootstrap interval, ``..._ci95_us``, is narrower than
+its run-to-run spread). ``--pairs N`` (``self_report_pairs``) measures it per *turn*: one request on each path in
+turn on kept connections, the order reversed every other turn (A B B A), ``--pair-warmup`` turns left out; per turn
+``(tap path time - the span's self-report) - direct path time``, and the median of those with a 95 % bootstrap
+interval over turns, with and without the hop bound (``target_within_50us``: met where either interval lies inside
++-50 us, not met where both lie beyond it, else undecided); every process's CPU and run delay (runnable, waiting for
+a CPU) per turn. ``--levels 1`` runs the 1-stream level alone, ``--tput-rounds 0`` no maximum-rate phase. Where that difference goes, segment by
 segment on the wire and in the scheduler's events (the engine's wake-up waiting for the CPU the tap holds after its
 forward), under free and pinned CPU layouts: ``benchmarks/selfreport_gap.py``.
 
@@ -238,7 +246,8 @@ def proc_cpu_s(pid: int) -> float:
 
 async def run(args: argparse.Namespace, urls: dict[str, str], spans: Path, engine_pid: int | None = None,
               pids: dict[str, int] | None = None) -> dict:
-    levels = [] if args.max_rps_only else [(1, args.n1), (50, args.n50), (200, args.n200)]
+    sizes = {1: args.n1, 50: args.n50, 200: args.n200}
+    levels = [] if args.max_rps_only else [(c, sizes[c]) for c in args.levels]
     result: dict = {"levels": {}, "throughput_rps": {}}
     result["_paths"] = paths = {}  # request id -> path time (ns), for self_reported (left out of the JSON)
     for conc, n in levels:
@@ -276,6 +285,8 @@ async def run(args: argparse.Namespace, urls: dict[str, str], spans: Path, engin
             result["loopback_rtt_us"] = {"p50": pct(rtt, 50) / 1e3, "p99": pct(rtt, 99) / 1e3, "n": len(rtt)}
         print(f"c={conc}: " + ", ".join(f"{p} p50 {lvl['ttft_ms'][p]['p50']:.3f} p99 {lvl['ttft_ms'][p]['p99']:.3f} ms" for p in urls)
               + f" (engine {lvl.get('engine_cpu_cores', '?')} cores)", flush=True)
+    if args.pairs and not args.max_rps_only:
+        result["_pairs"] = await pair_phase(args, urls, args.proc_pids)
     # the maximum rate per path: --tput-rounds rounds, the paths in a shuffled order each round (their median kept;
     # each round's figures in throughput_rps_rounds), so that paths compared share the host's load
     # (and the proxy's CPU per request at that rate, from /proc/PID/stat, where its process is known)
@@ -293,10 +304,123 @@ async def run(args: argparse.Namespace, urls: dict[str, str], spans: Path, engin
             print(f"max rps {path} (round {rnd + 1}): {rounds[path][-1]:.0f}"
                   + (f", {cpu[path][-1]} us CPU per request" if path in cpu and cpu[path] else ""), flush=True)
     for path, v in rounds.items():
-        result["throughput_rps"][path] = sorted(v)[len(v) // 2]
+        if v:
+            result["throughput_rps"][path] = sorted(v)[len(v) // 2]
     result["throughput_rps_rounds"] = rounds
     result["throughput_cpu_us_per_request_rounds"] = cpu
     return result
+
+
+BOOT = 2000  # bootstrap resamples for the 95 % intervals
+
+
+def boot_ci(stat, *samples: list[float], paired: bool = False, seed: int = 15) -> list[float] | None:
+    """95 % percentile-bootstrap interval of ``stat(*samples)`` (numpy arrays in, a number out, vectorised over the
+    resamples' rows): ``paired``: one index draw shared by all samples (pairs resampled whole); else each sample
+    resampled on its own."""
+    if any(len(x) < 2 for x in samples):
+        return None
+    rng = np.random.default_rng(seed)
+    arrs = [np.asarray(x, dtype=np.float64) for x in samples]
+    if paired:
+        idx = rng.integers(0, len(arrs[0]), (BOOT, len(arrs[0])))
+        draws = [a[idx] for a in arrs]
+    else:
+        draws = [a[rng.integers(0, len(a), (BOOT, len(a)))] for a in arrs]
+    vals = stat(*draws)
+    return [round(float(np.percentile(vals, 2.5)), 1), round(float(np.percentile(vals, 97.5)), 1)]
+
+
+async def pair_phase(args: argparse.Namespace, urls: dict[str, str], procs: dict[str, int]) -> dict:
+    """``--pairs N``: single requests, one per path in turn, the order reversed every other turn (A B B A ...: no
+    path always first after the engine's idle), ``--pair-warmup`` turns first; each request's path time (TTFT less
+    the engine's own time, :func:`one`) under ids ``PATH-pair-I``, and every process's CPU and run delay (time
+    runnable waiting for a CPU, /proc schedstat) over the phase."""
+    from selfreport_gap import schedstat
+
+    names = [p for p in urls if not args.pair_paths or p in args.pair_paths]
+    total = args.pairs + args.pair_warmup
+    path_ns: dict[str, list[float | None]] = {p: [None] * total for p in names}
+    sessions = {p: aiohttp.ClientSession(connector=make_stamping_connector(limit=0), auto_decompress=False,
+                                         timeout=aiohttp.ClientTimeout(total=60)) for p in names}
+    before = {name: schedstat(pid) for name, pid in procs.items()}
+    wall0 = mono_ns()
+    try:
+        for i in range(total):
+            for path in (names if i % 2 == 0 else names[::-1]):
+                try:
+                    r = await one(sessions[path], urls[path], f"{path}-pair-{i}")
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    r = None
+                if r is not None and r[1] is not None:
+                    path_ns[path][i] = r[1]
+    finally:
+        for s in sessions.values():
+            await s.close()
+    wall = mono_ns() - wall0
+    after = {name: schedstat(pid) for name, pid in procs.items()}
+    per = max(total, 1)
+    sched = {name: {"cpu_us_per_turn": round((after[name][0] - before[name][0]) / per / 1e3, 1),
+                    "run_delay_us_per_turn": round((after[name][1] - before[name][1]) / per / 1e3, 1),
+                    "cpu_cores": round((after[name][0] - before[name][0]) / wall, 3)} for name in procs}
+    return {"paths": names, "turns": total, "path_ns": path_ns, "sched": sched, "wall_s": round(wall / 1e9, 1)}
+
+
+def pair_report(raw: dict, spans: Path, warmup: int, path: str = "tap") -> dict:
+    """The self-report against the outside, per turn of :func:`pair_phase`: ``d = (tap path time - the span's
+    self-report) - direct path time`` of the same turn; the estimate is the median of ``d`` over the turns (after the
+    warm-up), with a 95 % bootstrap interval over turns; ``_with_hop``: ``d`` less the span's hop bound. Also the
+    figure ``paired_difference_us`` defines (p50 of tap path - self-report, less the direct path's p50) on the same
+    turns, with its interval, and each half of the run on its own (drift within a run)."""
+    over = read_overheads(spans)
+    direct, mine = raw["path_ns"]["direct"], raw["path_ns"].get(path)
+    if mine is None:
+        return {}
+    d, dh, left, dpath, selfs, hops, added = [], [], [], [], [], [], []
+    missing = 0
+    for i in range(warmup, raw["turns"]):
+        o = over.get(f"{path}-pair-{i}")
+        if direct[i] is None or mine[i] is None or o is None:
+            missing += 1
+            continue
+        d.append(mine[i] - o[0] - direct[i])
+        left.append(mine[i] - o[0])
+        dpath.append(direct[i])
+        selfs.append(o[0])
+        added.append(mine[i] - direct[i])
+        if o[1] is not None:
+            dh.append(mine[i] - o[0] - o[1] - direct[i])
+            hops.append(o[1])
+    us = lambda v: round(v / 1e3, 1)  # noqa: E731
+    med = lambda a: np.median(a, axis=-1)  # noqa: E731
+    half = len(d) // 2
+    ci = boot_ci(med, d, paired=True)
+    cih = boot_ci(med, dh, paired=True)
+    out = {
+        "turns_used": len(d), "turns_left_out": missing, "warmup_turns_discarded": warmup,
+        "outlier_rule": "none removed: the estimator is the median of the per-turn differences; a turn is left out only "
+                        "where a request failed or its span is missing (turns_left_out)",
+        "median_pair_difference_us": us(pct(d, 50)) if d else None,
+        "median_pair_difference_ci95_us": [us(x) for x in ci] if ci else None,
+        "median_pair_difference_with_hop_us": us(pct(dh, 50)) if dh else None,
+        "median_pair_difference_with_hop_ci95_us": [us(x) for x in cih] if cih else None,
+        "halves_us": [us(pct(d[:half], 50)), us(pct(d[half:], 50))] if half else None,
+        # paired_difference_us's definition (a difference of two medians) on the same turns
+        "difference_of_medians_us": us(pct(left, 50) - pct(dpath, 50)) if d else None,
+        "difference_of_medians_ci95_us": [us(x) for x in (boot_ci(lambda a, b: med(a) - med(b), left, dpath, paired=True) or [])] or None,
+        "self_reported_p50_us": us(pct(selfs, 50)) if selfs else None,
+        "hop_p50_us": us(pct(hops, 50)) if hops else None,
+        "added_path_median_us": us(pct(added, 50)) if added else None,
+        "direct_path_p50_us": us(pct(dpath, 50)) if dpath else None,
+        "pair_difference_p10_p90_us": [us(pct(d, 10)), us(pct(d, 90))] if d else None,
+    }
+    if ci and cih:
+        inside = lambda c: -50e3 <= c[0] and c[1] <= 50e3  # noqa: E731
+        # met: either interval (without / with the hop bound) wholly inside +-50 us; not met: both wholly beyond it
+        # on one side; else the run cannot decide
+        out["target_within_50us"] = (True if inside(ci) or inside(cih) else
+                                     False if min(ci[0], cih[0]) > 50e3 or max(ci[1], cih[1]) < -50e3 else "undecided")
+    return out
 
 
 def self_reported(result: dict, spans: Path, path: str = "tap") -> dict:
@@ -334,6 +458,9 @@ def self_reported(result: dict, spans: Path, path: str = "tap") -> dict:
             "hop_p99_us": pct(hops, 99) / 1e3 if hops else None,
             "paired_difference_us": (pct(left, 50) - d50) / 1e3 if left and d50 is not None else None,
             "paired_difference_with_hop_us": (pct(left_hop, 50) - d50) / 1e3 if left_hop and d50 is not None else None,
+            # 95 % bootstrap intervals (tap requests and direct requests resampled each on their own)
+            "paired_difference_ci95_us": [x / 1e3 for x in (boot_ci(lambda a, b: np.median(a, -1) - np.median(b, -1), left, direct) or [])] or None,
+            "paired_difference_with_hop_ci95_us": [x / 1e3 for x in (boot_ci(lambda a, b: np.median(a, -1) - np.median(b, -1), left_hop, direct) or [])] or None,
             "paired_requests": len(left),
             # Envoy's processing is a few tens of us: its added p50 is mostly the same extra hop
             "envoy_added_p50_ms": result["levels"][conc]["added_ms"].get("envoy", {}).get("p50"),
@@ -361,12 +488,23 @@ def main() -> int:
     p.add_argument("--base-tree", metavar="DIR",
                    help="also run the tap from this source tree (e.g. `git worktree add /tmp/base HEAD~1`) as path tap-base, "
                         "interleaved with the others in the same run (before/after a change)")
+    p.add_argument("--tap-env", action="append", default=[], metavar="NAME:VAR=VAL[,VAR=VAL]",
+                   help="also run the checkout's tap with these environment settings as path tap-NAME, interleaved (e.g. "
+                        "nopkt:DELTATAP_PACKET_STAMPS=0: what the packet log costs the path)")
     p.add_argument("--tap-tree", metavar="DIR",
                    help="run the tap path itself from this source tree rather than the checkout (with --base-tree: two trees, "
                         "neither with the checkout's uncommitted work)")
     p.add_argument("--pin", metavar="LAYOUT",
                    help="pin the processes to CPUs for the whole run, e.g. client=0,tap=0,sink=0,engine=1 (every tap and Envoy take "
                         "the tap's; benchmarks/selfreport_gap.py: the engine then never waits for a CPU a proxy holds)")
+    p.add_argument("--levels", type=lambda t: [int(c) for c in t.split(",")], default=[1, 50, 200],
+                   help="the TTFT levels to run, of 1,50,200 (default all; e.g. --levels 1)")
+    p.add_argument("--pairs", type=int, default=0,
+                   help="after the levels: N turns of one request per path, the order reversed every other turn (ABBA), for "
+                        "the self-report per turn with a bootstrap interval (self_report_pairs in the results)")
+    p.add_argument("--pair-paths", type=lambda t: t.split(","), metavar="P,Q",
+                   help="the paths --pairs' turns run (default every path; direct and tap always needed), e.g. direct,tap")
+    p.add_argument("--pair-warmup", type=int, default=20, help="turns run first and left out of --pairs' figures")
     p.add_argument("--out", default=str(HERE / "results" / "tap_overhead.json"))
     args = p.parse_args()
     layout = None
@@ -378,6 +516,12 @@ def main() -> int:
         except ValueError as exc:
             print(exc, file=sys.stderr)
             return 2
+    if args.pair_paths and not {"direct", "tap"} <= set(args.pair_paths):
+        print("--pair-paths: direct and tap at least", file=sys.stderr)
+        return 2
+    if any(c not in (1, 50, 200) for c in args.levels):
+        print("--levels: of 1, 50, 200", file=sys.stderr)
+        return 2
     if args.quick:
         args.n1, args.n50, args.n200, args.tput_s = 60, 300, 600, 1.5
     py = sys.executable
@@ -412,11 +556,19 @@ def main() -> int:
 
             tree_env, tree_cwd = {"PYTHONPATH": str(shim(Path(args.tap_tree).resolve(), tmp / "shim-tap"))}, tmp
         taps = [start_tap(tap_port, "deltatap tap", tree_env, tree_cwd)]
+        pids: dict[str, int] = {}
         urls = {"direct": f"http://127.0.0.1:{up_port}/v1/chat/completions", "tap": f"http://127.0.0.1:{tap_port}/v1/chat/completions"}
         if args.python_stamps:
             py_port = free_port()
             taps.append(start_tap(py_port, "deltatap tap (DELTATAP_KERNEL_STAMPS=0)", {"DELTATAP_KERNEL_STAMPS": "0"}))
             urls["tap-pystamps"] = f"http://127.0.0.1:{py_port}/v1/chat/completions"
+        for variant in args.tap_env:  # the checkout's tap with other environment settings, as path tap-NAME
+            name, _, assigns = variant.partition(":")
+            env = dict(a.split("=", 1) for a in assigns.split(",") if "=" in a)
+            v_port = free_port()
+            taps.append(start_tap(v_port, f"deltatap tap ({variant})", env))
+            urls[f"tap-{name}"] = f"http://127.0.0.1:{v_port}/v1/chat/completions"
+            pids[f"tap-{name}"] = taps[-1].pid
         if args.base_tree:  # the same tap from another source tree (before a change), interleaved in this run
             from tap_cpu_ab import shim
 
@@ -454,11 +606,12 @@ def main() -> int:
             set_affinity(os.getpid(), layout["client"])
         t_start = time.monotonic()
         load_before = os.getloadavg()
-        pids = {"tap": taps[0].pid}
+        pids["tap"] = taps[0].pid
         if args.base_tree:
             pids["tap-base"] = taps[-1].pid
         if envoy is not None:
             pids["envoy"] = ev.pid
+        args.proc_pids = {"client": os.getpid(), "engine": up.pid, "sink": sink.pid, **pids}
         result = aio.run(run(args, urls, spans, up.pid, pids))
         result["loadavg_1m"] = {"before": load_before[0], "after": os.getloadavg()[0]}
         for t in taps:
@@ -472,6 +625,29 @@ def main() -> int:
             if not args.max_rps_only:
                 result["self_reported_vs_external_base"] = self_reported(result, spans, "tap-base")
             result["base_tree"] = str(Path(args.base_tree).resolve())
+        if "_pairs" in result:
+            raw = result.pop("_pairs")
+            result["self_report_pairs"] = {t: pair_report(raw, spans, args.pair_warmup, t) for t in urls if t.startswith("tap")}
+            result["self_report_pairs"]["turn_order"] = "ABBA: " + " ".join(raw["paths"]) + ", reversed every other turn"
+            result["self_report_pairs"]["turns"] = raw["turns"]
+            result["self_report_pairs"]["wall_s"] = raw["wall_s"]
+            result["self_report_pairs"]["per_process"] = raw["sched"]
+            for other in raw["paths"]:  # another tap against the tap, turn by turn: path time and self-report
+                if other.startswith("tap-"):
+                    a, b = raw["path_ns"][other], raw["path_ns"]["tap"]
+                    dv = [a[i] - b[i] for i in range(args.pair_warmup, raw["turns"]) if a[i] is not None and b[i] is not None]
+                    ci = boot_ci(lambda x: np.median(x, -1), dv, paired=True)
+                    result["self_report_pairs"][other]["path_minus_tap_median_us"] = round(pct(dv, 50) / 1e3, 1) if dv else None
+                    result["self_report_pairs"][other]["path_minus_tap_ci95_us"] = [round(x / 1e3, 1) for x in ci] if ci else None
+            if "envoy" in raw["path_ns"]:
+                e, dd = raw["path_ns"]["envoy"], raw["path_ns"]["direct"]
+                ad = [e[i] - dd[i] for i in range(args.pair_warmup, raw["turns"]) if e[i] is not None and dd[i] is not None]
+                result["self_report_pairs"]["envoy_added_path_median_us"] = round(pct(ad, 50) / 1e3, 1) if ad else None
+        for variant in args.tap_env:
+            name = variant.partition(":")[0]
+            if not args.max_rps_only:
+                result[f"self_reported_vs_external_{name}"] = self_reported(result, spans, f"tap-{name}")
+            result.setdefault("tap_env", {})[f"tap-{name}"] = variant.partition(":")[2]
         if args.tap_tree:
             result["tap_tree"] = str(Path(args.tap_tree).resolve())
         result.pop("_paths", None)
@@ -494,6 +670,8 @@ def main() -> int:
         if v["paired_difference_us"] is not None and v["paired_difference_with_hop_us"] is not None else None
         for c, v in result["self_reported_vs_external"].items()
     }
+    if "self_report_pairs" in result:
+        targets["self_reported_within_50us_pairs"] = result["self_report_pairs"].get("tap", {}).get("target_within_50us")
     result.update(
         {
             "command": "python benchmarks/tap_overhead.py " + " ".join(sys.argv[1:]),
@@ -510,7 +688,8 @@ def main() -> int:
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({"added_ms": {c: lv[c]["added_ms"] for c in lv}, "added_path_ms": {c: lv[c]["added_path_ms"] for c in lv},
                       "throughput_rps": result["throughput_rps"],
-                      "self_reported_vs_external": result["self_reported_vs_external"], "targets": targets}, indent=1))
+                      "self_reported_vs_external": result["self_reported_vs_external"],
+                      "self_report_pairs": result.get("self_report_pairs"), "targets": targets}, indent=1))
     return 0
 
 
