@@ -169,21 +169,21 @@ def out_name(engine: str, rate: float, gap: float, busy: bool, suffix: str) -> s
     return f"wire_referee_{engine}_{r}{g}{'_busy' if busy else ''}{suffix}.json"
 
 
-def referee(cfg: ChainConfig, workdir: Path, warmup: int) -> tuple[dict, object]:
+def referee(cfg: ChainConfig, workdir: Path, warmup: int, all_outcomes: bool = False) -> tuple[dict, object]:
     from deltatap.collector.sinks import read_rows
 
     run = run_chain(cfg, workdir)
     t = time.monotonic()
     wire = load_wire(run.pcap, run.ports)
     rows = read_rows(run.rows_path)
-    comp = compare(rows, wire, warmup=warmup)
+    comp = compare(rows, wire, warmup=warmup, all_outcomes=all_outcomes)
     s = summarize(comp, wire, run)
     s["analysis_s"] = time.monotonic() - t
     s["chain"] = {"engine": run.engine_desc, "wall_s": run.wall_s, "spans_received": run.spans_received, "notes": run.notes}
     ls = run.load_summary or {}
     m = ls.get("metrics_ms", {})
     s["load"] = {k: ls.get(k) for k in ("request_count", "error_request_count", "status_counts", "request_throughput_per_s", "max_in_flight_observed")}
-    s["load"]["ttft_ms"] = {k: m.get("ttft", {}).get(k) for k in ("p50", "p99", "max")}
+    s["load"]["ttft_ms"] = {k: (m.get("ttft") or {}).get(k) for k in ("p50", "p99", "max")}
     return s, run
 
 
@@ -199,6 +199,8 @@ def main() -> int:
     ap.add_argument("--slow-rcvbuf", type=int, default=2048, help="--slow-reader: SO_RCVBUF of the slow proxy's upstream sockets")
     ap.add_argument("--slow-read-bytes", type=int, default=512, help="--slow-reader: bytes per read")
     ap.add_argument("--slow-read-pause-ms", type=float, default=5.0, help="--slow-reader: pause between reads")
+    ap.add_argument("--all-outcomes", action="store_true", help="compare rows whatever their outcome (a non-streamed "
+                    "answer, --engine-arg=--json-kib=N, is non_sse to the load generator: its rows are not ok)")
     ap.add_argument("--input-tokens", type=int, nargs=2, default=[16, 64], metavar=("MIN", "MAX"),
                     help="prompt length (the load generator's synthetic-uniform workload): large values make large request bodies")
     ap.add_argument("--rate", type=float, nargs="+", default=[20.0], help="req/s, Poisson (several: one run each)")
@@ -253,7 +255,7 @@ def main() -> int:
             start = uptime()
             tmp = Path(tempfile.mkdtemp(prefix="deltatap-referee-"))
             try:
-                s, run = referee(cfg, tmp, args.warmup)
+                s, run = referee(cfg, tmp, args.warmup, args.all_outcomes)
             except ChainError as exc:
                 print(f"run failed: {exc}", file=sys.stderr)
                 rc = 1

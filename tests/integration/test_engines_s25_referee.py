@@ -87,8 +87,8 @@ async def test_raw_engine_framings_and_line_ends_parse_to_the_same_tokens(line_e
     assert resp.body.count(eol) == len(evs) and (line_end == "lf") == (b"\r" not in resp.body)
     first, last = first_last_content(evs)
     assert first.text == "alpha " and last.text == "epsilon "
-    # the completing byte of each event is the last byte of its blank line
-    assert all(resp.body[e.end : e.end + 1] == b"\n" for e in evs)
+    # the completing byte of each event is the first byte of its blank line's line end (a parser dispatches there)
+    assert all(resp.body[e.end - len(eol) // 2 : e.end + len(eol) // 2] == eol for e in evs)
 
 
 async def test_raw_engine_split_writes_reach_the_client_as_separate_reads():
@@ -163,3 +163,28 @@ def test_small_window_socket_factory_sets_the_receive_buffer():
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
     assert s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) < 16384  # (what the slow reader relies on: a small window)
     s.close()
+
+
+def test_an_event_completes_at_the_first_byte_of_its_blank_lines_line_end():
+    # "\r\n\r" + "\n": a parser dispatches at the blank line's "\r" (WHATWG: a lone "\r" ends a line), before the "\n"
+    body = b'data: {"choices":[{"delta":{"content":"a"}}]}\r\n\r\n' + b"data: x\n\n" + b"data: y\r\r"
+    evs = sse_events(body)
+    assert [body[e.end : e.end + 1] for e in evs] == [b"\r", b"\n", b"\r"]
+    assert evs[0].end == body.index(b"\r\n\r\n") + 2 and evs[0].text == "a"
+
+
+async def test_raw_engine_split_tail_sends_the_final_lf_of_a_crlf_event_alone():
+    style = RawStyle(gap_ms=0, prefill_ms=0, line_end="crlf", split_ms=20.0, split_tail=1)
+    got, reads, _ = await _with_engine(style, lambda p: _exchange(p, [_request(2)]))
+    resp = _parse(got, 1, until_close=False)[0]
+    ends = list(itertools.accumulate(len(x) for x in reads))
+
+    def read_of(off: int) -> int:
+        return next(i for i, n in enumerate(ends) if off < n)
+
+    for ev in sse_events(resp.body)[:3]:  # role, two tokens: the blank line's "\r" in one read, its "\n" in a later one
+        cr = resp.stream_offset(ev.end)
+        assert resp.body[ev.end : ev.end + 2] == b"\r\n"
+        assert read_of(cr) < read_of(resp.stream_offset(ev.end + 1))
+    with pytest.raises(ValueError):
+        RawStyle(split_tail=1)  # (needs --split-ms)

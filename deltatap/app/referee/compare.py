@@ -6,7 +6,7 @@ TCP connection kind, named ``<connecting side>><listening side>``; each tap has 
 an upstream hop (U). "req first / req last": the packet that carried the request's first / last byte
 on that hop; "first / last": the packet that carried the byte completing the first / last content SSE
 event (the first event with non-whitespace generated text -- never the role-only chunk -- and its
-blank line's last byte, the byte that makes an SSE parser dispatch it) of the response on that hop.
+blank line's first line-end byte, the byte that makes an SSE parser dispatch it: the ``\r`` of a ``\r\n``) of the response on that hop.
 
 =================================  ==========  ==================  =========================================
 point (t-name)                     observer    hop                 bytes
@@ -247,12 +247,14 @@ class Comparison:
     point_unknown: Counter = field(default_factory=Counter)  # values with a side stated unknown (BOUND_UNKNOWN, -1)
 
 
-def compare(rows, wire: Wire, warmup: int = 10) -> Comparison:
+def compare(rows, wire: Wire, warmup: int = 10, all_outcomes: bool = False) -> Comparison:
+    """``all_outcomes``: rows whatever their outcome are compared too (e.g. a non-streamed answer to the load
+    generator's streamed request is ``non_sse`` to it, yet every point the taps stamped is still on the wire)."""
     from deltatap.collector.deltas import TAP, delta_defs  # the delta definitions the collector uses
 
     defs = {d.name: d for d in delta_defs()}
     rows = sorted(rows, key=lambda r: r.start_unix_ns or 0)
-    ok = [r for r in rows if str(r.outcome) == "ok"]
+    ok = [r for r in rows if all_outcomes or str(r.outcome) == "ok"]
     skipped, kept = ok[:warmup], ok[warmup:]
     point_err: dict[str, list[int]] = {}
     delta_err: dict[str, list[int]] = {}

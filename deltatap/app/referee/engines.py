@@ -24,8 +24,8 @@ what the tap before it writes is held by TCP (the window shut) until it reads.
 
 ``raw-engine``: the same answer written on asyncio streams byte for byte as styled (``RawStyle``):
 LF or CRLF line ends; chunked, Content-Length (the whole stream built first) or close-delimited
-framing; each write split in two ``--split-ms`` apart (events split across writes; with CRLF the
-split can fall between an event's ``\r`` and ``\n``); K token events per write; tokens of B bytes;
+framing; each write split in two ``--split-ms`` apart (events split across writes; ``--split-tail 1``
+with CRLF puts the final ``\n`` alone in the second write, after the blank line's ``\r``); K token events per write; tokens of B bytes;
 the usage on the last content chunk; or a non-streamed JSON answer of N KiB whatever ``stream`` asks.
 Connections are kept alive for further requests unless the framing is close-delimited or the
 request says ``Connection: close``.
@@ -174,10 +174,15 @@ class RawStyle:
     line_end: str = "lf"  # lf: ``\\n\\n`` after each event; crlf: ``\\r\\n\\r\\n``
     framing: str = "chunked"  # chunked | length (Content-Length: the whole stream built first) | close (close-delimited)
     split_ms: float = -1.0  # >= 0: every write is two writes, the second half this long after the first (events split)
+    split_tail: int = 0  # > 0: the second write is the last this many bytes (1 with CRLF: between the final "\r" and "\n")
     tokens_per_write: int = 1  # token events per write
     token_bytes: int = 0  # > 0: each token's text this many bytes long (large chunks)
     usage_in_last: bool = False  # the usage object rides on the last content chunk (no separate usage chunk)
     json_kib: int = 0  # > 0: a non-streamed JSON answer of about this size, whatever ``stream`` asks
+
+    def __post_init__(self) -> None:
+        if self.split_tail < 0 or (self.split_tail and self.split_ms < 0):
+            raise ValueError("split_tail needs split_ms >= 0 and is a byte count >= 0")
 
 
 def raw_events(style: RawStyle, n: int, rid: str, created: int, prompt_tokens: int, chat: bool = True) -> list[list[bytes]]:
@@ -292,8 +297,8 @@ async def raw_engine_conn(style: RawStyle, reader: asyncio.StreamReader, writer:
                 if first_tok < i < len(writes) - 1 and style.gap_ms > 0:  # the first token right after the role chunk, the tail after the last
 
                     await asyncio.sleep(style.gap_ms / 1e3)
-                if style.split_ms >= 0 and len(w) > 1:
-                    h = len(w) // 2
+                if style.split_ms >= 0 and len(w) > max(1, style.split_tail):
+                    h = len(w) - style.split_tail if style.split_tail else len(w) // 2
                     writer.write(_frame(style, w[:h]))
                     await writer.drain()
                     await asyncio.sleep(style.split_ms / 1e3)
@@ -330,6 +335,8 @@ def main() -> None:
     ap.add_argument("--line-end", choices=["lf", "crlf"], default="lf", help="raw-engine: SSE line ends")
     ap.add_argument("--framing", choices=["chunked", "length", "close"], default="chunked", help="raw-engine: response framing")
     ap.add_argument("--split-ms", type=float, default=-1.0, help="raw-engine: >= 0 splits every write in two, this far apart")
+    ap.add_argument("--split-tail", type=int, default=0, help="raw-engine: with --split-ms, the second write is the last N bytes "
+                    "(1 with --line-end crlf: the final \"\\n\" alone)")
     ap.add_argument("--tokens-per-write", type=int, default=1, help="raw-engine: token events per write")
     ap.add_argument("--token-bytes", type=int, default=0, help="raw-engine: bytes of text per token (0: one short word)")
     ap.add_argument("--usage-in-last", action="store_true", help="raw-engine: usage on the last content chunk")
@@ -337,7 +344,8 @@ def main() -> None:
     a = ap.parse_args()
     host, _, port = a.listen.rpartition(":")
     if a.role == "raw-engine":
-        style = RawStyle(a.gap_ms, a.prefill_ms, a.line_end, a.framing, a.split_ms, a.tokens_per_write, a.token_bytes, a.usage_in_last, a.json_kib)
+        style = RawStyle(a.gap_ms, a.prefill_ms, a.line_end, a.framing, a.split_ms, a.split_tail, a.tokens_per_write, a.token_bytes,
+                         a.usage_in_last, a.json_kib)
 
         async def run() -> None:
             server = await serve_raw_engine(style, host, int(port))

@@ -291,7 +291,9 @@ def parse_responses(st: Stream, requests: list[Message]) -> list[Message]:
 
 @dataclass
 class SseEvent:
-    end: int  # body offset of the byte that completed the event (the blank line's last byte)
+    # body offset of the byte that completed the event: the first byte of the blank line's line end (its "\r" when
+    # that is "\r\n": a parser dispatches there, WHATWG 9.2.6, as deltatap's does; the "\n" may come in a later packet)
+    end: int
     data: str
     text: str  # generated text it carries ("" for role-only, usage, [DONE], ...)
 
@@ -347,7 +349,7 @@ def sse_events(body: bytes) -> list[SseEvent]:
                     text = content_text(json.loads(d)) if d and d[0] in "{[" else ""
                 except ValueError:
                     text = ""
-                out.append(SseEvent(nxt - 1, d, text))
+                out.append(SseEvent(line_end, d, text))
             data_lines = []
         elif line.startswith(b"data:"):
             v = line[5:]
