@@ -15,9 +15,11 @@ spans, and per write event (``request.forwarded``, ``response.headers_forwarded`
 ``last_token.forwarded``) how many spans state it placed/exact (not stated), bounded (a finite interval wider than
 50 us: how wide, median and max) or unknown (``?``: nothing saw the bytes leave before the exchange ended).
 
-    .venv/bin/python benchmarks/held_writes_s25_bound.py --base /tmp/s25base --out benchmarks/results/held_writes_s25_bound.json
+    .venv/bin/python benchmarks/held_writes_s25_bound.py --tree base=/tmp/s25base --tree new=. \
+        --out benchmarks/results/held_writes_s25_bound.json
 
-(``--base DIR``: the same cases on another tree, e.g. the session's starting tree, where a held write was stated exact.)
+(``--tree NAME=DIR``, repeatable: the same cases on each tree, e.g. the session's starting tree, where a held write
+was stated exact; each child process imports its own tree.)
 """
 
 from __future__ import annotations
@@ -26,17 +28,16 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TREE = os.environ.get("HELD_WRITES_TREE") or str(ROOT)  # the tree a child runs (--base: the session's starting tree)
-if TREE not in sys.path:
-    sys.path.insert(0, TREE)
 
 WRITE_EVENTS = ("request.forwarded", "response.headers_forwarded", "first_token.forwarded", "last_token.forwarded")
 # an OpenAI-sized chunk (~230 B)
@@ -153,6 +154,7 @@ def _count(spans: list) -> dict:
 async def _run_mode(args: argparse.Namespace) -> dict:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+    import deltatap.proxy
     from deltatap.net import kstamp, pktstamp
     from deltatap.proxy import TapOptions, start_tap
     from deltatap.telemetry.tracer import setup_telemetry
@@ -162,7 +164,8 @@ async def _run_mode(args: argparse.Namespace) -> dict:
     exporter = InMemorySpanExporter()
     tel = setup_telemetry("held-writes", exporter=exporter)
     tap = await start_tap(TapOptions(upstream=f"http://127.0.0.1:{eport}", link="fw-engine"), tel)
-    out: dict = {"packet_log": pktstamp.packet_log() is not None, "kernel_stamps": kstamp.enabled(), "cases": {}}
+    out: dict = {"tree": str(Path(deltatap.proxy.__file__).resolve().parents[1]), "packet_log": pktstamp.packet_log() is not None,
+                 "kernel_stamps": kstamp.enabled(), "cases": {}}
     try:
         for kind, conns, per_conn in (("normal", args.conns, args.requests), ("slow", args.conns, max(1, args.requests // 4)),
                                       ("big", max(1, args.conns // 2), max(1, args.requests // 8))):
@@ -192,7 +195,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=24, help="requests per connection, normal case (slow: 1/4, big: 1/8)")
     ap.add_argument("--tokens", type=int, default=40)
     ap.add_argument("--big-bytes", type=int, default=2 << 20)
-    ap.add_argument("--base", help="also run this tree (e.g. /tmp/s25base, the session's starting tree) for comparison")
+    ap.add_argument("--tree", action="append", metavar="NAME=DIR",
+                    help="a source tree to run (repeatable; default: this one); each child imports its own tree through "
+                         "benchmarks/tap_cpu_ab.py's shim (PYTHONPATH), not the editable install")
     ap.add_argument("--mode", choices=("child",), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.mode == "child":
@@ -200,17 +205,25 @@ def main() -> None:
         return
     result: dict = {"command": " ".join([".venv/bin/python", "benchmarks/held_writes_s25_bound.py", *sys.argv[1:]]),
                     "load_before": os.getloadavg(), "modes": {}}
-    runs = [(mode, env) for mode, env in (("packet_log", {}), ("no_packet_log", {"DELTATAP_PACKET_STAMPS": "0"}))]
-    if args.base:
-        runs += [(f"base_{mode}", {**env, "HELD_WRITES_TREE": args.base}) for mode, env in runs]
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from tap_cpu_ab import shim
+
+    trees = dict(t.split("=", 1) for t in args.tree) if args.tree else {"this": str(ROOT)}
+    tmp = Path(tempfile.mkdtemp(prefix="held_writes_"))
+    runs = []
+    for name, tree in trees.items():
+        shim_dir = shim(Path(tree), tmp / f"shim_{name}")
+        for mode, env in (("packet_log", {}), ("no_packet_log", {"DELTATAP_PACKET_STAMPS": "0"})):
+            runs.append((f"{name}_{mode}", {**env, "PYTHONPATH": str(shim_dir)}))
     for mode, env in runs:
-        argv = [sys.executable, __file__, "--mode", "child", "--conns", str(args.conns), "--requests", str(args.requests),
+        argv = [sys.executable, str(Path(__file__).resolve()), "--mode", "child", "--conns", str(args.conns), "--requests", str(args.requests),
                 "--tokens", str(args.tokens), "--big-bytes", str(args.big_bytes)]
-        p = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=170, cwd=env.get("HELD_WRITES_TREE", ROOT))
+        p = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=170, cwd=tmp)
         if p.returncode != 0:
             raise SystemExit(f"{mode}: child failed\n{p.stderr[-3000:]}")
         result["modes"][mode] = json.loads(p.stdout.strip().splitlines()[-1])
         print(mode, json.dumps(result["modes"][mode], indent=1), file=sys.stderr)
+    shutil.rmtree(tmp, ignore_errors=True)
     result["load_after"] = os.getloadavg()
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(args.out)
