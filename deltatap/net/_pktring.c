@@ -28,9 +28,12 @@
  *                                 _recv calls _fatal
  *   read_split(transport)         _on_readable's path when several segments wait: the one-byte peek, the counters
  *                                 read_one kept, READ_LAG, and read_packets with MERGED_READS counted (see pk_read_split)
- *   write_setup(slow_sends, slow_ns)  binds kstamp.SLOW_SENDS and _SLOW_SEND_NS
+ *   ring_newest_near(ring, head[, top])  ring_newest, from where this process's last call on that ring found it (the
+ *                                 write's look, send's _left_by: a few frames read, not a bisection of the ring)
+ *   write_setup(slow_sends, slow_ns[, left_frames])  binds kstamp.SLOW_SENDS, _SLOW_SEND_NS and _LEFT_FRAMES
  *   send(protocol, transport, data)   KernelStampTransport._write into an empty buffer + StampedProtocol.send's
- *                                 bookkeeping -> (t, bound); None: the reference's path (see pk_send)
+ *                                 bookkeeping (with _sent's _left_by: the packet log showing the write gone asks
+ *                                 TCP nothing) -> (t, bound); None: the reference's path (see pk_send)
  *   transport_base(cls)           the class (a subclass of cls: asyncio.Transport) kstamp's transport derives from: its
  *                                 per-read and per-write counts as C long longs under the slots' names, which read_one,
  *                                 read_split, read_packets and send touch in place (and refuse any other object)
@@ -354,8 +357,14 @@ typedef struct {
     Py_ssize_t end;   /* the search's end in bytes */
 } matcher_t;
 
+static int matcher_init_at(matcher_t *m, const ring_t *r, const unsigned char *pat, long long head, long long nw, long long limit);
+
 static int matcher_init(matcher_t *m, const ring_t *r, const unsigned char *pat, long long head, long long top, long long limit) {
-    long long nw = newest(r, head, top);
+    return matcher_init_at(m, r, pat, head, newest(r, head, top), limit);
+}
+
+/* matcher_init from the newest frame nw (one past it) found by the caller */
+static int matcher_init_at(matcher_t *m, const ring_t *r, const unsigned char *pat, long long head, long long nw, long long limit) {
     long long oldest = nw - limit > head ? nw - limit : head;
     m->r = r;
     m->pat = pat;
@@ -878,7 +887,8 @@ static PyObject *s_sock, *s_plog, *s_last_maintain, *s_maintain, *s_protocol, *s
     *s_irs1, *s_anchor, *s_unlogged_tail, *s_out_of_reach;
 /* the stamped write's (write_setup: kstamp.SLOW_SENDS, _SLOW_SEND_NS) and the attributes it reads and sets */
 static PyObject *g_slow_sends;
-static long long g_slow_ns;
+static long long g_slow_ns, g_left_frames; /* (g_left_frames: kstamp._LEFT_FRAMES; 0: _left_by's look not set up) */
+static PyObject *s_iss1, *s_tkey, *s_tx_anchor;
 static PyObject *s_eof, *s_lost, *s_wbuf, *s_unplaced_write, *s_lazy_placement, *s_restamp_write, *s_sent, *s_fatal,
     *s_last_write_mono, *s_last_write_bound, *s_unplaced, *s_bounded, *s_packets, *s_fallback;
 
@@ -1690,12 +1700,105 @@ static PyObject *readable_fast(PyObject *tr) {
 
 static PyObject *pk_write_setup(PyObject *self, PyObject *args) {
     PyObject *slow;
-    long long slow_ns;
-    if (!PyArg_ParseTuple(args, "O!L", &PyDict_Type, &slow, &slow_ns)) return NULL;
+    long long slow_ns, left = g_left_frames;
+    if (!PyArg_ParseTuple(args, "O!L|L", &PyDict_Type, &slow, &slow_ns, &left)) return NULL;
     Py_INCREF(slow);
     Py_XSETREF(g_slow_sends, slow);
     g_slow_ns = slow_ns;
+    g_left_frames = left > 0 ? left : 0;
     Py_RETURN_NONE;
+}
+
+/* one past the newest filled frame in [head, top), as newest() finds it, starting from where the last call of this
+ * process on the same ring found it (frames are filled in order and stay filled until handed back, which moves the
+ * head past them: the newest only moves on, a few frames per write, so a gallop from there reads a few frames that
+ * the kernel just wrote instead of newest()'s bisection over the whole ring, whose first reads miss the cache) */
+static const void *g_near_ring;
+static long long g_near;
+static long long newest_near(const ring_t *r, long long head, long long top) {
+    long long lo = g_near_ring == (const void *)r->p ? g_near : head, hi = head + r->frames;
+    if (top < hi) hi = top;
+    long long out;
+    if (lo <= head || lo >= hi || !filled(r, lo - 1)) {
+        out = newest(r, head, top);
+    } else { /* filled(lo - 1): the newest is at lo or past it; gallop to a frame not filled, then bisect */
+        long long step = 1, up = lo;
+        while (up < hi && filled(r, up)) {
+            lo = up + 1;
+            up = lo + step < hi ? lo + step : hi;
+            step <<= 1;
+        }
+        while (up - lo > 0) { /* filled(lo - 1), not filled(up) (or up == hi) */
+            long long mid = lo + ((up - lo) >> 1);
+            if (filled(r, mid)) lo = mid + 1;
+            else up = mid;
+        }
+        out = lo;
+    }
+    g_near_ring = (const void *)r->p;
+    g_near = out;
+    return out;
+}
+
+static PyObject *pk_ring_newest_near(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    long long head, top = LLONG_MAX;
+    ring_t r;
+    if (!PyArg_ParseTuple(args, "OL|L", &obj, &head, &top)) return NULL;
+    if (ring_get(obj, &r, 0) != 0) return NULL;
+    long long out = newest_near(&r, head, top);
+    PyBuffer_Release(&r.view);
+    return PyLong_FromLongLong(out);
+}
+
+/* KernelStampTransport._left_by(t1): 1 (the packet log shows the write's last byte gone by t1: TCP holds none of it),
+ * 0 (the log cannot tell), -1 with an exception */
+static int left_by(PyObject *tr, kstate_t *st, PyObject *plog, long long t1) {
+    if (g_left_frames <= 0 || plog == Py_None) return 0;
+    PyObject *v = aget(tr, s_iss1);
+    if (v == NULL) return -1;
+    if (v == Py_None) {
+        Py_DECREF(v);
+        return 0;
+    }
+    long long iss1 = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (iss1 == -1 && PyErr_Occurred()) return -1;
+    unsigned char pat[PATTERN];
+    PyObject *key = aget(tr, s_tkey);
+    if (key == NULL) return -1;
+    int rc = key_pattern(key, pat);
+    Py_DECREF(key);
+    if (rc != 0) return -1;
+    PyObject *mv = aget(plog, s_mv);
+    if (mv == NULL) return -1;
+    ring_t r;
+    rc = ring_get(mv, &r, 0);
+    Py_DECREF(mv);
+    if (rc != 0) return -1;
+    long long head, top;
+    if (plog_head(plog, r.frames, &head, &top) != 0) {
+        PyBuffer_Release(&r.view);
+        return -1;
+    }
+    matcher_t m; /* PacketLog.newest_segment(_tkey, _LEFT_FRAMES) */
+    Py_ssize_t off, ip;
+    seg_t s;
+    int found = 0;
+    matcher_init_at(&m, &r, pat, head, newest_near(&r, head, top), g_left_frames);
+    while (matcher_next(&m, &off, &ip)) {
+        if (segment_at(&r, off, ip, &s)) {
+            found = 1;
+            break;
+        }
+    }
+    PyBuffer_Release(&r.view);
+    if (!found) return 0;
+    uint32_t last = (uint32_t)((iss1 + st->tx_off - 1) & 0xFFFFFFFFLL);
+    if ((uint32_t)(last - s.seq) >= (uint32_t)(s.end - s.seq)) return 0;
+    long long t;
+    if (to_mono(s.wall, &t) != 0) return -1;
+    return t <= t1;
 }
 
 /* truthiness of tr.<name>: 1, 0, or -1 with an exception */
@@ -1770,11 +1873,32 @@ static PyObject *pk_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     if (n == len) {
         long long tx_off = st->tx_off;
         st->tx_off = tx_off + n;
-        /* _sent: TCP still holding bytes (tcp_notsent: tcpi_notsent_bytes): they leave after t1, by an unknown time */
-        unsigned char info[TCP_INFO_LEN];
-        socklen_t ilen = TCP_INFO_LEN;
-        memset(info, 0, sizeof info);
-        int queued = getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &ilen) == 0 && ilen >= NOTSENT_AT + 4 && rd_u32(info + NOTSENT_AT) > 0;
+        /* _sent: TCP still holding bytes (tcp_notsent: tcpi_notsent_bytes): they leave after t1, by an unknown time;
+         * not asked where the packet log shows the write gone by t1 (_left_by), with the anchor found at the first write */
+        PyObject *plog = aget(tr, s_plog);
+        if (plog == NULL) return NULL;
+        if (st->writes == 1 && plog != Py_None) {
+            PyObject *a = aget(tr, s_iss1);
+            if (a == Py_None) {
+                Py_SETREF(a, PyObject_CallMethodNoArgs(tr, s_tx_anchor));
+                if (a != NULL && aset(tr, s_iss1, a) != 0) Py_CLEAR(a);
+            }
+            if (a == NULL) {
+                Py_DECREF(plog);
+                return NULL;
+            }
+            Py_DECREF(a);
+        }
+        int left = left_by(tr, st, plog, t1);
+        Py_DECREF(plog);
+        if (left < 0) return NULL;
+        int queued = 0;
+        if (!left) {
+            unsigned char info[TCP_INFO_LEN];
+            socklen_t ilen = TCP_INFO_LEN;
+            memset(info, 0, sizeof info);
+            queued = getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &ilen) == 0 && ilen >= NOTSENT_AT + 4 && rd_u32(info + NOTSENT_AT) > 0;
+        }
         bound = queued ? -1 : t1 - t0;
         st->last_write_bound_ns = bound;
         if (queued || t1 - t0 > g_slow_ns) {
@@ -1847,6 +1971,7 @@ static PyMethodDef methods[] = {
     {"tcp_notsent", pk_tcp_notsent, METH_O, "tcpi_notsent_bytes of a TCP socket, or None"},
     {"recv", pk_recv, METH_VARARGS, "recv(sock, buffer, flags) -> (n, kernel_ns): recvmsg with its receive stamp"},
     {"ring_newest", pk_ring_newest, METH_VARARGS, "one past the newest filled frame"},
+    {"ring_newest_near", pk_ring_newest_near, METH_VARARGS, "ring_newest from where the last call on that ring ended (the write's look)"},
     {"ring_release", pk_ring_release, METH_VARARGS, "hand frames [head, end) back to the kernel -> new head"},
     {"ring_reaches", pk_ring_reaches, METH_VARARGS, "PacketLog.reaches"},
     {"ring_segments", pk_ring_segments, METH_VARARGS, "PacketLog.segments_since"},
@@ -1857,7 +1982,7 @@ static PyMethodDef methods[] = {
     {"read_packets", pk_read_packets, METH_VARARGS, "kstamp's read of several segments placed from the packet log"},
     {"read_one", pk_read_one, METH_O, "kstamp's one-segment read: bytes, None, True (end of stream) or False (split path)"},
     {"read_split", pk_read_split, METH_O, "kstamp's read of several segments: the peek, the counters and read_packets"},
-    {"write_setup", pk_write_setup, METH_VARARGS, "write_setup(slow_sends, slow_send_ns)"},
+    {"write_setup", pk_write_setup, METH_VARARGS, "write_setup(slow_sends, slow_send_ns[, left_frames])"},
     {"send", (PyCFunction)(void (*)(void))pk_send, METH_FASTCALL, "send(protocol, transport, data) -> (t, bound), or None"},
     {"transport_base", pk_transport_base, METH_O, "transport_base(asyncio.Transport): the class holding a stamped transport's counters in C"},
     {"readable", pk_readable, METH_O, "readable(transport): KernelStampTransport._on_readable as the loop's reader callback"},
@@ -1894,6 +2019,7 @@ PyMODINIT_FUNC PyInit__pktring(void) {
         {&s_eof, "_eof"}, {&s_lost, "_lost"}, {&s_wbuf, "_wbuf"}, {&s_unplaced_write, "unplaced_write"},
         {&s_lazy_placement, "lazy_placement"}, {&s_restamp_write, "_restamp_write"}, {&s_sent, "_sent"}, {&s_fatal, "_fatal"},
         {&s_last_write_mono, "last_write_mono"}, {&s_last_write_bound, "last_write_bound"}, {&s_unplaced, "unplaced"},
+        {&s_iss1, "_iss1"}, {&s_tkey, "_tkey"}, {&s_tx_anchor, "_tx_anchor"},
         {&s_bounded, "bounded"}, {&s_packets, "packets"}, {&s_fallback, "fallback"},
         {&s_data_received, "data_received"}, {&s_fast, "_fast"}, {&s_peer_eof, "_peer_eof"}, {&s_split_rest, "_split_rest"}, {&s_reread, "_reread"},
         {&s_on_readable, "_on_readable"}, {&s_dr_failed, "protocol.data_received() failed"},

@@ -104,6 +104,9 @@ _PLACEMENT_TOL_NS = 50_000  # a packet-log placement whose last segment is furth
 _SEARCH_FRAMES = 2048
 _SLOW_SEND_NS = 30_000  # a send that took longer: its departure is looked up in the packet log
 _RESTAMP_SLACK_NS = 50_000  # a logged departure this far outside the send's readings is not this write's
+# Frames of the packet log looked at, back from the newest, for the segment a send just handed to the device
+# (_left_by): on loopback it is logged inside the send, and only what other processors log meanwhile comes after it
+_LEFT_FRAMES = 8
 _MAX_AGE_NS = 60 * 10**9  # a stamp older than this (or from the future) means the wall clock stepped
 _SOCKET_ERRORS = (OSError,)
 _mono = time.perf_counter_ns  # deltatap.clock.mono_ns, bound here for the read path
@@ -229,7 +232,7 @@ if _pktacc is not None and hasattr(_pktacc, "read_packets"):
 _read_split: Callable[[Any], Any] | None = None
 _send: Callable[[Any, Any, Any], Any] | None = None
 if _read_one is not None and hasattr(_pktacc, "send"):
-    _pktacc.write_setup(SLOW_SENDS, _SLOW_SEND_NS)
+    _pktacc.write_setup(SLOW_SENDS, _SLOW_SEND_NS, _LEFT_FRAMES)
     _read_split, _send = _pktacc.read_split, _pktacc.send
 # ``readable``: :meth:`KernelStampTransport._on_readable` itself in C, registered as the loop's reader callback
 # (``add_reader(fd, readable, transport)``): the usual read (``read_one``), and where several segments wait what
@@ -764,6 +767,23 @@ class KernelStampTransport(_TransportBase):
         SLOW_SENDS["bounded"] += 1
         return None
 
+    def _left_by(self, t1: int) -> bool:
+        """Whether the packet log shows the write just sent gone by ``t1``: the newest segment of ours among the log's
+        newest ``_LEFT_FRAMES`` frames carries the write's last byte (stream offset ``_tx_off - 1``, through the anchor
+        ``_iss1``) and left no later than ``t1``. A send's segments are logged as they enter the device, inside the
+        send on loopback; once the segment with the last byte left, TCP holds none of the write (tcpi_notsent_bytes
+        0), so this is :func:`~deltatap.net.pktstamp.tcp_notsent`'s answer without a ``getsockopt``. False: the log
+        cannot tell (no log or anchor, the segment not among those frames or not out by ``t1``): ask TCP."""
+        plog, iss1 = self._plog, self._iss1
+        if plog is None or iss1 is None:
+            return False
+        seg = plog.newest_segment(self._tkey, _LEFT_FRAMES)  # type: ignore[arg-type]
+        if seg is None:
+            return False
+        seq, end, wall = seg
+        last = (iss1 + self._tx_off - 1) & 0xFFFFFFFF
+        return ((last - seq) & 0xFFFFFFFF) < ((end - seq) & 0xFFFFFFFF) and _to_mono(wall) <= t1
+
     def _tx_anchor(self) -> int | None:
         """The sequence number of our stream offset 0: the log's newest segment of ours ends where TCP's sent
         bytes end (``_tx_off`` minus ``tcpi_notsent_bytes``) when no segment of ours left while that was read."""
@@ -896,8 +916,12 @@ class KernelStampTransport(_TransportBase):
         self._tx_off += n
         if n == len(data):
             # the bytes left between the two readings, unless TCP still holds some (tcpi_notsent_bytes: its congestion
-            # window full, pacing, the peer's window shut): then they leave later, after t1 by an unknown time (-1)
-            queued = bool(tcp_notsent(self._sock))
+            # window full, pacing, the peer's window shut): then they leave later, after t1 by an unknown time (-1).
+            # Where the packet log already shows the write's last byte gone by t1 (_left_by), TCP holds none of it:
+            # the same answer without asking TCP. The anchor that needs is found at a connection's first write.
+            if self._iss1 is None and self.writes == 1 and self._plog is not None:
+                self._iss1 = self._tx_anchor()
+            queued = not self._left_by(t1) and bool(tcp_notsent(self._sock))
             self.last_write_bound_ns = -1 if queued else t1 - t0
             if queued or t1 - t0 > _SLOW_SEND_NS:
                 if self._plog is None:
