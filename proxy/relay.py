@@ -285,7 +285,7 @@ def _drained(side: _Side) -> bool:
             return False
         sock = tr.get_extra_info("socket")
         return sock is not None and tcp_notsent(sock) == 0
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, AttributeError):  # (a transport that cannot say: not known to be drained)
         return False
 
 
