@@ -188,3 +188,14 @@ async def test_raw_engine_split_tail_sends_the_final_lf_of_a_crlf_event_alone():
         assert read_of(cr) < read_of(resp.stream_offset(ev.end + 1))
     with pytest.raises(ValueError):
         RawStyle(split_tail=1)  # (needs --split-ms)
+
+
+async def test_raw_engine_comments_and_data_less_blocks_are_no_events():
+    style = RawStyle(gap_ms=0, prefill_ms=0, comments=True)
+    got, _reads, _ = await _with_engine(style, lambda p: _exchange(p, [_request(3)]))
+    resp = _parse(got, 1, until_close=False)[0]
+    assert resp.body.count(b": keep-alive\n\n") == 3 and resp.body.count(b"\nid: cmpl-1\n\n") == 3
+    evs = sse_events(resp.body)
+    assert [e.text for e in evs if e.text] == ["alpha ", "beta ", "gamma "] and len(evs) == 1 + 3 + 2  # role, tokens, usage, [DONE]
+    first, _ = first_last_content(evs)
+    assert resp.body[: first.end].endswith(b'"alpha "},"finish_reason":null}]}\n')

@@ -188,7 +188,7 @@ def run_chain(cfg: ChainConfig, workdir: Path, log=print) -> ChainRun:
     ]
     coll_dir = workdir / "collector"
     collector_cmd = [*dt, "collect", "--otlp-grpc", f"127.0.0.1:{ports['collector-grpc']}", "--otlp-http", f"127.0.0.1:{ports['collector-http']}",
-                     "--metrics", "none", "--out", str(coll_dir), "--grace-s", "0.5", "--join-hold-s", "0.5", "--orphan-wait-s", "3"]
+                     "--metrics", "none", "--out", str(coll_dir), "--grace-s", "0.5", "--join-hold-s", "0.5", "--orphan-wait-s", "10"]  # (10 s: a stream TCP holds for seconds, --slow-reader, still joins)
     wl = workdir / "workload.yaml"
     wl.write_text(workload_yaml(cfg))
     load_dir = workdir / "load"

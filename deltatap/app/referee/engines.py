@@ -26,7 +26,8 @@ what the tap before it writes is held by TCP (the window shut) until it reads.
 LF or CRLF line ends; chunked, Content-Length (the whole stream built first) or close-delimited
 framing; each write split in two ``--split-ms`` apart (events split across writes; ``--split-tail 1``
 with CRLF puts the final ``\n`` alone in the second write, after the blank line's ``\r``); K token events per write; tokens of B bytes;
-the usage on the last content chunk; or a non-streamed JSON answer of N KiB whatever ``stream`` asks.
+the usage on the last content chunk; an SSE comment and a data-less ``id:`` block before each token write
+(``--comments``: neither is an event); or a non-streamed JSON answer of N KiB whatever ``stream`` asks.
 Connections are kept alive for further requests unless the framing is close-delimited or the
 request says ``Connection: close``.
 """
@@ -179,6 +180,7 @@ class RawStyle:
     token_bytes: int = 0  # > 0: each token's text this many bytes long (large chunks)
     usage_in_last: bool = False  # the usage object rides on the last content chunk (no separate usage chunk)
     json_kib: int = 0  # > 0: a non-streamed JSON answer of about this size, whatever ``stream`` asks
+    comments: bool = False  # a comment (": keep-alive") and an "event:"/"id:"-only block before each token write: no events
 
     def __post_init__(self) -> None:
         if self.split_tail < 0 or (self.split_tail and self.split_ms < 0):
@@ -207,7 +209,8 @@ def raw_events(style: RawStyle, n: int, rid: str, created: int, prompt_tokens: i
         toks.append(ev({"content": tok(i)}, finish="length" if last else None, usage_=u) if chat
                     else ev(text=tok(i), finish="length" if last else None, usage_=u))
     k = max(1, style.tokens_per_write)
-    writes += [toks[i : i + k] for i in range(0, n, k)]
+    ping = [b": keep-alive" + eol + eol, b"id: " + rid.encode() + eol + eol] if style.comments else []  # no data: no event
+    writes += [ping + toks[i : i + k] for i in range(0, n, k)]
     tail = [] if style.usage_in_last else [ev(None, usage_=usage)]
     writes.append(tail + [b"data: [DONE]" + eol + eol])
     return writes
@@ -339,13 +342,14 @@ def main() -> None:
                     "(1 with --line-end crlf: the final \"\\n\" alone)")
     ap.add_argument("--tokens-per-write", type=int, default=1, help="raw-engine: token events per write")
     ap.add_argument("--token-bytes", type=int, default=0, help="raw-engine: bytes of text per token (0: one short word)")
+    ap.add_argument("--comments", action="store_true", help="raw-engine: a comment and a data-less block before each token write")
     ap.add_argument("--usage-in-last", action="store_true", help="raw-engine: usage on the last content chunk")
     ap.add_argument("--json-kib", type=int, default=0, help="raw-engine: answer a non-streamed JSON body of this many KiB")
     a = ap.parse_args()
     host, _, port = a.listen.rpartition(":")
     if a.role == "raw-engine":
         style = RawStyle(a.gap_ms, a.prefill_ms, a.line_end, a.framing, a.split_ms, a.split_tail, a.tokens_per_write, a.token_bytes,
-                         a.usage_in_last, a.json_kib)
+                         a.usage_in_last, a.json_kib, a.comments)
 
         async def run() -> None:
             server = await serve_raw_engine(style, host, int(port))
