@@ -666,10 +666,14 @@ class Downstream(_Side):
         if not ended:
             return
         if stamp is not None:
+            u = None  # the write's own unplaced record, kept if its bytes were still held (_settle_held)
             if placing is not None:
                 stamp = placing[0].place(placing[1], stamp[0], stamp[1])
+                u = placing[1]
+            elif not counted and self.up is not None:  # (at once: the upstream's latest write is this one)
+                u = self.up.unplaced
             for ex in ended:
-                self._forwarded(ex, stamp)
+                self._forwarded(ex, stamp, u)
         elif queued:
             for ex in ended:
                 ex.forward_pending = True
@@ -746,7 +750,7 @@ class Downstream(_Side):
             stamp = self._send_up(b"".join(pending), bool(waiting))
             for ex in waiting:
                 ex.forward_pending = False
-                self._forwarded(ex, stamp)
+                self._forwarded(ex, stamp, up.unplaced)
         if self.eof and up.transport.can_write_eof():
             up.eof_sent = True
             up.transport.write_eof()
@@ -795,19 +799,25 @@ class Downstream(_Side):
             t, bound = up.place(up.unplaced, t, bound)
         return t, bound
 
-    def _forwarded(self, ex: Exchange, stamp: tuple[int, int] | None) -> None:
+    def _forwarded(self, ex: Exchange, stamp: tuple[int, int] | None, unplaced: tuple[int, int, int, bool] | None = None) -> None:
+        """``ex``'s request went upstream by the write ``stamp`` (None: by the upstream's latest write); ``unplaced``:
+        that write's unplaced record (:attr:`~deltatap.net.conn.StampedProtocol.unplaced`), kept with a write whose
+        bytes were still held (bound -1) to place it later (:func:`_settle_held`)."""
         if stamp is None:
             up = self.up
             if up is None:
                 return
             stamp = (up.last_write_mono or mono(), up.last_write_bound)
+            unplaced = up.unplaced
         ex.rec.forwarded = stamp[0]
         ex.rec.bounds[_EV_REQUEST_FORWARDED] = (0, stamp[1])
         if stamp[1] < 0 and self.up is not None:  # (its bytes waited: settled later, _settle_held)
             held = ex.held
             if held is None:
                 held = ex.held = {}
-            held[_EV_REQUEST_FORWARDED] = (self.up, self.up.unplaced)
+            held[_EV_REQUEST_FORWARDED] = (self.up, unplaced)
+        elif ex.held is not None:  # (sent again on a fresh connection, retry_stale: the resend's stamp holds)
+            ex.held.pop(_EV_REQUEST_FORWARDED, None)
 
     def retry_stale(self, up: Upstream) -> bool:
         """``up``, taken from the pool, closed or reset before any byte of an answer: the upstream ended that idle

@@ -146,3 +146,66 @@ async def test_writes_held_then_read_get_a_bound_that_holds_the_truth(make_tap, 
         else:
             assert b > 0  # never stated exact
     assert obs.first_token_mono_ns < began  # (the tap had read it well before: the case was met)
+
+
+def _late_reader(listener: socket.socket, began: list[int]) -> None:
+    """An upstream that reads a request's head, then nothing for 0.15 s (the tap's write of the body waits), then
+    the body, and answers."""
+    listener.settimeout(TIMEOUT_S)
+    while True:
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(TIMEOUT_S)
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                data = conn.recv(4096)
+                if not data:
+                    break
+                buf += data
+            if b"\r\n\r\n" not in buf:
+                continue  # (the tap's start-up probe)
+            head, _, body = buf.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+            time.sleep(0.15)
+            began.append(mono_ns())
+            while len(body) < length:
+                data = conn.recv(1 << 20)
+                assert data
+                body += data
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+            return
+
+
+async def test_a_request_write_held_by_a_late_upstream_is_placed_or_bounded(make_tap, plog_mode):
+    listener = socket.create_server(("127.0.0.1", 0))
+    began: list[int] = []
+    th = threading.Thread(target=_late_reader, args=(listener, began), daemon=True)
+    th.start()
+    try:
+        tap = await make_tap(f"http://127.0.0.1:{listener.getsockname()[1]}")
+        seen = []
+        real_finish = tap.tap.finish
+        tap.tap.finish = lambda span, rec: (seen.append(rec), real_finish(span, rec))
+        body = b'{"prompt": "' + b"p" * 2_000_000 + b'"}'
+
+        def talk() -> bytes:
+            with socket.create_connection(("127.0.0.1", tap.port), timeout=TIMEOUT_S) as c:
+                c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: e\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                got = b""
+                while not got.endswith(b"{}"):
+                    data = c.recv(65536)
+                    assert data
+                    got += data
+                return got
+
+        async with asyncio.timeout(TIMEOUT_S):
+            await asyncio.get_running_loop().run_in_executor(None, talk)
+            while not seen:
+                await asyncio.sleep(0.01)
+    finally:
+        listener.close()
+        th.join(TIMEOUT_S)
+    rec = seen[0]
+    b = rec.bounds[TapEvent.REQUEST_FORWARDED][1]
+    assert b >= 0  # placed, or bounded by the later check: never unknown once the upstream read it all
+    assert rec.forwarded + b >= began[0], (began[0] - rec.forwarded - b) / 1e6  # the interval reaches the departure
