@@ -54,7 +54,8 @@ class RequestRecord:
     chunk_mono_ns: list[int] = field(default_factory=list)  # every content event's read
     last_token_mono_ns: int | None = None
     end_mono_ns: int | None = None
-    # event -> (before_ns, after_ns): the event happened in [t - before, t + after] (deltatap.core.vocab.format_stamp_bounds)
+    # event -> (before_ns, after_ns): the event happened in [t - before, t + after] (deltatap.core.vocab.format_stamp_bounds;
+    # a side -1, BOUND_UNKNOWN: not known, stated "?" on the client span - e.g. client.send with no response head)
     stamp_bounds: dict[str, tuple[int, int]] = field(default_factory=dict)
     # outcome
     status: str = Outcome.OK
