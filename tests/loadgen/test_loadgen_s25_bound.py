@@ -9,10 +9,9 @@ import asyncio
 
 from deltatap.core.clock import mono_ns
 from deltatap.core.vocab import ClientEvent, Outcome, format_stamp_bounds
-from deltatap.loadgen.client import make_session
+from deltatap.loadgen.client import execute, make_session
 from deltatap.loadgen.records import RequestRecord
 from test_loadgen_h1client import RawServer, target, write_sse
-from deltatap.loadgen.client import execute
 
 
 async def test_a_large_prompt_the_server_reads_late_states_its_bound():
