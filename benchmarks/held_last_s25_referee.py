@@ -1,6 +1,6 @@
-"""Reproduction (session 25, referee): a last token whose forwarding write TCP holds is stamped at the write, stated exact.
+"""Reproduction (session 25, referee): a token whose forwarding write TCP holds is stamped at the write, stated exact.
 
-    .venv/bin/python benchmarks/held_last_s25_referee.py        (root: the taps' packet log needs CAP_NET_RAW)
+    .venv/bin/python benchmarks/held_last_s25_referee.py [--case last|first-split]   (root: the packet log needs CAP_NET_RAW)
 
 One ``deltatap tap`` process (spans to a file) in front of a raw upstream that answers an SSE stream: a role chunk,
 the first token, then 40 tokens of ~1 KB 2 ms apart, ``[DONE]``. The client has a 4 KiB receive buffer, sends the
@@ -8,8 +8,16 @@ request, reads NOTHING for 0.4 s, then everything. With the window shut the tap'
 (and its transport): the last token's bytes cannot leave before the client reads (the window is closed), so its
 ``last_token.forwarded`` event can be no earlier than the moment the client began to read (``began``). Prints that
 event's time and its stated bound against ``began``; exit status 1 when the stamp is before ``began`` with no bound
-that reaches it (the defect), 0 otherwise. What the wire referee showed first: ``benchmarks/wire_referee.py
---slow-reader gateway`` (tap gw-fw's ``gateway.out.last_in``: 190 of 190 rows early by 330-568 ms, stated exact).
+that reaches it (the defect: stated exact, the starting tree), 3 when it is stated unknown (``0/?``: honest, not
+placed; 4d96d60), 0 when placed at its departure or bounded to reach it. Run it on another tree with that tree's
+interpreter on PYTHONPATH (e.g. PYTHONPATH=/tmp/s25base .venv/bin/python benchmarks/held_last_s25_referee.py).
+
+``--case first-split``: the role chunk and two 30 KB tokens come in one upstream write, so the first token's event
+ends past the window the client leaves open: its ``first_token.forwarded`` is checked the same way. Both cases end
+(the upstream's last write, the exchange's END) long before the client reads, so no later read of the exchange is
+left to place the held write from the packet log (session 24's retry, ``Upstream._place_first``, runs at later reads
+and at the END only). What the wire referee showed first: ``benchmarks/wire_referee.py --slow-reader gateway``
+(tap gw-fw's ``gateway.out.last_in``: 190 of 190 rows early by 0.3-6.9 s, stated exact, on the starting tree).
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ def _ev(text: str) -> bytes:
     return b'data: {"choices":[{"index":0,"delta":{"content":"' + text.encode() + b'"}}]}\n\n'
 
 
-def upstream(listener: socket.socket, stop: threading.Event) -> None:
+def upstream(listener: socket.socket, stop: threading.Event, first_write: int = 0) -> None:
     listener.settimeout(0.5)
     while not stop.is_set():
         try:
@@ -58,7 +66,11 @@ def upstream(listener: socket.socket, stop: threading.Event) -> None:
             if b"\r\n\r\n" not in buf:
                 continue
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-            conn.sendall(_chunk(b'data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'))
+            role = b'data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
+            if first_write:  # the role chunk and the first tokens in one write: the first token ends past a 4 KiB window
+                conn.sendall(_chunk(role + b"".join(_ev(f"f{i:03d} " + "y" * 30000) for i in range(first_write))))
+            else:
+                conn.sendall(_chunk(role))
             for i in range(N_TOKENS):
                 conn.sendall(_chunk(_ev(f"t{i:03d} " + "x" * 1000)))
                 time.sleep(0.002)
@@ -73,10 +85,18 @@ def free_port() -> int:
 
 
 def main() -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--case", choices=["last", "first-split"], default="last",
+                    help="first-split: the role chunk and 2 tokens of 30 KB in one write; the first token's event ends "
+                    "past the client's window: its forwarded stamp is checked instead")
+    args = ap.parse_args()
+    event = "last_token.forwarded" if args.case == "last" else "first_token.forwarded"
     work = Path(tempfile.mkdtemp(prefix="held-last-"))
     listener = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
-    th = threading.Thread(target=upstream, args=(listener, stop), daemon=True)
+    th = threading.Thread(target=upstream, args=(listener, stop, 2 if args.case == "first-split" else 0), daemon=True)
     th.start()
     port = free_port()
     spans = work / "spans.jsonl"
@@ -127,21 +147,24 @@ def main() -> int:
     for line in spans.read_text().splitlines():
         obj = json.loads(line)
         for ev in _events(obj):
-            if ev[0] == "last_token.forwarded":
+            if ev[0] == event:
                 found = ev
                 stated = parse_stamp_bounds(_span_attr(obj, Attr.STAMP_BOUNDS))
     if found is None:
-        print("no last_token.forwarded event in", spans)
+        print(f"no {event} event in", spans)
         return 2
     _, t_ns, _attrs = found
-    _before, after = stated.get("last_token.forwarded", (0, 0))
+    _before, after = stated.get(event, (0, 0))
     early_ms = (began - t_ns) / 1e6
-    print(f"client began to read at {began}; last_token.forwarded at {t_ns}: {early_ms:.3f} ms before the bytes could leave;"
-          f" its stated interval (deltatap.stamp.bounds): {stated.get('last_token.forwarded', 'none: stated exact')}")
+    print(f"client began to read at {began}; {event} at {t_ns}: {early_ms:.3f} ms before the bytes could leave;"
+          f" its stated interval (deltatap.stamp.bounds): {stated.get(event, 'none: stated exact')}")
     if t_ns < began and (after >= 0 and t_ns + after < began):  # (an unknown side, -1, claims nothing)
-        print("DEFECT: the last token's forwarded stamp is before its bytes could leave and its bound does not reach them")
+        print(f"DEFECT: {event} is before its bytes could leave and its bound does not reach them")
         return 1
-    print("ok")
+    if after < 0:
+        print("UNPLACED: stated unknown (claims nothing: honest, but the departure is not found; the packet log has it)")
+        return 3
+    print("ok: placed at or after the client began to read" if t_ns >= began else "ok: its interval reaches the departure")
     return 0
 
 

@@ -118,7 +118,8 @@ def summarize(comp, wire, run) -> dict:
         "points_covered_by_their_bounds": sum(all_cov) / len(all_cov) if all_cov else None,
         "points_bounded": sum(comp.point_bounded.values()), "points_compared": len(all_cov),
         "examples_over_0_3ms": comp.examples,
-        "points_outside_their_interval": dict(comp.point_outside), "points_with_an_unknown_side": dict(comp.point_unknown), "examples_outside_their_interval": comp.outside_examples,
+        "points_outside_their_interval": dict(comp.point_outside), "points_with_an_unknown_side": dict(comp.point_unknown),
+        "points_outside_worst_ms": {k: v / 1e6 for k, v in comp.outside_worst_ns.items()}, "examples_outside_their_interval": comp.outside_examples,
     }
 
 
@@ -160,7 +161,8 @@ def print_table(label: str, s: dict) -> None:
     if s.get("points_with_an_unknown_side"):
         print("  stated with an unknown side (no claim): " + ", ".join(f"{k}: {v}" for k, v in sorted(s["points_with_an_unknown_side"].items())))
     if s.get("points_outside_their_interval"):
-        print("  outside their interval: " + ", ".join(f"{k}: {v}" for k, v in sorted(s["points_outside_their_interval"].items())))
+        worst = s.get("points_outside_worst_ms", {})
+        print("  outside their interval: " + ", ".join(f"{k}: {v} (worst {worst.get(k, 0):.3f} ms)" for k, v in sorted(s["points_outside_their_interval"].items())))
 
 
 def out_name(engine: str, rate: float, gap: float, busy: bool, suffix: str) -> str:

@@ -245,6 +245,7 @@ class Comparison:
     point_outside: Counter = field(default_factory=Counter)  # "<point> late|early exact|interval" -> count
     outside_examples: list[dict] = field(default_factory=list)
     point_unknown: Counter = field(default_factory=Counter)  # values with a side stated unknown (BOUND_UNKNOWN, -1)
+    outside_worst_ns: dict[str, int] = field(default_factory=dict)  # "<point> late|early exact|interval" -> max |error|
 
 
 def compare(rows, wire: Wire, warmup: int = 10, all_outcomes: bool = False) -> Comparison:
@@ -272,6 +273,7 @@ def compare(rows, wire: Wire, warmup: int = 10, all_outcomes: bool = False) -> C
     delta_covered: dict[str, list[bool]] = {}
     outside: Counter = Counter()
     point_unknown: Counter = Counter()
+    outside_worst: dict[str, int] = {}
     outside_examples: list[dict] = []
     row_ids = {r.request_id for r in rows}
     for r in kept:
@@ -307,6 +309,7 @@ def compare(rows, wire: Wire, warmup: int = 10, all_outcomes: bool = False) -> C
             if not inside:
                 how = f"{name} {'late' if e > 0 else 'early'} {'interval' if before or after else 'exact'}"
                 outside[how] += 1
+                outside_worst[how] = max(outside_worst.get(how, 0), abs(e))
                 if len(outside_examples) < 40:
                     outside_examples.append({"request_id": r.request_id, "point": name, "observer": ob, "error_ms": e / 1e6,
                                              "before_ms": before / 1e6, "after_ms": after / 1e6})
@@ -346,7 +349,7 @@ def compare(rows, wire: Wire, warmup: int = 10, all_outcomes: bool = False) -> C
     wire_without_row = sum(1 for rid in wire.by_request if rid not in row_ids)
     return Comparison(point_err, delta_err, dict(later), dict(late01), len(rows), len(kept), len(skipped), len(rows) - len(ok),
                       unmatched, missing_hops, not_on_wire, unmapped, pair_changed, wire_without_row, examples,
-                      point_bounded, point_covered, delta_bounded, delta_covered, outside, outside_examples, point_unknown)
+                      point_bounded, point_covered, delta_bounded, delta_covered, outside, outside_examples, point_unknown, outside_worst)
 
 
 def stats(errs: list[int]) -> dict:
