@@ -29,8 +29,8 @@ delivery) and compares the p50 of what is left with the direct path's p50. ``--b
 from another source tree (path ``tap-base``) in the same run, for before/after; ``--tap-env NAME:VAR=VAL`` the checkout's
 tap with other settings (path ``tap-NAME``). ``paired_difference_us`` compares blocks of requests run seconds apart,
 so the host's other load between the blocks moves it (its 95 % bootstrap interval, ``..._ci95_us``, is narrower than
-its run-to-run spread). ``--pairs N`` (``self_report_pairs``) measures it per *turn*: one request on each path in
-turn on kept connections, the order reversed every other turn (A B B A), ``--pair-warmup`` turns left out; per turn
+its run-to-run spread). ``--pairs N`` (default 400; ``self_report_pairs``) measures it per *turn*: one request on each of ``--pair-paths``
+(default ``direct,tap``) in turn on kept connections, the order reversed every other turn (A B B A), ``--pair-warmup`` turns left out; per turn
 ``(tap path time - the span's self-report) - direct path time``, and the median of those with a 95 % bootstrap
 interval over turns, with and without the hop bound (``target_within_50us``: met where either interval lies inside
 +-50 us, not met where both lie beyond it, else undecided); every process's CPU and run delay (runnable, waiting for
@@ -499,11 +499,12 @@ def main() -> int:
                         "the tap's; benchmarks/selfreport_gap.py: the engine then never waits for a CPU a proxy holds)")
     p.add_argument("--levels", type=lambda t: [int(c) for c in t.split(",")], default=[1, 50, 200],
                    help="the TTFT levels to run, of 1,50,200 (default all; e.g. --levels 1)")
-    p.add_argument("--pairs", type=int, default=0,
+    p.add_argument("--pairs", type=int, default=400,
                    help="after the levels: N turns of one request per path, the order reversed every other turn (ABBA), for "
-                        "the self-report per turn with a bootstrap interval (self_report_pairs in the results)")
-    p.add_argument("--pair-paths", type=lambda t: t.split(","), metavar="P,Q",
-                   help="the paths --pairs' turns run (default every path; direct and tap always needed), e.g. direct,tap")
+                        "the self-report per turn with a bootstrap interval (self_report_pairs in the results; 0: none)")
+    p.add_argument("--pair-paths", type=lambda t: t.split(","), metavar="P,Q", default=["direct", "tap"],
+                   help="the paths --pairs' turns run (default direct,tap: with a third path in the turns the figure moved "
+                        "more from run to run; 'all': every path), e.g. direct,tap,tap-base")
     p.add_argument("--pair-warmup", type=int, default=20, help="turns run first and left out of --pairs' figures")
     p.add_argument("--out", default=str(HERE / "results" / "tap_overhead.json"))
     args = p.parse_args()
@@ -516,6 +517,8 @@ def main() -> int:
         except ValueError as exc:
             print(exc, file=sys.stderr)
             return 2
+    if args.pair_paths == ["all"]:
+        args.pair_paths = None
     if args.pair_paths and not {"direct", "tap"} <= set(args.pair_paths):
         print("--pair-paths: direct and tap at least", file=sys.stderr)
         return 2
@@ -524,6 +527,7 @@ def main() -> int:
         return 2
     if args.quick:
         args.n1, args.n50, args.n200, args.tput_s = 60, 300, 600, 1.5
+        args.pairs = min(args.pairs, 60)
     py = sys.executable
     up_port, tap_port, envoy_port = free_port(), free_port(), free_port()
     procs: list[subprocess.Popen] = []
