@@ -77,3 +77,19 @@ def test_the_aggregate_counts_unbounded_values_apart():
     s = a.summary("system_ttft")
     assert s["bounded_share"] == 0.5 and s["unbounded_share"] == 0.25
     assert s["bound_max_ms"] == 2.0 and s["bound_mean_ms"] == 2.0  # the widths are the known bounds' only
+
+
+def test_the_percentiles_report_names_the_unbounded_values():
+    from deltatap.collector.reports.registry import ReportInputs, build_report
+
+    rows = []
+    for i in range(4):
+        spans, _t = default_stack(rid=f"p{i}")
+        if i == 0:
+            _with_bounds(spans, {"client": {ClientEvent.SEND: (0, BOUND_UNKNOWN)}})
+        rows.append(build_row(decode_request(request(spans)), TOPO))
+    table = build_report(ReportInputs(rows=rows), sections=["percentiles"]).section("percentiles").table("deltas")
+    note = next(f for f in table.footnotes if f.startswith("Unbounded"))
+    assert "system_ttft 25.0 %" in note and "engine_ttft" not in note
+    plain = build_report(ReportInputs(rows=rows[1:]), sections=["percentiles"]).section("percentiles").table("deltas")
+    assert not any(f.startswith("Unbounded") for f in plain.footnotes)
