@@ -353,7 +353,7 @@ async def drive_turns(args, urls: dict[str, str], layouts: dict[str, dict[str, s
 
 
 def analyse(detail: dict, spans: dict, wire, conds: list[str], sched: "SchedIndex | None" = None, engine_tid: int = 0,
-            tap_tids: dict[str, int] | None = None) -> dict:
+            tap_tids: dict[str, int] | None = None, names: list[str] | None = None) -> dict:
     from deltatap.core.clock import ANCHOR
 
     rows: dict[str, dict[str, list[float]]] = {c: {k: [] for k in ("path", "left", "left_hop", "left_hop_after", *SEGMENTS)} for c in conds}
@@ -422,6 +422,7 @@ def analyse(detail: dict, spans: dict, wire, conds: list[str], sched: "SchedInde
             slept = sched.sleeps_after((tap_tids or {}).get(cond.split("@", 1)[0], 0), ANCHOR.to_mono_ns(up.times["req_last"]))
             if slept is not None:
                 r["tap_awake_after_forward"].append(slept - ANCHOR.to_mono_ns(up.times["req_last"]))
+                seg["tap_awake_after_forward"] = slept - ANCHOR.to_mono_ns(up.times["req_last"])
                 if rid in wake_of:  # the engine's switch-in against the tap's sleep, both from the request's packet
                     engine_vs_sleep[cond].append(wake_of[rid] - (slept - ANCHOR.to_mono_ns(up.times["req_last"])))
         r["tap_request_unreported"].append(tap_req - req_o)
@@ -495,19 +496,21 @@ def analyse(detail: dict, spans: dict, wire, conds: list[str], sched: "SchedInde
             "client_read": round(g["client_read"]["mean_us"] - dd["client_read"]["mean_us"], 1),
         }
         g["mean_gap_us"] = round((float(np.mean(t["left"])) - float(np.mean(d))) / 1e3, 1)
-        g["paired"] = paired_gap(per_req, c, f"direct@{lay}")
+        g["paired"] = paired_gap(per_req, c, f"direct@{lay}", names)
     return out
 
 
-def paired_gap(per_req: dict[str, dict[str, float]], cond: str, direct: str) -> dict | None:
+def paired_gap(per_req: dict[str, dict[str, float]], cond: str, direct: str, names: list[str] | None = None) -> dict | None:
     """The gap per pair: a tap request and the direct request of the same block index (``--rounds`` = ``--requests``
     gives one request per block, the two paths in a shuffled order each round: pairs close in time). Per pair
     ``gap = (tap path - self-report) - direct path`` = Δclient_send + tap_request_unreported + Δengine +
     tap_first_token_unreported + Δclient_read exactly; each part's median and mean over pairs (the means add up to
-    the mean gap), and the gap's median with a 95 % bootstrap interval over pairs."""
-    from tap_overhead import boot_ci
-
+    the mean gap), and the gap's median with a 95 % bootstrap interval over pairs. ``names`` (``--turns``: the paths
+    in their turn order, reversed every other turn): the same again for the tap requests that came right after a
+    request on the same tap (``after_same_path``) and after one on another path (``after_other_path``)."""
     pairs = []
+    prev_same: list[bool] = []
+    path = cond.split("@", 1)[0]
     for rid, seg in per_req.items():
         c = rid.rsplit("-", 2)[0]  # ids: CONDITION-ROUND-INDEX
         idx = rid[len(c):]
@@ -516,8 +519,25 @@ def paired_gap(per_req: dict[str, dict[str, float]], cond: str, direct: str) -> 
         other = per_req.get(direct + idx)
         if other is not None:
             pairs.append((seg, other))
+            if names and path in names:
+                i = int(idx.split("-")[1])
+                order = names if i % 2 == 0 else names[::-1]
+                k = order.index(path)
+                prev_same.append((order[k - 1] if k else (names if (i - 1) % 2 == 0 else names[::-1])[-1]) == path)
     if len(pairs) < 2:
         return None
+    out = _gap_parts(pairs)
+    if names and len(prev_same) == len(pairs):
+        for label, want in (("after_same_path", True), ("after_other_path", False)):
+            sub = [pr for pr, same in zip(pairs, prev_same) if same == want]
+            if len(sub) >= 2:
+                out[label] = _gap_parts(sub)
+    return out
+
+
+def _gap_parts(pairs: list[tuple[dict, dict]]) -> dict:
+    from tap_overhead import boot_ci
+
     parts: dict[str, list[float]] = {"gap": [], "gap_with_hop": [], "client_send": [], "tap_request_unreported": [],
                                      "engine": [], "engine_wake": [], "engine_rest": [], "tap_first_token_unreported": [],
                                      "client_read": []}
@@ -527,8 +547,9 @@ def paired_gap(per_req: dict[str, dict[str, float]], cond: str, direct: str) -> 
             parts["gap_with_hop"].append(t["left"] - t["hop"] - d["path"])
         for k in ("client_send", "engine", "client_read"):
             parts[k].append(t[k] - d[k])
-        for k in ("tap_request_unreported", "tap_first_token_unreported"):
-            parts[k].append(t[k])
+        for k in ("tap_request_unreported", "tap_first_token_unreported", "tap_awake_after_forward"):
+            if k in t:
+                parts.setdefault(k, []).append(t[k])
         if "engine_wake" in t and "engine_wake" in d:
             parts["engine_wake"].append(t["engine_wake"] - d["engine_wake"])
             parts["engine_rest"].append((t["engine"] - t["engine_wake"]) - (d["engine"] - d["engine_wake"]))
@@ -667,7 +688,8 @@ def main() -> int:
         stop_all(procs)
         shutil.rmtree(tmp, ignore_errors=True)
     conds = [f"{path}@{lay}" for lay in layouts for path in urls]
-    result = analyse(detail, spans, wire, conds, sched_index, engine_tid, {p: pids[p] for p in urls if p != "direct"})
+    result = analyse(detail, spans, wire, conds, sched_index, engine_tid, {p: pids[p] for p in urls if p != "direct"},
+                     list(urls) if args.turns else None)
     for c, per in sched.items():
         g = result["conditions"].setdefault(c, {})
         g["sched_per_request_us"] = {name: {"cpu": round(v[0] / max(v[3], 1) / 1e3, 1), "run_delay": round(v[1] / max(v[3], 1) / 1e3, 1),
@@ -703,8 +725,10 @@ def print_report(result: dict) -> None:
                   f"{g['mean_gap_by_segment_us']}")
         if g.get("paired"):
             pr = g["paired"]
-            print(f"    paired ({pr['pairs']} pairs), median [95 % CI] / mean us: " + "  ".join(
-                f"{k} {v['median_us']} {v['ci95_median_us']} / {v['mean_us']}" for k, v in pr.items() if isinstance(v, dict)))
+            for label, sub in (("paired", pr), *((k, pr[k]) for k in ("after_same_path", "after_other_path") if k in pr)):
+                print(f"    {label} ({sub['pairs']} pairs), median [95 % CI] / mean us: " + "  ".join(
+                    f"{k} {v['median_us']} {v['ci95_median_us']} / {v['mean_us']}" for k, v in sub.items()
+                    if isinstance(v, dict) and "median_us" in v))
         if "hop_bound_check" in g:
             print(f"    hop bound per request: below the wire's unreported in {g['hop_bound_check']['short_share']} "
                   f"(by {g['hop_bound_check']['short_by_p50_us']} us p50), margin p10 {g['hop_bound_check']['p10_us']} us")

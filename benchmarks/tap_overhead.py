@@ -34,7 +34,9 @@ its run-to-run spread). ``--pairs N`` (default 400; ``self_report_pairs``) measu
 ``(tap path time - the span's self-report) - direct path time``, and the median of those with a 95 % bootstrap
 interval over turns, with and without the hop bound (``target_within_50us``: met where either interval lies inside
 +-50 us, not met where both lie beyond it, else undecided); every process's CPU and run delay (runnable, waiting for
-a CPU) per turn. ``--levels 1`` runs the 1-stream level alone, ``--tput-rounds 0`` no maximum-rate phase. Where that difference goes, segment by
+a CPU) per turn; and the per-turn median split by what ran just before the tap's request
+(``median_pair_difference_by_previous_request_us``: the same tap, or another path — with ``direct,tap`` half each,
+and the two can lie far apart). ``--levels 1`` runs the 1-stream level alone, ``--tput-rounds 0`` no maximum-rate phase. Where that difference goes, segment by
 segment on the wire and in the scheduler's events (the engine's wake-up waiting for the CPU the tap holds after its
 forward), under free and pinned CPU layouts: ``benchmarks/selfreport_gap.py``.
 
@@ -377,6 +379,10 @@ def pair_report(raw: dict, spans: Path, warmup: int, path: str = "tap") -> dict:
     if mine is None:
         return {}
     d, dh, left, dpath, selfs, hops, added = [], [], [], [], [], [], []
+    # the turn's difference by what ran just before the tap's request: a request on the same tap (its CPU likely still
+    # awake) or on another path (A B | B A: the second turn's B follows the first's B)
+    by_prev: dict[str, list[float]] = {"after_same_path": [], "after_other_path": []}
+    names = raw["paths"]
     missing = 0
     for i in range(warmup, raw["turns"]):
         o = over.get(f"{path}-pair-{i}")
@@ -384,6 +390,10 @@ def pair_report(raw: dict, spans: Path, warmup: int, path: str = "tap") -> dict:
             missing += 1
             continue
         d.append(mine[i] - o[0] - direct[i])
+        order = names if i % 2 == 0 else names[::-1]
+        k = order.index(path)
+        prev = order[k - 1] if k else (names if (i - 1) % 2 == 0 else names[::-1])[-1]
+        by_prev["after_same_path" if prev == path else "after_other_path"].append(d[-1])
         left.append(mine[i] - o[0])
         dpath.append(direct[i])
         selfs.append(o[0])
@@ -413,6 +423,9 @@ def pair_report(raw: dict, spans: Path, warmup: int, path: str = "tap") -> dict:
         "added_path_median_us": us(pct(added, 50)) if added else None,
         "direct_path_p50_us": us(pct(dpath, 50)) if dpath else None,
         "pair_difference_p10_p90_us": [us(pct(d, 10)), us(pct(d, 90))] if d else None,
+        "median_pair_difference_by_previous_request_us": {
+            k: {"n": len(v), "median": us(pct(v, 50)), "ci95": [us(x) for x in (boot_ci(med, v, paired=True) or [])] or None}
+            for k, v in by_prev.items() if v},
     }
     if ci and cih:
         inside = lambda c: -50e3 <= c[0] and c[1] <= 50e3  # noqa: E731
