@@ -61,6 +61,22 @@ def test_pair_report_is_the_median_of_per_turn_differences(tmp_path):
     assert tov.pair_report(raw, spans, warm, "tap-other") == {}
 
 
+def test_pair_report_splits_turns_by_the_request_before_the_taps(tmp_path):
+    # turns D T | T D | D T ...: in even turns the tap's request follows the direct one, in odd turns the tap's own
+    turns = 41
+    direct = [400_000] * turns
+    selfs = [150_000] * turns
+    tap = [d + s + (70_000 if i % 2 == 0 else 20_000) for i, (d, s) in enumerate(zip(direct, selfs))]
+    spans = _spans_file(tmp_path / "spans.jsonl", {f"tap-pair-{i}": (selfs[i], 10_000) for i in range(turns)})
+    raw = {"paths": ["direct", "tap"], "turns": turns, "path_ns": {"direct": direct, "tap": tap}}
+    split = tov.pair_report(raw, spans, 1)["median_pair_difference_by_previous_request_us"]
+    assert split["after_other_path"]["median"] == 70.0 and split["after_other_path"]["n"] == 20
+    assert split["after_same_path"]["median"] == 20.0 and split["after_same_path"]["n"] == 20
+    # three paths D T E | E T D: the tap always follows another path
+    raw3 = {"paths": ["direct", "tap", "envoy"], "turns": turns, "path_ns": {"direct": direct, "tap": tap, "envoy": direct}}
+    assert list(tov.pair_report(raw3, spans, 1)["median_pair_difference_by_previous_request_us"]) == ["after_other_path"]
+
+
 def test_paired_gap_parts_add_up_to_the_gap():
     rng = random.Random(5)
     per_req = {}
