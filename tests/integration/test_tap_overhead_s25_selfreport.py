@@ -98,3 +98,8 @@ def test_paired_gap_parts_add_up_to_the_gap():
     assert abs(out["gap_with_hop"]["mean_us"] - (out["gap"]["mean_us"] - 20.0)) < 0.15
     assert abs(out["engine_wake"]["mean_us"] + out["engine_rest"]["mean_us"] - out["engine"]["mean_us"]) < 0.15
     assert srg.paired_gap({}, "tap@free", "direct@free") is None
+    del per_req["tap@free-99-0"]
+    split = srg.paired_gap(per_req, "tap@free", "direct@free", ["direct", "tap"])
+    assert split["after_other_path"]["pairs"] == split["after_same_path"]["pairs"] == 25  # even turns: after the direct one
+    assert split["after_other_path"]["gap"]["median_us"] == round(float(srg.np.median(
+        [per_req[f"tap@free-{i}-0"]["left"] - per_req[f"direct@free-{i}-0"]["path"] for i in range(0, 50, 2)])) / 1e3, 1)
