@@ -28,6 +28,10 @@
  *                                 _recv calls _fatal
  *   read_split(transport)         _on_readable's path when several segments wait: the one-byte peek, the counters
  *                                 read_one kept, READ_LAG, and read_packets with MERGED_READS counted (see pk_read_split)
+ *   read_plain(transport)         the read of a transport without the packet log (KernelStampTransport._read_merged's
+ *                                 peek and counters, _read_late's prompt read, _hand_over_read(taken=True), _deliver):
+ *                                 the read's bytes, None, True (end of stream) or (first, lag, counts, segments) for
+ *                                 the reference's _read_late (a late read); readable calls it for such a transport
  *   ring_newest_near(ring, head[, top])  ring_newest, from where this process's last call on that ring found it (the
  *                                 write's look, send's _left_by: a few frames read, not a bisection of the ring)
  *   write_setup(slow_sends, slow_ns[, left_frames])  binds kstamp.SLOW_SENDS, _SLOW_SEND_NS and _LEFT_FRAMES
@@ -883,6 +887,7 @@ static PyObject *g_read_lag, *g_merged, *g_offset, *g_measure;
 static unsigned char *g_buf;
 static Py_ssize_t g_buf_len;
 static long long g_maintain_every, g_search_frames, g_placement_tol;
+static long long g_prompt_ns = -1; /* kstamp._PROMPT_NS (read_setup; -1: not given, read_plain leaves every read to the reference) */
 static PyObject *s_sock, *s_plog, *s_last_maintain, *s_maintain, *s_protocol, *s_cuts_received, *s_mv, *s_hw, *s_pkey,
     *s_irs1, *s_anchor, *s_unlogged_tail, *s_out_of_reach;
 /* the stamped write's (write_setup: kstamp.SLOW_SENDS, _SLOW_SEND_NS) and the attributes it reads and sets */
@@ -907,9 +912,9 @@ static inline long long wall_now(void) { return clock_ns(CLOCK_REALTIME); }
 static PyObject *pk_read_setup(PyObject *self, PyObject *args) {
     PyObject *lag, *merged, *offset, *measure;
     Py_ssize_t size;
-    long long every, frames, tol;
-    if (!PyArg_ParseTuple(args, "O!O!O!OnLLL", &LagType, &lag, &PyDict_Type, &merged, &PyList_Type, &offset, &measure, &size, &every,
-                          &frames, &tol))
+    long long every, frames, tol, prompt = g_prompt_ns;
+    if (!PyArg_ParseTuple(args, "O!O!O!OnLLL|L", &LagType, &lag, &PyDict_Type, &merged, &PyList_Type, &offset, &measure, &size, &every,
+                          &frames, &tol, &prompt))
         return NULL;
     if (PyList_GET_SIZE(offset) != 3 || !PyCallable_Check(measure) || size <= 0) {
         PyErr_SetString(PyExc_ValueError, "read_setup: a 3-item offset list, a callable and a positive read size");
@@ -931,6 +936,7 @@ static PyObject *pk_read_setup(PyObject *self, PyObject *args) {
     g_maintain_every = every;
     g_search_frames = frames;
     g_placement_tol = tol;
+    g_prompt_ns = prompt;
     Py_RETURN_NONE;
 }
 
@@ -1554,6 +1560,96 @@ static PyObject *pk_read_split(PyObject *self, PyObject *tr) {
     return Py_BuildValue("(LLNLi)", first, lag, counts, segments, how);
 }
 
+/* KernelStampTransport._read_merged for a transport without the packet log (no CAP_NET_RAW, IPv6): the one-byte peek,
+ * READ_LAG, the counters (and _segs_in), then _read_late's prompt read (the process read within _PROMPT_NS of the first
+ * byte's arrival, or it is unstamped): the read, the counters again where one segment was counted and the read is
+ * stamped, _hand_over_read(taken=True) and _deliver up to the protocol's data_received, which the caller makes -> the
+ * read's bytes (rx_mono_ns, rx_bound_ns, _rx_off, _empty_mono set); None (nothing waited); True (end of stream); or
+ * (first, lag, counts, segments) for the reference's _read_late (a late read: split at its arrivals there). Raises
+ * OSError where the reference's _recv calls _fatal. */
+static PyObject *pk_read_plain(PyObject *self, PyObject *tr) {
+    if (g_buf == NULL || g_read_lag == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "read_plain: read_setup() first");
+        return NULL;
+    }
+    kstate_t *st = kstate_or_fail(tr);
+    if (st == NULL) return NULL;
+    int pending = st->split_set; /* counts, self._split_counts = self._split_counts, None */
+    long long p_segs = st->split_segs, p_got = st->split_got;
+    st->split_set = 0;
+    PyObject *sock = aget(tr, s_sock);
+    if (sock == NULL) return NULL;
+    int fd = sock_fd(sock);
+    Py_DECREF(sock);
+    if (fd < 0) return NULL;
+    long long first = 0;
+    Py_ssize_t n = recv_stamp(fd, g_buf, 1, MSG_PEEK | MSG_TRUNC, &first);
+    if (n == -2) return NULL;
+    if (n < 0) return PyErr_SetFromErrno(PyExc_OSError); /* (EAGAIN: BlockingIOError, the caller's nothing-to-read) */
+    if (n == 0) Py_RETURN_TRUE;
+    long long lag = first ? wall_now() - first : 0;
+    if (first) lag_add(lag);
+    unsigned char info[TCP_INFO_LEN];
+    socklen_t ilen = TCP_INFO_LEN;
+    long long segments = -1;
+    if (!pending) {
+        memset(info, 0, sizeof info);
+        if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &ilen) == 0 && ilen >= DATA_SEGS_IN_AT + 4) {
+            uint64_t received;
+            memcpy(&received, info + BYTES_RECEIVED_AT, 8);
+            p_segs = (long long)rd_u32(info + DATA_SEGS_IN_AT);
+            p_got = (long long)received;
+            pending = 1;
+        }
+    }
+    if (pending) {
+        segments = p_segs - st->segs_in;
+        st->segs_in = p_segs;
+    }
+    if (g_prompt_ns < 0 || (first && lag >= g_prompt_ns)) { /* late: the reference's _read_late splits it */
+        PyObject *counts = pending ? Py_BuildValue("(kK)", (unsigned long)p_segs, (unsigned long long)p_got) : Py_NewRef(Py_None);
+        if (counts == NULL) return NULL;
+        return Py_BuildValue("(LLNL)", first, lag, counts, segments);
+    }
+    long long t_read = mono_now(), k = 0;
+    n = recv_stamp(fd, g_buf, (size_t)g_buf_len, 0, &k);
+    if (n == -2) return NULL;
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) Py_RETURN_NONE; /* (the reference's _recv: None, nothing done) */
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    PyObject *data = PyBytes_FromStringAndSize((const char *)g_buf, n); /* (copied out at once, as read_one) */
+    if (data == NULL) return NULL;
+    if (segments == 1 && k) { /* tcp_counters(sock) != counts: another segment came while this was read */
+        memset(info, 0, sizeof info);
+        ilen = TCP_INFO_LEN;
+        int same = 0;
+        if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &ilen) == 0 && ilen >= DATA_SEGS_IN_AT + 4) {
+            uint64_t received;
+            memcpy(&received, info + BYTES_RECEIVED_AT, 8);
+            same = (long long)rd_u32(info + DATA_SEGS_IN_AT) == p_segs && (long long)received == p_got;
+        }
+        if (!same) segments = 2;
+    }
+    /* _hand_over_read(view, n, [(n, k)], segments, t_read, taken=True), then _deliver */
+    long long empty_since = st->empty_mono, t = t_read, bound;
+    if (k && to_mono(k, &t) != 0) {
+        Py_DECREF(data);
+        return NULL;
+    }
+    int exact = 0 < segments && segments <= 1;
+    if (exact && k) bound = 0;
+    else bound = t - empty_since > 0 ? t - empty_since : 0;
+    if (n < g_buf_len) st->empty_mono = t_read;
+    long long rx_mono = k ? t : 0;
+    if (!rx_mono) rx_mono = mono_now();
+    st->rx_mono_ns = rx_mono;
+    st->rx_set = 1;
+    st->rx_bound_ns = bound;
+    st->rx_off += n;
+    return data;
+}
+
 /* ---- the read handler --------------------------------------------------------------------------------------- */
 
 /* readable(transport): KernelStampTransport._on_readable as the loop's reader callback itself (add_reader(fd,
@@ -1567,6 +1663,7 @@ static PyObject *pk_read_split(PyObject *self, PyObject *tr) {
  * read_one's or read_split's BlockingIOError / InterruptedError end the call; any other OSError goes to _fatal(exc);
  * any other exception propagates, as from the reference. kstamp registers it only where its _read_split is
  * read_split. */
+static PyObject *s_late_rest;
 static PyObject *s_data_received, *s_fast, *s_peer_eof, *s_on_readable, *s_dr_failed, *s_cr_failed, *s_split_rest, *s_reread;
 
 static int fatal_call(PyObject *tr, PyObject *msg) {
@@ -1627,6 +1724,8 @@ static PyObject *hand_over(PyObject *tr, PyObject *name, PyObject *const *args, 
 }
 
 static PyObject *readable_fast(PyObject *tr);
+static PyObject *readable_plain(PyObject *tr, kstate_t *st);
+static int get_true(PyObject *obj, PyObject *name);
 
 static PyObject *pk_readable(PyObject *self, PyObject *tr) {
     PyObject *v = aget(tr, s_lost);
@@ -1639,13 +1738,14 @@ static PyObject *pk_readable(PyObject *self, PyObject *tr) {
     if (v == NULL) return NULL;
     int plog = v != Py_None;
     Py_DECREF(v);
-    v = plog ? aget(tr, s_fast) : NULL;
-    if (plog && v == NULL) return NULL;
-    int fast = v != NULL && PyCFunction_Check(v) && PyCFunction_GET_FUNCTION(v) == (PyCFunction)pk_read_one;
-    Py_XDECREF(v);
+    v = aget(tr, s_fast);
+    if (v == NULL) return NULL;
+    int fast = PyCFunction_Check(v) && PyCFunction_GET_FUNCTION(v) == (PyCFunction)pk_read_one;
+    Py_DECREF(v);
     if (!fast) return call0(tr, s_on_readable); /* (the reference, whole) */
     kstate_t *st = kstate_or_fail(tr);
     if (st == NULL) return NULL;
+    if (!plog) return readable_plain(tr, st);
     long long off = st->rx_off;
     PyObject *r = readable_fast(tr);
     /* KernelStampTransport._reread: bytes were handed over while a reset waited behind them (uvloop reports a socket
@@ -1694,6 +1794,57 @@ static PyObject *readable_fast(PyObject *tr) {
     if (r == NULL) return NULL;
     Py_DECREF(r);
     Py_RETURN_NONE;
+}
+
+/* readable for a transport without the packet log: _on_readable with _read_once's read_plain branch (its outcome
+ * handed on: the bytes to data_received, end of stream to _peer_eof, a late read to _late_rest), then, where bytes
+ * were handed over and the transport is not lost, the TCP_INFO read after them: TCP_CLOSE -> _reread */
+static PyObject *readable_plain(PyObject *tr, kstate_t *st) {
+    long long off = st->rx_off;
+    PyObject *got = pk_read_plain(NULL, tr), *r;
+    if (got == NULL) {
+        r = read_failed(tr);
+    } else if (PyBytes_CheckExact(got)) {
+        r = hand_over(tr, s_data_received, &got, 1, s_dr_failed);
+        Py_DECREF(got);
+    } else if (got == Py_None) {
+        r = got;
+    } else if (got == Py_True) {
+        Py_DECREF(got);
+        r = call0(tr, s_peer_eof);
+    } else {
+        r = PyObject_CallMethodOneArg(tr, s_late_rest, got);
+        Py_DECREF(got);
+        if (r != NULL) Py_SETREF(r, Py_NewRef(Py_None));
+    }
+    if (r == NULL || st->rx_off == off) return r;
+    int lost = get_true(tr, s_lost);
+    if (lost != 0) {
+        Py_DECREF(r);
+        return lost < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    PyObject *sock = aget(tr, s_sock);
+    if (sock == NULL) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    int fd = PyObject_AsFileDescriptor(sock);
+    Py_DECREF(sock);
+    if (fd < 0) { /* (the reference's getsockopt on a closed socket: OSError, no check) */
+        if (!PyErr_ExceptionMatches(PyExc_ValueError) && !PyErr_ExceptionMatches(PyExc_OSError)) {
+            Py_DECREF(r);
+            return NULL;
+        }
+        PyErr_Clear();
+        return r;
+    }
+    unsigned char info[TCP_INFO_LEN];
+    socklen_t ilen = TCP_INFO_LEN;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &ilen) == 0 && ilen >= 1 && info[0] == TCP_CLOSE) {
+        Py_DECREF(r);
+        return call0(tr, s_reread);
+    }
+    return r;
 }
 
 /* ---- the stamped write ------------------------------------------------------------------------------------- */
@@ -1981,6 +2132,7 @@ static PyMethodDef methods[] = {
     {"to_mono", pk_to_mono, METH_O, "kstamp._to_mono: a kernel stamp on the mono_ns scale"},
     {"read_packets", pk_read_packets, METH_VARARGS, "kstamp's read of several segments placed from the packet log"},
     {"read_one", pk_read_one, METH_O, "kstamp's one-segment read: bytes, None, True (end of stream) or False (split path)"},
+    {"read_plain", pk_read_plain, METH_O, "kstamp's read without the packet log: bytes, None, True (end of stream) or (first, lag, counts, segments)"},
     {"read_split", pk_read_split, METH_O, "kstamp's read of several segments: the peek, the counters and read_packets"},
     {"write_setup", pk_write_setup, METH_VARARGS, "write_setup(slow_sends, slow_send_ns[, left_frames])"},
     {"send", (PyCFunction)(void (*)(void))pk_send, METH_FASTCALL, "send(protocol, transport, data) -> (t, bound), or None"},
@@ -2019,7 +2171,7 @@ PyMODINIT_FUNC PyInit__pktring(void) {
         {&s_eof, "_eof"}, {&s_lost, "_lost"}, {&s_wbuf, "_wbuf"}, {&s_unplaced_write, "unplaced_write"},
         {&s_lazy_placement, "lazy_placement"}, {&s_restamp_write, "_restamp_write"}, {&s_sent, "_sent"}, {&s_fatal, "_fatal"},
         {&s_last_write_mono, "last_write_mono"}, {&s_last_write_bound, "last_write_bound"}, {&s_unplaced, "unplaced"},
-        {&s_iss1, "_iss1"}, {&s_tkey, "_tkey"}, {&s_tx_anchor, "_tx_anchor"},
+        {&s_late_rest, "_late_rest"}, {&s_iss1, "_iss1"}, {&s_tkey, "_tkey"}, {&s_tx_anchor, "_tx_anchor"},
         {&s_bounded, "bounded"}, {&s_packets, "packets"}, {&s_fallback, "fallback"},
         {&s_data_received, "data_received"}, {&s_fast, "_fast"}, {&s_peer_eof, "_peer_eof"}, {&s_split_rest, "_split_rest"}, {&s_reread, "_reread"},
         {&s_on_readable, "_on_readable"}, {&s_dr_failed, "protocol.data_received() failed"},

@@ -223,7 +223,8 @@ _read_one: Callable[[Any], Any] | None = None
 _read_packets: Callable[[Any, int], Any] | None = None
 if _pktacc is not None and hasattr(_pktacc, "read_packets"):
     READ_LAG = _pktacc.ReadLag()  # (the same buckets, count, total_ns and add, counted in C by the read paths)
-    _pktacc.read_setup(READ_LAG, MERGED_READS, _offset, _measure_offset, _READ_SIZE, _MAINTAIN_EVERY_NS, _SEARCH_FRAMES, _PLACEMENT_TOL_NS)
+    _pktacc.read_setup(READ_LAG, MERGED_READS, _offset, _measure_offset, _READ_SIZE, _MAINTAIN_EVERY_NS, _SEARCH_FRAMES, _PLACEMENT_TOL_NS,
+                       _PROMPT_NS)
     _read_one, _read_packets, _to_mono = _pktacc.read_one, _pktacc.read_packets, _pktacc.to_mono  # noqa: F811
 # ``read_split``: what :meth:`KernelStampTransport._on_readable` does when ``read_one`` finds several segments waiting, from
 # its one-byte peek through :meth:`~KernelStampTransport._read_by_packets`, in one call (see _split_fast). ``send``: the
@@ -234,11 +235,18 @@ _send: Callable[[Any, Any, Any], Any] | None = None
 if _read_one is not None and hasattr(_pktacc, "send"):
     _pktacc.write_setup(SLOW_SENDS, _SLOW_SEND_NS, _LEFT_FRAMES)
     _read_split, _send = _pktacc.read_split, _pktacc.send
+# ``read_plain``: the read of a transport without the packet log (no CAP_NET_RAW, IPv6), :meth:`~KernelStampTransport._read_merged`
+# from its peek through :meth:`~KernelStampTransport._read_late`'s prompt read and :meth:`~KernelStampTransport._deliver`, up to
+# the protocol's ``data_received``, in one call (a late read goes on in _read_late). Used where ``_fast`` is set, as read_one.
+_read_plain: Callable[[Any], Any] | None = None
+if _read_one is not None and hasattr(_pktacc, "read_plain"):
+    _read_plain = _pktacc.read_plain
 # ``readable``: :meth:`KernelStampTransport._on_readable` itself in C, registered as the loop's reader callback
 # (``add_reader(fd, readable, transport)``): the usual read (``read_one``), and where several segments wait what
 # :meth:`~KernelStampTransport._split_fast` does (``read_split``), with their hand-over to the protocol, without a Python
 # frame of the transport's; what is left it hands to the Python methods _on_readable calls (``_split_rest``,
-# ``_peer_eof``; a transport whose ``_fast`` is not ``read_one`` to _on_readable whole). None: the loop calls
+# ``_peer_eof``; a transport whose ``_fast`` is not ``read_one`` to _on_readable whole). Without the packet log, its read
+# is ``read_plain``'s (``_late_rest`` for a late read), then the TCP_CLOSE check after it. None: the loop calls
 # :meth:`KernelStampTransport._on_readable`.
 _readable: Callable[[Any], Any] | None = None
 if _read_split is not None and hasattr(_pktacc, "readable"):  # (it calls read_one and read_split themselves)
@@ -434,9 +442,34 @@ class KernelStampTransport(_TransportBase):
             view = _read_view()
             if self._one_segment(view):
                 return
+        elif self._fast is not None and _read_plain is not None:  # (no packet log: the C twin of _read_merged, see _read_plain)
+            try:
+                got = _read_plain(self)
+            except (BlockingIOError, InterruptedError):
+                return
+            except _SOCKET_ERRORS as exc:
+                self._fatal(exc)
+                return
+            if got.__class__ is bytes:
+                try:
+                    self._protocol.data_received(got)
+                except BaseException as exc:
+                    self._fatal(exc, "protocol.data_received() failed")
+                return
+            if got is None:
+                return
+            if got is True:
+                self._peer_eof()
+                return
+            self._late_rest(got)
+            return
         else:
             view = _read_view()
         self._read_merged(view)
+
+    def _late_rest(self, got: tuple[int, int, tuple[int, int] | None, int]) -> None:
+        """:meth:`_read_once` where ``read_plain`` left a late read to the reference: ``(first, lag, counts, segments)``."""
+        self._read_late(_read_view(), *got)
 
     def _several(self) -> None:
         """:meth:`_on_readable` where ``read_one`` found several segments waiting."""

@@ -8,6 +8,7 @@ the ring look's start (``ring_newest_near``) against the bisection it replaces, 
 from __future__ import annotations
 
 import asyncio
+import time
 import importlib
 import random
 import socket
@@ -145,3 +146,157 @@ def test_a_write_the_log_shows_gone_is_told_without_tcp_and_as_tcp_tells_it(run,
         assert all(notsent == 0 for left, notsent in said if left)
         assert sum(1 for left, _ in said if left) >= 20, said  # (the log answers: the segment is its newest)
         assert len(asked) <= 15, len(asked)
+
+
+# ---- the read without the packet log (no CAP_NET_RAW, IPv6): its C twin, read_plain --------------------------------
+
+SLACK_NS = 20_000  # a kernel stamp on the mono scale vs the sender's readings around its send (the offset's error)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.got: list[tuple[bytes, int, int]] = []
+        self.eof = 0
+        self.transport = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        assert type(data) is bytes
+        self.got.append((data, self.transport.rx_mono_ns, self.transport.rx_bound_ns))
+
+    def eof_received(self) -> bool:
+        self.eof += 1
+        return True
+
+    def connection_lost(self, exc) -> None:
+        pass
+
+
+class _Loop:
+    def add_reader(self, *a) -> None:
+        pass
+
+    remove_reader = add_writer = remove_writer = add_reader
+
+    def call_soon(self, cb, *args) -> None:
+        cb(*args)
+
+
+def _plain_pair(fast: bool):
+    with socket.create_server(("127.0.0.1", 0)) as lsock:
+        c = socket.create_connection(lsock.getsockname(), timeout=5)
+        s, _ = lsock.accept()
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.setsockopt(socket.SOL_SOCKET, kstamp.SO_TIMESTAMPING, kstamp.RX_FLAGS)
+    p = Recorder()
+    tr = kstamp.KernelStampTransport(_Loop(), s, p)
+    p.connection_made(tr)
+    assert tr._plog is None
+    if not fast:
+        tr._fast = None
+    return c, s, tr, p
+
+
+@pytest.mark.skipif(kstamp._read_plain is None, reason="deltatap.net._pktring is not built (or DELTATAP_NATIVE turns it off)")
+@pytest.mark.parametrize("seed", range(4))
+def test_the_c_read_without_the_log_hands_over_what_the_reference_does(seed: int, monkeypatch) -> None:
+    """Two connections without the packet log get the same writes (one or several before a read, back to back or apart,
+    the reader sometimes late by more than _PROMPT_NS, so that _read_late splits in the reference), one read by the C
+    twin and one by the reference: the same bytes in the same deliveries, the same exact reads (bound 0), every stamp
+    within the sends that carried its bytes; READ_LAG counted by both; _rx_off and _segs_in the kernel's; end of stream
+    told once."""
+    from tests.kernel.test_kstamp import _wait_kernel_stamping
+
+    monkeypatch.setenv("DELTATAP_PACKET_STAMPS", "0")
+    keep = socket.socket()
+    keep.setsockopt(socket.SOL_SOCKET, kstamp.SO_TIMESTAMPING, kstamp.RX_FLAGS)
+    _wait_kernel_stamping()
+    rng = random.Random(seed)
+    pairs = [_plain_pair(True), _plain_pair(False)]
+    late_reads = []
+    read_late = kstamp.KernelStampTransport._read_late
+    monkeypatch.setattr(kstamp.KernelStampTransport, "_read_late", lambda self, *a: late_reads.append(self) or read_late(self, *a))
+    try:
+        sent = [0, 0]
+        windows: list[list[tuple[int, int, int]]] = [[], []]
+        lag_before = kstamp.READ_LAG.count
+        for step in range(40):
+            sizes = [rng.choice([1, 7, 100, 1448, 9000]) for _ in range(rng.choice([1, 1, 2, 3]))]
+            gap = rng.choice([0, 0, 0.0001])
+            for size in sizes:
+                for j, (c, _s, _tr, _p) in enumerate(pairs):
+                    t0 = time.perf_counter_ns()
+                    c.sendall(b"%c" % (65 + len(windows[j]) % 26) * size)
+                    windows[j].append((sent[j] + size, t0, time.perf_counter_ns()))
+                    sent[j] += size
+                if gap:
+                    time.sleep(gap)
+            if rng.random() < 0.3:
+                time.sleep(0.0002)  # (late: the first byte waited longer than _PROMPT_NS)
+            deadline = time.monotonic() + 5
+            for j, (_c, s, tr, p) in enumerate(pairs):
+                while tr._rx_off < sent[j]:
+                    assert time.monotonic() < deadline, "the bytes did not arrive"
+                    # (the C connection by the loop's reader callback, readable, where built: read_plain from there)
+                    kstamp._readable(tr) if j == 0 and kstamp._readable is not None else tr._on_readable()
+        for j, (_c, s, tr, p) in enumerate(pairs):
+            data = b"".join(d for d, _t, _b in p.got)
+            assert data == b"".join(b"%c" % (65 + i % 26) * (w[0] - (windows[j][i - 1][0] if i else 0)) for i, w in enumerate(windows[j]))
+            counts = pktstamp.tcp_counters(s)
+            assert counts is not None and tr._rx_off == counts[1] == sent[j] and tr._segs_in == counts[0]
+            pos = 0
+            for d, t, bound in p.got:
+                first = next(w for w in windows[j] if w[0] > pos)
+                last = next(w for w in windows[j] if w[0] >= pos + len(d))
+                assert bound >= 0 and t >= last[1] - SLACK_NS and t - bound <= first[2] + SLACK_NS, (j, pos)
+                if bound == 0:
+                    assert t <= last[2] + SLACK_NS, (j, pos)
+                pos += len(d)
+        assert kstamp.READ_LAG.count > lag_before
+        assert any(tr is pairs[0][2] for tr in late_reads) and any(tr is pairs[1][2] for tr in late_reads)  # both paths met late reads
+        for c, _s, _tr, _p in pairs:
+            c.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + 5
+        for _c, _s, tr, p in pairs:
+            while not p.eof:
+                assert time.monotonic() < deadline
+                kstamp._readable(tr) if tr is pairs[0][2] and kstamp._readable is not None else tr._on_readable()
+                time.sleep(0.0002)
+            assert p.eof == 1
+    finally:
+        keep.close()
+        for c, _s, tr, _p in pairs:
+            c.close()
+            if not tr._lost:
+                tr.abort()
+
+
+@pytest.mark.skipif(kstamp._read_plain is None, reason="deltatap.net._pktring is not built (or DELTATAP_NATIVE turns it off)")
+def test_the_c_read_without_the_log_takes_the_prompt_reads(monkeypatch) -> None:
+    """Prompt reads of single writes (the usual SSE event) are the C twin's whole, and exact: each delivery one write,
+    bound 0, within its send; the reference's _read_merged is not called for them."""
+    monkeypatch.setenv("DELTATAP_PACKET_STAMPS", "0")
+    calls = []
+    merged = kstamp.KernelStampTransport._read_merged
+    monkeypatch.setattr(kstamp.KernelStampTransport, "_read_merged", lambda self, v: calls.append(1) or merged(self, v))
+    c, s, tr, p = _plain_pair(True)
+    try:
+        windows = []
+        for i in range(50):
+            t0 = time.perf_counter_ns()
+            c.sendall(b"data: %d\n\n" % i)
+            windows.append((t0, time.perf_counter_ns()))
+            deadline = time.monotonic() + 5
+            while len(p.got) <= i:
+                assert time.monotonic() < deadline
+                kstamp._readable(tr) if i % 2 and kstamp._readable is not None else tr._on_readable()
+        assert [d for d, _t, _b in p.got] == [b"data: %d\n\n" % i for i in range(50)]
+        assert calls == []
+        exact = [(t, w) for (_d, t, b), w in zip(p.got, windows) if b == 0]
+        assert len(exact) >= 25  # (a read late past _PROMPT_NS goes to the reference's _read_late, unsplit here)
+        assert all(w[0] - SLACK_NS <= t <= w[1] + SLACK_NS for t, w in exact)
+    finally:
+        c.close()
+        tr.abort()
