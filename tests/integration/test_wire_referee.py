@@ -167,3 +167,52 @@ def test_reassembly_orders_segments_keeps_first_stamps_and_maps_body_bytes(tmp_p
     assert first is last and first.text == "Hi"
     assert c.server.ts_at(resps[0].stream_offset(first.end)) == 5_000  # the packet with the event's last byte
     assert c.server.ts_at(resps[0].stream_offset(first.end - len(ev2) + 1)) == 4_000
+
+
+def _pcap_acks(path: Path, packets: list[tuple[int, tuple[int, int], int, int, int, bytes, bytes]]) -> None:
+    """As :func:`_pcap` with an ACK number and TCP options: (ts_ns, (sport, dport), seq, ack, flags, options, payload)."""
+    out = bytearray(struct.pack("<IHHiIII", 0xA1B23C4D, 2, 4, 0, 0, 262144, 1))
+    for ts, (sp, dp), seq, ack, flags, opts, payload in packets:
+        opts = opts + b"\x01" * (-len(opts) % 4)
+        tcp = struct.pack("!HHIIHHHH", sp, dp, seq, ack, ((5 + len(opts) // 4) << 12) | flags, 65535, 0, 0) + opts + payload
+        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), 0, 0x4000, 64, 6, 0, bytes([127, 0, 0, 1]), bytes([127, 0, 0, 1])) + tcp
+        frame = b"\0" * 12 + b"\x08\x00" + ip
+        out += struct.pack("<IIII", ts // 1_000_000_000, ts % 1_000_000_000, len(frame), len(frame)) + frame
+    path.write_bytes(out)
+
+
+@pytest.mark.parametrize("ack", ["none", "before", "after", "after-dsack"])
+def test_a_retransmitted_byte_arrives_with_the_copy_the_receivers_ack_answers(tmp_path, ack):
+    # a response byte sent at 3_000 and again at 9_000 (tcpdump on loopback captures a packet as it is sent; the first
+    # copy may still be dropped on the way in): which copy arrived is told by the receiver's first ACK covering it
+    cs, ss = 1000, 5000
+    data = b"0123456789"
+    sack = lambda a, b: b"\x01\x01\x05\x0a" + struct.pack("!II", a, b)  # noqa: E731  (NOP NOP, SACK one block)
+    pk = [(1_000, (40000, 8080), cs, 0, SYN, b"", b""), (1_100, (8080, 40000), ss, cs + 1, SYN | ACK, b"", b""),
+          (3_000, (8080, 40000), ss + 1, cs + 1, ACK | PSH, b"", data)]
+    if ack == "before":  # the first copy acked before the retransmission: a spurious retransmission
+        pk.append((4_000, (40000, 8080), cs + 1, ss + 11, ACK, b"", b""))
+    pk.append((9_000, (8080, 40000), ss + 1, cs + 1, ACK | PSH, b"", data))
+    if ack == "after":  # acked only after the second copy: the first was lost
+        pk.append((9_010, (40000, 8080), cs + 1, ss + 11, ACK, b"", b""))
+    if ack == "after-dsack":  # acked after the second copy, reporting it a duplicate (D-SACK): the first had arrived
+        pk.append((9_010, (40000, 8080), cs + 1, ss + 11, ACK, sack(ss + 1, ss + 11), b""))
+    p = tmp_path / "r.pcap"
+    _pcap_acks(p, pk)
+    segs = list(read_tcp(p))
+    assert segs[-1].sack == ((ss + 1, ss + 11),) if ack == "after-dsack" else segs[-1].sack == ()
+    conns, _ = reassemble(segs)
+    srv = conns[0].server
+    assert srv.data == data and srv.retransmitted_bytes == len(data)
+    assert srv.departure_at(4) == 3_000  # first sent
+    assert srv.arrival_at(4) == (9_000 if ack == "after" else 3_000)
+    assert srv.copies_ambiguous == (1 if ack == "none" else 0)
+
+
+def test_which_end_of_a_hop_receives_the_bytes():
+    from deltatap.app.referee.compare import receives
+
+    assert receives("client>edge", "req_last", "tap:edge") and not receives("client>edge", "first", "tap:edge")
+    assert receives("edge>gateway", "first", "tap:edge") and not receives("edge>gateway", "req_last", "tap:edge")
+    assert receives("client>edge", "first", "client") and not receives("client>edge", "req_last", "client")
+    assert receives("gw-fw>firewall", "last", "tap:gw-fw") and receives("gateway>gw-fw", "req_first", "tap:gw-fw")

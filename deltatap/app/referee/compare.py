@@ -34,6 +34,12 @@ where the collector preferred another observer's pair (``within`` true while the
 come from different observers) the common observer's wire points are used. The taps' overheads:
 ``tap_<link>_request`` = U req last - D req last, ``tap_<link>_first_token`` = D first - U first.
 
+A point's wire time is when its bytes were first sent where the observer sends them (a write) and when they
+reached the observer where it receives them (a read). The two differ only for a retransmitted byte: on loopback
+tcpdump captures a packet as it is sent, and the packet can still be dropped on the way in (the receive backlog), so
+the copy that arrived is the latest one captured at or before the receiver's first ACK covering the byte
+(``Stream.arrival_at``; ``reassembly`` stats ``arrivals_on_a_later_copy``, ``copies_without_ack``).
+
 Errors are ``row - wire`` (positive: the row's stamp is late). Where the row states an interval for a point
 (``stamp_bounds``: the tap or client could not know the time exactly), a point is *covered* when the wire time lies
 in ``[t - before, t + after]`` widened by ``STAMP_EXACT_NS`` (an exact stamp is exact to that; a side stated unknown,
@@ -106,7 +112,8 @@ class Exchange:
     conn: Connection
     req: Message
     resp: Message | None
-    times: dict[str, int] = field(default_factory=dict)  # what -> wire ns
+    times: dict[str, int] = field(default_factory=dict)  # what -> wire ns: the bytes' first sending (departure)
+    arrive: dict[str, int] = field(default_factory=dict)  # what -> wire ns: the copy the receiver took (arrival)
     later_ts: dict[str, list[int]] = field(default_factory=dict)  # what -> stamps of the response's later packets
     problems: list[str] = field(default_factory=list)
 
@@ -120,8 +127,9 @@ class Wire:
 
 def _fill(ex: Exchange) -> None:
     c, s = ex.conn.client, ex.conn.server
-    ex.times["req_first"] = c.ts_at(ex.req.start)
-    ex.times["req_last"] = c.ts_at(ex.req.last)
+    for what, off in (("req_first", ex.req.start), ("req_last", ex.req.last)):
+        ex.times[what] = c.departure_at(off)
+        ex.arrive[what] = c.arrival_at(off)
     r = ex.resp
     if r is None:
         ex.problems.append("no response")
@@ -134,7 +142,8 @@ def _fill(ex: Exchange) -> None:
             continue
         off = r.stream_offset(ev.end)
         i = s.segment_index(off)
-        ex.times[what] = s.seg_ts[i]
+        ex.times[what] = s.departure_at(off)
+        ex.arrive[what] = s.arrival_at(off)
         end_i = s.segment_index(r.last) if r.end > r.start else i
         ex.later_ts[what] = s.seg_ts[i + 1 : end_i + 1]
 
@@ -145,7 +154,8 @@ def load_wire(pcap: Path, ports: dict[str, int], header: str = "x-request-id") -
     problems: Counter = Counter()
     by_request: dict[str, dict[str, Exchange]] = {}
     stats.update({"connections": len(conns), "exchanges": 0, "holes": 0, "inconsistent_overlaps": 0, "retransmitted_bytes": 0,
-                  "incomplete_messages": 0, "requests_without_id": 0, "unparsed_bytes": 0})
+                  "incomplete_messages": 0, "requests_without_id": 0, "unparsed_bytes": 0,
+                  "arrivals_on_a_later_copy": 0, "copies_without_ack": 0})
     for conn in conns:
         hop = hop_of_port.get(conn.server_port)
         if hop is None:
@@ -175,6 +185,7 @@ def load_wire(pcap: Path, ports: dict[str, int], header: str = "x-request-id") -
                 _fill(ex)
             except KeyError as exc:
                 ex.problems.append(f"byte not captured: {exc}")
+            stats["arrivals_on_a_later_copy"] += sum(1 for k, t in ex.arrive.items() if t != ex.times.get(k))
             for p in ex.problems:
                 problems[f"{hop}: {p}"] += 1
             stats["exchanges"] += 1
@@ -182,6 +193,7 @@ def load_wire(pcap: Path, ports: dict[str, int], header: str = "x-request-id") -
             if hop in slot:
                 problems[f"{hop}: request id seen twice"] += 1
             slot[hop] = ex
+    stats["copies_without_ack"] = sum(st.copies_ambiguous for conn in conns for st in (conn.client, conn.server))
     return Wire(by_request, stats, problems)
 
 
@@ -191,14 +203,24 @@ def _observer(src: str) -> str:
 
 
 def wire_point(wire_req: dict[str, Exchange], point: str, observer: str) -> tuple[int | None, list[int]]:
-    """(wire ns, stamps of later packets of the same response) of ``point`` as ``observer`` sees it."""
+    """(wire ns, stamps of later packets of the same response) of ``point`` as ``observer`` sees it: when the bytes
+    reached it where it receives them (a read), when they were first sent where it sends them (a write)."""
     spec = POINT_WIRE.get(point, {}).get(observer)
     if spec is None:
         return None, []
     ex = wire_req.get(spec[0])
     if ex is None:
         return None, []
-    return ex.times.get(spec[1]), ex.later_ts.get(spec[1], [])
+    times = ex.arrive if receives(spec[0], spec[1], observer) else ex.times
+    return times.get(spec[1]), ex.later_ts.get(spec[1], [])
+
+
+def receives(hop: str, what: str, observer: str) -> bool:
+    """Whether ``observer`` is the receiving end of ``what``'s bytes on ``hop`` (``A>B``: B receives the request,
+    A the response)."""
+    a, b = hop.split(">")
+    name = observer.split(":", 1)[1] if observer.startswith("tap:") else observer
+    return name == (b if what.startswith("req") else a)
 
 
 def tap_delta_wire(wire_req: dict[str, Exchange], name: str) -> int | None:
@@ -207,12 +229,12 @@ def tap_delta_wire(wire_req: dict[str, Exchange], name: str) -> int | None:
     for link in LINKS:
         d, u = wire_req.get(_d(link)), wire_req.get(_u(link))
         if name == delta_name("tap_request", link):
-            if d and u and "req_last" in d.times and "req_last" in u.times:
-                return u.times["req_last"] - d.times["req_last"]
+            if d and u and "req_last" in d.arrive and "req_last" in u.times:  # (read from D, written to U)
+                return u.times["req_last"] - d.arrive["req_last"]
             return None
         if name == delta_name("tap_first_token", link):
-            if d and u and "first" in d.times and "first" in u.times:
-                return d.times["first"] - u.times["first"]
+            if d and u and "first" in d.times and "first" in u.arrive:  # (read from U, written to D)
+                return d.times["first"] - u.arrive["first"]
             return None
     return None
 

@@ -29,6 +29,7 @@ class TcpSegment:
     flags: int
     payload: bytes
     index: int  # packet number in the file (0-based)
+    sack: tuple[tuple[int, int], ...] = ()  # SACK blocks (left, right sequence numbers), D-SACK included (RFC 2883)
 
 
 class PcapError(ValueError):
@@ -99,6 +100,27 @@ def _tcp(frame: bytes, off: int, version: int) -> tuple[str, str, bytes] | None:
     return _ip_str(src), _ip_str(dst), frame[p:end]
 
 
+def _sack(opts: bytes) -> tuple[tuple[int, int], ...]:
+    """The SACK blocks of a TCP header's options (kind 5), else ()."""
+    i, n = 0, len(opts)
+    while i < n:
+        kind = opts[i]
+        if kind == 0:
+            break
+        if kind == 1:
+            i += 1
+            continue
+        if i + 1 >= n:
+            break
+        ln = opts[i + 1]
+        if ln < 2:
+            break
+        if kind == 5:
+            return tuple(struct.unpack_from("!II", opts, j) for j in range(i + 2, min(i + ln, n) - 7, 8))
+        i += ln
+    return ()
+
+
 def read_tcp(path: str | Path) -> Iterator[TcpSegment]:
     """Every TCP segment of a pcap file, in file order. Raises :class:`PcapError` on a frame cut by
     the snap length (the referee needs every payload byte)."""
@@ -141,4 +163,5 @@ def read_tcp(path: str | Path) -> Iterator[TcpSegment]:
             continue
         sport, dport, seq, ack, off_flags = struct.unpack_from("!HHIIH", seg, 0)
         doff = (off_flags >> 12) * 4
-        yield TcpSegment(sec * 1_000_000_000 + frac * scale, src, sport, dst, dport, seq, ack, off_flags & 0x3F, bytes(seg[doff:]), i)
+        yield TcpSegment(sec * 1_000_000_000 + frac * scale, src, sport, dst, dport, seq, ack, off_flags & 0x3F, bytes(seg[doff:]), i,
+                         _sack(seg[20:doff]) if doff > 20 else ())

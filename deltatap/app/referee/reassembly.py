@@ -42,6 +42,14 @@ class Stream:
     retransmitted_bytes: int = 0
     inconsistent: int = 0  # overlapping bytes that differed
     holes: int = 0  # gaps in the sequence space (bytes never captured)
+    # later copies of bytes already kept (retransmissions): (start offset, end offset, capture stamp)
+    copies: list[tuple[int, int, int]] = field(default_factory=list)
+    acks_sent: list[tuple[int, int, tuple]] = field(default_factory=list)  # (capture stamp, raw ACK number, SACK blocks) sent
+    # the other direction's ACKs of this stream's bytes, by capture time: stamps and the running highest acked offset
+    ack_ts: list[int] = field(default_factory=list)
+    ack_upto: list[int] = field(default_factory=list)
+    ack_sack: list[tuple[tuple[int, int], ...]] = field(default_factory=list)  # each ACK's SACK blocks, as offsets
+    copies_ambiguous: int = 0  # bytes with several copies and no ACK to tell which one arrived
 
     def finish(self) -> None:
         if not self.raw:
@@ -62,6 +70,7 @@ class Stream:
                 if bytes(out[off : off + len(overlap)]) != overlap:
                     self.inconsistent += 1
                 self.retransmitted_bytes += len(overlap)
+                self.copies.append((off, off + len(overlap), ts))
             if new_from < len(payload):
                 part = payload[max(new_from, 0) :]
                 self.seg_start.append(end)
@@ -79,6 +88,48 @@ class Stream:
         if i < 0 or offset >= self.seg_end[i]:
             raise KeyError(f"byte {offset} not captured on {self.key}")
         return self.seg_ts[i]
+
+    def set_acks(self, acks: list[tuple[int, int, tuple]]) -> None:
+        """The other direction's ACKs ``(capture stamp, raw ACK number, SACK blocks)`` of this stream's bytes."""
+        if self.isn is None:
+            return
+        hi = 0
+        rel = lambda x: (x - self.isn) & 0xFFFFFFFF  # noqa: E731
+        for ts, ack, sack in sorted(acks, key=lambda a: a[0]):
+            off = rel(ack)
+            if off > 1 << 31:  # (an ACK from before this stream's first byte: nothing acked)
+                off = 0
+            hi = max(hi, off)
+            self.ack_ts.append(ts)
+            self.ack_upto.append(hi)
+            self.ack_sack.append(tuple((rel(a), rel(b)) for a, b in sack))
+
+    def arrival_at(self, offset: int) -> int:
+        """When stream byte ``offset`` reached the receiver: the capture stamp of its only copy; of several copies
+        (retransmissions), the latest one captured at or before the receiver's first ACK that covers the byte -- on
+        loopback a packet is captured as it is sent and can still be dropped on the way in (the backlog), so the
+        first copy seen is not always the one that arrived -- unless that ACK reports the byte as a duplicate
+        (D-SACK, RFC 2883: an earlier copy had arrived; a delayed ACK and a spurious, e.g. tail-loss-probe,
+        retransmission): then the first copy. Without such an ACK: the first copy (counted in
+        ``copies_ambiguous``)."""
+        first = self.ts_at(offset)
+        later = [ts for a, b, ts in self.copies if a <= offset < b]
+        if not later:
+            return first
+        stamps = sorted([first, *later])
+        i = bisect.bisect_right(self.ack_upto, offset)  # first ACK whose acked offset is past the byte
+        if i >= len(self.ack_ts):
+            self.copies_ambiguous += 1
+            return stamps[0]
+        t_ack = self.ack_ts[i]
+        if any(a <= offset < b for a, b in self.ack_sack[i]):  # a duplicate: an earlier copy had arrived
+            return stamps[0]
+        got = [ts for ts in stamps if ts <= t_ack]
+        return got[-1] if got else stamps[0]
+
+    def departure_at(self, offset: int) -> int:
+        """When stream byte ``offset`` was first sent: the earliest capture of any of its copies."""
+        return min([self.ts_at(offset), *(ts for a, b, ts in self.copies if a <= offset < b)])
 
     def segment_index(self, offset: int) -> int:
         i = bisect.bisect_right(self.seg_start, offset) - 1
@@ -127,6 +178,8 @@ def reassemble(segments: Iterable[TcpSegment], listen_ports: set[int] | None = N
                 syn_from[frozenset((key, (s.dst, s.dport, s.src, s.sport)))] = key
         if s.flags & RST:
             st.rst = True
+        if s.flags & ACK_FLAG:
+            st.acks_sent.append((s.ts_ns, s.ack, s.sack))
         if s.payload:
             stats["data_segments"] += 1
             stats["bytes"] += len(s.payload)
@@ -147,6 +200,8 @@ def reassemble(segments: Iterable[TcpSegment], listen_ports: set[int] | None = N
         opener = syn_from.get(frozenset((key, rkey)))
         if opener is None:
             opener = key if listen_ports and key[3] in listen_ports else rkey
+        st.set_acks(other.acks_sent)
+        other.set_acks(st.acks_sent)
         conns.append(Connection(st, other) if opener == key else Connection(other, st))
     return conns, stats
 
