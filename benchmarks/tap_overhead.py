@@ -510,8 +510,8 @@ def main() -> int:
     p.add_argument("--pin", metavar="LAYOUT",
                    help="pin the processes to CPUs for the whole run, e.g. client=0,tap=0,sink=0,engine=1 (every tap and Envoy take "
                         "the tap's; benchmarks/selfreport_gap.py: the engine then never waits for a CPU a proxy holds)")
-    p.add_argument("--levels", type=lambda t: [int(c) for c in t.split(",")], default=[1, 50, 200],
-                   help="the TTFT levels to run, of 1,50,200 (default all; e.g. --levels 1)")
+    p.add_argument("--levels", type=lambda t: [int(c) for c in t.split(",") if c and c != "none"], default=[1, 50, 200],
+                   help="the TTFT levels to run, of 1,50,200 (default all; e.g. --levels 1; none: only --pairs)")
     p.add_argument("--pairs", type=int, default=400,
                    help="after the levels: N turns of one request per path, the order reversed every other turn (ABBA), for "
                         "the self-report per turn with a bootstrap interval (self_report_pairs in the results; 0: none)")
