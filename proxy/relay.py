@@ -84,6 +84,16 @@ DEFER_WATCH = os.environ.get("DELTATAP_TAP_DEFER", "1").strip().lower() not in (
 # close, the tap's close), and a timer made per forwarded request cost the tap ~8 of its ~20 us awake after the
 # forward at 1 stream (docs/benchmarks.md, session 23).
 ACCOUNT_DELAY_S = 0.02
+# Held finishes (issues 15, 19): an exchange that ends while a forwarding write of its is still unknown (bound -1: TCP
+# held its bytes when stamped, a slow reader, and nothing has seen them leave: _settle_writes) keeps its record and
+# span (Tap.finish: the counters, the histograms, the span; it stays counted in flight) until they have left: rechecked
+# by one loop timer per such exchange, HOLD_STEP_S[0] after the end, the step doubling up to HOLD_STEP_S[1], and at the
+# client's next read or half-close on the connection; finished once nothing is unknown (each write placed from the
+# packet log, or bounded by the check that found the connection drained), else HOLD_FINISH_S after the exchange's end,
+# or at once when the connection closes or is lost (the tap's close included: settled with what is known, the rest
+# stated unknown). Usual exchanges (every write out when stamped) never wait.
+HOLD_FINISH_S = 2.0
+HOLD_STEP_S = (0.001, 0.032)
 
 
 class _Watches:
@@ -321,27 +331,40 @@ def _settle_held(ex: Exchange) -> None:
         ex.held = None
 
 
-def _settle_writes(ex: Exchange, d: Downstream) -> None:
-    """At the exchange's end, before its record is handed on: each forwarding write stamped while its bytes were still
-    held (bound -1) gets its departure or a bound if it can (:func:`_settle_held`; the first token's through
-    :meth:`Upstream._place_first`; the tokens' writes, once the downstream holds no byte unsent, ``now - stamp``). One
-    that cannot stays -1: its span states the bound unknown (``deltatap.core.vocab.BOUND_UNKNOWN``), never exact."""
+def _settle_writes(ex: Exchange, d: Downstream) -> bool:
+    """At the exchange's end, before its record is handed on, and again while its finish waits (:data:`HOLD_FINISH_S`):
+    each forwarding write stamped while its bytes were still held (bound -1) gets its departure or a bound if it can
+    (:func:`_settle_held`; the first and the last token's from the packet log, through :meth:`Upstream._place_first`
+    and ``ex.last_unplaced``; the tokens' writes, once the downstream holds no byte unsent, ``now - stamp``). One that
+    cannot stays -1: its span states the bound unknown (``deltatap.core.vocab.BOUND_UNKNOWN``), never exact.
+    True when none is left unknown."""
     if ex.held is not None:
         _settle_held(ex)
     obs = ex.rec.stream
     if not isinstance(obs, StreamObserver):
-        return
-    if ex.first_unplaced is not None and d.transport is not None and not d.transport.is_closing():
+        return ex.held is None
+    alive = d.transport is not None and not d.transport.is_closing()
+    if ex.first_unplaced is not None and alive:
         Upstream._place_first(d, ex, obs)
     ft, lt = obs.first_token_forwarded_mono_ns, obs.last_token_forwarded_mono_ns
-    if (ft is not None and obs.first_token_forwarded_bound_ns < 0) or (lt is not None and obs.last_token_forwarded_bound_ns < 0):
-        if _drained(d):
-            now = mono()
-            if ft is not None and obs.first_token_forwarded_bound_ns < 0:
-                obs.first_token_forwarded_bound_ns = now - ft
-                ex.first_unplaced = None
-            if lt is not None and obs.last_token_forwarded_bound_ns < 0:
-                obs.last_token_forwarded_bound_ns = now - lt
+    if ex.last_unplaced is not None and alive and lt is not None and obs.last_token_forwarded_bound_ns < 0:
+        lt, lb = d.place(ex.last_unplaced, lt, -1)
+        if lb >= 0:  # (its departure, from the packet log)
+            obs.last_token_forwarded_mono_ns, obs.last_token_forwarded_bound_ns = lt, lb
+            ex.last_unplaced = None
+    ft_open = ft is not None and obs.first_token_forwarded_bound_ns < 0
+    lt_open = lt is not None and obs.last_token_forwarded_bound_ns < 0
+    if ft_open or lt_open:
+        if not _drained(d):
+            return False
+        now = mono()
+        if ft_open:
+            obs.first_token_forwarded_bound_ns = now - ft
+            ex.first_unplaced = None
+        if lt_open:
+            obs.last_token_forwarded_bound_ns = now - lt
+            ex.last_unplaced = None
+    return ex.held is None
 
 
 class Downstream(_Side):
@@ -349,7 +372,7 @@ class Downstream(_Side):
 
     __slots__ = ("tap", "reader", "up", "connecting", "to_up", "exchanges", "current", "withheld", "head_first", "expect_methods",
                  "opaque", "tunnel", "eof", "closed", "peer", "head_timer", "head_deadline", "loop", "sniff", "replay",
-                 "replay_size", "accounting")
+                 "replay_size", "accounting", "holding")
 
     def __init__(self, tap: Tap) -> None:
         super().__init__()
@@ -379,6 +402,8 @@ class Downstream(_Side):
         self.replay: list[bytes] | None = None
         self.replay_size = 0
         self.accounting = False  # a read's account waits in the loop's _Watches (see there and _process)
+        # exchanges over whose finish waits for a held write to leave (HOLD_FINISH_S), in the order they ended, or None
+        self.holding: list[Exchange] | None = None
 
     def _settle(self) -> None:
         """Run the loop's deferred accounts and watches (:class:`_Watches`), this pair's among them."""
@@ -441,6 +466,8 @@ class Downstream(_Side):
             self.head_timer.cancel()
             self.head_timer = None
         self.tap.connections.discard(self)
+        if self.holding is not None:  # (their writes' fate is not learnt now: settled with what is known)
+            self._release_held(True)
         t = self.lost_mono_ns
         up = self.up
         if self.connecting is not None:
@@ -475,6 +502,8 @@ class Downstream(_Side):
         if self.accounting or (self.up is not None and self.up.deferred):  # (the pair's deferred work first: _Watches)
             self._settle()
         self.eof = True
+        if self.holding is not None:  # (the client read what it meant to: the last chance to see the writes drained)
+            self._release_held(False)
         if self.tunnel is not None:
             self.tunnel.rec.ws.connection_closed("client")
         if not self.exchanges and self.current is None and self.reader.idle and not self.opaque:
@@ -513,6 +542,8 @@ class Downstream(_Side):
     def on_data(self, data: bytes, t: int, bound: int) -> None:
         if self.accounting or (self.up is not None and self.up.deferred):  # (the pair's deferred work first: _Watches)
             self._settle()
+        if self.holding is not None:  # (a client's next request: it has read the answers before it, usually)
+            self._release_held(False)
         if self.opaque:
             tun, up = self.tunnel, self.up
             if tun is not None and up is not None:  # WebSocket: forwarded first, its frames watched after
@@ -899,13 +930,65 @@ class Downstream(_Side):
             ex.timer.cancel()
             ex.timer = None
         rec = ex.rec
-        _settle_writes(ex, self)
+        settled = _settle_writes(ex, self)
         rec.fingerprint = ex.fp.result()
         rec.request_capture = ex.capture
         rec.response_capture = ex.capture_out
-        self.tap.finish(ex.span, rec)
+        if settled or not self._hold(ex):
+            self.tap.finish(ex.span, rec)
         if not self.exchanges and self.current is None and not self.opaque:
             self._arm_head_timer()  # (idle between requests: the next head must come in time too)
+
+    def _hold(self, ex: Exchange) -> bool:
+        """Keep the finish of ``ex``, over with a forwarding write still unknown, until that write has left (see
+        :data:`HOLD_FINISH_S`): True when held. Not where nothing can tell (the connection closing or lost, a transport
+        without a socket, no loop)."""
+        tr = self.transport
+        loop = self.loop
+        if self.closed or tr is None or loop is None or tr.is_closing() or tr.get_extra_info("socket") is None:
+            return False
+        step = HOLD_STEP_S[0]
+        ex.timer = loop.call_later(step, self._recheck_held, ex, loop.time() + HOLD_FINISH_S, step)
+        if self.holding is None:
+            self.holding = [ex]
+        else:
+            self.holding.append(ex)
+        return True
+
+    def _recheck_held(self, ex: Exchange, deadline: float, step: float) -> None:
+        """``ex``'s timer (:meth:`_hold`): finished once its writes are settled, or at ``deadline``; else checked again
+        after a longer step."""
+        ex.timer = None
+        if self.accounting or (self.up is not None and self.up.deferred):  # (the pair's deferred work first: _Watches)
+            self._settle()
+        holding = self.holding
+        if holding is None or ex not in holding:  # (released meanwhile)
+            return
+        loop = self.loop or asyncio.get_running_loop()
+        if not _settle_writes(ex, self) and loop.time() < deadline and not self.transport.is_closing():
+            step = min(step * 2, HOLD_STEP_S[1])
+            ex.timer = loop.call_later(min(step, max(0.0, deadline - loop.time())), self._recheck_held, ex, deadline, step)
+            return
+        holding.remove(ex)
+        if not holding:
+            self.holding = None
+        self.tap.finish(ex.span, ex.rec)
+
+    def _release_held(self, lost: bool) -> None:
+        """The exchanges whose finish waits (:meth:`_hold`) checked now: each settled one finished; every one when
+        ``lost`` (the connection is gone: what is not known by now stays unknown)."""
+        holding = self.holding
+        assert holding is not None
+        keep = []
+        for ex in holding:
+            if _settle_writes(ex, self) or lost:
+                if ex.timer is not None:
+                    ex.timer.cancel()
+                    ex.timer = None
+                self.tap.finish(ex.span, ex.rec)
+            else:
+                keep.append(ex)
+        self.holding = keep or None
 
 
 class Upstream(_Side):
@@ -1169,7 +1252,8 @@ class Upstream(_Side):
                     if ex.last_unplaced is not None:  # the last token's write: its departure, now that it is the last
                         lt, lb = d.place(ex.last_unplaced, obs.last_token_forwarded_mono_ns or tw, obs.last_token_forwarded_bound_ns)
                         obs.last_token_forwarded_mono_ns, obs.last_token_forwarded_bound_ns = lt, lb
-                        ex.last_unplaced = None
+                        if lb >= 0:  # (else still held: kept, placed at the end or while the finish waits: _settle_writes)
+                            ex.last_unplaced = None
                 rec.end = tw
                 if seen:
                     rec.chunks += 1

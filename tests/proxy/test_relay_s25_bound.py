@@ -3,8 +3,9 @@ is never reported exact. Live on 127.0.0.1, with the packet log and without it (
 ``DELTATAP_PACKET_STAMPS=0`` or a tap without CAP_NET_RAW gets): a raw upstream answers a response head larger than
 the client's window, a first token, and the rest; the client (SO_RCVBUF 4 KiB)
 
-* reads nothing until the exchange's span is out (a reader that never reads in time): the response head's, the first
-  and the last token's writes are stated unknown (``=0/?``) - nothing saw them leave;
+* reads nothing until the exchange's span is out (a reader that never reads in time: the finish waits
+  ``relay.HOLD_FINISH_S``, here 0.2 s, for them): the response head's, the first and the last token's writes are stated
+  unknown (``=0/?``) - nothing saw them leave;
 * reads after 0.2 s, while the stream goes on: each of those writes gets its departure (packet log) or a finite bound
   from the later check that TCP held nothing (``tcpi_notsent_bytes`` 0), and the interval holds the truth: the bytes
   left once the client read, so ``stamp + bound`` is at or after the client's first read."""
@@ -21,6 +22,7 @@ import pytest
 from deltatap.core.clock import mono_ns
 from deltatap.core.vocab import Attr, TapEvent, parse_stamp_bounds
 from deltatap.net import kstamp, pktstamp
+from deltatap.proxy import relay
 
 TIMEOUT_S = 10.0
 _FIRST = b'data: {"choices":[{"delta":{"content":"first"}}]}\n\n'
@@ -122,7 +124,8 @@ def plog_mode(request, monkeypatch):
     return request.param
 
 
-async def test_writes_still_held_at_the_end_are_stated_unknown(make_tap, span_exporter, plog_mode):
+async def test_writes_still_held_at_the_end_are_stated_unknown(make_tap, span_exporter, plog_mode, monkeypatch):
+    monkeypatch.setattr(relay, "HOLD_FINISH_S", 0.2)  # (the finish waits for them this long: relay.HOLD_FINISH_S)
     a, rec, _began = await _exchange(make_tap, span_exporter, None, 0.05)
     stated = parse_stamp_bounds(a.get(Attr.STAMP_BOUNDS))
     for ev in (TapEvent.RESPONSE_HEADERS_FORWARDED, TapEvent.FIRST_TOKEN_FORWARDED, TapEvent.LAST_TOKEN_FORWARDED):
