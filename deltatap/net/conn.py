@@ -5,7 +5,8 @@ A :class:`StampedProtocol` subclass gets ``on_data(data, t, bound)`` for every r
 ``[t - bound, t]`` (:mod:`deltatap.net.kstamp`'s kernel stamps and bounds on Linux plain TCP; elsewhere the
 moment ``data_received`` ran, bounded by the previous read: anything it did not take arrived after it).
 :meth:`StampedProtocol.send` writes and returns ``(t, bound)``: the bytes left in ``[t, t + bound]``
-(``bound == -1``: unknown, they wait in the transport's buffer behind earlier bytes).
+(``bound == -1``: unknown, they wait in the transport's buffer behind earlier bytes, or TCP still holds bytes unsent:
+``tcpi_notsent_bytes``, asked after the write without kernel stamps too, e.g. under TLS).
 
 :func:`open_connection` and :func:`start_server` pick the stamped transport where the kernel gives stamps
 (plain TCP on Linux, ``DELTATAP_KERNEL_STAMPS`` not off) and asyncio's own otherwise (TLS, other systems).
@@ -25,6 +26,7 @@ import aiohappyeyeballs
 
 from deltatap.core.clock import mono_ns
 from deltatap.net import kstamp
+from deltatap.net.pktstamp import tcp_notsent
 from deltatap.net.kstamp import KernelStampTransport
 
 __all__ = ["StampedProtocol", "open_connection", "reset", "start_server"]
@@ -45,11 +47,19 @@ class StampedProtocol(asyncio.Protocol):
     lost_mono_ns: int | None = None
     lost_exc: BaseException | None = None
     _empty_mono = 0
+    # without kernel stamps (TLS, DELTATAP_KERNEL_STAMPS=0): the transport's TCP socket, asked after each write whether
+    # TCP still holds bytes unsent (for TLS: the records' bytes; the same question: has all that was handed TCP left?)
+    _wsock: Any = None
 
     # ---- asyncio callbacks -------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
         self.kernel = transport if isinstance(transport, KernelStampTransport) else None
+        if self.kernel is None:
+            try:
+                self._wsock = transport.get_extra_info("socket")
+            except (AttributeError, TypeError):
+                self._wsock = None
         self._empty_mono = mono_ns()
         self.on_made()
 
@@ -123,7 +133,13 @@ class StampedProtocol(asyncio.Protocol):
             t = mono_ns()
             tr.write(data)
             t1 = mono_ns()
-            bound = -1 if waiting or tr.get_write_buffer_size() else t1 - t
+            if waiting or tr.get_write_buffer_size():
+                bound = -1
+            else:
+                bound = t1 - t
+                sock = self._wsock
+                if sock is not None and tcp_notsent(sock):  # (TCP still holds bytes: they leave after t1, when unknown)
+                    bound = -1
         self.last_write_mono = t
         self.last_write_bound = bound
         return t, bound

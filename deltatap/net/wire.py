@@ -77,6 +77,7 @@ from deltatap.net import kstamp
 from deltatap.core.clock import mono_ns
 from deltatap.core.vocab import BOUND_UNKNOWN
 from deltatap.net.kstamp import KernelStampTransport
+from deltatap.net.pktstamp import tcp_notsent
 
 __all__ = [
     "StampingTransport",
@@ -119,13 +120,18 @@ def _read_stamp(protocol: Any, rx: KernelStampTransport | None) -> tuple[int, in
 class StampingTransport:
     """Wraps a transport; records when each ``write``/``writelines`` was issued."""
 
-    __slots__ = ("_transport", "last_write_mono_ns", "last_write_bound_ns", "writes")
+    __slots__ = ("_transport", "last_write_mono_ns", "last_write_bound_ns", "writes", "_sock")
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self._transport = transport
         self.last_write_mono_ns: int | None = None
         self.last_write_bound_ns = 0  # the bytes left at most this much after last_write_mono_ns (the write's duration)
         self.writes = 0
+        # its TCP socket (under TLS: the one the records go out on), asked after each write whether TCP holds bytes unsent
+        try:
+            self._sock = transport.get_extra_info("socket")
+        except (AttributeError, TypeError):
+            self._sock = None
 
     def write(self, data: Any) -> None:
         if data:  # an empty write hands nothing to the kernel: not a write to stamp
@@ -142,12 +148,18 @@ class StampingTransport:
             self._transport.writelines(lines)
 
     def _stamped(self, call: Any, arg: Any) -> None:
-        """Issue one write: stamped when issued; it left within the call unless the transport kept some of it
-        (then -1: unknown, it leaves when the socket drains)."""
+        """Issue one write: stamped when issued; it left within the call unless the transport kept some of it, or
+        TCP still holds bytes unsent when it returned (``tcpi_notsent_bytes``; under TLS its records' bytes): then -1,
+        unknown, it leaves when the socket drains."""
         t0 = self.last_write_mono_ns = mono_ns()
         self.writes += 1
         call(arg)
-        self.last_write_bound_ns = -1 if self._transport.get_write_buffer_size() else mono_ns() - t0
+        if self._transport.get_write_buffer_size():
+            self.last_write_bound_ns = -1
+            return
+        b = mono_ns() - t0
+        sock = self._sock
+        self.last_write_bound_ns = -1 if sock is not None and tcp_notsent(sock) else b
 
     # the calls aiohttp makes often, spelled out to skip __getattr__
     def is_closing(self) -> bool:
