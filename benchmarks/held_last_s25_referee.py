@@ -9,7 +9,8 @@ request, reads NOTHING for 0.4 s, then everything. With the window shut the tap'
 ``last_token.forwarded`` event can be no earlier than the moment the client began to read (``began``). Prints that
 event's time and its stated bound against ``began``; exit status 1 when the stamp is before ``began`` with no bound
 that reaches it (the defect: stated exact, the starting tree), 3 when it is stated unknown (``0/?``: honest, not
-placed; 4d96d60), 0 when placed at its departure or bounded to reach it. Run it on another tree with that tree's
+placed; 4d96d60, 34c4ad6), 0 when placed at its departure or bounded to reach it (294b06e, after 8d76446: both
+cases placed 0.42-0.46 ms after the client began to read, exact). Run it on another tree with that tree's
 interpreter on PYTHONPATH (e.g. PYTHONPATH=/tmp/s25base .venv/bin/python benchmarks/held_last_s25_referee.py).
 
 ``--case first-split``: the role chunk and two 30 KB tokens come in one upstream write, so the first token's event
