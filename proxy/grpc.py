@@ -529,11 +529,13 @@ class GrpcRequestObserver:
         if self.first_received is not None and self.last_received is not None:
             out[TapEvent.FIRST_REQUEST_MESSAGE_RECEIVED] = (self.first_received[1], 0)
             out[TapEvent.LAST_REQUEST_MESSAGE_RECEIVED] = (self.last_received[1], 0)
+        # (a write's bound -1: TCP, or the transport, still held its bytes when stamped and nothing saw them leave by the
+        # stream's end, h2relay._settle_writes: stated unknown, deltatap.core.vocab.BOUND_UNKNOWN, never exact)
         if self.first_forwarded is not None:
-            out[TapEvent.FIRST_REQUEST_MESSAGE_FORWARDED] = (0, max(0, self.first_forwarded[1]))
+            out[TapEvent.FIRST_REQUEST_MESSAGE_FORWARDED] = (0, self.first_forwarded[1])
         last = self._last_forwarded()
         if last is not None:
-            out[TapEvent.LAST_REQUEST_MESSAGE_FORWARDED] = (0, max(0, last[1]))
+            out[TapEvent.LAST_REQUEST_MESSAGE_FORWARDED] = (0, last[1])
         return out
 
     def span_attributes(self, a: dict[str, Any]) -> dict[str, Any]:

@@ -190,7 +190,7 @@ def adopt(down: Downstream, data: bytes, t: int, bound: int) -> None:
     tr = down.transport
     h = H2Downstream(tap, down.peer)
     h.transport, h.kernel = tr, down.kernel
-    h._empty_mono = down._empty_mono
+    h._empty_mono, h._wsock = down._empty_mono, down._wsock  # (StampedProtocol.connection_made's, not called again)
     if h.kernel is not None:
         h.kernel.lazy_placement = False  # (each write's departure placed at once: the h2 relay keeps no unplaced writes)
     tr.set_protocol(h)
@@ -252,6 +252,43 @@ def _upstream_ssl(tap: Tap) -> _ssl.SSLContext | None:
         ctx = _ssl_h2[tap] = ssl_context(tap.o.verify_tls)
         ctx.set_alpn_protocols([ALPN_H2])
     return ctx
+
+
+def _settle_writes(d: H2Downstream, rec: TapRecord) -> None:
+    """At a stream's end, before its record is handed on: each forwarding write of it stamped while its bytes were still
+    held (bound -1: behind earlier bytes, or TCP held them; :meth:`deltatap.net.conn.StampedProtocol.send`) gets the
+    bound ``now - stamp`` where its connection holds no byte unsent now (:func:`deltatap.proxy.relay._drained`: they
+    left by now); one that cannot stays -1, stated unknown (``deltatap.core.vocab.BOUND_UNKNOWN``), never exact. The
+    request's and its messages' writes went to the upstream, the response head's and the tokens' to the client."""
+    from deltatap.proxy.relay import _drained  # (relay imports this module)
+
+    bounds = rec.bounds
+    obs = rec.stream
+    gq = rec.grpc_request
+    up_open = (rec.forwarded is not None and bounds.get(TapEvent.REQUEST_FORWARDED, (0, 0))[1] < 0) or (
+        gq is not None and ((gq.first_forwarded is not None and gq.first_forwarded[1] < 0)
+                            or (gq.last_forwarded is not None and gq.last_forwarded[1] < 0)))
+    down_open = (rec.response_headers_forwarded is not None and bounds.get(TapEvent.RESPONSE_HEADERS_FORWARDED, (0, 0))[1] < 0) or (
+        isinstance(obs, StreamObserver) and ((obs.first_token_forwarded_mono_ns is not None and obs.first_token_forwarded_bound_ns < 0)
+                                             or (obs.last_token_forwarded_mono_ns is not None and obs.last_token_forwarded_bound_ns < 0)))
+    if up_open and d.up is not None and _drained(d.up):
+        now = mono()
+        if rec.forwarded is not None and bounds.get(TapEvent.REQUEST_FORWARDED, (0, 0))[1] < 0:
+            bounds[TapEvent.REQUEST_FORWARDED] = (0, now - rec.forwarded)
+        if gq is not None:
+            if gq.first_forwarded is not None and gq.first_forwarded[1] < 0:
+                gq.first_forwarded = (gq.first_forwarded[0], now - gq.first_forwarded[0])
+            if gq.last_forwarded is not None and gq.last_forwarded[1] < 0:
+                gq.last_forwarded = (gq.last_forwarded[0], now - gq.last_forwarded[0])
+    if down_open and _drained(d):
+        now = mono()
+        if rec.response_headers_forwarded is not None and bounds.get(TapEvent.RESPONSE_HEADERS_FORWARDED, (0, 0))[1] < 0:
+            bounds[TapEvent.RESPONSE_HEADERS_FORWARDED] = (0, now - rec.response_headers_forwarded)
+        if isinstance(obs, StreamObserver):
+            if obs.first_token_forwarded_mono_ns is not None and obs.first_token_forwarded_bound_ns < 0:
+                obs.first_token_forwarded_bound_ns = now - obs.first_token_forwarded_mono_ns
+            if obs.last_token_forwarded_mono_ns is not None and obs.last_token_forwarded_bound_ns < 0:
+                obs.last_token_forwarded_bound_ns = now - obs.last_token_forwarded_mono_ns
 
 
 class _H2Side(StampedProtocol):
@@ -853,6 +890,7 @@ class H2Downstream(_H2Side):
             s.timer.cancel()
             s.timer = None
         rec = s.rec
+        _settle_writes(self, rec)
         rec.fingerprint = s.fp.result()
         rec.request_capture = s.capture
         rec.response_capture = s.capture_out
@@ -1174,13 +1212,13 @@ class H2Upstream(_H2Side):
         (tr, br), (tw, bw) = got
         rec.body_received, rec.forwarded = tr, tw
         rec.bounds[TapEvent.REQUEST_BODY_RECEIVED] = (br, 0)
-        rec.bounds[TapEvent.REQUEST_FORWARDED] = (0, max(0, bw))
+        rec.bounds[TapEvent.REQUEST_FORWARDED] = (0, bw)  # (-1: TCP still held it; settled at the end, _settle_writes)
 
     @staticmethod
     def _headers_forwarded(s: Stream, tw: int, bw: int) -> None:
         rec = s.rec
         rec.response_headers_forwarded = tw
-        rec.bounds[TapEvent.RESPONSE_HEADERS_FORWARDED] = (0, max(0, bw))
+        rec.bounds[TapEvent.RESPONSE_HEADERS_FORWARDED] = (0, bw)  # (-1: as above)
         rec.end = tw
 
     # ---- end --------------------------------------------------------------------------------
