@@ -1,6 +1,6 @@
 """Reproduction (session 25, referee): a token whose forwarding write TCP holds is stamped at the write, stated exact.
 
-    .venv/bin/python benchmarks/held_last_s25_referee.py [--case last|first-split]   (root: the packet log needs CAP_NET_RAW)
+    .venv/bin/python benchmarks/held_last_s25_referee.py [--case last|first-split|last-late]   (root: CAP_NET_RAW)
 
 One ``deltatap tap`` process (spans to a file) in front of a raw upstream that answers an SSE stream: a role chunk,
 the first token, then 40 tokens of ~1 KB 2 ms apart, ``[DONE]``. The client has a 4 KiB receive buffer, sends the
@@ -10,7 +10,11 @@ request, reads NOTHING for 0.4 s, then everything. With the window shut the tap'
 event's time and its stated bound against ``began``; exit status 1 when the stamp is before ``began`` with no bound
 that reaches it (the defect: stated exact, the starting tree), 3 when it is stated unknown (``0/?``: honest, not
 placed; 4d96d60, 34c4ad6), 0 when placed at its departure or bounded to reach it (294b06e, after 8d76446: both
-cases placed 0.42-0.46 ms after the client began to read, exact). Run it on another tree with that tree's
+cases placed 0.42-0.46 ms after the client began to read, exact). ``--case last-late`` (the last token, a 3 KB usage
+chunk and ``[DONE]`` in one upstream write, the chunked end 1 ms later; the client reads 2 KB every 10 ms): base 1
+(stated exact 107-145 ms before the byte could fit the client's buffer), 294b06e 0 (placed at most 10 ms before the
+client held the byte) -- the late placements the wire referee shows on 294b06e under --slow-reader are not made small
+by it yet. Run it on another tree with that tree's
 interpreter on PYTHONPATH (e.g. PYTHONPATH=/tmp/s25base .venv/bin/python benchmarks/held_last_s25_referee.py).
 
 ``--case first-split``: the role chunk and two 30 KB tokens come in one upstream write, so the first token's event
@@ -47,7 +51,7 @@ def _ev(text: str) -> bytes:
     return b'data: {"choices":[{"index":0,"delta":{"content":"' + text.encode() + b'"}}]}\n\n'
 
 
-def upstream(listener: socket.socket, stop: threading.Event, first_write: int = 0) -> None:
+def upstream(listener: socket.socket, stop: threading.Event, first_write: int = 0, tail: bool = False) -> None:
     listener.settimeout(0.5)
     while not stop.is_set():
         try:
@@ -72,10 +76,16 @@ def upstream(listener: socket.socket, stop: threading.Event, first_write: int = 
                 conn.sendall(_chunk(role + b"".join(_ev(f"f{i:03d} " + "y" * 30000) for i in range(first_write))))
             else:
                 conn.sendall(_chunk(role))
-            for i in range(N_TOKENS):
+            for i in range(N_TOKENS - (1 if tail else 0)):
                 conn.sendall(_chunk(_ev(f"t{i:03d} " + "x" * 1000)))
                 time.sleep(0.002)
-            conn.sendall(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+            if tail:  # the last token, a 3 KB usage chunk and the end in one write: the tap forwards them in one
+                usage = b'data: {"choices":[],"usage":{"completion_tokens":%d,"pad":"%s"}}\n\n' % (N_TOKENS, b"u" * 3000)
+                conn.sendall(_chunk(_ev(f"t{N_TOKENS - 1:03d} " + "x" * 1000)) + _chunk(usage) + _chunk(b"data: [DONE]\n\n"))
+                time.sleep(0.001)
+                conn.sendall(b"0\r\n\r\n")  # the end of the chunked body on its own: a second tap write, also held
+            else:
+                conn.sendall(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
             time.sleep(0.2)
 
 
@@ -89,15 +99,17 @@ def main() -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--case", choices=["last", "first-split"], default="last",
+    ap.add_argument("--case", choices=["last", "first-split", "last-late"], default="last",
                     help="first-split: the role chunk and 2 tokens of 30 KB in one write; the first token's event ends "
-                    "past the client's window: its forwarded stamp is checked instead")
+                    "past the client's window: its forwarded stamp is checked instead; last-late: the last token, a 3 KB "
+                    "usage chunk and the end in one upstream write, the client reading 2 KB every 10 ms from 0.1 s: the "
+                    "stamp must not be after the client held the token's last byte")
     args = ap.parse_args()
-    event = "last_token.forwarded" if args.case == "last" else "first_token.forwarded"
+    event = "first_token.forwarded" if args.case == "first-split" else "last_token.forwarded"
     work = Path(tempfile.mkdtemp(prefix="held-last-"))
     listener = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
-    th = threading.Thread(target=upstream, args=(listener, stop, 2 if args.case == "first-split" else 0), daemon=True)
+    th = threading.Thread(target=upstream, args=(listener, stop, 2 if args.case == "first-split" else 0, args.case == "last-late"), daemon=True)
     th.start()
     port = free_port()
     spans = work / "spans.jsonl"
@@ -121,14 +133,18 @@ def main() -> int:
         c.settimeout(TIMEOUT_S)
         c.connect(("127.0.0.1", port))
         c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: e\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
-        time.sleep(0.4)  # the window shut: the tap's writes wait
+        time.sleep(0.1 if args.case == "last-late" else 0.4)  # the window shut: the tap's writes wait
         began = time.time_ns()
         got = b""
+        reads: list[tuple[int, int]] = []  # (bytes held after the recv, when it returned)
         while not got.endswith(b"0\r\n\r\n"):
-            data = c.recv(65536)
+            data = c.recv(2048 if args.case == "last-late" else 65536)
             if not data:
                 break
             got += data
+            reads.append((len(got), time.time_ns()))
+            if args.case == "last-late":
+                time.sleep(0.01)
         c.close()
         assert b"t%03d" % (N_TOKENS - 1) in got, got[-300:]
     finally:
@@ -159,6 +175,23 @@ def main() -> int:
     early_ms = (began - t_ns) / 1e6
     print(f"client began to read at {began}; {event} at {t_ns}: {early_ms:.3f} ms before the bytes could leave;"
           f" its stated interval (deltatap.stamp.bounds): {stated.get(event, 'none: stated exact')}")
+    if args.case == "last-late":
+        pos = got.rindex(b"t%03d " % (N_TOKENS - 1))
+        end = got.index(b"\n\n", pos) + 1  # the byte completing the event (the blank line's line end)
+        held = next(t for n, t in reads if n > end)
+        late_ms = (t_ns - held) / 1e6
+        print(f"the client held the last token's completing byte at {held}; the stamp is {late_ms:+.3f} ms from it")
+        if t_ns - _before > held + 50_000:  # (stated exact: _before == 0; 50 us: the exact tolerance)
+            print(f"DEFECT: {event} is after the client already held the token's bytes (the write placed at a later byte)")
+            return 1
+        # the byte fits the client's buffer (SO_RCVBUF 4096: at most ~16 KB with the kernel's doubling and slack) only
+        # once the client has read up to 16 KB before it: it cannot have left before that read
+        room = next((t for n, t in reads if n >= end - 16384), began)
+        if t_ns < room and (after >= 0 and t_ns + after < room):
+            print(f"DEFECT: {event} is {(room - t_ns) / 1e6:.3f} ms before its bytes could leave (the client's buffer was full)")
+            return 1
+        print("ok: not after the client held the bytes")
+        return 0
     if t_ns < began and (after >= 0 and t_ns + after < began):  # (an unknown side, -1, claims nothing)
         print(f"DEFECT: {event} is before its bytes could leave and its bound does not reach them")
         return 1
