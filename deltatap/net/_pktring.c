@@ -1945,8 +1945,7 @@ static int left_by(PyObject *tr, kstate_t *st, PyObject *plog, long long t1) {
     }
     PyBuffer_Release(&r.view);
     if (!found) return 0;
-    uint32_t last = (uint32_t)((iss1 + st->tx_off - 1) & 0xFFFFFFFFLL);
-    if ((uint32_t)(last - s.seq) >= (uint32_t)(s.end - s.seq)) return 0;
+    if (s.end != (uint32_t)((iss1 + st->tx_off) & 0xFFFFFFFFLL)) return 0; /* (it ends where the write does) */
     long long t;
     if (to_mono(s.wall, &t) != 0) return -1;
     return t <= t1;

@@ -803,7 +803,7 @@ class KernelStampTransport(_TransportBase):
     def _left_by(self, t1: int) -> bool:
         """Whether the packet log shows the write just sent gone by ``t1``: the newest segment of ours among the log's
         newest ``_LEFT_FRAMES`` frames carries the write's last byte (stream offset ``_tx_off - 1``, through the anchor
-        ``_iss1``) and left no later than ``t1``. A send's segments are logged as they enter the device, inside the
+        ``_iss1``; the segment ends with it) and left no later than ``t1``. A send's segments are logged as they enter the device, inside the
         send on loopback; once the segment with the last byte left, TCP holds none of the write (tcpi_notsent_bytes
         0), so this is :func:`~deltatap.net.pktstamp.tcp_notsent`'s answer without a ``getsockopt``. False: the log
         cannot tell (no log or anchor, the segment not among those frames or not out by ``t1``): ask TCP."""
@@ -813,9 +813,9 @@ class KernelStampTransport(_TransportBase):
         seg = plog.newest_segment(self._tkey, _LEFT_FRAMES)  # type: ignore[arg-type]
         if seg is None:
             return False
-        seq, end, wall = seg
-        last = (iss1 + self._tx_off - 1) & 0xFFFFFFFF
-        return ((last - seq) & 0xFFFFFFFF) < ((end - seq) & 0xFFFFFFFF) and _to_mono(wall) <= t1
+        _seq, end, wall = seg
+        # (it ends where the write does: no byte of ours follows it; an anchor off by any amount fails this)
+        return end == (iss1 + self._tx_off) & 0xFFFFFFFF and _to_mono(wall) <= t1
 
     def _tx_anchor(self) -> int | None:
         """The sequence number of our stream offset 0: the log's newest segment of ours ends where TCP's sent
