@@ -327,6 +327,8 @@ def _settle_held(ex: Exchange) -> None:
                 rec.response_headers_forwarded = t
             rec.bounds[ev] = (0, b)
             del held[ev]
+        elif side.transport is None or side.transport.is_closing():  # (its connection is gone: it stays unknown)
+            del held[ev]
     if not held:
         ex.held = None
 
