@@ -967,7 +967,8 @@ class Downstream(_Side):
         if holding is None or ex not in holding:  # (released meanwhile)
             return
         loop = self.loop or asyncio.get_running_loop()
-        if not _settle_writes(ex, self) and loop.time() < deadline and not self.transport.is_closing():
+        tr = self.transport
+        if not _settle_writes(ex, self) and loop.time() < deadline and tr is not None and not tr.is_closing():
             step = min(step * 2, HOLD_STEP_S[1])
             ex.timer = loop.call_later(min(step, max(0.0, deadline - loop.time())), self._recheck_held, ex, deadline, step)
             return
