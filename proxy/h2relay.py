@@ -254,41 +254,53 @@ def _upstream_ssl(tap: Tap) -> _ssl.SSLContext | None:
     return ctx
 
 
-def _settle_writes(d: H2Downstream, rec: TapRecord) -> None:
-    """At a stream's end, before its record is handed on: each forwarding write of it stamped while its bytes were still
+def _settle_writes(d: H2Downstream, rec: TapRecord) -> bool:
+    """At a stream's end, before its record is handed on, and again while its finish waits (:meth:`H2Downstream._hold`,
+    as the HTTP/1.1 relay's: ``relay.HOLD_FINISH_S``): each forwarding write of it stamped while its bytes were still
     held (bound -1: behind earlier bytes, or TCP held them; :meth:`deltatap.net.conn.StampedProtocol.send`) gets the
     bound ``now - stamp`` where its connection holds no byte unsent now (:func:`deltatap.proxy.relay._drained`: they
     left by now); one that cannot stays -1, stated unknown (``deltatap.core.vocab.BOUND_UNKNOWN``), never exact. The
-    request's and its messages' writes went to the upstream, the response head's and the tokens' to the client."""
+    request's and its messages' writes went to the upstream, the response head's and the tokens' to the client.
+    True when none is left that a later check could settle (each known, or its connection gone)."""
     from deltatap.proxy.relay import _drained  # (relay imports this module)
 
     bounds = rec.bounds
-    obs = rec.stream
+    obs = rec.stream if isinstance(rec.stream, StreamObserver) else None
     gq = rec.grpc_request
     up_open = (rec.forwarded is not None and bounds.get(TapEvent.REQUEST_FORWARDED, (0, 0))[1] < 0) or (
         gq is not None and ((gq.first_forwarded is not None and gq.first_forwarded[1] < 0)
                             or (gq.last_forwarded is not None and gq.last_forwarded[1] < 0)))
     down_open = (rec.response_headers_forwarded is not None and bounds.get(TapEvent.RESPONSE_HEADERS_FORWARDED, (0, 0))[1] < 0) or (
-        isinstance(obs, StreamObserver) and ((obs.first_token_forwarded_mono_ns is not None and obs.first_token_forwarded_bound_ns < 0)
-                                             or (obs.last_token_forwarded_mono_ns is not None and obs.last_token_forwarded_bound_ns < 0)))
-    if up_open and d.up is not None and _drained(d.up):
-        now = mono()
-        if rec.forwarded is not None and bounds.get(TapEvent.REQUEST_FORWARDED, (0, 0))[1] < 0:
-            bounds[TapEvent.REQUEST_FORWARDED] = (0, now - rec.forwarded)
-        if gq is not None:
-            if gq.first_forwarded is not None and gq.first_forwarded[1] < 0:
-                gq.first_forwarded = (gq.first_forwarded[0], now - gq.first_forwarded[0])
-            if gq.last_forwarded is not None and gq.last_forwarded[1] < 0:
-                gq.last_forwarded = (gq.last_forwarded[0], now - gq.last_forwarded[0])
-    if down_open and _drained(d):
-        now = mono()
-        if rec.response_headers_forwarded is not None and bounds.get(TapEvent.RESPONSE_HEADERS_FORWARDED, (0, 0))[1] < 0:
-            bounds[TapEvent.RESPONSE_HEADERS_FORWARDED] = (0, now - rec.response_headers_forwarded)
-        if isinstance(obs, StreamObserver):
-            if obs.first_token_forwarded_mono_ns is not None and obs.first_token_forwarded_bound_ns < 0:
-                obs.first_token_forwarded_bound_ns = now - obs.first_token_forwarded_mono_ns
-            if obs.last_token_forwarded_mono_ns is not None and obs.last_token_forwarded_bound_ns < 0:
-                obs.last_token_forwarded_bound_ns = now - obs.last_token_forwarded_mono_ns
+        obs is not None and ((obs.first_token_forwarded_mono_ns is not None and obs.first_token_forwarded_bound_ns < 0)
+                             or (obs.last_token_forwarded_mono_ns is not None and obs.last_token_forwarded_bound_ns < 0)))
+    up = d.up
+    if up_open:
+        if up is not None and _drained(up):
+            up_open = False
+            now = mono()
+            if rec.forwarded is not None and bounds.get(TapEvent.REQUEST_FORWARDED, (0, 0))[1] < 0:
+                bounds[TapEvent.REQUEST_FORWARDED] = (0, now - rec.forwarded)
+            if gq is not None:
+                if gq.first_forwarded is not None and gq.first_forwarded[1] < 0:
+                    gq.first_forwarded = (gq.first_forwarded[0], now - gq.first_forwarded[0])
+                if gq.last_forwarded is not None and gq.last_forwarded[1] < 0:
+                    gq.last_forwarded = (gq.last_forwarded[0], now - gq.last_forwarded[0])
+        elif up is None or up.transport is None or up.transport.is_closing():
+            up_open = False  # (gone: stays unknown)
+    if down_open:
+        if _drained(d):
+            down_open = False
+            now = mono()
+            if rec.response_headers_forwarded is not None and bounds.get(TapEvent.RESPONSE_HEADERS_FORWARDED, (0, 0))[1] < 0:
+                bounds[TapEvent.RESPONSE_HEADERS_FORWARDED] = (0, now - rec.response_headers_forwarded)
+            if obs is not None:
+                if obs.first_token_forwarded_mono_ns is not None and obs.first_token_forwarded_bound_ns < 0:
+                    obs.first_token_forwarded_bound_ns = now - obs.first_token_forwarded_mono_ns
+                if obs.last_token_forwarded_mono_ns is not None and obs.last_token_forwarded_bound_ns < 0:
+                    obs.last_token_forwarded_bound_ns = now - obs.last_token_forwarded_mono_ns
+        elif d.closed or d.transport is None or d.transport.is_closing():
+            down_open = False
+    return not (up_open or down_open)
 
 
 class _H2Side(StampedProtocol):
@@ -329,6 +341,7 @@ class H2Downstream(_H2Side):
         self.going_away = False  # the upstream sent GOAWAY: new streams are refused
         self.closed = False
         self.marks: list[Callable[[int, int], None]] = []  # stamps to set from the next downstream write
+        self.held_streams: list[Stream] = []  # streams over whose finish waits for a held write to leave (_hold)
         # --header-timeout-s on HTTP/2: the client's preface and SETTINGS must come within it, and a connection with
         # no stream open that long gets GOAWAY NO_ERROR and is closed (see _idle_check)
         self.settled = False  # the client's SETTINGS (after its preface) was read
@@ -405,6 +418,8 @@ class H2Downstream(_H2Side):
 
     # ---- reads ------------------------------------------------------------------------------
     def on_data(self, data: bytes, t: int, bound: int) -> None:
+        if self.held_streams:  # (the client's frames: it read what came before them, usually; _hold)
+            self._release_held(False)
         if self.passing:
             self._pass_up(data)
             return
@@ -771,6 +786,8 @@ class H2Downstream(_H2Side):
 
     # ---- end of the connections -------------------------------------------------------------
     def on_eof(self) -> bool:
+        if self.held_streams:  # (the last chance to see the held writes drained: _hold)
+            self._release_held(False)
         up = self.up
         if self.passing:  # (bytes passing as they are: the client's half-close passes on too, unless the upstream's came)
             self.down_eof = True
@@ -790,6 +807,8 @@ class H2Downstream(_H2Side):
             self.idle_timer.cancel()
             self.idle_timer = None
         self.tap.connections.discard(self)  # type: ignore[arg-type]
+        if self.held_streams:  # (their writes' fate is not learnt now: settled with what is known)
+            self._release_held()
         if self.connecting is not None:
             self.connecting.cancel()
         t = self.eof_mono or self.lost_mono_ns  # (a FIN held while the upstream had not answered: when it came)
@@ -890,14 +909,58 @@ class H2Downstream(_H2Side):
             s.timer.cancel()
             s.timer = None
         rec = s.rec
-        _settle_writes(self, rec)
+        settled = _settle_writes(self, rec)
         rec.fingerprint = s.fp.result()
         rec.request_capture = s.capture
         rec.response_capture = s.capture_out
         self._forget(s)
-        self.tap.finish(s.span, rec)
+        if settled or not self._hold(s):
+            self.tap.finish(s.span, rec)
         if self.waiting_open:
             self.open_waiting()
+
+    def _hold(self, s: Stream) -> bool:
+        """Keep the finish of ``s``, over with a forwarding write still unknown, until that write has left: the HTTP/1.1
+        relay's rule and limits (:data:`deltatap.proxy.relay.HOLD_FINISH_S`, ``HOLD_STEP_S``). True when held."""
+        from deltatap.proxy import relay  # (relay imports this module)
+
+        tr = self.transport
+        if self.closed or tr is None or tr.is_closing() or tr.get_extra_info("socket") is None:
+            return False
+        loop = asyncio.get_running_loop()
+        step = relay.HOLD_STEP_S[0]
+        s.timer = loop.call_later(step, self._recheck_held, s, loop.time() + relay.HOLD_FINISH_S, step)
+        self.held_streams.append(s)
+        return True
+
+    def _recheck_held(self, s: Stream, deadline: float, step: float) -> None:
+        """``s``'s timer (:meth:`_hold`): finished once its writes are settled (or can no longer be), or at ``deadline``."""
+        from deltatap.proxy import relay  # (relay imports this module)
+
+        s.timer = None
+        if s not in self.held_streams:
+            return
+        loop = asyncio.get_running_loop()
+        if not _settle_writes(self, s.rec) and loop.time() < deadline:
+            step = min(step * 2, relay.HOLD_STEP_S[1])
+            s.timer = loop.call_later(min(step, max(0.0, deadline - loop.time())), self._recheck_held, s, deadline, step)
+            return
+        self.held_streams.remove(s)
+        self.tap.finish(s.span, s.rec)
+
+    def _release_held(self, lost: bool = True) -> None:
+        """The streams whose finish waits (:meth:`_hold`) checked now: each settled one finished; every one when
+        ``lost`` (the connection is gone: what is not known by now stays unknown)."""
+        held, keep = self.held_streams, []
+        self.held_streams = keep
+        for s in held:
+            if _settle_writes(self, s.rec) or lost:
+                if s.timer is not None:
+                    s.timer.cancel()
+                    s.timer = None
+                self.tap.finish(s.span, s.rec)
+            else:
+                keep.append(s)
 
     def _forget(self, s: Stream) -> None:
         """Drop the stream from the maps once it is over both ways (a response may end before its request does: the

@@ -1,6 +1,8 @@
 """Session 25 ("bound2"): the HTTP/2 relay's forwarding writes whose bytes TCP still held when stamped (a client that
-does not read: its 4 KiB receive buffer full) are stated unknown (``=0/?``), never exact; a client that reads as it
-comes gets exact (or finitely bounded) writes. Live on 127.0.0.1: the h2 peer of test_h2 upstream, a raw h2 client
+does not read: its 4 KiB receive buffer full) are stated unknown (``=0/?``) once the stream's finish has waited its
+limit for them (``relay.HOLD_FINISH_S``, here 0.2 s), never exact; a client that reads as it comes gets exact (or
+finitely bounded) writes: one still held at the stream's end (TCP autocorking the last frames) is bounded by the
+finish's next check. Live on 127.0.0.1: the h2 peer of test_h2 upstream, a raw h2 client
 (``h2`` on a blocking socket, SO_RCVBUF 4 KiB) in a thread.
 
 Stream 1 streams 80 chunks at once (~8 KB, past the client's TCP window: the last token's write is held); stream 3,
@@ -19,6 +21,7 @@ from h2_peer import start_h2_peer
 from tap_helpers import wait_spans
 
 from deltatap.core.vocab import Attr, TapEvent, parse_stamp_bounds
+from deltatap.proxy import relay
 
 TIMEOUT_S = 10.0
 
@@ -88,7 +91,8 @@ async def _run(make_tap, span_exporter, telemetry, rcvbuf: int | None) -> dict[s
     return out
 
 
-async def test_h2_writes_held_by_a_client_that_does_not_read_are_stated_unknown(make_tap, span_exporter, telemetry):
+async def test_h2_writes_held_by_a_client_that_does_not_read_are_stated_unknown(make_tap, span_exporter, telemetry, monkeypatch):
+    monkeypatch.setattr(relay, "HOLD_FINISH_S", 0.2)  # (each stream's finish waits this long for its held writes)
     b = await _run(make_tap, span_exporter, telemetry, 4096)
     assert b["many"].get(str(TapEvent.LAST_TOKEN_FORWARDED)) == (0, -1), sorted(b["many"].items())
     assert b["one"].get(str(TapEvent.RESPONSE_HEADERS_FORWARDED)) == (0, -1), b["one"]  # (was stated exact: clamped to 0)
