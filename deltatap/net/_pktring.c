@@ -422,7 +422,8 @@ static int parse_ring_pattern(PyObject *obj, Py_buffer *pat, ring_t *r) {
     return ring_get(obj, r, 0);
 }
 
-/* segments toward the pattern from the one holding base on, oldest first, into a malloc'd array */
+/* segments toward the pattern holding base or bytes after it (every copy: the search stops at one ending at or
+ * before base, not at the newest holding base, which may be a retransmission), oldest first, into a malloc'd array */
 static int collect(const ring_t *r, const unsigned char *pat, long long head, long long top, uint32_t base, long long limit, seg_t **out,
                    Py_ssize_t *count) {
     matcher_t m;
@@ -444,9 +445,7 @@ static int collect(const ring_t *r, const unsigned char *pat, long long head, lo
             segs = grown;
             cap = ncap;
         }
-        segs[n++] = s;
-        uint32_t rel_start = s.seq - base;
-        if (rel_start == 0 || rel_start > 0x7FFFFFFFu) break;
+        segs[n++] = s; /* (one holding base too: an older copy of it, the first to arrive, may follow) */
     }
     for (Py_ssize_t i = 0; i < n / 2; i++) { /* oldest first */
         seg_t t = segs[i];

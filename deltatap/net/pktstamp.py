@@ -578,8 +578,11 @@ class PacketLog:
 
     def segments_since(self, key: tuple[bytes, int, bytes, int], base_seq: int, limit: int = _FRAMES) -> list[tuple[int, int, int]]:
         """``[(seq, end_seq, wall_ns), ...]``, oldest first: the segments toward connection ``key`` (its
-        (source ip, source port, local ip, local port)) from the one holding sequence number ``base_seq`` on,
-        searched newest first in the ring. The search stops at that segment or ``limit`` frames back."""
+        (source ip, source port, local ip, local port)) that hold sequence number ``base_seq`` or bytes after it,
+        searched newest first in the ring. The search stops at a segment that ends at or before ``base_seq`` (the
+        bytes before: everything older is older still) or ``limit`` frames back — not at the newest segment holding
+        ``base_seq``: that may be a retransmission (a tail-loss probe, an RTO) of a copy that arrived earlier, and the
+        bytes were there at the first copy's arrival, so every copy is kept, the first one first."""
         if self._acc is not None:
             head, top = self._window()
             return self._acc.ring_segments(self._mv, head, _pattern(key), base_seq, limit, top)
@@ -592,10 +595,7 @@ class PacketLog:
             rel_end = (end - base_seq) & 0xFFFFFFFF
             if rel_end == 0 or rel_end > 0x7FFFFFFF:
                 break  # ends before the waiting bytes: everything older is older still
-            out.append(seg)
-            rel_start = (seq - base_seq) & 0xFFFFFFFF
-            if rel_start == 0 or rel_start > 0x7FFFFFFF:
-                break  # holds the first waiting byte
+            out.append(seg)  # (one holding the first waiting byte too: an older copy of it may follow)
         out.reverse()
         return out
 

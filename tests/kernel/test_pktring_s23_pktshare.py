@@ -390,8 +390,9 @@ def test_a_search_between_a_claim_and_its_zeroing_reads_no_lap_old_frame(c_impl:
     """The hand-back's window (the head moved, the claimed frames not zeroed yet) made deterministic. The starting
     protocol's search (its window [head, head + frames)) lands on the claimed slots, still the user's, and takes frame
     17 (physically frame 1) for the newest: its newest-first search meets the segment holding the first waiting byte
-    there and stops, never seeing frames 8 and 12; the read is placed as that segment, then an unlogged tail stamped at
-    the read's own stamp: bytes 10..20, which arrived at 8 s, stamped at 99 s, the merged stamp the log exists to undo.
+    there and, until session 25, stopped, never seeing frames 8 and 12: the read was placed as that segment, then an
+    unlogged tail stamped at the read's own stamp (bytes 10..20, which arrived at 8 s, stamped at 99 s, the merged stamp
+    the log exists to undo); it still takes that lap-old frame for the newest segment (an anchor 20 bytes off).
     With the released word the window ends at 16: the newest is 15, the claimed frame not read, and the read cannot be
     placed (its first segment handed back: a gap), as once the zeroing is done. The C search and the Python alike."""
     for fixed in (False, True):
@@ -399,7 +400,9 @@ def test_a_search_between_a_claim_and_its_zeroing_reads_no_lap_old_frame(c_impl:
         cuts, tail, why = log.cuts(key, base, 30, 99 * 10**9, 16, 1 << 18)
         if not fixed:
             assert log._newest() == 18
-            assert cuts == [(10, 5 * 10**9), (30, 99 * 10**9)] and tail and why is None
+            # (its segment holding the first waiting byte sits past the others in the ring: since session 25 the search
+            # keeps going past such a segment, for an earlier copy, so these bytes now come out unplaceable, a gap)
+            assert cuts is None and "start 10 bytes in" in why
             assert log.newest_segment(key) == (base, base + 10, 5 * 10**9)  # (an anchor taken from it: 20 bytes off)
             continue
         assert log._window() == (2, 16) and log._newest() == 15
