@@ -144,10 +144,10 @@ async def test_writes_held_then_read_get_a_bound_that_holds_the_truth(make_tap, 
         b = stated.get(str(ev), (0, 0))[1]
         assert b >= 0, (ev, a.get(Attr.STAMP_BOUNDS))  # known: placed, or bounded by the later check
         assert t + b >= began, (ev, (began - t - b) / 1e6)  # the interval reaches the bytes' departure
-        if plog_mode == "packet_log":
-            assert b == 0 and t >= began  # placed at its departure, after the client began to read
+        if plog_mode == "packet_log":  # (placed from the log: exact after the client began to read, or an interval
+            assert b > 0 or t >= began, ev  # over its write's segments, which reaches that, asserted above)
         else:
-            assert b > 0  # never stated exact
+            assert b > 0, ev  # never stated exact
     assert obs.first_token_mono_ns < began  # (the tap had read it well before: the case was met)
 
 

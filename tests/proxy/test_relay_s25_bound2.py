@@ -4,8 +4,8 @@ Live on 127.0.0.1, with the packet log and without it: the raw upstream of test_
 response (head larger than the client's 4 KiB window, first token, the rest) in ~0.1 s; the client
 
 * reads 0.3 s after its request, after the stream ended: no span while it has not read (the exchange in flight), then
-  the last token's write placed at its departure (packet log) or bounded by the later drained check, its interval
-  reaching the client's first read (it was unknown in every such span before: docs/benchmarks.md, session 25 bound);
+  the last token's write bounded by its last byte's departure (packet log) or by the later drained check, its
+  interval reaching the client's first read (it was unknown in every such span before: docs/benchmarks.md, session 25 bound);
 * closes without reading: the span comes at once (not after the limit), the held writes stated unknown;
 * is still not reading when the tap closes: the close does not wait for the limit, the span is out, unknown."""
 
@@ -35,10 +35,10 @@ async def test_a_slow_readers_last_token_is_settled_once_read(make_tap, span_exp
         b = stated.get(str(ev), (0, 0))[1]
         assert b >= 0, (ev, a.get(Attr.STAMP_BOUNDS))  # known now: placed, or bounded by the later check
         assert t + b >= began, (ev, (began - t - b) / 1e6)  # the interval reaches the bytes' departure
-        if plog_mode == "packet_log":
-            assert b == 0 and t >= began, ev
+        if plog_mode == "packet_log":  # (placed from the log: exact after the client began to read, or an interval
+            assert b > 0 or t >= began, ev  # over its write's segments, which reaches that, asserted above)
         else:
-            assert b > 0, ev
+            assert b > 0, ev  # never stated exact
 
 
 async def _held(make_tap, span_exporter):
