@@ -116,3 +116,42 @@ def test_grpc_request_messages_forwarded_while_held_are_stated_unknown():
     b = gq.span_bounds()
     assert b[TapEvent.FIRST_REQUEST_MESSAGE_FORWARDED] == (0, -1)  # (was clamped to 0: exact)
     assert b[TapEvent.LAST_REQUEST_MESSAGE_FORWARDED] == (0, 40)
+
+
+async def test_h2_a_held_finish_ends_when_the_client_goes(make_tap, span_exporter, telemetry, monkeypatch):
+    monkeypatch.setattr(relay, "HOLD_FINISH_S", 60.0)  # (never reached within the test's timeout)
+    peer = await start_h2_peer()
+    try:
+        tap = await make_tap(peer.url)
+        gone = threading.Event()
+
+        def client() -> None:
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.settimeout(TIMEOUT_S)
+            s.connect(("127.0.0.1", tap.port))
+            c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+            c.initiate_connection()
+            c.send_headers(1, _req(tap.port, "/v1/chat/completions?first_ms=0&gap_ms=0&n=80"), end_stream=True)
+            s.sendall(c.data_to_send())
+            gone.wait(TIMEOUT_S)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            s.close()  # (unread bytes: an RST)
+
+        th = threading.Thread(target=client, daemon=True)
+        th.start()
+        try:
+            async with asyncio.timeout(TIMEOUT_S):
+                while not any(getattr(d, "held_streams", None) for d in list(tap.tap.connections)):
+                    await asyncio.sleep(0.01)
+            assert not await wait_spans(span_exporter, telemetry, 1, 0.05) and tap.tap.in_flight == 1  # (held)
+            gone.set()
+            spans = await wait_spans(span_exporter, telemetry, 1, TIMEOUT_S)
+        finally:
+            gone.set()
+            await asyncio.get_running_loop().run_in_executor(None, th.join, TIMEOUT_S)
+        assert len(spans) == 1 and tap.tap.in_flight == 0
+        b = parse_stamp_bounds(spans[0].attributes.get(Attr.STAMP_BOUNDS))
+        assert b.get(str(TapEvent.LAST_TOKEN_FORWARDED)) == (0, -1), b
+    finally:
+        await peer.close()
