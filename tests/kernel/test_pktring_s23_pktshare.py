@@ -109,6 +109,12 @@ def test_c_and_python_hand_back_leave_the_same_ring_and_head(seed: int) -> None:
         assert logs[0][0]._newest() == newest
 
 
+# how far back a worker's searches look: the frames a hand-back leaves (pktstamp._KEEP_FRAMES). Between its first write
+# and its third (~4 ms) the other worker's churn may put a few thousand frames in the shared ring: with 2048 the first
+# segment was out of reach in ~1 of 10 runs on a loaded host (the starting tree's as well), and the test failed.
+_REACH = pktstamp._KEEP_FRAMES
+
+
 def _worker(log: PacketLog, listen: socket.socket, churn: int, out: int) -> None:
     """A forked worker's connection on the shared log: churn (enough segments that the ring's older half is handed
     back, by both processes, while the other searches), then three writes read at once on each side, split from the
@@ -132,7 +138,7 @@ def _worker(log: PacketLog, listen: socket.socket, churn: int, out: int) -> None
             _wait_waiting(rx, 10)
             first = None
             for _ in range(200):  # (the arrival's frame is written in the sender's send; seen at once)
-                first = log.newest_segment(key, limit=2048)
+                first = log.newest_segment(key, limit=_REACH)
                 if first is not None and (first[1] - first[0]) & 0xFFFFFFFF == 10:
                     break
             time.sleep(0.002)
@@ -141,8 +147,8 @@ def _worker(log: PacketLog, listen: socket.socket, churn: int, out: int) -> None
             tx.sendall(b"C" * 10)
             _wait_waiting(rx, 30)
             log.maintain(force=True)
-            cuts, tail, why = log.cuts(key, first[0], 30, 0, 2048, 1 << 18)
-            segs = log.segments_since(key, first[0], 2048)
+            cuts, tail, why = log.cuts(key, first[0], 30, 0, _REACH, 1 << 18)
+            segs = log.segments_since(key, first[0], _REACH)
             placed.append({"cuts": cuts, "tail": tail, "why": why, "segs": segs, "first": first})
             _drain(rx, 30)
         doc = {"placed": placed, "head": log._head}
