@@ -2060,7 +2060,7 @@ static PyObject *pk_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             } else if ((r = get_true(tr, s_lazy_placement)) < 0) {
                 return NULL;
             } else if (r) {
-                unplaced = Py_BuildValue("(LLLO)", t0, t1, tx_off + n, queued ? Py_True : Py_False);
+                unplaced = Py_BuildValue("(LLLOL)", t0, t1, tx_off + n, queued ? Py_True : Py_False, tx_off);
                 if (unplaced == NULL) return NULL;
                 int rc = aset(tr, s_unplaced_write, unplaced);
                 Py_DECREF(unplaced); /* (the transport holds it) */

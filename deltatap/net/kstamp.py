@@ -331,7 +331,8 @@ class KernelStampTransport(_TransportBase):
         # True: a slow send is not placed from the packet log at once; the latest one is kept in unplaced_write for
         # place_write() (a relay places only the writes whose stamps it keeps exact: a head, a first or last token)
         self.lazy_placement = False
-        self.unplaced_write: tuple[int, int, int, bool] | None = None  # (t0, t1, stream offset after the write, queued)
+        # (t0, t1, stream offset after the write, queued, stream offset of its first byte)
+        self.unplaced_write: tuple[int, int, int, bool, int] | None = None
         self._fast = _read_one  # the C twin of _one_segment (None: the Python reference; a test may set either)
         self._wfast = _send  # the C twin of the usual write (None: the Python reference, _write; likewise)
         if sock.family == socket.AF_INET:
@@ -764,16 +765,27 @@ class KernelStampTransport(_TransportBase):
         if t is not None:
             self.last_write_mono_ns, self.last_write_bound_ns = t, 0
 
-    def place_write(self, unplaced: tuple[int, int, int, bool] | None) -> tuple[int, int] | None:
-        """``(t, bound)`` of a slow or queued send kept by :attr:`unplaced_write` (with :attr:`lazy_placement`): its
-        departure from the packet log (bound 0), else ``(t0, t1 - t0)`` (queued: ``(t0, -1)``, it left later by an
-        unknown time, or has not left yet); None for None. Call it soon (within the packet log's reach: thousands of
-        packets)."""
+    def place_write(self, unplaced: tuple[int, int, int, bool, int] | None) -> tuple[int, int] | None:
+        """``(t, bound)`` of a slow or queued send kept by :attr:`unplaced_write` (with :attr:`lazy_placement`): from
+        the packet log, the departure of the segment carrying its first byte, bounded by that of its last byte's
+        (``(first, last - first)``: a token the write carries left in between — the write's bytes may have left over
+        several segments, a window opening a few hundred bytes at a time behind a slow reader, and which of its bytes
+        completes the token is the caller's; one segment: exact), else ``(t0, t1 - t0)`` (queued: ``(t0, -1)``, it left
+        later by an unknown time, or has not left yet); None for None. Call it soon (within the packet log's reach:
+        thousands of packets)."""
         if unplaced is None:
             return None
-        t0, t1, end, queued = unplaced
+        t0, t1, end, queued, start = unplaced
         t = self._departure(t0, t1, end, queued)
-        return (t, 0) if t is not None else (t0, -1 if queued else t1 - t0)
+        if t is None:
+            return (t0, -1 if queued else t1 - t0)
+        if end - start > 1:  # (the first byte's segment: found where the last byte's was, or the write is not placed)
+            first = self._departure(t0, t1, start + 1, queued)
+            if first is None:
+                return (t0, -1 if queued else t1 - t0)
+            if first < t:
+                return (first, t - first)
+        return (t, 0)
 
     def _departure(self, t0: int, t1: int, end: int, queued: bool = False) -> int | None:
         """The departure (mono ns) of the segment that carried stream offset ``end - 1``, from the packet log: between
@@ -960,7 +972,7 @@ class KernelStampTransport(_TransportBase):
                 if self._plog is None:
                     SLOW_SENDS["bounded"] += 1
                 elif self.lazy_placement:
-                    self.unplaced_write = (t0, t1, self._tx_off, queued)
+                    self.unplaced_write = (t0, t1, self._tx_off, queued, self._tx_off - n)
                 else:
                     self._restamp_write(t0, t1, queued)
             return

@@ -97,7 +97,7 @@ def test_a_queued_write_is_placed_at_its_departure_once_it_left(run, native):
     async def scenario():
         server, peer, tr, t, bound, unplaced = await _queued_write(native, lazy=True)
         try:
-            assert unplaced is not None and unplaced[3] is True and unplaced[0] == t
+            assert unplaced is not None and unplaced[3] is True and unplaced[0] == t and unplaced[2] - unplaced[4] == 1024
             t0, t1 = unplaced[0], unplaced[1]
             early = tr.place_write(unplaced)  # not on the wire yet: no departure to take
             await asyncio.sleep(0.2)
@@ -121,7 +121,7 @@ def test_a_queued_write_is_placed_at_its_departure_once_it_left(run, native):
 
     t0, t1, early, late = run(scenario())
     assert early == (t0, -1)
-    assert late is not None and late[1] == 0
+    assert late is not None and late[1] >= 0  # (its first byte's departure; the bound reaches its last byte's)
     # it left after send returned (when an acknowledgement or the peer's read let it: tens of ms here), where the
     # stamp used to say it left within the send
     assert late[0] >= t1, (late[0] - t1)

@@ -134,8 +134,8 @@ def _check_own(tr, p, ret) -> None:
         assert t == tr.last_write_mono_ns and bound == tr.last_write_bound_ns
     assert p.unplaced is tr.unplaced_write or (p.unplaced == tr.unplaced_write)
     if tr.unplaced_write is not None:
-        t0, t1, end = tr.unplaced_write
-        assert t0 == t and t1 - t0 == bound and end == tr._tx_off and bound > kstamp._SLOW_SEND_NS
+        t0, t1, end, _queued, start = tr.unplaced_write
+        assert t0 == t and t1 - t0 == bound and end == tr._tx_off and start < end and bound > kstamp._SLOW_SEND_NS
 
 
 def _check_stream(tr, accepted: bytes) -> None:
