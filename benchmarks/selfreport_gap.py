@@ -166,8 +166,6 @@ class SchedIndex:
     """Per CPU, who ran from when (switch events); per watched thread, its wakings (mono ns)."""
 
     def __init__(self, text: str, tids_of: dict[int, str]) -> None:
-        import bisect  # noqa: F401 - used by the methods
-
         self.tids_of = tids_of
         self.cpu_t: dict[int, list[int]] = {}
         self.cpu_tid: dict[int, list[int]] = {}

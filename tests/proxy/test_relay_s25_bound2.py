@@ -14,11 +14,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 
-import pytest
-
-from deltatap.core.clock import mono_ns
 from deltatap.core.vocab import Attr, TapEvent, parse_stamp_bounds
 from deltatap.proxy import relay
 from tests.proxy.test_relay_s25_bound import TIMEOUT_S, _exchange, _upstream, plog_mode  # noqa: F401 (the fixture)
