@@ -208,6 +208,7 @@ def settle() -> None:
         w.run()
 
 
+_NO_CONTEXT: dict[str, str] = {}  # trace_context() of a head without traceparent (begin() only reads it)
 _TARGETS_MAX = 1024
 _targets: dict[bytes, tuple[str, str]] = {}  # the last distinct request targets' (path, query): a client sends the same few
 
@@ -374,7 +375,7 @@ class Downstream(_Side):
 
     __slots__ = ("tap", "reader", "up", "connecting", "to_up", "exchanges", "current", "withheld", "head_first", "expect_methods",
                  "opaque", "tunnel", "eof", "closed", "peer", "head_timer", "head_deadline", "loop", "sniff", "replay",
-                 "replay_size", "accounting", "holding")
+                 "replay_size", "accounting", "holding", "spare")
 
     def __init__(self, tap: Tap) -> None:
         super().__init__()
@@ -406,6 +407,10 @@ class Downstream(_Side):
         self.accounting = False  # a read's account waits in the loop's _Watches (see there and _process)
         # exchanges over whose finish waits for a held write to leave (HOLD_FINISH_S), in the order they ended, or None
         self.holding: list[Exchange] | None = None
+        # the next request's span ids when its head brings no trace context (most do not): begin(_NO_CONTEXT), made
+        # ahead, when the connection opens and in each request read's account, after its forward: the request path
+        # only takes it (a cold tap spent ~15-20 us there making ids and the traceparent; docs/benchmarks.md, s25 cold)
+        self.spare: SpanStart | None = None
 
     def _settle(self) -> None:
         """Run the loop's deferred accounts and watches (:class:`_Watches`), this pair's among them."""
@@ -429,6 +434,7 @@ class Downstream(_Side):
         tap.connections.add(self)
         self.loop = asyncio.get_running_loop()
         self._arm_head_timer()
+        self.spare = begin(_NO_CONTEXT)
 
     def _arm_head_timer(self) -> None:
         """The next whole head must come within ``--header-timeout-s`` from now. The timer is made once and moved
@@ -597,7 +603,12 @@ class Downstream(_Side):
                 self.withheld.clear()
                 if self.up is None and self.connecting is None and not self.opaque:
                     self._take_pooled()
-                span = begin(trace_context(head))
+                context = trace_context(head)
+                span = self.spare
+                if context or span is None:
+                    span = begin(context)
+                else:
+                    self.spare = None
                 tap = self.tap
                 new_head, rid, created = rewrite_request_head(
                     head, correlation_header=tap.correlation_header, trace_headers=span.trace_headers,
@@ -684,6 +695,8 @@ class Downstream(_Side):
                 self.head_deadline = None  # (the head timer, if pending, then does nothing when it fires)
                 self._begin(heads[h], (t, bound), now, counted)
                 h += 1
+                if self.spare is None:  # (the span ids of the connection's next request, made after this one's forward)
+                    self.spare = begin(_NO_CONTEXT)
             elif kind == END:
                 ex = self.current
                 self.current = None
