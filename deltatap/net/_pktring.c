@@ -887,7 +887,7 @@ static unsigned char *g_buf;
 static Py_ssize_t g_buf_len;
 static long long g_maintain_every, g_search_frames, g_placement_tol;
 static long long g_prompt_ns = -1; /* kstamp._PROMPT_NS (read_setup; -1: not given, read_plain leaves every read to the reference) */
-static PyObject *s_sock, *s_plog, *s_last_maintain, *s_maintain, *s_protocol, *s_cuts_received, *s_mv, *s_hw, *s_pkey,
+static PyObject *s_sock, *s_plog, *s_due_ns, *s_due, *s_protocol, *s_cuts_received, *s_mv, *s_hw, *s_pkey,
     *s_irs1, *s_anchor, *s_unlogged_tail, *s_out_of_reach;
 /* the stamped write's (write_setup: kstamp.SLOW_SENDS, _SLOW_SEND_NS) and the attributes it reads and sets */
 static PyObject *g_slow_sends;
@@ -1097,12 +1097,13 @@ static int plog_head(PyObject *plog, long long frames, long long *head, long lon
     return 0;
 }
 
-/* PacketLog.maintain() when its period is up (the reference calls it on every read; it returns at once otherwise) */
-static int maintain(PyObject *plog) {
-    long long last;
-    if (get_ll(plog, s_last_maintain, &last) != 0) return -1;
-    if (mono_now() - last < g_maintain_every) return 0;
-    PyObject *r = PyObject_CallMethodNoArgs(plog, s_maintain);
+/* PacketLog.read_due(): PacketLog.due() once its _due_ns has passed (it arms the loop's hand-back timer, or hands
+ * back when that timer is late), else nothing */
+static int read_due(PyObject *plog) {
+    long long due;
+    if (get_ll(plog, s_due_ns, &due) != 0) return -1;
+    if (mono_now() < due) return 0;
+    PyObject *r = PyObject_CallMethodNoArgs(plog, s_due);
     if (r == NULL) return -1;
     Py_DECREF(r);
     return 0;
@@ -1145,7 +1146,7 @@ static PyObject *pk_read_one(PyObject *self, PyObject *tr) {
     st->segs_in = segs;
     plog = aget(tr, s_plog);
     if (plog == NULL) return NULL;
-    int rc = plog == Py_None ? 0 : maintain(plog);
+    int rc = plog == Py_None ? 0 : read_due(plog);
     Py_DECREF(plog);
     if (rc != 0) return NULL;
     long long t_read = mono_now(), k = 0;
@@ -2162,7 +2163,7 @@ PyMODINIT_FUNC PyInit__pktring(void) {
         PyObject **slot;
         const char *name;
     } names[] = {
-        {&s_sock, "_sock"}, {&s_plog, "_plog"}, {&s_last_maintain, "_last_maintain"}, {&s_maintain, "maintain"},
+        {&s_sock, "_sock"}, {&s_plog, "_plog"}, {&s_due_ns, "_due_ns"}, {&s_due, "due"},
         {&s_protocol, "_protocol"}, {&s_cuts_received, "cuts_received"}, {&s_mv, "_mv"},
         {&s_hw, "_hwv"}, {&s_pkey, "_pkey"}, {&s_irs1, "_irs1"}, {&s_anchor, "_anchor"}, {&s_unlogged_tail, "_unlogged_tail"},
         {&s_out_of_reach, "out_of_reach"},

@@ -504,7 +504,7 @@ class KernelStampTransport(_TransportBase):
                     MERGED_READS["packets"] += 1
                     return
                 MERGED_READS["fallback"] += 1
-            plog.maintain()
+            plog.read_due()
         self._read_late(view, first, lag, counts, segments)
 
     def _split_fast(self) -> None:
@@ -541,7 +541,7 @@ class KernelStampTransport(_TransportBase):
                 MERGED_READS["packets"] += 1
                 return
             MERGED_READS["fallback"] += 1
-        self._plog.maintain()  # type: ignore[union-attr]
+        self._plog.read_due()  # type: ignore[union-attr]
         self._read_late(view, first, lag, counts, segments)
 
     def _read_late(self, view: memoryview, first: int, lag: int, counts: tuple[int, int] | None, segments: int) -> None:
@@ -581,7 +581,7 @@ class KernelStampTransport(_TransportBase):
             self._split_counts = counts
             return False
         self._segs_in = counts[0]
-        self._plog.maintain()  # type: ignore[union-attr]
+        self._plog.read_due()  # type: ignore[union-attr]
         t_read = _mono()
         r = self._recv(view, 0)
         if r is None:

@@ -43,6 +43,7 @@ The same module also holds :mod:`deltatap.net.kstamp`'s whole read in one call (
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import mmap
@@ -281,6 +282,7 @@ class PacketLog:
         self._mv = memoryview(self._ring)
         self._frames = _FRAMES
         self._last_maintain = 0
+        self._idle_state()
         self._acc = _acc
         self._attach()
 
@@ -305,6 +307,7 @@ class PacketLog:
         else:
             self._shared_head(False)
         self._last_maintain = 0
+        self._idle_state()
         self._acc = accelerator
         return self
 
@@ -478,7 +481,49 @@ class PacketLog:
             if lock is not None:
                 lock.release()
 
-    def maintain(self, force: bool = False) -> None:
+    def _idle_state(self) -> None:
+        """No hand-back timer armed: the next read arms one (:meth:`due`)."""
+        self._tick: tuple[Any, Any] | None = None  # (loop, TimerHandle) of the armed hand-back
+        self._due_ns = 0  # reads call due() once the monotonic clock reaches this
+        self._tick_end = -1  # the hand-back's end at the last tick (unchanged at the next: no frames came, idle)
+
+    def read_due(self) -> None:
+        """What a read does for the hand-back (the reference's; the C reads check ``_due_ns`` themselves): :meth:`due`
+        once ``_due_ns`` has passed, else nothing."""
+        if time.perf_counter_ns() >= self._due_ns:
+            self.due()
+
+    def due(self) -> None:
+        """A read found ``_due_ns`` passed. The hand-back runs off the reads' path, on a loop timer every 20 ms while
+        frames come (:meth:`_on_tick`): not before a read's recv, where after an idle it cost the request ~40 µs. Here:
+        with no timer armed on the running loop (idle, or its loop closed), arm one; with one armed there but late (a
+        busy loop) or no running loop, hand back now, as reads did."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        tick = self._tick
+        if loop is None or (tick is not None and tick[0] is loop):
+            self.maintain()
+            self._due_ns = self._last_maintain + 2 * _MAINTAIN_EVERY_NS
+            return
+        self._arm(loop)
+
+    def _arm(self, loop: Any) -> None:
+        self._tick = (loop, loop.call_later(_MAINTAIN_EVERY_NS / 1e9, self._on_tick))
+        self._due_ns = time.perf_counter_ns() + 2 * _MAINTAIN_EVERY_NS  # (a tick later than this: reads step in)
+
+    def _on_tick(self) -> None:
+        """The timer's hand-back; armed again while frames came since the previous tick, else left for a read to arm."""
+        loop = self._tick[0] if self._tick is not None else None
+        end = self.maintain(force=True)
+        if loop is not None and end != self._tick_end and not loop.is_closed():
+            self._tick_end = end
+            self._arm(loop)
+            return
+        self._tick, self._due_ns, self._tick_end = None, 0, end
+
+    def maintain(self, force: bool = False) -> int | None:
         """Hand back all but the newest ``_KEEP_FRAMES`` frames (every 20 ms at most, unless ``force``), in three
         steps: the claim (:meth:`_claim`: the head moves from ``head`` to ``end`` only if no other process of a shared
         log moved it meanwhile and no hand-back is under way), the zeroing of ``[head, end)``'s status words, by the
@@ -489,23 +534,25 @@ class PacketLog:
         frames' lap-old packets still marked the user's, lie past it and are not read; as the kernel fills only zeroed
         slots, every frame in ``[head, released + frames)`` is the kernel's (zero) or a packet newer than the head's.
         A process that dies between the claim and the released word leaves every later hand-back refused: the ring
-        fills, the kernel drops what does not fit, and reads fall back to their own stamps (none placed wrong)."""
+        fills, the kernel drops what does not fit, and reads fall back to their own stamps (none placed wrong).
+        Returns the hand-back's end (None: not due)."""
         now = time.perf_counter_ns()
         if not force and now - self._last_maintain < _MAINTAIN_EVERY_NS:
-            return
+            return None
         self._last_maintain = now
         end = self._newest() - self._frames // 2  # (_KEEP_FRAMES of the packet socket's ring)
         if self._acc is not None:
             self._acc.ring_release(self._mv, self._hwv, end)
-            return
+            return end
         head = self._claim(end)
         if head is None:
-            return
+            return end
         mv, at, zero = self._mv, self._at, _U32.pack_into
         while head < end:
             zero(mv, at(head), 0)
             head += 1
         _I64.pack_into(self._hwv, 8, end)  # (released: every frame before end zeroed)
+        return end
 
     def reaches(self, wall_ns: int, limit: int = _FRAMES) -> bool:
         """Whether a search ``limit`` frames back from the newest would reach a packet that arrived at ``wall_ns``: the
