@@ -1,6 +1,6 @@
 """The packet log's hand-back off the reads' path (session 25, cold2): a read past ``_due_ns`` arms a loop timer
 (:meth:`PacketLog.due`) instead of handing back before its recv; the timer hands back every 20 ms while frames come and
-stops after a tick that finds none; a timer late on the read's own loop, or no running loop, hands back at the read, as
+stops after a tick that finds few (a read 20 ms on arms it again); a timer late on the read's own loop, or no running loop, hands back at the read, as
 before; a timer left on a closed loop is armed again on the reader's. Reference and C alike (``ring_release``)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import struct
 
 import pytest
 
-from deltatap.net.pktstamp import _FRAME, PacketLog
+from deltatap.net.pktstamp import _FRAME, _MAINTAIN_EVERY_NS, PacketLog
 
 try:
     acc = importlib.import_module("deltatap.net._pktring")
@@ -49,7 +49,10 @@ def test_a_read_arms_the_timer_and_the_timer_hands_back_then_stops(accel) -> Non
         await _until(lambda: log._head == 32)
         assert log._head == 32
         await _until(lambda: log._tick is None)  # the next tick found no new frame: idle, disarmed
-        assert log._tick is None and log._due_ns == 0
+        assert log._tick is None and log._due_ns == log._last_maintain + _MAINTAIN_EVERY_NS
+        log._due_ns = 0  # (20 ms on) a read arms it again
+        log.read_due()
+        assert log._tick is not None and log._head == 32
 
     asyncio.run(main())
 
