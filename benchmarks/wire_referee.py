@@ -70,7 +70,7 @@ def deltatap_build(exe: str | None) -> dict:
     argv = [exe] if exe else deltatap_exe()
     py = Path(argv[0]).parent / "python" if exe else Path(sys.executable)
     where = subprocess.run([str(py), "-c", "import deltatap.proxy.server as s, pathlib; print(pathlib.Path(s.__file__).resolve().parents[1])"],
-                           capture_output=True, text=True, check=False).stdout.strip()
+                           capture_output=True, text=True, check=False, cwd="/").stdout.strip()  # (cwd /: not the tree python -c runs from)
     git = lambda *a: subprocess.run(["git", "-C", where, *a], capture_output=True, text=True, check=False).stdout.strip()  # noqa: E731
     head = git("rev-parse", "HEAD") if where else ""
     dirty = git("status", "--porcelain", "--untracked-files=no") if head else ""
