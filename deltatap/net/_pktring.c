@@ -2067,7 +2067,7 @@ static PyObject *pk_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs
                 Py_DECREF(unplaced); /* (the transport holds it) */
                 if (rc != 0) return NULL;
             } else {
-                PyObject *got = PyObject_CallMethod(tr, "_restamp_write", "LLO", t0, t1, queued ? Py_True : Py_False);
+                PyObject *got = PyObject_CallMethod(tr, "_restamp_write", "LLOL", t0, t1, queued ? Py_True : Py_False, tx_off);
                 if (got == NULL) return NULL;
                 Py_DECREF(got);
                 known = 0;

@@ -25,7 +25,8 @@ is acknowledged) keeps the later stamp: never earlier than the truth, at worst a
 Writes are stamped in Python just before the ``send`` (:attr:`~KernelStampTransport.last_write_mono_ns`); the
 bytes left between that and the moment ``send`` returned (:attr:`~KernelStampTransport.last_write_bound_ns`). A send
 that took over 30 µs (the process lost its CPU in it, or the peer's receive work ran in it, as on loopback) takes the
-departure of the segment that carried its last byte from the packet log (:meth:`_restamp_write`). Each read carries
+departure of the segment that carried its first byte from the packet log, bounded by the send's return
+(:meth:`_restamp_write`, :meth:`_placed`). Each read carries
 how much earlier its bytes may have arrived (:attr:`~KernelStampTransport.rx_bound_ns`): 0 where each piece handed
 over is one segment (``tcpi_data_segs_in``) or a packet-log placement, else back to the previous arrival it could
 tell apart, or to the last moment the socket's queue was seen empty. Measured against the kernel's transmit stamps in the accuracy harness
@@ -756,36 +757,45 @@ class KernelStampTransport(_TransportBase):
                 return (newest[1] - counts[1]) & 0xFFFFFFFF
         return None
 
-    def _restamp_write(self, t0: int, t1: int, queued: bool = False) -> None:
+    def _restamp_write(self, t0: int, t1: int, queued: bool = False, start: int | None = None) -> None:
         """A ``send`` that took long (the process lost its CPU in it, or the kernel's work for the peer ran in it):
         its bytes left somewhere between the readings ``t0`` and ``t1``; or one after which TCP still held bytes
-        (``queued``): they leave after ``t1``. Take the departure of the segment that carried the write's last byte
-        from the packet log; keep ``t0`` (and the bound: ``t1 - t0``, or -1 when queued) when it has none."""
-        t = self._departure(t0, t1, self._tx_off, queued)
-        if t is not None:
-            self.last_write_mono_ns, self.last_write_bound_ns = t, 0
+        (``queued``): they leave after ``t1``. Take its placement from the packet log (:meth:`_placed`; ``start``: the
+        stream offset of its first byte, None: its last byte's only); keep ``t0`` (and the bound: ``t1 - t0``, or -1
+        when queued) when it has none."""
+        got = self._placed(t0, t1, self._tx_off - 1 if start is None else start, self._tx_off, queued)
+        if got is not None:
+            self.last_write_mono_ns, self.last_write_bound_ns = got
 
     def place_write(self, unplaced: tuple[int, int, int, bool, int] | None) -> tuple[int, int] | None:
-        """``(t, bound)`` of a slow or queued send kept by :attr:`unplaced_write` (with :attr:`lazy_placement`): from
-        the packet log, the departure of the segment carrying its first byte, bounded by that of its last byte's
-        (``(first, last - first)``: a token the write carries left in between — the write's bytes may have left over
-        several segments, a window opening a few hundred bytes at a time behind a slow reader, and which of its bytes
-        completes the token is the caller's; one segment: exact), else ``(t0, t1 - t0)`` (queued: ``(t0, -1)``, it left
-        later by an unknown time, or has not left yet); None for None. Call it soon (within the packet log's reach:
-        thousands of packets)."""
+        """``(t, bound)`` of a slow or queued send kept by :attr:`unplaced_write` (with :attr:`lazy_placement`): its
+        placement from the packet log (:meth:`_placed`), else ``(t0, t1 - t0)`` (queued: ``(t0, -1)``, it left later by
+        an unknown time, or has not left yet); None for None. Call it soon (within the packet log's reach: thousands
+        of packets)."""
         if unplaced is None:
             return None
         t0, t1, end, queued, start = unplaced
-        t = self._departure(t0, t1, end, queued)
-        if t is None:
-            return (t0, -1 if queued else t1 - t0)
-        if end - start > 1:  # (the first byte's segment: found where the last byte's was, or the write is not placed)
-            first = self._departure(t0, t1, start + 1, queued)
-            if first is None:
-                return (t0, -1 if queued else t1 - t0)
-            if first < t:
-                return (first, t - first)
-        return (t, 0)
+        return self._placed(t0, t1, start, end, queued) or (t0, -1 if queued else t1 - t0)
+
+    def _placed(self, t0: int, t1: int, start: int, end: int, queued: bool) -> tuple[int, int] | None:
+        """A slow or held write of stream offsets ``[start, end)`` placed from the packet log: ``(t, bound)``, ``t``
+        the departure of the segment that carried its first byte (the log keeps a write's outgoing copy), the bound
+        reaching, for a ``queued`` write (TCP held bytes after the send), its last byte's departure — behind a slow
+        reader a write leaves in pieces as the window reopens, ms apart, and which of its bytes completes a token is
+        not the transport's to know (session 25's referee: placed at the last byte's, stated exact, tokens came out up
+        to 233 ms late) — and, for one whose bytes all left within the send, the send's return ``t1``: the write's
+        point stands for the next hop's arrival, and on loopback the peer's TCP input runs inside the send, after the
+        departure (session 25: a capture saw a slow send's segment arrive 54-57 us after its departure, inside the
+        send; stated exact, the point came out early). None when the log does not hold them."""
+        last = self._departure(t0, t1, end, queued)
+        first = last if last is None or end - start <= 1 else self._departure(t0, t1, start + 1, queued)
+        if last is None or first is None:
+            SLOW_SENDS["bounded"] += 1
+            return None
+        SLOW_SENDS["packets"] += 1
+        if first > last:
+            first = last
+        return (first, last - first) if queued else (first, t1 - first)
 
     def _departure(self, t0: int, t1: int, end: int, queued: bool = False) -> int | None:
         """The departure (mono ns) of the segment that carried stream offset ``end - 1``, from the packet log: between
@@ -797,7 +807,6 @@ class KernelStampTransport(_TransportBase):
             if self._iss1 is None:
                 self._iss1 = self._tx_anchor()
                 if self._iss1 is None:
-                    SLOW_SENDS["bounded"] += 1
                     return None
             last = (self._iss1 + end - 1) & 0xFFFFFFFF  # sequence number of the write's last byte
             segs = plog.segments_since(key, last, limit=256)
@@ -806,10 +815,8 @@ class KernelStampTransport(_TransportBase):
                 if ((last - seq) & 0xFFFFFFFF) < ((send - seq) & 0xFFFFFFFF):
                     t = _to_mono(wall)
                     if t0 - _RESTAMP_SLACK_NS <= t and (queued or t <= t1 + _RESTAMP_SLACK_NS):
-                        SLOW_SENDS["packets"] += 1
                         return max(t, t0) if queued else min(max(t, t0), t1)
             self._iss1 = None  # (a stale anchor, or the segment is not out yet: once more, then keep t0)
-        SLOW_SENDS["bounded"] += 1
         return None
 
     def _left_by(self, t1: int) -> bool:
@@ -974,7 +981,7 @@ class KernelStampTransport(_TransportBase):
                 elif self.lazy_placement:
                     self.unplaced_write = (t0, t1, self._tx_off, queued, self._tx_off - n)
                 else:
-                    self._restamp_write(t0, t1, queued)
+                    self._restamp_write(t0, t1, queued, self._tx_off - n)
             return
         self.last_write_bound_ns = -1  # (the rest waits for the socket: the write's last byte leaves later)
         self._loop.add_writer(self._fd, self._on_writable)

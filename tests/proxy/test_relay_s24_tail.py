@@ -28,7 +28,7 @@ async def test_a_slow_request_write_is_placed_in_its_account_at_its_departure(ma
         return real_place(self, unplaced, t, bound)
 
     monkeypatch.setattr(relay._Side, "place", place)
-    default = kstamp._SLOW_SEND_NS
+    default, placed_before = kstamp._SLOW_SEND_NS, kstamp.SLOW_SENDS["packets"]
     monkeypatch.setattr(kstamp, "_SLOW_SEND_NS", 0)  # (every send slow: each forwarding write left to be placed)
     if kstamp._send is not None:
         kstamp._pktacc.write_setup(kstamp.SLOW_SENDS, 0)
@@ -40,13 +40,10 @@ async def test_a_slow_request_write_is_placed_in_its_account_at_its_departure(ma
     # the first request waits for the connection and goes out with it (Downstream._attach: placed at once, as before);
     # each later one from its read's deferred account, never in the forward (_send_up)
     assert len(where) == 4 and where[0] == "_send_up" and set(where[1:]) == {"_account"}, where
-    placed = 0
     for rec, arrival in zip(seen, arrivals):
         stamp, bound = rec.forwarded, rec.bounds[TapEvent.REQUEST_FORWARDED][1]
-        assert arrival >= stamp - SLACK_NS, (arrival - stamp, bound)  # (never after the upstream had the bytes)
-        if bound == 0:
-            placed += 1
-            assert arrival - stamp < 1_000_000, arrival - stamp  # (its departure: the upstream's arrival follows it)
-        else:
-            assert arrival <= stamp + bound + SLACK_NS, (arrival - stamp, bound)
-    assert placed > 0  # (the log placed some: the case was met)
+        assert arrival >= stamp - SLACK_NS, (arrival - stamp, bound)  # (its departure: never after the upstream had it)
+        # placed at its departure or not, the interval reaches the upstream's arrival (session 25: a placed write's
+        # bound runs to the send's return)
+        assert bound >= 0 and arrival <= stamp + bound + SLACK_NS, (arrival - stamp, bound)
+    assert kstamp.SLOW_SENDS["packets"] > placed_before  # (the log placed some: the case was met)
