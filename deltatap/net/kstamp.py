@@ -275,7 +275,7 @@ class KernelStampTransport(_TransportBase):
     __slots__ = (
         "_loop", "_sock", "_fd", "_protocol", "_wbuf", "_wsize", "_closing", "_paused",
         "_lost", "_eof", "_high", "_low", "_protocol_paused", "_server",
-        "_plog", "_pkey", "_irs1", "_unlogged_tail", "_tkey", "_iss1",
+        "_plog", "_pkey", "_irs1", "_unlogged_tail", "_tkey", "_iss1", "_dep_seq",
         "lazy_placement", "unplaced_write", "_fast", "_wfast",
     ) + _STATE_SLOTS
 
@@ -329,6 +329,7 @@ class KernelStampTransport(_TransportBase):
         self._tkey: tuple[bytes, int, bytes, int] | None = None  # (local ip, port, peer ip, port): our own segments
         self._tx_off = 0  # bytes handed to the kernel so far (the stream offset of the next byte we send)
         self._iss1: int | None = None  # TCP sequence number of our stream offset 0 (found once, see _tx_anchor)
+        self._dep_seq = (0, 0)  # (the sequence number starting the segment _departure last found, the anchor it used)
         # True: a slow send is not placed from the packet log at once; the latest one is kept in unplaced_write for
         # place_write() (a relay places only the writes whose stamps it keeps exact: a head, a first or last token)
         self.lazy_placement = False
@@ -788,7 +789,11 @@ class KernelStampTransport(_TransportBase):
         departure (session 25: a capture saw a slow send's segment arrive 54-57 us after its departure, inside the
         send; stated exact, the point came out early). None when the log does not hold them."""
         last = self._departure(t0, t1, end, queued)
-        first = last if last is None or end - start <= 1 else self._departure(t0, t1, start + 1, queued)
+        first = last
+        if last is not None and end - start > 1:
+            seq, iss1 = self._dep_seq  # (the segment just found: it holds the first byte too unless it starts after it)
+            if ((iss1 + start - seq) & 0xFFFFFFFF) > ((iss1 + end - 1 - seq) & 0xFFFFFFFF):
+                first = self._departure(t0, t1, start + 1, queued)
         if last is None or first is None:
             SLOW_SENDS["bounded"] += 1
             return None
@@ -815,6 +820,7 @@ class KernelStampTransport(_TransportBase):
                 if ((last - seq) & 0xFFFFFFFF) < ((send - seq) & 0xFFFFFFFF):
                     t = _to_mono(wall)
                     if t0 - _RESTAMP_SLACK_NS <= t and (queued or t <= t1 + _RESTAMP_SLACK_NS):
+                        self._dep_seq = (seq, self._iss1)
                         return max(t, t0) if queued else min(max(t, t0), t1)
             self._iss1 = None  # (a stale anchor, or the segment is not out yet: once more, then keep t0)
         return None
