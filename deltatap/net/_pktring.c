@@ -1471,6 +1471,28 @@ static int dict_incr(PyObject *d, PyObject *key) {
     return rc;
 }
 
+/* The data segments a split or plain read holds (_split_counts, else the counters read here; _segs_in moves on):
+ * their number since the previous read, or -1 when no counters could be had (*pending 0). ``*pending``, ``*p_segs`` and
+ * ``*p_got``: read_one's counters when it left them (the caller takes them from the state before its peek). */
+static inline long long read_counts(int fd, kstate_t *st, int *pending, long long *p_segs, long long *p_got) {
+    if (!*pending) { /* (no counters from read_one: read them) */
+        unsigned char info[TCP_INFO_LEN];
+        socklen_t ilen = TCP_INFO_LEN;
+        memset(info, 0, sizeof info);
+        if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &ilen) == 0 && ilen >= DATA_SEGS_IN_AT + 4) {
+            uint64_t received;
+            memcpy(&received, info + BYTES_RECEIVED_AT, 8);
+            *p_segs = (long long)rd_u32(info + DATA_SEGS_IN_AT);
+            *p_got = (long long)received;
+            *pending = 1;
+        }
+    }
+    if (!*pending) return -1;
+    long long segments = *p_segs - st->segs_in;
+    st->segs_in = *p_segs;
+    return segments;
+}
+
 /* KernelStampTransport._on_readable after read_one found several segments waiting (or no counters), through
  * _read_by_packets: the one-byte peek (None: nothing waits; True: end of stream), READ_LAG, the counters read_one
  * read (_split_counts; read here where it left none) and _segs_in; then, for more than one segment since the last read, read_packets with MERGED_READS counted as the
@@ -1503,23 +1525,7 @@ static PyObject *pk_read_split(PyObject *self, PyObject *tr) {
     if (n == 0) Py_RETURN_TRUE;
     long long lag = first ? wall_now() - first : 0;
     if (first) lag_add(lag);
-    unsigned char info[TCP_INFO_LEN];
-    socklen_t ilen = TCP_INFO_LEN;
-    long long segments = -1;
-    if (!pending) { /* (no counters from read_one: read them) */
-        memset(info, 0, sizeof info);
-        if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &ilen) == 0 && ilen >= DATA_SEGS_IN_AT + 4) {
-            uint64_t received;
-            memcpy(&received, info + BYTES_RECEIVED_AT, 8);
-            p_segs = (long long)rd_u32(info + DATA_SEGS_IN_AT);
-            p_got = (long long)received;
-            pending = 1;
-        }
-    }
-    if (pending) {
-        segments = p_segs - st->segs_in;
-        st->segs_in = p_segs;
-    }
+    long long segments = read_counts(fd, st, &pending, &p_segs, &p_got);
     int how = 0;
     if (segments > 1) {
         PyObject *got = read_packets(tr, first);
@@ -1589,23 +1595,7 @@ static PyObject *pk_read_plain(PyObject *self, PyObject *tr) {
     if (n == 0) Py_RETURN_TRUE;
     long long lag = first ? wall_now() - first : 0;
     if (first) lag_add(lag);
-    unsigned char info[TCP_INFO_LEN];
-    socklen_t ilen = TCP_INFO_LEN;
-    long long segments = -1;
-    if (!pending) {
-        memset(info, 0, sizeof info);
-        if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &ilen) == 0 && ilen >= DATA_SEGS_IN_AT + 4) {
-            uint64_t received;
-            memcpy(&received, info + BYTES_RECEIVED_AT, 8);
-            p_segs = (long long)rd_u32(info + DATA_SEGS_IN_AT);
-            p_got = (long long)received;
-            pending = 1;
-        }
-    }
-    if (pending) {
-        segments = p_segs - st->segs_in;
-        st->segs_in = p_segs;
-    }
+    long long segments = read_counts(fd, st, &pending, &p_segs, &p_got);
     if (g_prompt_ns < 0 || (first && lag >= g_prompt_ns)) { /* late: the reference's _read_late splits it */
         PyObject *counts = pending ? Py_BuildValue("(kK)", (unsigned long)p_segs, (unsigned long long)p_got) : Py_NewRef(Py_None);
         if (counts == NULL) return NULL;
@@ -1621,8 +1611,9 @@ static PyObject *pk_read_plain(PyObject *self, PyObject *tr) {
     PyObject *data = PyBytes_FromStringAndSize((const char *)g_buf, n); /* (copied out at once, as read_one) */
     if (data == NULL) return NULL;
     if (segments == 1 && k) { /* tcp_counters(sock) != counts: another segment came while this was read */
+        unsigned char info[TCP_INFO_LEN];
+        socklen_t ilen = TCP_INFO_LEN;
         memset(info, 0, sizeof info);
-        ilen = TCP_INFO_LEN;
         int same = 0;
         if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &ilen) == 0 && ilen >= DATA_SEGS_IN_AT + 4) {
             uint64_t received;
