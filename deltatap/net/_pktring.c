@@ -18,7 +18,7 @@
  *   ring_segments(ring, head, pattern, base_seq, limit[, top])    PacketLog.segments_since
  *   ring_newest_segment(ring, head, pattern, limit[, top])        PacketLog.newest_segment
  *   ring_cuts(ring, head, pattern, base, limit, n, last_ns, read_size[, top])  PacketLog.cuts
- *   read_setup(read_lag, offset, measure_offset, read_size, maintain_every_ns)  binds kstamp's process-wide state
+ *   read_setup(read_lag, merged, offset, measure_offset, read_size, search_frames, placement_tol[, prompt_ns])  binds kstamp's process-wide state
  *   to_mono(k)                    kstamp._to_mono (the shared offset list; re-measured by kstamp._measure_offset)
  *   read_one(transport)           KernelStampTransport._one_segment + _hand_over_read(taken=True) + _deliver, up to
  *                                 the protocol's data_received, which the caller makes: the read's bytes (its
@@ -885,7 +885,7 @@ static PyTypeObject LagType = {
 static PyObject *g_read_lag, *g_merged, *g_offset, *g_measure;
 static unsigned char *g_buf;
 static Py_ssize_t g_buf_len;
-static long long g_maintain_every, g_search_frames, g_placement_tol;
+static long long g_search_frames, g_placement_tol;
 static long long g_prompt_ns = -1; /* kstamp._PROMPT_NS (read_setup; -1: not given, read_plain leaves every read to the reference) */
 static PyObject *s_sock, *s_plog, *s_due_ns, *s_due, *s_protocol, *s_cuts_received, *s_mv, *s_hw, *s_pkey,
     *s_irs1, *s_anchor, *s_unlogged_tail, *s_out_of_reach;
@@ -911,9 +911,9 @@ static inline long long wall_now(void) { return clock_ns(CLOCK_REALTIME); }
 static PyObject *pk_read_setup(PyObject *self, PyObject *args) {
     PyObject *lag, *merged, *offset, *measure;
     Py_ssize_t size;
-    long long every, frames, tol, prompt = g_prompt_ns;
-    if (!PyArg_ParseTuple(args, "O!O!O!OnLLL|L", &LagType, &lag, &PyDict_Type, &merged, &PyList_Type, &offset, &measure, &size, &every,
-                          &frames, &tol, &prompt))
+    long long frames, tol, prompt = g_prompt_ns;
+    if (!PyArg_ParseTuple(args, "O!O!O!OnLL|L", &LagType, &lag, &PyDict_Type, &merged, &PyList_Type, &offset, &measure, &size, &frames,
+                          &tol, &prompt))
         return NULL;
     if (PyList_GET_SIZE(offset) != 3 || !PyCallable_Check(measure) || size <= 0) {
         PyErr_SetString(PyExc_ValueError, "read_setup: a 3-item offset list, a callable and a positive read size");
@@ -932,7 +932,6 @@ static PyObject *pk_read_setup(PyObject *self, PyObject *args) {
     Py_XSETREF(g_merged, merged);
     Py_XSETREF(g_offset, offset);
     Py_XSETREF(g_measure, measure);
-    g_maintain_every = every;
     g_search_frames = frames;
     g_placement_tol = tol;
     g_prompt_ns = prompt;

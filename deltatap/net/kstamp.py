@@ -79,7 +79,6 @@ from collections.abc import Callable
 from typing import Any
 
 from deltatap.net.pktstamp import _ANCBUF, SO_TIMESTAMPING, PacketLog, packet_log, recv_stamped, tcp_counters, tcp_notsent
-from deltatap.net.pktstamp import _MAINTAIN_EVERY_NS
 from deltatap.net.pktstamp import _tcp_info
 from deltatap.net.pktstamp import _acc as _pktacc
 
@@ -224,7 +223,7 @@ _read_one: Callable[[Any], Any] | None = None
 _read_packets: Callable[[Any, int], Any] | None = None
 if _pktacc is not None and hasattr(_pktacc, "read_packets"):
     READ_LAG = _pktacc.ReadLag()  # (the same buckets, count, total_ns and add, counted in C by the read paths)
-    _pktacc.read_setup(READ_LAG, MERGED_READS, _offset, _measure_offset, _READ_SIZE, _MAINTAIN_EVERY_NS, _SEARCH_FRAMES, _PLACEMENT_TOL_NS,
+    _pktacc.read_setup(READ_LAG, MERGED_READS, _offset, _measure_offset, _READ_SIZE, _SEARCH_FRAMES, _PLACEMENT_TOL_NS,
                        _PROMPT_NS)
     _read_one, _read_packets, _to_mono = _pktacc.read_one, _pktacc.read_packets, _pktacc.to_mono  # noqa: F811
 # ``read_split``: what :meth:`KernelStampTransport._on_readable` does when ``read_one`` finds several segments waiting, from
