@@ -418,56 +418,41 @@ class KernelStampTransport(_TransportBase):
 
     def _read_once(self) -> None:
         """:meth:`_on_readable`'s one read."""
-        if self._plog is not None:
-            fast = self._fast
-            if fast is not None:  # the C twin of _one_segment, in one call (see _read_one)
-                try:
-                    got = fast(self)
-                except (BlockingIOError, InterruptedError):
-                    return
-                except _SOCKET_ERRORS as exc:
-                    self._fatal(exc)
-                    return
-                if got.__class__ is bytes:
-                    try:
-                        self._protocol.data_received(got)
-                    except BaseException as exc:
-                        self._fatal(exc, "protocol.data_received() failed")
-                    return
-                if got is None:
-                    return
-                if got is True:
-                    self._peer_eof()
-                    return
-                self._several()
-                return
-            view = _read_view()
-            if self._one_segment(view):
+        plog = self._plog
+        if plog is not None:
+            call = self._fast  # the C twin of _one_segment, in one call (see _read_one)
+            if call is None:
+                view = _read_view()
+                if not self._one_segment(view):
+                    self._read_merged(view)
                 return
         elif self._fast is not None and _read_plain is not None:  # (no packet log: the C twin of _read_merged, see _read_plain)
-            try:
-                got = _read_plain(self)
-            except (BlockingIOError, InterruptedError):
-                return
-            except _SOCKET_ERRORS as exc:
-                self._fatal(exc)
-                return
-            if got.__class__ is bytes:
-                try:
-                    self._protocol.data_received(got)
-                except BaseException as exc:
-                    self._fatal(exc, "protocol.data_received() failed")
-                return
-            if got is None:
-                return
-            if got is True:
-                self._peer_eof()
-                return
-            self._late_rest(got)
-            return
+            call = _read_plain
         else:
-            view = _read_view()
-        self._read_merged(view)
+            self._read_merged(_read_view())
+            return
+        try:
+            got = call(self)
+        except (BlockingIOError, InterruptedError):
+            return
+        except _SOCKET_ERRORS as exc:
+            self._fatal(exc)
+            return
+        if got.__class__ is bytes:
+            try:
+                self._protocol.data_received(got)
+            except BaseException as exc:
+                self._fatal(exc, "protocol.data_received() failed")
+            return
+        if got is None:
+            return
+        if got is True:
+            self._peer_eof()
+            return
+        if plog is not None:
+            self._several()  # (read_one found several segments waiting)
+        else:
+            self._late_rest(got)  # (read_plain left a late read to the reference)
 
     def _late_rest(self, got: tuple[int, int, tuple[int, int] | None, int]) -> None:
         """:meth:`_read_once` where ``read_plain`` left a late read to the reference: ``(first, lag, counts, segments)``."""
