@@ -274,7 +274,7 @@ class KernelStampTransport(_TransportBase):
     __slots__ = (
         "_loop", "_sock", "_fd", "_protocol", "_wbuf", "_wsize", "_closing", "_paused",
         "_lost", "_eof", "_high", "_low", "_protocol_paused", "_server",
-        "_plog", "_pkey", "_irs1", "_unlogged_tail", "_tkey", "_iss1", "_dep_seq",
+        "_plog", "_pkey", "_irs1", "_unlogged_tail", "_tkey", "_iss1",
         "lazy_placement", "unplaced_write", "_fast", "_wfast",
     ) + _STATE_SLOTS
 
@@ -328,7 +328,6 @@ class KernelStampTransport(_TransportBase):
         self._tkey: tuple[bytes, int, bytes, int] | None = None  # (local ip, port, peer ip, port): our own segments
         self._tx_off = 0  # bytes handed to the kernel so far (the stream offset of the next byte we send)
         self._iss1: int | None = None  # TCP sequence number of our stream offset 0 (found once, see _tx_anchor)
-        self._dep_seq = (0, 0)  # (the sequence number starting the segment _departure last found, the anchor it used)
         # True: a slow send is not placed from the packet log at once; the latest one is kept in unplaced_write for
         # place_write() (a relay places only the writes whose stamps it keeps exact: a head, a first or last token)
         self.lazy_placement = False
@@ -772,24 +771,22 @@ class KernelStampTransport(_TransportBase):
         point stands for the next hop's arrival, and on loopback the peer's TCP input runs inside the send, after the
         departure (session 25: a capture saw a slow send's segment arrive 54-57 us after its departure, inside the
         send; stated exact, the point came out early). None when the log does not hold them."""
-        last = self._departure(t0, t1, end, queued)
-        first = last
-        if last is not None and end - start > 1:
-            seq, iss1 = self._dep_seq  # (the segment just found: it holds the first byte too unless it starts after it)
-            if ((iss1 + start - seq) & 0xFFFFFFFF) > ((iss1 + end - 1 - seq) & 0xFFFFFFFF):
-                first = self._departure(t0, t1, start + 1, queued)
-        if last is None or first is None:
+        got = self._departure(t0, t1, end, queued, start)
+        first = got  # (the segment that carried the last byte carried the first too, or it is looked up)
+        if got is not None and not got[1]:
+            first = self._departure(t0, t1, start + 1, queued, start)
+        if got is None or first is None:
             SLOW_SENDS["bounded"] += 1
             return None
         SLOW_SENDS["packets"] += 1
-        if first > last:
-            first = last
-        return (first, last - first) if queued else (first, t1 - first)
+        last, t = got[0], min(first[0], got[0])
+        return (t, last - t) if queued else (t, t1 - t)
 
-    def _departure(self, t0: int, t1: int, end: int, queued: bool = False) -> int | None:
+    def _departure(self, t0: int, t1: int, end: int, queued: bool, start: int) -> tuple[int, bool] | None:
         """The departure (mono ns) of the segment that carried stream offset ``end - 1``, from the packet log: between
         the readings ``t0`` and ``t1`` give or take ``_RESTAMP_SLACK_NS`` (clamped to them), or for a ``queued`` write
-        any time from ``t0`` on; None when the log does not hold it (not sent yet, or out of reach)."""
+        any time from ``t0`` on, and whether that segment carried stream offset ``start`` too; None when the log does
+        not hold it (not sent yet, or out of reach)."""
         plog, key = self._plog, self._tkey
         assert plog is not None and key is not None
         for _ in range(2):
@@ -804,8 +801,8 @@ class KernelStampTransport(_TransportBase):
                 if ((last - seq) & 0xFFFFFFFF) < ((send - seq) & 0xFFFFFFFF):
                     t = _to_mono(wall)
                     if t0 - _RESTAMP_SLACK_NS <= t and (queued or t <= t1 + _RESTAMP_SLACK_NS):
-                        self._dep_seq = (seq, self._iss1)
-                        return max(t, t0) if queued else min(max(t, t0), t1)
+                        held = ((self._iss1 + start - seq) & 0xFFFFFFFF) <= ((last - seq) & 0xFFFFFFFF)
+                        return (max(t, t0) if queued else min(max(t, t0), t1)), held
             self._iss1 = None  # (a stale anchor, or the segment is not out yet: once more, then keep t0)
         return None
 
