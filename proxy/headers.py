@@ -44,12 +44,16 @@ def trace_context(head: Head) -> dict[str, str]:
 
 
 def rewrite_request_head(
-    head: Head, *, correlation_header: bytes, trace_headers: dict[str, str], host_header: bytes | None = None, target_prefix: bytes = b""
+    head: Head, *, correlation_header: bytes, trace_headers: dict[str, str], host_header: bytes | None = None, target_prefix: bytes = b"",
+    lines: list[tuple[bytes, bytes]] | None = None, request_id: str | None = None
 ) -> tuple[bytes, str, bool]:
     """The head to send upstream, the request id (the correlation header's value, created if absent) and whether it
-    was created. ``correlation_header``: lower-case name. (With deltatap.net.h1's C accelerator the bytes are made in one
-    call, ``_h1.rewrite_head``, exactly as below.)"""
-    additions, request_id, created = _additions(head.get(correlation_header), correlation_header, trace_headers)
+    was created. ``correlation_header``: lower-case name. Made ahead, off the request's path (a relay's spare,
+    :attr:`deltatap.proxy.relay.Downstream.spare`): ``lines``, :func:`trace_lines` of ``trace_headers``
+    (:attr:`deltatap.proxy.spans.SpanStart.trace_lines`), and ``request_id``, a :func:`new_request_id` the head gets
+    if it has no correlation header (unused otherwise: ``created`` says whether it was taken). (With deltatap.net.h1's
+    C accelerator the bytes are made in one call, ``_h1.rewrite_head``, exactly as below.)"""
+    additions, request_id, created = _additions(head.get(correlation_header), correlation_header, trace_headers, lines, request_id)
     acc = h1._acc
     if acc is not None:
         return acc.rewrite_head(head.raw, host_header, target_prefix, additions), request_id, created
@@ -103,14 +107,26 @@ def _first(headers: list[tuple[bytes, bytes]], lname: bytes) -> bytes | None:
     return next((v for n, v in headers if n == lname), None)
 
 
-def _additions(existing: bytes | None, correlation_header: bytes, trace_headers: dict[str, str]) -> tuple[list[tuple[bytes, bytes]], str, bool]:
-    """What every request gets, whatever its HTTP version: the tap's trace context and, when absent, the correlation
-    header with a new request id; and the request id, and whether it was created."""
-    created = not existing
-    request_id = new_request_id() if created else existing.decode("latin-1")  # type: ignore[union-attr]
+def trace_lines(trace_headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """The header lines ``(name, value)`` a request head gets for the tap's trace context, in ``trace_headers``' order
+    (:func:`deltatap.proxy.spans.begin` makes them with the span's ids; a caller never changes the list)."""
     added = []
     for name, value in trace_headers.items():  # (a loop, not a comprehension: no frame of its own)
         added.append((name.encode(), value.encode("latin-1")))
+    return added
+
+
+def _additions(existing: bytes | None, correlation_header: bytes, trace_headers: dict[str, str], lines: list[tuple[bytes, bytes]] | None = None,
+               request_id: str | None = None) -> tuple[list[tuple[bytes, bytes]], str, bool]:
+    """What every request gets, whatever its HTTP version: the tap's trace context (``lines``: its :func:`trace_lines`,
+    made ahead) and, when absent, the correlation header with a new request id (``request_id``: one made ahead); and the
+    request id, and whether it was created."""
+    created = not existing
+    if not created:
+        request_id = existing.decode("latin-1")  # type: ignore[union-attr]
+    elif request_id is None:
+        request_id = new_request_id()
+    added = trace_lines(trace_headers) if lines is None else [*lines]
     if created:
         added.append((correlation_header, request_id.encode()))
     return added, request_id, created

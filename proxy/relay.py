@@ -40,7 +40,7 @@ from deltatap.net import h1
 from deltatap.net.conn import StampedProtocol, open_connection, reset
 from deltatap.net.pktstamp import tcp_notsent
 from deltatap.proxy.errors import TAP_TIMEOUT, Failure, classify, connect_failure
-from deltatap.proxy.headers import rewrite_request_head, trace_context
+from deltatap.proxy.headers import new_request_id, rewrite_request_head, trace_context
 from deltatap.proxy.record import TapRecord
 from deltatap.proxy.spans import SpanStart, begin
 from deltatap.proxy import h2relay
@@ -346,11 +346,14 @@ def _settle_writes(ex: Exchange, d: Downstream) -> bool:
     obs = ex.rec.stream
     if not isinstance(obs, StreamObserver):
         return ex.held is None
-    alive = d.transport is not None and not d.transport.is_closing()
-    if ex.first_unplaced is not None and alive:
-        Upstream._place_first(d, ex, obs)
+    alive = None  # (the downstream still open: asked once, only where a write waits to be placed; the usual end asks nothing)
+    if ex.first_unplaced is not None:
+        alive = d.transport is not None and not d.transport.is_closing()
+        if alive:
+            Upstream._place_first(d, ex, obs)
     ft, lt = obs.first_token_forwarded_mono_ns, obs.last_token_forwarded_mono_ns
-    if ex.last_unplaced is not None and alive and lt is not None and obs.last_token_forwarded_bound_ns < 0:
+    if ex.last_unplaced is not None and lt is not None and obs.last_token_forwarded_bound_ns < 0 and (
+            alive if alive is not None else d.transport is not None and not d.transport.is_closing()):
         lt, lb = d.place(ex.last_unplaced, lt, -1)
         if lb >= 0:  # (its departure, from the packet log)
             obs.last_token_forwarded_mono_ns, obs.last_token_forwarded_bound_ns = lt, lb
@@ -375,7 +378,7 @@ class Downstream(_Side):
 
     __slots__ = ("tap", "reader", "up", "connecting", "to_up", "exchanges", "current", "withheld", "head_first", "expect_methods",
                  "opaque", "tunnel", "eof", "closed", "peer", "head_timer", "head_deadline", "loop", "sniff", "replay",
-                 "replay_size", "accounting", "holding", "spare")
+                 "replay_size", "accounting", "holding", "spare", "spare_id")
 
     def __init__(self, tap: Tap) -> None:
         super().__init__()
@@ -411,6 +414,9 @@ class Downstream(_Side):
         # ahead, when the connection opens and in each request read's account, after its forward: the request path
         # only takes it (a cold tap spent ~15-20 us there making ids and the traceparent; docs/benchmarks.md, s25 cold)
         self.spare: SpanStart | None = None
+        # likewise the next request id a head without the correlation header gets (new_request_id), made ahead with the
+        # spare span ids and taken once (rewrite_request_head's request_id)
+        self.spare_id: str | None = None
 
     def _settle(self) -> None:
         """Run the loop's deferred accounts and watches (:class:`_Watches`), this pair's among them."""
@@ -435,6 +441,7 @@ class Downstream(_Side):
         self.loop = asyncio.get_running_loop()
         self._arm_head_timer()
         self.spare = begin(_NO_CONTEXT)
+        self.spare_id = new_request_id()
 
     def _arm_head_timer(self) -> None:
         """The next whole head must come within ``--header-timeout-s`` from now. The timer is made once and moved
@@ -610,9 +617,12 @@ class Downstream(_Side):
                 else:
                     self.spare = None
                 tap = self.tap
+                spare_id = self.spare_id
                 new_head, rid, created = rewrite_request_head(
                     head, correlation_header=tap.correlation_header, trace_headers=span.trace_headers,
-                    host_header=tap.host_header, target_prefix=tap.target_prefix)
+                    host_header=tap.host_header, target_prefix=tap.target_prefix, lines=span.trace_lines, request_id=spare_id)
+                if created and spare_id is not None:
+                    self.spare_id = None
                 heads.append((head, first, span, rid, created))
                 out.append(new_head)
                 pos = end
@@ -697,6 +707,8 @@ class Downstream(_Side):
                 h += 1
                 if self.spare is None:  # (the span ids of the connection's next request, made after this one's forward)
                     self.spare = begin(_NO_CONTEXT)
+                if self.spare_id is None:  # (and its request id)
+                    self.spare_id = new_request_id()
             elif kind == END:
                 ex = self.current
                 self.current = None

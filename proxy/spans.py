@@ -27,6 +27,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from deltatap.core.clock import to_unix_ns
 from deltatap.core.vocab import Outcome
+from deltatap.proxy.headers import trace_lines
 from deltatap.proxy.record import TapRecord, span_events
 from deltatap.telemetry.spans import KIND_SERVER, STATUS_ERROR, STATUS_UNSET, SpanRecord, new_span_id, new_trace_id, traceparent
 from deltatap.telemetry.tracer import Telemetry
@@ -50,6 +51,9 @@ class SpanStart(NamedTuple):
     trace_state: str  # the W3C tracestate header value of the incoming context ("" for none)
     parent_span_id: int | None  # the incoming (remote) parent's span id; None for a new trace
     trace_headers: dict[str, str]  # traceparent (+ tracestate) to send upstream
+    # the same as the head's lines (deltatap.proxy.headers.trace_lines), encoded with the ids: a spare made ahead
+    # (relay.Downstream.spare) leaves the request path nothing to encode
+    trace_lines: list[tuple[bytes, bytes]]
 
 
 def _incoming(headers: Any) -> tuple[int, int, int, str] | None:
@@ -81,7 +85,7 @@ def begin(headers: Any) -> SpanStart:
     out = {"traceparent": traceparent(trace_id, span_id, flags)}
     if state:
         out["tracestate"] = state
-    return _new(SpanStart, (trace_id, span_id, flags, state, parent_id, out))
+    return _new(SpanStart, (trace_id, span_id, flags, state, parent_id, out, trace_lines(out)))
 
 
 def emit(
