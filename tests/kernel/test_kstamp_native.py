@@ -25,7 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deltatap.net import kstamp, pktstamp
-from tests.kernel.test_kstamp import _wait_kernel_stamping
+from tests.kernel.kstamp_rig import SLACK_NS, close_pairs, read_to_eof, stamped_pair, stamping_kept
+from tests.kernel.kstamp_rig import PieceRecorder as Recorder
+from tests.kernel.kstamp_rig import HandLoop as _Loop  # noqa: F401 (test_kstamp_s21_state and test_kstamp_tapcpu import it from here)
 
 pytestmark = [
     pytest.mark.skipif(pktstamp.packet_log() is None, reason="per-packet stamps need CAP_NET_RAW (a packet socket)"),
@@ -37,69 +39,13 @@ US = 1_000
 
 @pytest.fixture(autouse=True, scope="module")
 def _stamping_on():
-    """Kernel stamping on for the whole module: Linux turns it off again (from a workqueue) once the last socket that
-    asked for it closes, and on again only shortly after the next one asks (its first packets unstamped)."""
-    keep = socket.socket()
-    keep.setsockopt(socket.SOL_SOCKET, kstamp.SO_TIMESTAMPING, kstamp.RX_FLAGS)
-    _wait_kernel_stamping()
-    yield
-    keep.close()
-
-SLACK_NS = 20 * US  # a kernel stamp on the mono scale vs the sender's readings around its send (the offset's error)
-
-
-class Recorder:
-    """Records each delivery: ``(bytes, [(start, end, t, bound), ...])`` (one piece for a data_received)."""
-
-    def __init__(self) -> None:
-        self.got: list[tuple[bytes, list[tuple[int, int, int, int]]]] = []
-        self.eof = 0
-        self.transport = None
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        assert type(data) is bytes
-        tr = self.transport
-        self.got.append((data, [(0, len(data), tr.rx_mono_ns, tr.rx_bound_ns)]))
-
-    def cuts_received(self, data: bytes, pieces) -> None:
-        self.got.append((data, list(pieces)))
-
-    def eof_received(self) -> bool:
-        self.eof += 1
-        return True
-
-    def connection_lost(self, exc) -> None:
-        pass
-
-
-class _Loop:
-    """What the transport asks of a loop when it is driven by hand (its read handler called directly)."""
-
-    def add_reader(self, *a) -> None:
-        pass
-
-    remove_reader = add_writer = remove_writer = add_reader
-
-    def call_soon(self, cb, *args) -> None:
-        cb(*args)
+    """Kernel stamping on for the whole module (:func:`tests.kernel.kstamp_rig.stamping_kept`)."""
+    with stamping_kept():
+        yield
 
 
 def _pair(fast: bool, cls: type = kstamp.KernelStampTransport):
-    with socket.create_server(("127.0.0.1", 0)) as lsock:
-        c = socket.create_connection(lsock.getsockname(), timeout=5)
-        s, _ = lsock.accept()
-    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    s.setsockopt(socket.SOL_SOCKET, kstamp.SO_TIMESTAMPING, kstamp.RX_FLAGS)
-    p = Recorder()
-    tr = cls(_Loop(), s, p)
-    p.connection_made(tr)
-    assert tr._plog is not None, "the packet log does not watch the connection"
-    if not fast:
-        tr._fast = None
-    return c, s, tr, p
+    return stamped_pair(fast, packet_log=True, proto=Recorder, cls=cls)
 
 
 def _waiting(s: socket.socket) -> int:
@@ -179,18 +125,9 @@ def test_the_c_read_hands_over_what_the_reference_does(steps) -> None:
         # end of stream: both tell their protocol once
         for c, _s, tr, p in pairs:
             c.shutdown(socket.SHUT_WR)
-        deadline = time.monotonic() + 5
-        for _c, _s, tr, p in pairs:
-            while not p.eof:
-                assert time.monotonic() < deadline
-                tr._on_readable()
-                time.sleep(0.0002)
-            assert p.eof == 1
+        read_to_eof(pairs, lambda tr: tr._on_readable())
     finally:
-        for c, s, tr, _p in pairs:
-            c.close()
-            if not tr._lost:
-                tr.abort()
+        close_pairs(pairs)
 
 
 def test_switching_between_the_c_and_the_python_read_keeps_the_bookkeeping() -> None:

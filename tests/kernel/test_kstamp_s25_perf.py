@@ -19,6 +19,8 @@ import uvloop
 
 from deltatap.net import kstamp, pktstamp
 from deltatap.net.pktstamp import _FRAME, PacketLog
+from tests.kernel.kstamp_rig import SLACK_NS, close_pairs, read_to_eof, stamped_pair, stamping_kept
+from tests.kernel.test_kstamp_s24_queued import Hold
 
 try:
     acc = importlib.import_module("deltatap.net._pktring")
@@ -62,16 +64,6 @@ def test_the_newest_frame_found_near_the_last_is_the_bisection_s(seed: int) -> N
         assert acc.ring_newest_near(ring, head, top) == want  # (again, from where it just ended)
 
 
-class Take(asyncio.Protocol):
-    def __init__(self) -> None:
-        self.transport = None
-        self.made = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        self.made.set_result(None)
-
-
 @LOOPS
 @pytest.mark.parametrize("native", ["native", "python"])
 def test_a_write_the_log_shows_gone_is_told_without_tcp_and_as_tcp_tells_it(run, native, monkeypatch) -> None:
@@ -96,10 +88,10 @@ def test_a_write_the_log_shows_gone_is_told_without_tcp_and_as_tcp_tells_it(run,
     monkeypatch.setattr(kstamp.KernelStampTransport, "_left_by", watched)
 
     async def scenario():
-        protos: list[Take] = []
+        protos: list[Hold] = []
 
-        def factory() -> Take:
-            p = Take()
+        def factory() -> Hold:
+            p = Hold()
             protos.append(p)
             return p
 
@@ -155,69 +147,26 @@ def test_a_write_the_log_shows_gone_is_told_without_tcp_and_as_tcp_tells_it(run,
 
 # ---- the read without the packet log (no CAP_NET_RAW, IPv6): its C twin, read_plain --------------------------------
 
-SLACK_NS = 20_000  # a kernel stamp on the mono scale vs the sender's readings around its send (the offset's error)
 
-
-class Recorder:
-    def __init__(self) -> None:
-        self.got: list[tuple[bytes, int, int]] = []
-        self.eof = 0
-        self.transport = None
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        assert type(data) is bytes
-        self.got.append((data, self.transport.rx_mono_ns, self.transport.rx_bound_ns))
-
-    def eof_received(self) -> bool:
-        self.eof += 1
-        return True
-
-    def connection_lost(self, exc) -> None:
-        pass
-
-
-class _Loop:
-    def add_reader(self, *a) -> None:
-        pass
-
-    remove_reader = add_writer = remove_writer = add_reader
-
-    def call_soon(self, cb, *args) -> None:
-        cb(*args)
+@pytest.fixture
+def stamping():
+    with stamping_kept():
+        yield
 
 
 def _plain_pair(fast: bool):
-    with socket.create_server(("127.0.0.1", 0)) as lsock:
-        c = socket.create_connection(lsock.getsockname(), timeout=5)
-        s, _ = lsock.accept()
-    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    s.setsockopt(socket.SOL_SOCKET, kstamp.SO_TIMESTAMPING, kstamp.RX_FLAGS)
-    p = Recorder()
-    tr = kstamp.KernelStampTransport(_Loop(), s, p)
-    p.connection_made(tr)
-    assert tr._plog is None
-    if not fast:
-        tr._fast = None
-    return c, s, tr, p
+    return stamped_pair(fast, packet_log=False)
 
 
 @pytest.mark.skipif(kstamp._read_plain is None, reason="deltatap.net._pktring is not built (or DELTATAP_NATIVE turns it off)")
 @pytest.mark.parametrize("seed", range(4))
-def test_the_c_read_without_the_log_hands_over_what_the_reference_does(seed: int, monkeypatch) -> None:
+def test_the_c_read_without_the_log_hands_over_what_the_reference_does(seed: int, monkeypatch, stamping) -> None:
     """Two connections without the packet log get the same writes (one or several before a read, back to back or apart,
     the reader sometimes late by more than _PROMPT_NS, so that _read_late splits in the reference), one read by the C
     twin and one by the reference: the same bytes in the same deliveries, the same exact reads (bound 0), every stamp
     within the sends that carried its bytes; READ_LAG counted by both; _rx_off and _segs_in the kernel's; end of stream
     told once."""
-    from tests.kernel.test_kstamp import _wait_kernel_stamping
-
     monkeypatch.setenv("DELTATAP_PACKET_STAMPS", "0")
-    keep = socket.socket()
-    keep.setsockopt(socket.SOL_SOCKET, kstamp.SO_TIMESTAMPING, kstamp.RX_FLAGS)
-    _wait_kernel_stamping()
     rng = random.Random(seed)
     pairs = [_plain_pair(True), _plain_pair(False)]
     late_reads = []
@@ -263,19 +212,9 @@ def test_the_c_read_without_the_log_hands_over_what_the_reference_does(seed: int
         assert any(tr is pairs[0][2] for tr in late_reads) and any(tr is pairs[1][2] for tr in late_reads)  # both paths met late reads
         for c, _s, _tr, _p in pairs:
             c.shutdown(socket.SHUT_WR)
-        deadline = time.monotonic() + 5
-        for _c, _s, tr, p in pairs:
-            while not p.eof:
-                assert time.monotonic() < deadline
-                kstamp._readable(tr) if tr is pairs[0][2] and kstamp._readable is not None else tr._on_readable()
-                time.sleep(0.0002)
-            assert p.eof == 1
+        read_to_eof(pairs, lambda tr: kstamp._readable(tr) if tr is pairs[0][2] and kstamp._readable is not None else tr._on_readable())
     finally:
-        keep.close()
-        for c, _s, tr, _p in pairs:
-            c.close()
-            if not tr._lost:
-                tr.abort()
+        close_pairs(pairs)
 
 
 @pytest.mark.skipif(kstamp._read_plain is None, reason="deltatap.net._pktring is not built (or DELTATAP_NATIVE turns it off)")

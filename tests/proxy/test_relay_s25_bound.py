@@ -18,44 +18,15 @@ import threading
 import time
 
 import pytest
+from slow_client_rig import TIMEOUT_S, ask_then_read, record_finishes, serve_one, small_window_client, sse_upstream
 
 from deltatap.core.clock import mono_ns
 from deltatap.core.vocab import Attr, TapEvent, parse_stamp_bounds
 from deltatap.net import kstamp, pktstamp
 from deltatap.proxy import relay
 
-TIMEOUT_S = 10.0
-_FIRST = b'data: {"choices":[{"delta":{"content":"first"}}]}\n\n'
-_LATER = b'data: {"choices":[{"delta":{"content":"later"}}]}\n\n'
-_DONE = b"data: [DONE]\n\n"
-
-
-def _chunk(b: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(b), b)
-
-
 def _upstream(listener: socket.socket, pause_s: float) -> None:
-    listener.settimeout(TIMEOUT_S)
-    while True:
-        conn, _ = listener.accept()
-        with conn:
-            conn.settimeout(TIMEOUT_S)
-            buf = b""
-            while b"\r\n\r\n" not in buf:
-                data = conn.recv(65536)
-                if not data:
-                    break
-                buf += data
-            if b"\r\n\r\n" not in buf:
-                continue  # (the tap's start-up probe)
-            pad = b"X-Pad: " + b"p" * 12_000 + b"\r\n"  # a head larger than the client's window, within the tap's send buffer
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n" + pad + b"Transfer-Encoding: chunked\r\n\r\n")
-            time.sleep(0.05)
-            conn.sendall(_chunk(_FIRST))
-            time.sleep(pause_s)
-            conn.sendall(_chunk(_LATER) + _chunk(_DONE) + b"0\r\n\r\n")
-            time.sleep(0.05)
-            return
+    sse_upstream(listener, 12_000, pause_s)  # (a head larger than the client's window, within the tap's send buffer)
 
 
 async def _exchange(make_tap, span_exporter, read_after_s: float | None, pause_s: float):
@@ -67,33 +38,18 @@ async def _exchange(make_tap, span_exporter, read_after_s: float | None, pause_s
     spanned = threading.Event()
     try:
         tap = await make_tap(f"http://127.0.0.1:{listener.getsockname()[1]}")
-        seen = []
-        real_finish = tap.tap.finish
-
-        def finish(span, rec):
-            seen.append(rec)
-            real_finish(span, rec)
-
-        tap.tap.finish = finish
-        client = socket.socket()
-        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        client.settimeout(TIMEOUT_S)
-        client.connect(("127.0.0.1", tap.port))
+        seen = record_finishes(tap)
+        client = small_window_client(tap.port)
         began: list[int] = []
 
-        def talk() -> bytes:
-            client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: e\r\nContent-Length: 2\r\n\r\n{}")
+        def wait() -> None:
             if read_after_s is None:
                 assert spanned.wait(TIMEOUT_S)
             else:
                 time.sleep(read_after_s)
-            began.append(mono_ns())
-            got = b""
-            while not got.endswith(b"0\r\n\r\n"):
-                data = client.recv(65536)
-                assert data, got[-200:]
-                got += data
-            return got
+
+        def talk() -> bytes:
+            return ask_then_read(client, wait, began)
 
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(TIMEOUT_S):
@@ -154,29 +110,19 @@ async def test_writes_held_then_read_get_a_bound_that_holds_the_truth(make_tap, 
 def _late_reader(listener: socket.socket, began: list[int]) -> None:
     """An upstream that reads a request's head, then nothing for 0.15 s (the tap's write of the body waits), then
     the body, and answers."""
-    listener.settimeout(TIMEOUT_S)
-    while True:
-        conn, _ = listener.accept()
-        with conn:
-            conn.settimeout(TIMEOUT_S)
-            buf = b""
-            while b"\r\n\r\n" not in buf:
-                data = conn.recv(4096)
-                if not data:
-                    break
-                buf += data
-            if b"\r\n\r\n" not in buf:
-                continue  # (the tap's start-up probe)
-            head, _, body = buf.partition(b"\r\n\r\n")
-            length = int(head.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
-            time.sleep(0.15)
-            began.append(mono_ns())
-            while len(body) < length:
-                data = conn.recv(1 << 20)
-                assert data
-                body += data
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
-            return
+
+    def answer(conn: socket.socket, buf: bytes) -> None:
+        head, _, body = buf.partition(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+        time.sleep(0.15)
+        began.append(mono_ns())
+        while len(body) < length:
+            data = conn.recv(1 << 20)
+            assert data
+            body += data
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+
+    serve_one(listener, answer, recv_size=4096)
 
 
 async def test_a_request_write_held_by_a_late_upstream_is_placed_or_bounded(make_tap, plog_mode):
@@ -186,9 +132,7 @@ async def test_a_request_write_held_by_a_late_upstream_is_placed_or_bounded(make
     th.start()
     try:
         tap = await make_tap(f"http://127.0.0.1:{listener.getsockname()[1]}")
-        seen = []
-        real_finish = tap.tap.finish
-        tap.tap.finish = lambda span, rec: (seen.append(rec), real_finish(span, rec))
+        seen = record_finishes(tap)
         body = b'{"prompt": "' + b"p" * 2_000_000 + b'"}'
 
         def talk() -> bytes:
