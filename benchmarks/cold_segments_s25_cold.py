@@ -145,13 +145,13 @@ def main() -> int:
     p.add_argument("--out", default=str(HERE / "results" / "cold_segments_s25_cold.json"))
     args = p.parse_args()
     args.out = str(Path(args.out).resolve())
+    trees = [(name, Path(folder or ".").resolve()) for name, _, folder in (spec.partition("=") for spec in args.tree)]  # (before the chdir)
     py = sys.executable
     tmp = Path(tempfile.mkdtemp(prefix="deltatap-cold-"))
     os.chdir(tmp)
     paths = {}
-    for spec in args.tree:
-        name, _, folder = spec.partition("=")
-        copy = instrument(Path(folder or ".").resolve(), tmp / f"tree-{name}")
+    for name, folder in trees:
+        copy = instrument(folder, tmp / f"tree-{name}")
         paths[name] = shim(copy, tmp / f"shim-{name}")
     load0 = os.getloadavg()[0]
     rounds: dict[str, list] = {name: [] for name in paths}

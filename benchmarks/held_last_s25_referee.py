@@ -51,6 +51,18 @@ def _ev(text: str) -> bytes:
     return b'data: {"choices":[{"index":0,"delta":{"content":"' + text.encode() + b'"}}]}\n\n'
 
 
+def read_head(conn: socket.socket) -> bytes | None:
+    """What ``conn`` sent up to the end of a request head (its first bytes after it included); None when it ended
+    before one."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        data = conn.recv(65536)
+        if not data:
+            return None
+        buf += data
+    return buf
+
+
 def upstream(listener: socket.socket, stop: threading.Event, first_write: int = 0, tail: bool = False) -> None:
     listener.settimeout(0.5)
     while not stop.is_set():
@@ -62,13 +74,7 @@ def upstream(listener: socket.socket, stop: threading.Event, first_write: int = 
             return
         with conn:
             conn.settimeout(TIMEOUT_S)
-            buf = b""
-            while b"\r\n\r\n" not in buf:
-                data = conn.recv(65536)
-                if not data:
-                    break
-                buf += data
-            if b"\r\n\r\n" not in buf:
+            if read_head(conn) is None:
                 continue
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
             role = b'data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
@@ -95,6 +101,43 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_tap(upstream_port: int, work: Path, *extra: str) -> tuple[subprocess.Popen, int, Path]:
+    """One ``deltatap tap`` process (this interpreter's, in a session of its own) on a free port in front of
+    127.0.0.1:``upstream_port``, spans to ``work``/spans.jsonl, its output to ``work``/tap.log; ``extra``: more of its
+    options. (process, port, spans file); :func:`listening` tells when it accepts connections."""
+    port = free_port()
+    spans = work / "spans.jsonl"
+    exe = Path(sys.executable).parent / "deltatap"
+    tap = subprocess.Popen([str(exe), "tap", "--link", "edge", "--listen", f"127.0.0.1:{port}", "--upstream",
+                            f"http://127.0.0.1:{upstream_port}", "--no-admin", "--grace-s", "1", "--otlp", f"file:{spans}", *extra],
+                           stdout=open(work / "tap.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    return tap, port, spans
+
+
+def listening(tap: subprocess.Popen, port: int, work: Path) -> bool:
+    """Whether the tap accepts connections within TIMEOUT_S (False, said, when it does not, or it exited)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return True
+        except OSError:
+            if time.monotonic() > deadline or tap.poll() is not None:
+                print("the tap did not start; see", work / "tap.log")
+                return False
+            time.sleep(0.05)
+
+
+def stop_tap(tap: subprocess.Popen) -> None:
+    """SIGTERM, and SIGKILL to its session when it has not exited 10 s later."""
+    tap.send_signal(signal.SIGTERM)
+    try:
+        tap.wait(10)
+    except subprocess.TimeoutExpired:
+        os.killpg(tap.pid, signal.SIGKILL)
+        tap.wait()
+
+
 def main() -> int:
     import argparse
 
@@ -111,23 +154,10 @@ def main() -> int:
     stop = threading.Event()
     th = threading.Thread(target=upstream, args=(listener, stop, 2 if args.case == "first-split" else 0, args.case == "last-late"), daemon=True)
     th.start()
-    port = free_port()
-    spans = work / "spans.jsonl"
-    exe = Path(sys.executable).parent / "deltatap"
-    tap = subprocess.Popen([str(exe), "tap", "--link", "edge", "--listen", f"127.0.0.1:{port}", "--upstream",
-                            f"http://127.0.0.1:{listener.getsockname()[1]}", "--no-admin", "--grace-s", "1", "--otlp", f"file:{spans}"],
-                           stdout=open(work / "tap.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    tap, port, spans = start_tap(listener.getsockname()[1], work)
     try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or tap.poll() is not None:
-                    print("the tap did not start; see", work / "tap.log")
-                    return 2
-                time.sleep(0.05)
+        if not listening(tap, port, work):
+            return 2
         c = socket.socket()
         c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         c.settimeout(TIMEOUT_S)
@@ -148,12 +178,7 @@ def main() -> int:
         c.close()
         assert b"t%03d" % (N_TOKENS - 1) in got, got[-300:]
     finally:
-        tap.send_signal(signal.SIGTERM)
-        try:
-            tap.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(tap.pid, signal.SIGKILL)
-            tap.wait()
+        stop_tap(tap)
         stop.set()
         listener.close()
         th.join(5)

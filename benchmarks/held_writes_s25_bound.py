@@ -190,7 +190,7 @@ async def _run_mode(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="benchmarks/results/held_writes_s25_bound.json")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "held_writes_s25_bound.json"))
     ap.add_argument("--conns", type=int, default=8, help="client connections per case (big: half)")
     ap.add_argument("--requests", type=int, default=24, help="requests per connection, normal case (slow: 1/4, big: 1/8)")
     ap.add_argument("--tokens", type=int, default=40)
@@ -208,7 +208,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from tap_cpu_ab import shim
 
-    trees = dict(t.split("=", 1) for t in args.tree) if args.tree else {"this": str(ROOT)}
+    trees = {name: str(Path(d).resolve()) for name, d in (t.split("=", 1) for t in args.tree)} if args.tree else {"this": str(ROOT)}
     tmp = Path(tempfile.mkdtemp(prefix="held_writes_"))
     runs = []
     for name, tree in trees.items():

@@ -31,7 +31,6 @@ import os
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -42,14 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from held_last_s25_referee import _events, _span_attr, free_port  # noqa: E402
+from held_last_s25_referee import TIMEOUT_S, _chunk, _events, _span_attr, listening, read_head, start_tap, stop_tap  # noqa: E402
 
-TIMEOUT_S = 10.0
 ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
-
-
-def _chunk(b: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(b), b)
 
 
 def _tok(i: int) -> bytes:
@@ -74,12 +68,8 @@ def upstream(listener: socket.socket, tap_pid: list[int], stop_ms: float, out: d
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # (else Nagle holds the token behind the un-ACKed role chunk)
     with conn:
         for n in range(4):
-            buf = b""
-            while b"\r\n\r\n" not in buf:
-                data = conn.recv(65536)
-                if not data:
-                    return
-                buf += data
+            if read_head(conn) is None:
+                return
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
             if n < 3:
                 conn.sendall(_chunk(ROLE) + _chunk(_tok(0)) + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
@@ -113,26 +103,12 @@ def main() -> int:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tlp-dup-"))
     listener = socket.create_server(("127.0.0.1", 0))
-    port = free_port()
-    spans = work / "spans.jsonl"
-    exe = Path(sys.executable).parent / "deltatap"
-    tap = subprocess.Popen([str(exe), "tap", "--link", "edge", "--listen", f"127.0.0.1:{port}", "--upstream",
-                            f"http://127.0.0.1:{listener.getsockname()[1]}", "--no-admin", "--grace-s", "1", "--otlp", f"file:{spans}",
-                            *(["--workers", str(args.workers)] if args.workers > 1 else [])],
-                           stdout=open(work / "tap.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    tap, port, spans = start_tap(listener.getsockname()[1], work, *(["--workers", str(args.workers)] if args.workers > 1 else []))
     out: dict = {}
     th = threading.Thread(target=upstream, args=(listener, [-tap.pid], args.stop_ms, out, args.role_before_ms), daemon=True)
     try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or tap.poll() is not None:
-                    print("the tap did not start; see", work / "tap.log")
-                    return 2
-                time.sleep(0.05)
+        if not listening(tap, port, work):
+            return 2
         th.start()
         c = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
         for n in range(4):
@@ -148,12 +124,7 @@ def main() -> int:
         th.join(TIMEOUT_S)
     finally:
         os.killpg(tap.pid, signal.SIGCONT)
-        tap.send_signal(signal.SIGTERM)
-        try:
-            tap.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(tap.pid, signal.SIGKILL)
-            tap.wait()
+        stop_tap(tap)
         listener.close()
     from deltatap.core.vocab import Attr, parse_stamp_bounds
 

@@ -105,15 +105,15 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--what", choices=["write", "read-nolog"], default="write")
     ap.add_argument("--writes", type=int, default=20000)
-    ap.add_argument("--out", default="benchmarks/results/write_cost_s25_perf.json")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "write_cost_s25_perf.json"))
     args = ap.parse_args()
-    trees = [t.split("=", 1) for t in args.tree]
+    trees = [(name, str(Path(d).resolve())) for name, d in (t.split("=", 1) for t in args.tree)]  # (the children run in /tmp)
     res: dict[str, list[dict]] = {name: [] for name, _ in trees}
     load = [os.getloadavg()[0]]
     for r in range(args.rounds):
         order = trees if r % 2 == 0 else trees[::-1]
         for name, d in order:
-            env = {**os.environ, "PYTHONPATH": str(Path(d).resolve())}
+            env = {**os.environ, "PYTHONPATH": d}
             if args.what == "read-nolog":
                 env["DELTATAP_PACKET_STAMPS"] = "0"
             out = subprocess.run([sys.executable, "-c", CHILD if args.what == "write" else CHILD_READ, str(args.writes)], env=env, cwd="/tmp", capture_output=True,
