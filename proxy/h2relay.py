@@ -15,7 +15,8 @@ on, per stream and in order:
 * RST_STREAM both ways with its error code (a client's cancel reaches the upstream, an upstream's reset the
   client); GOAWAY both ways (the last stream id translated); the peers' SETTINGS that bound what the other side
   may do (concurrent streams, initial window, header list size) mirrored as the tap's own toward the other peer;
-  the client's streams go upstream once the upstream's SETTINGS came, as far as its concurrency limit allows.
+  the client's streams go upstream as far as that concurrency limit allows (before the upstream's SETTINGS came,
+  one: the limit is not known yet).
   PING is answered by each hop, as any HTTP/2 intermediary does. Server push is turned off upstream.
 
 Stream ids differ between the two sides (each side numbers its own); :class:`Stream` maps them. What is not
@@ -337,7 +338,7 @@ class H2Downstream(_H2Side):
         self.held: list[tuple[bytes, int, int]] = []  # reads waiting for the upstream connection
         self.streams: dict[int, Stream] = {}  # by downstream id
         self.by_up: dict[int, Stream] = {}  # by upstream id
-        self.waiting_open: deque[Stream] = deque()  # streams over the upstream's concurrency limit, or before its SETTINGS
+        self.waiting_open: deque[Stream] = deque()  # streams over the upstream's concurrency limit (before its SETTINGS: 1)
         self.failure: Failure | None = None  # the upstream cannot be had: every stream gets this answer
         self.going_away = False  # the upstream sent GOAWAY: new streams are refused
         self.closed = False
@@ -584,7 +585,7 @@ class H2Downstream(_H2Side):
         up = self.up
         assert up is not None
         c = up.conn
-        if self.waiting_open or not up.settled or c.open_outbound_streams >= c.remote_settings.max_concurrent_streams:
+        if self.waiting_open or c.open_outbound_streams >= (c.remote_settings.max_concurrent_streams if up.settled else 1):
             self.waiting_open.append(s)
             return
         self._start(s, up)
@@ -606,7 +607,7 @@ class H2Downstream(_H2Side):
         """Streams that waited for the upstream's concurrency limit (or for its SETTINGS, which tell the limit), as far
         as it allows now."""
         up = self.up
-        if up is None or not up.settled:
+        if up is None or not up.settled:  # (before them, the one stream _open lets go is open, or was)
             return
         c = up.conn
         while self.waiting_open and c.open_outbound_streams < c.remote_settings.max_concurrent_streams:
@@ -1034,9 +1035,9 @@ class H2Upstream(_H2Side):
         self.going_away = False  # the upstream sent GOAWAY: no new streams on this connection
         self.first = b""  # the upstream's first bytes while fewer than tell whether it answers in HTTP/2 (answers_h2)
         self.first_at = (0, 0)  # (t, bound) of the read that brought them
-        # its first SETTINGS was read: until then its concurrency limit is unknown (h2 takes it as unlimited) and the
-        # client's streams wait (H2Downstream._open): a stream beyond the limit would make the upstream end the whole
-        # connection (GOAWAY PROTOCOL_ERROR)
+        # its first SETTINGS was read: until then its concurrency limit is unknown (h2 takes it as unlimited) and one
+        # stream goes upstream, the client's others wait for it (H2Downstream._open): a stream beyond the limit can make
+        # the upstream end the whole connection (GOAWAY PROTOCOL_ERROR); every limit but 0 allows one
         self.settled = False
 
     def on_made(self) -> None:
@@ -1044,9 +1045,10 @@ class H2Upstream(_H2Side):
         self.conn.local_settings = h2.settings.Settings(client=True, initial_values={
             codes.MAX_CONCURRENT_STREAMS: 100, codes.MAX_HEADER_LIST_SIZE: self.conn.DEFAULT_MAX_HEADER_LIST_SIZE, codes.ENABLE_PUSH: 0})
         self.conn.initiate_connection()
-        # (the preface and SETTINGS leave in one write, H2Downstream._connect's _flush_up after the replay; the client's
-        # streams wait for the upstream's SETTINGS (settled). An HTTP/1.1-only upstream then reads it all before it
-        # answers and closes: its close is a FIN, as directly, not the reset of a close with bytes unread)
+        # (the preface leaves with the client's first stream, if it sent one meanwhile, in one write: H2Downstream._connect
+        # replays what it sent at once; its other streams wait for the upstream's SETTINGS (settled). An HTTP/1.1-only
+        # upstream then reads it all before it answers and closes: its close is a FIN, as directly, not the reset of a
+        # close with bytes unread)
 
     def mirror(self, changed: dict) -> None:
         """The client's SETTINGS that bound what the upstream may send, as the tap's own toward it."""

@@ -1,10 +1,11 @@
-"""Session 26 ("chores"): an HTTP/2 client's streams wait in the tap for the upstream's first SETTINGS, which tell its
-concurrency limit. Before it, h2 takes the limit as unlimited: a client whose preface and twelve requests came in one
-read (replayed the moment the upstream connection was made, before the upstream's SETTINGS could be read) had all
-twelve opened upstream, and an upstream allowing 3 ended the whole connection (GOAWAY PROTOCOL_ERROR: every stream
-lost). That depended on the read pattern: with the packet log a client's writes one by one usually let the SETTINGS
-come first (test_h2's limit test failed only with DELTATAP_PACKET_STAMPS=0 or DELTATAP_KERNEL_STAMPS=0). Here the
-client writes everything in one write, so every stamping configuration replays it before the upstream's SETTINGS.
+"""Session 26 ("chores"): before the upstream's first SETTINGS, which tell its concurrency limit, the tap opens one
+stream upstream and the client's others wait for them. h2 takes the limit as unlimited until then: a client whose
+preface and twelve requests came in one read (replayed the moment the upstream connection was made, before the
+upstream's SETTINGS could be read) had all twelve opened upstream, and an upstream allowing 3 ended the whole
+connection (GOAWAY PROTOCOL_ERROR: every stream lost). That depended on the read pattern: with the packet log a
+client's writes one by one usually let the SETTINGS come first (test_h2's limit test failed only with
+DELTATAP_PACKET_STAMPS=0 or DELTATAP_KERNEL_STAMPS=0). Here the client writes everything in one write, so every
+stamping configuration replays it before the upstream's SETTINGS.
 Live on 127.0.0.1: the h2 peer of test_h2 upstream, its h2 client."""
 
 from __future__ import annotations
