@@ -40,7 +40,7 @@ from deltatap.net import h1
 from deltatap.net.conn import StampedProtocol, open_connection, reset
 from deltatap.net.pktstamp import tcp_notsent
 from deltatap.proxy.errors import TAP_TIMEOUT, Failure, classify, connect_failure
-from deltatap.proxy.headers import new_request_id, rewrite_request_head, trace_context
+from deltatap.proxy.headers import new_request_id, rewrite_request_head, rewrite_spare, trace_context
 from deltatap.proxy.record import TapRecord
 from deltatap.proxy.spans import SpanStart, begin
 from deltatap.proxy import h2relay
@@ -610,18 +610,21 @@ class Downstream(_Side):
                 self.withheld.clear()
                 if self.up is None and self.connecting is None and not self.opaque:
                     self._take_pooled()
-                context = trace_context(head)
-                span = self.spare
-                if context or span is None:
-                    span = begin(context)
-                else:
-                    self.spare = None
                 tap = self.tap
-                spare_id = self.spare_id
-                new_head, rid, created = rewrite_request_head(
-                    head, correlation_header=tap.correlation_header, trace_headers=span.trace_headers,
-                    host_header=tap.host_header, target_prefix=tap.target_prefix, lines=span.trace_lines, request_id=spare_id)
-                if created and spare_id is not None:
+                span = self.spare
+                # a head without trace context (most) takes the spare: one call (C: _h1.rewrite_spare) finds that and
+                # the correlation header and makes the bytes; one with a traceparent gets a span begun from it
+                got = None if span is None else rewrite_spare(head, tap.correlation_header, tap.host_header, tap.target_prefix,
+                                                              span.trace_lines, self.spare_id)
+                if got is not None:
+                    self.spare = None
+                    new_head, rid, created = got
+                else:
+                    span = begin(trace_context(head))
+                    new_head, rid, created = rewrite_request_head(
+                        head, correlation_header=tap.correlation_header, trace_headers=span.trace_headers,
+                        host_header=tap.host_header, target_prefix=tap.target_prefix, lines=span.trace_lines, request_id=self.spare_id)
+                if created:  # (the spare request id, if there was one, is taken)
                     self.spare_id = None
                 heads.append((head, first, span, rid, created))
                 out.append(new_head)

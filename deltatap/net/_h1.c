@@ -786,6 +786,20 @@ static int dropped(Span name, int drop_host) {
 
 /* rewrite_head(raw, host_header, target_prefix, additions) -> bytes: rewrite_request_head's head for a parsed head
    ``raw`` (host_header: bytes or None; additions: [(name, value), ...] bytes, from headers._additions) */
+/* additions is a list of (bytes, bytes) pairs */
+static int pairs_ok(PyObject *adds) {
+    if (!PyList_Check(adds)) return 0;
+    Py_ssize_t nadd = PyList_GET_SIZE(adds);
+    for (Py_ssize_t i = 0; i < nadd; i++) {
+        PyObject *a = PyList_GET_ITEM(adds, i);
+        if (!PyTuple_Check(a) || PyTuple_GET_SIZE(a) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(a, 0)) || !PyBytes_Check(PyTuple_GET_ITEM(a, 1)))
+            return 0;
+    }
+    return 1;
+}
+
+static PyObject *rewrite_bytes(PyObject *rawo, PyObject *host, PyObject *prefix, PyObject *adds);
+
 static PyObject *h1_rewrite_head(PyObject *mod, PyObject *const *argv, Py_ssize_t argc) {
     if (argc != 4) {
         PyErr_SetString(PyExc_TypeError, "rewrite_head(raw, host_header, target_prefix, additions)");
@@ -796,14 +810,16 @@ static PyObject *h1_rewrite_head(PyObject *mod, PyObject *const *argv, Py_ssize_
         PyErr_SetString(PyExc_TypeError, "rewrite_head(): raw, target_prefix bytes, host_header bytes or None, additions a list");
         return NULL;
     }
-    Py_ssize_t nadd = PyList_GET_SIZE(adds);
-    for (Py_ssize_t i = 0; i < nadd; i++) {
-        PyObject *a = PyList_GET_ITEM(adds, i);
-        if (!PyTuple_Check(a) || PyTuple_GET_SIZE(a) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(a, 0)) || !PyBytes_Check(PyTuple_GET_ITEM(a, 1))) {
-            PyErr_SetString(PyExc_TypeError, "rewrite_head(): additions must be (bytes, bytes) pairs");
-            return NULL;
-        }
+    if (!pairs_ok(adds)) {
+        PyErr_SetString(PyExc_TypeError, "rewrite_head(): additions must be (bytes, bytes) pairs");
+        return NULL;
     }
+    return rewrite_bytes(rawo, host, prefix, adds);
+}
+
+/* rewrite_head's bytes, its arguments checked (raw, prefix bytes; host bytes or None; adds: pairs_ok) */
+static PyObject *rewrite_bytes(PyObject *rawo, PyObject *host, PyObject *prefix, PyObject *adds) {
+    Py_ssize_t nadd = PyList_GET_SIZE(adds);
     const char *raw = PyBytes_AS_STRING(rawo), *pre = PyBytes_AS_STRING(prefix);
     Py_ssize_t len = PyBytes_GET_SIZE(rawo), plen = PyBytes_GET_SIZE(prefix);
     int drop_host = host != Py_None;
@@ -903,6 +919,75 @@ static PyObject *h1_rewrite_head(PyObject *mod, PyObject *const *argv, Py_ssize_
         return NULL;
     }
     return res;
+}
+
+/* rewrite_spare(head, correlation_header, host_header, target_prefix, lines, request_id) -> headers.rewrite_spare:
+   None for a head with a traceparent header (any case, any value); else (rewritten head, request id, created) as
+   rewrite_request_head makes them with additions = lines (+ (correlation_header, request_id encoded) where the head's
+   first correlation header is absent or empty; else its value, decoded latin-1, is the request id). NotImplemented
+   (the caller runs the Python definition) where any argument or the head is not what feed_head makes: head not an
+   h1.Head with raw bytes, headers a list of (bytes, bytes) pairs and no name index; correlation_header, target_prefix
+   bytes; host_header bytes or None; lines a list of (bytes, bytes) pairs; request_id a str (or None: not where the
+   head needs a new one) */
+static PyObject *h1_rewrite_spare(PyObject *mod, PyObject *const *argv, Py_ssize_t argc) {
+    if (argc != 6) {
+        PyErr_SetString(PyExc_TypeError, "rewrite_spare(head, correlation_header, host_header, target_prefix, lines, request_id)");
+        return NULL;
+    }
+    PyObject *head = argv[0], *corr = argv[1], *host = argv[2], *prefix = argv[3], *lines = argv[4], *rid = argv[5];
+    if (HeadType == NULL || !PyObject_TypeCheck(head, (PyTypeObject *)HeadType) || !PyBytes_Check(corr) ||
+        !(host == Py_None || PyBytes_Check(host)) || !PyBytes_Check(prefix) || !pairs_ok(lines) || !(rid == Py_None || PyUnicode_Check(rid)))
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *rawo = *(PyObject **)((char *)head + SlotOffset[F_RAW]);
+    PyObject *headers = *(PyObject **)((char *)head + SlotOffset[F_HEADERS]);
+    PyObject *index = *(PyObject **)((char *)head + SlotOffset[F_INDEX]);
+    if (rawo == NULL || !PyBytes_Check(rawo) || index != Py_None || headers == NULL || !pairs_ok(headers)) Py_RETURN_NOTIMPLEMENTED;
+    const char *cp = PyBytes_AS_STRING(corr);
+    Py_ssize_t cn = PyBytes_GET_SIZE(corr);
+    PyObject *existing = NULL; /* borrowed: the first correlation header's value */
+    Py_ssize_t count = PyList_GET_SIZE(headers);
+    for (Py_ssize_t i = 0; i < count; i++) { /* (nothing below calls back into Python: the list cannot change) */
+        PyObject *pair = PyList_GET_ITEM(headers, i);
+        PyObject *name = PyTuple_GET_ITEM(pair, 0);
+        const char *np = PyBytes_AS_STRING(name);
+        Py_ssize_t nn = PyBytes_GET_SIZE(name);
+        if (IEQ(np, nn, "traceparent")) Py_RETURN_NONE;
+        if (existing == NULL && ieq(np, nn, cp, cn)) existing = PyTuple_GET_ITEM(pair, 1);
+    }
+    int created = existing == NULL || PyBytes_GET_SIZE(existing) == 0;
+    if (created && rid == Py_None) Py_RETURN_NOTIMPLEMENTED; /* (a new request id: the Python definition makes it) */
+    Py_ssize_t nlines = PyList_GET_SIZE(lines);
+    PyObject *adds = PyList_New(nlines + (created ? 1 : 0));
+    if (adds == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < nlines; i++) {
+        PyObject *a = PyList_GET_ITEM(lines, i);
+        Py_INCREF(a);
+        PyList_SET_ITEM(adds, i, a);
+    }
+    PyObject *out_rid = NULL;
+    if (created) {
+        PyObject *enc = PyUnicode_AsUTF8String(rid); /* (request_id.encode()) */
+        if (enc == NULL) goto fail;
+        PyObject *pair = PyTuple_Pack(2, corr, enc);
+        Py_DECREF(enc);
+        if (pair == NULL) goto fail;
+        PyList_SET_ITEM(adds, nlines, pair);
+        Py_INCREF(rid);
+        out_rid = rid;
+    } else {
+        out_rid = PyUnicode_DecodeLatin1(PyBytes_AS_STRING(existing), PyBytes_GET_SIZE(existing), NULL);
+        if (out_rid == NULL) goto fail;
+    }
+    PyObject *bytes = rewrite_bytes(rawo, host, prefix, adds);
+    Py_DECREF(adds);
+    if (bytes == NULL) {
+        Py_DECREF(out_rid);
+        return NULL;
+    }
+    return Py_BuildValue("(NNO)", bytes, out_rid, created ? Py_True : Py_False); /* (N steals both, also on failure) */
+fail:
+    Py_DECREF(adds);
+    return NULL;
 }
 
 /* ---- head_end -------------------------------------------------------------------------- */
@@ -1168,6 +1253,8 @@ static PyMethodDef methods[] = {
      "header_values(headers, lname, all) -> Head.values(lname) (all) / Head.get(lname), or NotImplemented"},
     {"rewrite_head", (PyCFunction)(void (*)(void))h1_rewrite_head, METH_FASTCALL,
      "rewrite_head(raw, host_header, target_prefix, additions) -> headers.rewrite_request_head's bytes"},
+    {"rewrite_spare", (PyCFunction)(void (*)(void))h1_rewrite_spare, METH_FASTCALL,
+     "rewrite_spare(head, correlation_header, host_header, target_prefix, lines, request_id) -> headers.rewrite_spare's result"},
     {"head_end", h1_head_end, METH_VARARGS, "head_end(buf, start) -> offset past the head's empty line, or -1"},
     {"body", (PyCFunction)(void (*)(void))body_impl, METH_FASTCALL, "body(data, pos, state, remaining, buf, out) -> (pos, state, remaining, buf, how, arg)"},
     {NULL, NULL, 0, NULL},
