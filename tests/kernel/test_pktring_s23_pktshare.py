@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from deltatap.net import pktstamp
+from deltatap.net import kstamp, pktstamp
 from deltatap.net.pktstamp import _FRAME, PacketLog
 from tests.kernel.test_pktring import _ring
 
@@ -262,6 +262,7 @@ def _children(pid: int) -> list[int]:
 
 
 @needs_raw
+@pytest.mark.skipif(not kstamp.enabled(), reason="without kernel stamps the tap opens no packet socket (DELTATAP_KERNEL_STAMPS=0)")
 async def test_a_two_worker_tap_has_one_packet_socket_and_stamps_from_it(tmp_path) -> None:
     """``deltatap tap --workers 2``: one packet socket across the parent and both workers (the parent's, inherited),
     and the spans still say ``deltatap.stamp.source=packet``, with every point of a stream."""
