@@ -283,7 +283,52 @@ class Reader:
                 elif how == 2:
                     pos = self._fail(out, arg[0], arg[1])
             elif st == _S_HEAD:  # (second: with the accelerator, every read that begins a message comes here)
-                pos = self._feed_head(data, pos, out)
+                acc = _acc
+                if acc is None:
+                    pos = self._feed_head(data, pos, out)
+                    continue
+                # the C accelerator: _feed_head and the usual head's framing (_begin) in one call (here, not in a method
+                # of its own: a cold tap paid a Python frame per head for it; session 26, "cold")
+                if self.request:
+                    r = acc.feed_head(data, pos, self._buf, True, self.max_head)
+                else:  # (a response's framing needs the request's method, as _begin takes it)
+                    methods = self._methods
+                    r = acc.feed_head(data, pos, self._buf, False, self.max_head, methods[0] if methods else b"GET")
+                kind = r[0]
+                if kind == 1:  # (1, new_pos, event_start, head, fail_start, framing, length, hold)
+                    self._buf = b""
+                    new_pos, head, framing = r[1], r[3], r[5]
+                    if framing < 0:  # a response that _begin frames (interim, 101, to HEAD or CONNECT, 204, 304)
+                        try:
+                            self._begin(head, out, r[2], new_pos)
+                        except ValueError as exc:
+                            pos = self._fail(out, r[4], str(exc))
+                            continue
+                        pos = new_pos
+                        continue
+                    self.head = head  # a request or the usual final response, framed as _begin frames it
+                    out.append((HEAD, r[2], new_pos, head))
+                    if self.request:
+                        self._hold = r[7]
+                    elif methods:
+                        methods.popleft()
+                    if framing == 1:
+                        self._state = _S_LENGTH
+                        self._remaining = r[6]
+                    elif framing == 2:
+                        self._state = _S_CHUNK_SIZE
+                    elif framing == 3:  # (a response only: read to the connection's close)
+                        self._state = _S_CLOSE
+                    else:
+                        self._end(out, new_pos)
+                    pos = new_pos
+                elif kind == 0:  # (0, new_pos, buf, pending_from): the head goes on in a later read
+                    self._buf, self.pending_from = r[2], r[3]
+                    pos = r[1]
+                elif kind == 3:  # (3, new_pos): only empty lines before a request line
+                    pos = r[1]
+                else:
+                    pos = self._fail(out, r[1], r[2])  # (2, start, reason)
             elif st == _S_LENGTH:
                 take = min(self._remaining, n - pos)
                 out.append((BODY, pos, pos + take))
@@ -339,44 +384,8 @@ class Reader:
         return []
 
     def _feed_head(self, data: bytes, pos: int, out: list[tuple]) -> int:
-        if _acc is not None:  # the C accelerator: this method and the usual head's framing (_begin) in one call
-            if self.request:
-                r = _acc.feed_head(data, pos, self._buf, True, self.max_head)
-            else:  # (a response's framing needs the request's method, as _begin takes it)
-                methods = self._methods
-                r = _acc.feed_head(data, pos, self._buf, False, self.max_head, methods[0] if methods else b"GET")
-            kind = r[0]
-            if kind == 1:  # (1, new_pos, event_start, head, fail_start, framing, length, hold)
-                self._buf = b""
-                new_pos, head, framing = r[1], r[3], r[5]
-                if framing < 0:  # a response that _begin frames (interim, 101, to HEAD or CONNECT, 204, 304)
-                    try:
-                        self._begin(head, out, r[2], new_pos)
-                    except ValueError as exc:
-                        return self._fail(out, r[4], str(exc))
-                    return new_pos
-                self.head = head  # a request or the usual final response, framed as _begin frames it
-                out.append((HEAD, r[2], new_pos, head))
-                if self.request:
-                    self._hold = r[7]
-                elif methods:
-                    methods.popleft()
-                if framing == 1:
-                    self._state = _S_LENGTH
-                    self._remaining = r[6]
-                elif framing == 2:
-                    self._state = _S_CHUNK_SIZE
-                elif framing == 3:  # (a response only: read to the connection's close)
-                    self._state = _S_CLOSE
-                else:
-                    self._end(out, new_pos)
-                return new_pos
-            if kind == 0:  # (0, new_pos, buf, pending_from): the head goes on in a later read
-                self._buf, self.pending_from = r[2], r[3]
-                return r[1]
-            if kind == 3:  # (3, new_pos): only empty lines before a request line
-                return r[1]
-            return self._fail(out, r[1], r[2])  # (2, start, reason)
+        """A head's bytes from ``pos`` (the definition; with the accelerator :meth:`feed` makes one C call,
+        ``_h1.feed_head``, instead, exactly as this and :meth:`_begin` do for the usual head)."""
         start = pos
         if not self._buf:
             # leading empty lines before a request line are ignored (RFC 9112 section 2.2)
@@ -595,7 +604,7 @@ def _py_head_end(buf: bytes, start: int) -> int:
 
 _head_end = _py_head_end
 _BODY_STATES = frozenset({_S_LENGTH, _S_CHUNK_SIZE, _S_CHUNK_DATA, _S_CHUNK_CRLF, _S_TRAILER})
-# parse_head, _head_end, Reader._feed_head with a request's framing, the body states, and the request head's rewrite
+# parse_head, _head_end, Reader._feed_head with a request's framing (inline in Reader.feed), the body states, and the request head's rewrite
 # (deltatap.proxy.headers) in C; h1.py and headers.py are the definition
 _acc = native.load("deltatap.net._h1", __name__)
 _body = None
