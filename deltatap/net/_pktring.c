@@ -632,6 +632,12 @@ typedef struct {
     long long split_segs, split_got; /* _split_counts: (tcpi_data_segs_in, tcpi_bytes_received) when split_set */
     char rx_set, lw_set, split_set; /* rx_mono_ns / last_write_mono_ns / _split_counts hold a value (else None) */
     char closed_in; /* read_one's TCP_INFO said TCP_CLOSE (a reset came in): the read may not be the loop's last report */
+    /* _iss1 / _irs1 (an int or None: iss1_set / irs1_set) and _tkey / _pkey (a connection key or None: tkey_set /
+     * pkey_set), the key held as its 12-byte pattern (key_pattern): the send's packet-log look (left_by) and the split
+     * read's read them here, not through a tuple of four objects and an int object per read or write */
+    long long iss1, irs1;
+    char iss1_set, irs1_set, tkey_set, pkey_set;
+    unsigned char tkey_pat[12], pkey_pat[12];
 } kstate_t;
 
 static PyTypeObject *g_state_type;
@@ -691,6 +697,47 @@ static int st_set_opt(PyObject *o, PyObject *v, void *closure) {
     return st == NULL ? -1 : opt_set(v, (long long *)((char *)st + f->value), (char *)st + f->set, f->name);
 }
 
+static const opt_field_t iss1_field = {offsetof(kstate_t, iss1), offsetof(kstate_t, iss1_set), "_iss1"};
+static const opt_field_t irs1_field = {offsetof(kstate_t, irs1), offsetof(kstate_t, irs1_set), "_irs1"};
+
+/* _tkey and _pkey: None or a connection key (bytes(4), port, bytes(4), port), held as its pattern (the closure:
+ * key_field_t); the getter makes the tuple again (equal to the one set), the setter takes what key_pattern takes */
+static int key_pattern(PyObject *key, unsigned char *pat);
+typedef struct {
+    size_t pat, set;
+    const char *name;
+} key_field_t;
+static const key_field_t tkey_field = {offsetof(kstate_t, tkey_pat), offsetof(kstate_t, tkey_set), "_tkey"};
+static const key_field_t pkey_field = {offsetof(kstate_t, pkey_pat), offsetof(kstate_t, pkey_set), "_pkey"};
+
+static PyObject *st_get_key(PyObject *o, void *closure) {
+    const key_field_t *f = closure;
+    kstate_t *st = kstate_or_fail(o);
+    if (st == NULL) return NULL;
+    if (!*((char *)st + f->set)) Py_RETURN_NONE;
+    const unsigned char *p = (const unsigned char *)st + f->pat;
+    return Py_BuildValue("(y#iy#i)", (const char *)p, (Py_ssize_t)4, (p[8] << 8) | p[9], (const char *)p + 4, (Py_ssize_t)4,
+                         (p[10] << 8) | p[11]);
+}
+static int st_set_key(PyObject *o, PyObject *v, void *closure) {
+    const key_field_t *f = closure;
+    kstate_t *st = kstate_or_fail(o);
+    if (st == NULL) return -1;
+    if (v == NULL) {
+        PyErr_Format(PyExc_TypeError, "can't delete %s", f->name);
+        return -1;
+    }
+    if (v == Py_None) {
+        *((char *)st + f->set) = 0;
+        return 0;
+    }
+    unsigned char pat[12];
+    if (key_pattern(v, pat) != 0) return -1;
+    memcpy((unsigned char *)st + f->pat, pat, sizeof pat);
+    *((char *)st + f->set) = 1;
+    return 0;
+}
+
 static PyObject *st_get_split(PyObject *o, void *Py_UNUSED(c)) {
     kstate_t *st = kstate_or_fail(o);
     if (st == NULL) return NULL;
@@ -731,6 +778,10 @@ static PyGetSetDef state_getset[] = {
     {"_split_counts", st_get_split, st_set_split, "the counters read_one read when several segments waited, or None", NULL},
     {"rx_mono_ns", st_get_opt, st_set_opt, "kernel stamp (mono_ns) of the read being delivered, or None", (void *)&rx_mono_field},
     {"last_write_mono_ns", st_get_opt, st_set_opt, "when the latest write's bytes left (mono_ns), or None", (void *)&lw_mono_field},
+    {"_iss1", st_get_opt, st_set_opt, "TCP sequence number of our stream offset 0, or None", (void *)&iss1_field},
+    {"_irs1", st_get_opt, st_set_opt, "TCP sequence number of the peer's stream offset 0, or None", (void *)&irs1_field},
+    {"_tkey", st_get_key, st_set_key, "(local ip, port, peer ip, port): our own segments' key, or None", (void *)&tkey_field},
+    {"_pkey", st_get_key, st_set_key, "(peer ip, port, local ip, port): the peer's segments' key, or None", (void *)&pkey_field},
     {NULL, NULL, NULL, NULL, NULL},
 };
 static PyMemberDef state_members[8];
@@ -1217,24 +1268,15 @@ static int checked_cuts(PyObject *tr, PyObject *plog, const unsigned char *pat, 
     *out = NULL;
     kstate_t *st = kstate_or_fail(tr);
     if (st == NULL) return -1;
-    PyObject *v = aget(tr, s_irs1);
-    if (v == NULL) return -1;
-    if (v == Py_None) {
-        Py_DECREF(v);
-        v = PyObject_CallMethodNoArgs(tr, s_anchor);
+    if (!st->irs1_set) {
+        PyObject *v = PyObject_CallMethodNoArgs(tr, s_anchor);
         if (v == NULL) return -1;
-        if (aset(tr, s_irs1, v) != 0) {
-            Py_DECREF(v);
-            return -1;
-        }
-        if (v == Py_None) { /* (the reference logs it at debug level) */
-            Py_DECREF(v);
-            return 0;
-        }
+        int rc = aset(tr, s_irs1, v);
+        Py_DECREF(v);
+        if (rc != 0) return -1;
+        if (!st->irs1_set) return 0; /* (None; the reference logs it at debug level) */
     }
-    irs1 = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    if (irs1 == -1 && PyErr_Occurred()) return -1;
+    irs1 = st->irs1;
     rx_off = st->rx_off;
     uint32_t base = (uint32_t)((irs1 + rx_off) & 0xFFFFFFFFLL);
     PyObject *mv = aget(plog, s_mv);
@@ -1286,7 +1328,7 @@ static int checked_cuts(PyObject *tr, PyObject *plog, const unsigned char *pat, 
 static PyObject *read_packets(PyObject *tr, long long first) {
     kstate_t *st = kstate_or_fail(tr);
     if (st == NULL) return NULL;
-    PyObject *proto = aget(tr, s_protocol), *bulk, *plog = NULL, *key = NULL, *out = NULL, *data = NULL, *pieces = NULL;
+    PyObject *proto = aget(tr, s_protocol), *bulk, *plog = NULL, *out = NULL, *data = NULL, *pieces = NULL;
     if (proto == NULL) return NULL;
     if (_PyObject_LookupAttr(proto, s_cuts_received, &bulk) < 0) {
         Py_DECREF(proto);
@@ -1301,8 +1343,11 @@ static PyObject *read_packets(PyObject *tr, long long first) {
     int unlogged = 0;
     plog = aget(tr, s_plog);
     if (plog == NULL) return NULL;
-    key = aget(tr, s_pkey);
-    if (key == NULL || key_pattern(key, pat) != 0) goto done;
+    if (!st->pkey_set) { /* (what key_pattern says of None) */
+        PyErr_SetString(PyExc_TypeError, "a connection key: (bytes, port, bytes, port)");
+        goto done;
+    }
+    memcpy(pat, st->pkey_pat, PATTERN);
     if (first) { /* PacketLog.reaches(first, _SEARCH_FRAMES) */
         long long head, top;
         ring_t r;
@@ -1352,12 +1397,8 @@ static PyObject *read_packets(PyObject *tr, long long first) {
     int rc = checked_cuts(tr, plog, pat, n, last, first, &cuts, &nc, &unlogged);
     if (rc < 0) goto done;
     if (rc == 0) {
-        PyObject *irs1 = aget(tr, s_irs1);
-        if (irs1 == NULL) goto done;
-        int known = irs1 != Py_None;
-        Py_DECREF(irs1);
-        if (known) { /* the anchor may be stale: once more */
-            if (aset(tr, s_irs1, Py_None) != 0) goto done;
+        if (st->irs1_set) { /* the anchor may be stale: once more */
+            st->irs1_set = 0;
             rc = checked_cuts(tr, plog, pat, n, last, first, &cuts, &nc, &unlogged);
             if (rc < 0) goto done;
         }
@@ -1441,7 +1482,6 @@ static PyObject *read_packets(PyObject *tr, long long first) {
 done:
     PyMem_Free(cuts);
     Py_XDECREF(plog);
-    Py_XDECREF(key);
     Py_XDECREF(data);
     Py_XDECREF(pieces);
     return out;
@@ -1895,26 +1935,17 @@ static PyObject *pk_ring_newest_near(PyObject *self, PyObject *args) {
 /* KernelStampTransport._left_by(t1): 1 (the packet log shows the write's last byte gone by t1: TCP holds none of it),
  * 0 (the log cannot tell), -1 with an exception */
 static int left_by(PyObject *tr, kstate_t *st, PyObject *plog, long long t1) {
-    if (g_left_frames <= 0 || plog == Py_None) return 0;
-    PyObject *v = aget(tr, s_iss1);
-    if (v == NULL) return -1;
-    if (v == Py_None) {
-        Py_DECREF(v);
-        return 0;
+    if (g_left_frames <= 0 || plog == Py_None || !st->iss1_set) return 0;
+    long long iss1 = st->iss1;
+    if (!st->tkey_set) { /* (what key_pattern says of None) */
+        PyErr_SetString(PyExc_TypeError, "a connection key: (bytes, port, bytes, port)");
+        return -1;
     }
-    long long iss1 = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    if (iss1 == -1 && PyErr_Occurred()) return -1;
-    unsigned char pat[PATTERN];
-    PyObject *key = aget(tr, s_tkey);
-    if (key == NULL) return -1;
-    int rc = key_pattern(key, pat);
-    Py_DECREF(key);
-    if (rc != 0) return -1;
+    const unsigned char *pat = st->tkey_pat;
     PyObject *mv = aget(plog, s_mv);
     if (mv == NULL) return -1;
     ring_t r;
-    rc = ring_get(mv, &r, 0);
+    int rc = ring_get(mv, &r, 0);
     Py_DECREF(mv);
     if (rc != 0) return -1;
     long long head, top;
@@ -2017,12 +2048,9 @@ static PyObject *pk_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs
          * not asked where the packet log shows the write gone by t1 (_left_by), with the anchor found at the first write */
         PyObject *plog = aget(tr, s_plog);
         if (plog == NULL) return NULL;
-        if (st->writes == 1 && plog != Py_None) {
-            PyObject *a = aget(tr, s_iss1);
-            if (a == Py_None) {
-                Py_SETREF(a, PyObject_CallMethodNoArgs(tr, s_tx_anchor));
-                if (a != NULL && aset(tr, s_iss1, a) != 0) Py_CLEAR(a);
-            }
+        if (st->writes == 1 && plog != Py_None && !st->iss1_set) {
+            PyObject *a = PyObject_CallMethodNoArgs(tr, s_tx_anchor);
+            if (a != NULL && aset(tr, s_iss1, a) != 0) Py_CLEAR(a);
             if (a == NULL) {
                 Py_DECREF(plog);
                 return NULL;

@@ -252,12 +252,14 @@ _readable: Callable[[Any], Any] | None = None
 if _read_split is not None and hasattr(_pktacc, "readable"):  # (it calls read_one and read_split themselves)
     _readable = _pktacc.readable
 # The transport's per-read and per-write counts (TCP's segment count at the last read, the stream offsets, the read's
-# stamp and bound, the write's stamp, bound and count) are plain slots of the class below; where the C read and write
+# stamp and bound, the write's stamp, bound and count; the connection's packet-log keys and sequence anchors, _pkey,
+# _tkey, _irs1 and _iss1, which the C send and split read use on every call: there a key is its 12-byte pattern, not
+# a tuple of four objects) are plain slots of the class below; where the C read and write
 # paths are built they are C long longs instead, kept by the class's base ``_pktring.transport_base(asyncio.Transport)``
 # under the same names (``rx_mono_ns`` and ``last_write_mono_ns`` read None until set), so that the C touches them in
 # place rather than through an int object each (the Python here reads and writes them the same way either way).
 _STATE_SLOTS = ("_segs_in", "_split_counts", "_rx_off", "_empty_mono", "rx_mono_ns", "rx_bound_ns", "_tx_off", "writes",
-                "last_write_mono_ns", "last_write_bound_ns")
+                "last_write_mono_ns", "last_write_bound_ns", "_pkey", "_irs1", "_tkey", "_iss1")
 _TransportBase: Any = asyncio.Transport
 if _read_one is not None and _send is not None and hasattr(_pktacc, "transport_base"):
     _TransportBase = _pktacc.transport_base(asyncio.Transport)
@@ -274,7 +276,7 @@ class KernelStampTransport(_TransportBase):
     __slots__ = (
         "_loop", "_sock", "_fd", "_protocol", "_wbuf", "_wsize", "_closing", "_paused",
         "_lost", "_eof", "_high", "_low", "_protocol_paused", "_server",
-        "_plog", "_pkey", "_irs1", "_unlogged_tail", "_tkey", "_iss1",
+        "_plog", "_unlogged_tail",
         "lazy_placement", "unplaced_write", "_fast", "_wfast",
     ) + _STATE_SLOTS
 
