@@ -468,7 +468,11 @@ class StreamObserver(ContentStream):
 
     def finish(self, t_mono_ns: int, bound_ns: int = 0) -> int:
         """End of stream at ``t_mono_ns``: handles an unterminated last event; returns content events it held."""
-        return self._events(self.parser.finish(), t_mono_ns, bound_ns)
+        events = self.parser.finish()
+        if not events and self._native:  # (what _events does with none - the usual end - without its frame)
+            self._last_had_first = False
+            return 0
+        return self._events(events, t_mono_ns, bound_ns)
 
     def _events(self, events: list[SseEvent], t_mono_ns: int, bound_ns: int) -> int:
         waiting = self.first_token_mono_ns is None
