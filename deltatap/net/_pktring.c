@@ -1738,12 +1738,65 @@ static PyObject *read_failed(PyObject *tr) {
     return NULL;
 }
 
+/* deltatap.net.conn.StampedProtocol.data_received, registered by conn (stamped_protocol(fn)); NULL: not registered */
+static PyObject *g_stamped_dr, *s_kernel, *s_on_data;
+
+static PyObject *pk_stamped_protocol(PyObject *self, PyObject *fn) {
+    if (!PyFunction_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "stamped_protocol(StampedProtocol.data_received): a function");
+        return NULL;
+    }
+    Py_XSETREF(g_stamped_dr, Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
+/* hand_over's data_received where the protocol's data_received is StampedProtocol.data_received itself (found through
+ * the protocol as a call would find it: not overridden by its class or an instance attribute), its ``kernel`` is this
+ * transport and the read's stamp is set: what that method does then, on_data(data, rx_mono_ns, rx_bound_ns), without
+ * its Python frame. 1: done (*r the result, or NULL with the exception: the caller's _fatal as for data_received's), 0:
+ * not this case, nothing called (the caller calls data_received) */
+static int stamped_data(PyObject *tr, PyObject *proto, PyObject *data, PyObject **r) {
+    kstate_t *st = kstate(tr);
+    if (g_stamped_dr == NULL || st == NULL || !st->rx_set) return 0;
+    PyObject *meth;
+    int found = _PyObject_LookupAttr(proto, s_data_received, &meth);
+    if (found <= 0) return 0; /* (an error or none: the caller's call meets it again) */
+    int ours = PyMethod_Check(meth) && PyMethod_GET_FUNCTION(meth) == g_stamped_dr && PyMethod_GET_SELF(meth) == proto;
+    if (!ours) { /* (what a call finds: call it) */
+        *r = PyObject_CallOneArg(meth, data);
+        Py_DECREF(meth);
+        return 1;
+    }
+    Py_DECREF(meth);
+    PyObject *k = aget(proto, s_kernel);
+    if (k == NULL) {
+        *r = NULL;
+        return 1;
+    }
+    int same = k == tr;
+    Py_DECREF(k);
+    if (!same) return 0;
+    PyObject *t = PyLong_FromLongLong(st->rx_mono_ns), *b = t == NULL ? NULL : PyLong_FromLongLong(st->rx_bound_ns);
+    if (b == NULL) {
+        Py_XDECREF(t);
+        *r = NULL;
+        return 1;
+    }
+    PyObject *call[4] = {proto, data, t, b};
+    *r = PyObject_VectorcallMethod(s_on_data, call, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(t);
+    Py_DECREF(b);
+    return 1;
+}
+
 /* the protocol's method ``name`` called with args[0..n): its exception to _fatal(exc, failed) */
 static PyObject *hand_over(PyObject *tr, PyObject *name, PyObject *const *args, size_t n, PyObject *failed) {
     PyObject *proto = aget(tr, s_protocol), *r = NULL;
     if (proto != NULL) {
-        PyObject *call[3] = {proto, n > 0 ? args[0] : NULL, n > 1 ? args[1] : NULL};
-        r = PyObject_VectorcallMethod(name, call, (1 + n) | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (!(name == s_data_received && n == 1 && stamped_data(tr, proto, args[0], &r))) {
+            PyObject *call[3] = {proto, n > 0 ? args[0] : NULL, n > 1 ? args[1] : NULL};
+            r = PyObject_VectorcallMethod(name, call, (1 + n) | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        }
         Py_DECREF(proto);
     }
     if (r != NULL) {
@@ -2154,6 +2207,9 @@ static PyMethodDef methods[] = {
     {"write_setup", pk_write_setup, METH_VARARGS, "write_setup(slow_sends, slow_send_ns[, left_frames])"},
     {"send", (PyCFunction)(void (*)(void))pk_send, METH_FASTCALL, "send(protocol, transport, data) -> (t, bound), or None"},
     {"transport_base", pk_transport_base, METH_O, "transport_base(asyncio.Transport): the class holding a stamped transport's counters in C"},
+    {"stamped_protocol", pk_stamped_protocol, METH_O,
+     "stamped_protocol(StampedProtocol.data_received): readable hands a read to a protocol that takes that method unchanged "
+     "as it would (on_data(data, rx_mono_ns, rx_bound_ns)), without its frame"},
     {"readable", pk_readable, METH_O, "readable(transport): KernelStampTransport._on_readable as the loop's reader callback"},
     {NULL, NULL, 0, NULL},
 };
@@ -2192,7 +2248,7 @@ PyMODINIT_FUNC PyInit__pktring(void) {
         {&s_bounded, "bounded"}, {&s_packets, "packets"}, {&s_fallback, "fallback"},
         {&s_data_received, "data_received"}, {&s_fast, "_fast"}, {&s_peer_eof, "_peer_eof"}, {&s_split_rest, "_split_rest"}, {&s_reread, "_reread"},
         {&s_on_readable, "_on_readable"}, {&s_dr_failed, "protocol.data_received() failed"},
-        {&s_cr_failed, "protocol.cuts_received() failed"},
+        {&s_cr_failed, "protocol.cuts_received() failed"}, {&s_kernel, "kernel"}, {&s_on_data, "on_data"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (*names[i].slot != NULL) continue;

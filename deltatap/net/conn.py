@@ -150,6 +150,13 @@ class StampedProtocol(asyncio.Protocol):
         return isinstance(self.lost_exc, ConnectionResetError)
 
 
+# The C reader callback (kstamp's ``readable``) hands a read to a protocol that takes data_received above unchanged
+# as it would: on_data(data, rx_mono_ns, rx_bound_ns), without its Python frame (one less per read; the method stays the
+# definition, which every other path calls; tests/kernel/test_conn_s26_rate.py compares the two)
+if kstamp._readable is not None and hasattr(kstamp._pktacc, "stamped_protocol"):
+    kstamp._pktacc.stamped_protocol(StampedProtocol.data_received)
+
+
 def reset(transport: Any) -> None:
     """Close with a TCP RST (``SO_LINGER`` 0): how a relay passes on a peer's reset."""
     if transport is None or transport.is_closing():
