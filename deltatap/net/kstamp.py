@@ -46,7 +46,9 @@ The usual read is one C call (``deltatap/net/_pktring.c``, where built: ``read_o
 :meth:`KernelStampTransport._write` into an empty buffer and :meth:`deltatap.net.conn.StampedProtocol.send`'s
 bookkeeping; a partial send, an error or bytes already waiting continue in the Python), and the loop's reader
 callback itself is C where built (``readable``: :meth:`KernelStampTransport._on_readable` up to the protocol's
-``data_received``, ``_peer_eof`` or the split path, with its error handling). What these C calls read and set per read
+``data_received`` - for a :class:`deltatap.net.conn.StampedProtocol` that keeps that class's ``data_received``, what it
+does, ``on_data(data, rx_mono_ns, rx_bound_ns)``, without its frame - ``_peer_eof`` or the split path, with its error
+handling). What these C calls read and set per read
 and per write - TCP's segment count at the last read, the stream offsets, the queue-empty moment, the read's stamp and
 bound, the write's stamp, bound and count - are C long longs of the transport's base class where built
 (``_pktring.transport_base``, under the slots' names), and ``READ_LAG`` is the C ``ReadLag``: touched in place, not
