@@ -40,11 +40,14 @@
  *                                 TCP nothing) -> (t, bound); None: the reference's path (see pk_send)
  *   transport_base(cls)           the class (a subclass of cls: asyncio.Transport) kstamp's transport derives from: its
  *                                 per-read and per-write counts as C long longs under the slots' names, which read_one,
- *                                 read_split, read_packets and send touch in place (and refuse any other object)
+ *                                 read_split, read_packets and send touch in place (and refuse any other object); the
+ *                                 packet-log keys _tkey / _pkey as their 12-byte patterns, _iss1 / _irs1 as long longs
  *   ReadLag()                     kstamp.ReadLag's C twin, counted in place by the read paths (kstamp.READ_LAG)
  *   readable(transport)           KernelStampTransport._on_readable as the loop's reader callback: read_one and its
  *                                 outcome handed on, no Python frame of the transport's for the usual read (see
  *                                 pk_readable)
+ *   stamped_protocol(fn)          registers conn.StampedProtocol.data_received: readable hands a protocol that keeps it
+ *                                 its read as that method would, on_data(data, rx_mono_ns, rx_bound_ns) (stamped_data)
  *
  * ``ring``: any buffer laid out as TPACKET_V2 frames of FRAME bytes (the packet log's mmap, or a bytearray in the
  * tests); its length / FRAME is the number of frames. Every read from it is bounds-checked against its length:
