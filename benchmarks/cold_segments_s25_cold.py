@@ -22,7 +22,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -30,10 +29,10 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from cold_syscalls_s26_cold import RESP, fixed_upstream  # noqa: E402
 from tap_cpu_ab import shim  # noqa: E402
 
 SEGMENTS = ["packet->on_data", "settle", "checks", "feed", "to span ids", "span ids", "rewrite", "to write", "write's stamp", "write's return"]
-RESP = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 40\r\n\r\n" + b'data: {"choices":[]}\n\ndata: [DONE]\n\n  '
 BODY = json.dumps({"model": "mock", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "stream": True}).encode()
 
 
@@ -66,35 +65,7 @@ def instrument(tree: Path, into: Path) -> Path:
 
 
 def one_round(py: str, tmp: Path, name: str, path: Path, args: argparse.Namespace) -> list[float] | None:
-    up = socket.socket()
-    up.bind(("127.0.0.1", 0))
-    up.listen(8)
-    stop = threading.Event()
-
-    def answer(c: socket.socket) -> None:
-        with c:
-            while not stop.is_set():
-                try:
-                    got = c.recv(65536)
-                except OSError:
-                    return
-                if not got:
-                    return
-                c.sendall(RESP)
-
-    def serve() -> None:  # (the tap's start-up probe connects too: every connection answered)
-        while not stop.is_set():
-            try:
-                c, _ = up.accept()
-            except OSError:
-                return
-            threading.Thread(target=answer, args=(c,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    up, stop, port = fixed_upstream()
     out = tmp / f"marks-{name}.json"
     tap = subprocess.Popen([py, "-m", "deltatap.app.cli", "tap", "--link", "fw-engine", "--listen", f"127.0.0.1:{port}", "--no-admin",
                             "--upstream", f"http://127.0.0.1:{up.getsockname()[1]}", "--otlp", "none"],

@@ -49,6 +49,42 @@ RESP = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %
 BODY = json.dumps({"model": "mock", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "stream": True}).encode()
 SEGMENTS = ["wake->read", "read->forward", "forward", "forward->next", "response read->forward", "response forward->sleep"]
 EPOLL = {232, 281}  # epoll_wait, epoll_pwait
+
+
+def fixed_upstream(resp: bytes = RESP) -> tuple[socket.socket, threading.Event, int]:
+    """A listening upstream on 127.0.0.1 that answers every read on every connection with ``resp`` (the tap's start-up
+    probe connects too), and a free port for the tap: (listener, stop event, port). Set the event and close the
+    listener to end it."""
+    up = socket.socket()
+    up.bind(("127.0.0.1", 0))
+    up.listen(8)
+    stop = threading.Event()
+
+    def answer(c: socket.socket) -> None:
+        with c:
+            while not stop.is_set():
+                try:
+                    got = c.recv(65536)
+                except OSError:
+                    return
+                if not got:
+                    return
+                c.sendall(resp)
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                c, _ = up.accept()
+            except OSError:
+                return
+            threading.Thread(target=answer, args=(c,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return up, stop, port
 READS = {0, 45, 47}  # read, recvfrom, recvmsg
 SENDS = {1, 44, 46}  # write, sendto, sendmsg
 _LINE = re.compile(r"\s*(\d+)\s+([\d.]+):\s+raw_syscalls:sys_(enter|exit):\s+NR (\d+) (.*)")
@@ -99,35 +135,7 @@ def segments(perf_data: Path) -> dict[str, list[float]]:
 
 
 def one_round(py: str, tmp: Path, name: str, path: Path, args: argparse.Namespace, rnd: int) -> dict[str, list[float]]:
-    up = socket.socket()
-    up.bind(("127.0.0.1", 0))
-    up.listen(8)
-    stop = threading.Event()
-
-    def answer(c: socket.socket) -> None:
-        with c:
-            while not stop.is_set():
-                try:
-                    got = c.recv(65536)
-                except OSError:
-                    return
-                if not got:
-                    return
-                c.sendall(RESP)
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                c, _ = up.accept()
-            except OSError:
-                return
-            threading.Thread(target=answer, args=(c,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    up, stop, port = fixed_upstream()
     tap = subprocess.Popen([py, "-m", "deltatap.app.cli", "tap", "--link", "fw-engine", "--listen", f"127.0.0.1:{port}", "--no-admin",
                             "--upstream", f"http://127.0.0.1:{up.getsockname()[1]}", "--otlp", "none"],
                            env={**os.environ, "PYTHONPATH": str(path)}, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

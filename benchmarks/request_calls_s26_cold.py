@@ -26,43 +26,14 @@ from pstats import Stats
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from cold_syscalls_s26_cold import RESP, request  # noqa: E402
+from cold_syscalls_s26_cold import RESP, fixed_upstream, request  # noqa: E402
 from tap_cpu_ab import _COUNTED, shim  # noqa: E402
 
 
 def count(py: str, tmp: Path, name: str, path: Path, n: int, warm: int) -> dict[str, float]:
     import socket
-    import threading
 
-    up = socket.socket()
-    up.bind(("127.0.0.1", 0))
-    up.listen(8)
-    stop = threading.Event()
-
-    def answer(c: socket.socket) -> None:
-        with c:
-            while not stop.is_set():
-                try:
-                    got = c.recv(65536)
-                except OSError:
-                    return
-                if not got:
-                    return
-                c.sendall(RESP)
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                c, _ = up.accept()
-            except OSError:
-                return
-            threading.Thread(target=answer, args=(c,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    up, stop, port = fixed_upstream()
     prof = tmp / f"calls-{name}.prof"
     tap = subprocess.Popen([py, "-c", _COUNTED.format(out=str(prof)), "tap", "--link", "fw-engine", "--listen", f"127.0.0.1:{port}",
                             "--no-admin", "--upstream", f"http://127.0.0.1:{up.getsockname()[1]}", "--otlp", "none"],
