@@ -30,7 +30,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from cold_syscalls_s26_cold import RESP, fixed_upstream  # noqa: E402
-from tap_cpu_ab import shim  # noqa: E402
+from tap_cpu_ab import parse_trees, shim  # noqa: E402
 
 SEGMENTS = ["packet->on_data", "settle", "checks", "feed", "to span ids", "span ids", "rewrite", "to write", "write's stamp", "write's return"]
 BODY = json.dumps({"model": "mock", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "stream": True}).encode()
@@ -116,7 +116,10 @@ def main() -> int:
     p.add_argument("--out", default=str(HERE / "results" / "cold_segments_s25_cold.json"))
     args = p.parse_args()
     args.out = str(Path(args.out).resolve())
-    trees = [(name, Path(folder or ".").resolve()) for name, _, folder in (spec.partition("=") for spec in args.tree)]  # (before the chdir)
+    parsed = parse_trees(args.tree)  # (before the chdir)
+    if parsed is None:
+        return 2
+    trees = list(parsed.items())
     py = sys.executable
     tmp = Path(tempfile.mkdtemp(prefix="deltatap-cold-"))
     os.chdir(tmp)

@@ -40,7 +40,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from tap_cpu_ab import shim  # noqa: E402
+from tap_cpu_ab import parse_trees, shim  # noqa: E402
 
 _SSE = b'data: {"choices":[]}\n\ndata: [DONE]\n\n'
 # (its Content-Length right: benchmarks/cold_segments_s25_cold.py's says 40 for 38 bytes, so from its second exchange the
@@ -196,10 +196,9 @@ def main() -> int:
     p.add_argument("--out", default=str(HERE / "results" / "cold_syscalls_s26_cold.json"))
     args = p.parse_args()
     args.out = str(Path(args.out).resolve())
-    trees = {}
-    for spec in args.tree:
-        name, _, folder = spec.partition("=")
-        trees[name] = Path(folder or ".").resolve()
+    trees = parse_trees(args.tree)
+    if trees is None:
+        return 2
     py = sys.executable
     tmp = Path(tempfile.mkdtemp(prefix="deltatap-coldsys-"))
     os.chdir(tmp)  # (python -m puts the working directory first on sys.path: a checkout there would win over the shim)

@@ -27,7 +27,7 @@ from pstats import Stats
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from cold_syscalls_s26_cold import RESP, fixed_upstream, request  # noqa: E402
-from tap_cpu_ab import _COUNTED, shim  # noqa: E402
+from tap_cpu_ab import _COUNTED, parse_trees, shim  # noqa: E402
 
 
 def count(py: str, tmp: Path, name: str, path: Path, n: int, warm: int) -> dict[str, float]:
@@ -95,10 +95,9 @@ def main() -> int:
     p.add_argument("--out", default=str(HERE / "results" / "request_calls_s26_cold.json"))
     args = p.parse_args()
     args.out = str(Path(args.out).resolve())
-    trees = {}
-    for spec in args.tree:
-        name, _, folder = spec.partition("=")
-        trees[name] = Path(folder or ".").resolve()
+    trees = parse_trees(args.tree)
+    if trees is None:
+        return 2
     py = sys.executable
     tmp = Path(tempfile.mkdtemp(prefix="deltatap-reqcalls-"))
     os.chdir(tmp)

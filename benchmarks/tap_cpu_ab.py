@@ -51,6 +51,20 @@ def shim(tree: Path, into: Path) -> Path:
     return into
 
 
+def parse_trees(specs: list[str]) -> dict[str, Path] | None:
+    """``--tree NAME=DIR`` values as {name: resolved DIR} (resolve them before any chdir); None, with one line on stderr
+    saying why, where a value is not NAME=DIR with DIR a deltatap source tree (setup.py and deltatap/ in it)."""
+    trees: dict[str, Path] = {}
+    for spec in specs:
+        name, _, folder = spec.partition("=")
+        tree = Path(folder or ".").resolve()
+        if not name or not (tree / "setup.py").is_file() or not (tree / "deltatap").is_dir():
+            print(f"--tree {spec}: give NAME=DIR with DIR a deltatap source tree (setup.py and deltatap/ in it)", file=sys.stderr)
+            return None
+        trees[name] = tree
+    return trees
+
+
 # a tap whose cProfile counts only between SIGUSR1 (enable) and SIGUSR2 (disable, write the stats): the measured
 # requests' Python function calls, not the start-up's
 _COUNTED = (
@@ -118,14 +132,9 @@ def main() -> int:
     p.add_argument("--out", default=str(HERE / "results" / "tap_cpu_ab.json"))
     args = p.parse_args()
     args.out = str(Path(args.out).resolve())
-    trees: dict[str, Path] = {}
-    for spec in args.tree:
-        name, _, folder = spec.partition("=")
-        tree = Path(folder or ".").resolve()
-        if not name or not (tree / "setup.py").is_file() or not (tree / "deltatap").is_dir():
-            print(f"--tree {spec}: give NAME=DIR with DIR a deltatap source tree (setup.py and deltatap/ in it)", file=sys.stderr)
-            return 2
-        trees[name] = tree
+    trees = parse_trees(args.tree)
+    if trees is None:
+        return 2
     if len(trees) < 2:
         print("give --tree NAME=DIR at least twice (the trees to compare)", file=sys.stderr)
         return 2

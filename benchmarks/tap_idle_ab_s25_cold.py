@@ -28,7 +28,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from selfreport_gap import schedstat  # noqa: E402
-from tap_cpu_ab import shim  # noqa: E402
+from tap_cpu_ab import parse_trees, shim  # noqa: E402
 from tap_overhead import free_port, one, stop_all, wait_port  # noqa: E402
 from tap_sink import read_spans  # noqa: E402
 
@@ -76,10 +76,9 @@ def main() -> int:
     p.add_argument("--out", default=str(HERE / "results" / "tap_idle_ab_s25_cold.json"))
     args = p.parse_args()
     args.out = str(Path(args.out).resolve())
-    trees = {}
-    for spec in args.tree:
-        name, _, folder = spec.partition("=")
-        trees[name] = Path(folder or ".").resolve()
+    trees = parse_trees(args.tree)
+    if trees is None:
+        return 2
     py = sys.executable
     tmp = Path(tempfile.mkdtemp(prefix="deltatap-idle-ab-"))
     os.chdir(tmp)  # (python -m puts the working directory first on sys.path: a checkout there would win over the shim)
