@@ -784,9 +784,7 @@ static int dropped(Span name, int drop_host) {
     return IEQ(name.p, name.n, "traceparent") || IEQ(name.p, name.n, "tracestate") || (drop_host && IEQ(name.p, name.n, "host"));
 }
 
-/* rewrite_head(raw, host_header, target_prefix, additions) -> bytes: rewrite_request_head's head for a parsed head
-   ``raw`` (host_header: bytes or None; additions: [(name, value), ...] bytes, from headers._additions) */
-/* additions is a list of (bytes, bytes) pairs */
+/* a list of (bytes, bytes) pairs (rewrite_head's additions, rewrite_spare's lines and a head's headers) */
 static int pairs_ok(PyObject *adds) {
     if (!PyList_Check(adds)) return 0;
     Py_ssize_t nadd = PyList_GET_SIZE(adds);
@@ -800,6 +798,8 @@ static int pairs_ok(PyObject *adds) {
 
 static PyObject *rewrite_bytes(PyObject *rawo, PyObject *host, PyObject *prefix, PyObject *adds);
 
+/* rewrite_head(raw, host_header, target_prefix, additions) -> bytes: rewrite_request_head's head for a parsed head
+   ``raw`` (host_header: bytes or None; additions: [(name, value), ...] bytes, from headers._additions) */
 static PyObject *h1_rewrite_head(PyObject *mod, PyObject *const *argv, Py_ssize_t argc) {
     if (argc != 4) {
         PyErr_SetString(PyExc_TypeError, "rewrite_head(raw, host_header, target_prefix, additions)");
