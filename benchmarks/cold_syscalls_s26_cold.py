@@ -43,8 +43,8 @@ sys.path.insert(0, str(HERE))
 from tap_cpu_ab import parse_trees, shim  # noqa: E402
 
 _SSE = b'data: {"choices":[]}\n\ndata: [DONE]\n\n'
-# (its Content-Length right: benchmarks/cold_segments_s25_cold.py's says 40 for 38 bytes, so from its second exchange the
-# tap's upstream reader read the next answer as this one's body and then passed the connection on unparsed)
+# (its Content-Length right: session 25's cold_segments script, since retired, said 40 for 38 bytes, so from its second
+# exchange the tap's upstream reader read the next answer as this one's body and then passed the connection on unparsed)
 RESP = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n" % len(_SSE) + _SSE
 BODY = json.dumps({"model": "mock", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "stream": True}).encode()
 SEGMENTS = ["wake->read", "read->forward", "forward", "forward->next", "response read->forward", "response forward->sleep"]
