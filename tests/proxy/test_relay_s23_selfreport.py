@@ -23,6 +23,7 @@ from deltatap.core.vocab import Attr, TapEvent
 from deltatap.net import kstamp, pktstamp
 from deltatap.proxy.record import TapRecord
 
+from slow_client_rig import record_finishes
 from tap_helpers import wait_spans
 
 TIMEOUT_S = 10.0
@@ -82,14 +83,7 @@ async def _run(make_tap, span_exporter, telemetry, n: int) -> tuple[list[TapReco
     th.start()
     try:
         tap = await make_tap(f"http://127.0.0.1:{listener.getsockname()[1]}")
-        seen: list[TapRecord] = []
-        real_finish = tap.tap.finish
-
-        def finish(span, rec):
-            seen.append(rec)
-            real_finish(span, rec)
-
-        tap.tap.finish = finish
+        seen = record_finishes(tap)
         client = socket.socket()
         _stamping(client)
         client.settimeout(TIMEOUT_S)
