@@ -378,7 +378,7 @@ class Downstream(_Side):
 
     __slots__ = ("tap", "reader", "up", "connecting", "to_up", "exchanges", "current", "withheld", "head_first", "expect_methods",
                  "opaque", "tunnel", "eof", "closed", "peer", "head_timer", "head_deadline", "loop", "sniff", "replay",
-                 "replay_size", "accounting", "holding", "spare", "spare_id")
+                 "replay_size", "accounting", "holding", "spare", "spare_id", "spare_obs")
 
     def __init__(self, tap: Tap) -> None:
         super().__init__()
@@ -411,12 +411,17 @@ class Downstream(_Side):
         # exchanges over whose finish waits for a held write to leave (HOLD_FINISH_S), in the order they ended, or None
         self.holding: list[Exchange] | None = None
         # the next request's span ids when its head brings no trace context (most do not): begin(_NO_CONTEXT), made
-        # ahead, when the connection opens and in each request read's account, after its forward: the request path
-        # only takes it (a cold tap spent ~15-20 us there making ids and the traceparent; docs/benchmarks.md, s25 cold)
+        # ahead, when the connection opens and at the end of each exchange that leaves it idle (_complete): the request
+        # path only takes it (a cold tap spent ~15-20 us there making ids and the traceparent; docs/benchmarks.md, s25
+        # cold). A head that finds none (pipelined behind another, or the connection's exchanges still open) makes its own
         self.spare: SpanStart | None = None
         # likewise the next request id a head without the correlation header gets (new_request_id), made ahead with the
         # spare span ids and taken once (rewrite_request_head's request_id)
         self.spare_id: str | None = None
+        # likewise the stream observer of the connection's next SSE response, made ahead at the end of an exchange
+        # whose response had one: (its request's path, StreamObserver(path=path)), taken by a response on that same path
+        # (the observer is its path's: the format hint); a fresh one is what StreamObserver(path=path) makes when taken
+        self.spare_obs: tuple[str | None, StreamObserver] | None = None
 
     def _settle(self) -> None:
         """Run the loop's deferred accounts and watches (:class:`_Watches`), this pair's among them."""
@@ -708,10 +713,6 @@ class Downstream(_Side):
                 self.head_deadline = None  # (the head timer, if pending, then does nothing when it fires)
                 self._begin(heads[h], (t, bound), now, counted)
                 h += 1
-                if self.spare is None:  # (the span ids of the connection's next request, made after this one's forward)
-                    self.spare = begin(_NO_CONTEXT)
-                if self.spare_id is None:  # (and its request id)
-                    self.spare_id = new_request_id()
             elif kind == END:
                 ex = self.current
                 self.current = None
@@ -968,6 +969,16 @@ class Downstream(_Side):
             self.tap.finish(ex.span, rec)
         if not self.exchanges and self.current is None and not self.opaque:
             self._arm_head_timer()  # (idle between requests: the next head must come in time too)
+            if not self.closed:
+                # the span ids and the request id of the connection's next request (see __init__), made at this
+                # exchange's end, after its last forward: not in the request's account, which runs right after the
+                # response's first read is forwarded (the first token's; session 27 "relay")
+                if self.spare is None:
+                    self.spare = begin(_NO_CONTEXT)
+                if self.spare_id is None:
+                    self.spare_id = new_request_id()
+                if type(rec.stream) is StreamObserver and (self.spare_obs is None or self.spare_obs[0] != rec.path):
+                    self.spare_obs = (rec.path, StreamObserver(path=rec.path))  # (an SSE answer: the next one likely too)
 
     def _hold(self, ex: Exchange) -> bool:
         """Keep the finish of ``ex``, over with a forwarding write still unknown, until that write has left (see
@@ -1251,7 +1262,12 @@ class Upstream(_Side):
                 self.keep_alive = head.keep_alive and d.reader.head is not None and d.reader.head.keep_alive
                 ctype = (head.get(b"content-type") or b"").lower()
                 if ctype.startswith(b"text/event-stream"):
-                    obs = rec.stream = StreamObserver(path=rec.path)
+                    spare = d.spare_obs  # (made ahead at the connection's previous exchange's end, for the same path)
+                    if spare is not None and spare[0] == rec.path:
+                        d.spare_obs = None
+                        obs = rec.stream = spare[1]
+                    else:
+                        obs = rec.stream = StreamObserver(path=rec.path)
                 elif b"json" in ctype:
                     ex.capture_out = bytearray()
                 if head.status == 101 and is_websocket_upgrade(head):

@@ -1,0 +1,77 @@
+"""Python calls per request on the tap's request path with an engine-like answer (issue 15, session 27 "relay"), A/B
+by source trees: benchmarks/request_calls_s26_cold.py's count (one client connection, one request at a time, cProfile
+on between SIGUSR1 and SIGUSR2, ``--otlp none``) with the fixed upstream answering each request with a chunked
+``text/event-stream`` of openai-chat chunks (role, ``--tokens`` content deltas, a finish chunk with usage, ``[DONE]``),
+one chunk per event, in one write: the format is detected and the events taken as an engine's are (request_calls_s26's
+own answer, ``{"choices":[]}``, is an event no format recognises: its calls per request count the format search).
+
+    .venv/bin/python benchmarks/request_calls_s27_relay.py --tree base=/tmp/s27base --tree new=. --out FILE [--requests 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import cold_syscalls_s26_cold as _cs  # noqa: E402
+import request_calls_s26_cold as _rc  # noqa: E402
+from tap_cpu_ab import parse_trees, shim  # noqa: E402
+
+
+def engine_response(tokens: int) -> bytes:
+    """A chunked SSE answer as an OpenAI-compatible engine streams it (one HTTP chunk per event)."""
+    def chunk(delta: dict, finish: str | None = None, usage: dict | None = None) -> bytes:
+        obj: dict = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "mock",
+                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        if usage is not None:
+            obj["usage"] = usage
+        return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+    events = [chunk({"role": "assistant", "content": ""})] + [chunk({"content": f"tok{i} "}) for i in range(tokens)]
+    events.append(chunk({}, "stop", {"prompt_tokens": 5, "completion_tokens": tokens, "total_tokens": 5 + tokens}))
+    events.append(b"data: [DONE]\n\n")
+    body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+    return b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" + body
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tree", action="append", required=True, metavar="NAME=DIR")
+    p.add_argument("--requests", type=int, default=2000)
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--tokens", type=int, default=4)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    args.out = str(Path(args.out).resolve())
+    trees = parse_trees(args.tree)
+    if trees is None:
+        return 2
+    resp = engine_response(args.tokens)
+    _rc.RESP = resp  # (count() reads the answer's end from here, and opens its upstream with fixed_upstream())
+    _rc.fixed_upstream = lambda: _cs.fixed_upstream(resp)
+    tmp = Path(tempfile.mkdtemp(prefix="deltatap-reqcalls27-"))
+    os.chdir(tmp)
+    counts = {name: _rc.count(sys.executable, tmp, name, shim(tree, tmp / f"shim-{name}"), args.requests, args.warmup)
+              for name, tree in trees.items()}
+    names = list(counts)
+    keys = sorted(set().union(*counts.values()))
+    differ = {k: {n: round(counts[n].get(k, 0.0), 2) for n in names} for k in keys
+              if max(counts[n].get(k, 0.0) for n in names) - min(counts[n].get(k, 0.0) for n in names) >= 0.01}
+    res = {"benchmark": "request_calls_s27_relay", "command": "python benchmarks/request_calls_s27_relay.py " + " ".join(sys.argv[1:]),
+           "trees": {k: str(v) for k, v in trees.items()}, "requests": args.requests, "tokens": args.tokens,
+           "calls_per_request": {n: round(sum(c.values()), 2) for n, c in counts.items()}, "differ": differ,
+           "per_function": {n: {k: round(v, 2) for k, v in sorted(c.items(), key=lambda kv: -kv[1])} for n, c in counts.items()}}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+    print(json.dumps({"calls_per_request": res["calls_per_request"], "differ": differ}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
