@@ -426,6 +426,17 @@ _span_fields = _acc.span_fields if _acc is not None else _py_span_fields
 
 def encode_export_request(spans: Sequence[ReadableSpan | SpanRecord]) -> bytes:
     """A serialized ``ExportTraceServiceRequest`` holding ``spans`` (see the module docstring)."""
+    record = SpanRecord
+    if isinstance(spans, (list, tuple)) and spans and type(spans[0]) is record:
+        # the usual batch: the records of one observer, all of one SpanOrigin (one resource, one scope): the grouping
+        # below would make one group of them all, in their order; checked by identity, with no dict per span and no
+        # Resource hash (a JSON dump of its attributes) per batch
+        origin = spans[0][0]
+        for span in spans:
+            if type(span) is not record or span[0] is not origin:
+                break
+        else:
+            return _request([(origin.resource, [(origin.scope or None, spans)])])
     # resource -> scope -> spans, grouped by equality as the SDK groups them; equality (and the Resource's costly
     # hash) is asked once per distinct (resource, scope) object pair, then identity serves
     # (a record's SpanOrigin, by identity too: a tap's spans all share one, found with one lookup per span)
@@ -440,7 +451,6 @@ def encode_export_request(spans: Sequence[ReadableSpan | SpanRecord]) -> bytes:
             out = by_id[key] = groups.setdefault(res, {}).setdefault(scope, [])
         return out
 
-    record = SpanRecord
     for span in spans:
         if type(span) is record:
             origin = span[0]
@@ -450,12 +460,17 @@ def encode_export_request(spans: Sequence[ReadableSpan | SpanRecord]) -> bytes:
             out.append(span)
         else:
             group(span.resource, span.instrumentation_scope or None).append(span)
+    return _request([(res, scopes.items()) for res, scopes in groups.items()])
+
+
+def _request(groups: Sequence[tuple[Any, Any]]) -> bytes:
+    """The ``ExportTraceServiceRequest`` of ``[(resource, [(scope, spans), ...]), ...]``, in that order."""
     # one join at the end: the lengths of nested messages are summed, never built by copying
     parts: list[bytes] = []
-    for res, scopes in groups.items():
+    for res, scopes in groups:
         res_head, res_tail = _resource_fields(res)
         rs: list[bytes] = [res_head]
-        for scope, members in scopes.items():
+        for scope, members in scopes:
             scope_head, scope_tail = _scope_fields(scope)
             encoded = _span_fields(members)
             rs.append(b"\x12" + _varint(len(scope_head) + len(encoded) + len(scope_tail)))  # ResourceSpans.scope_spans
