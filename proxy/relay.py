@@ -229,13 +229,19 @@ def _path_query(target: bytes) -> tuple[str, str]:
 class Exchange:
     """One request/response pair in flight on a connection pair."""
 
-    __slots__ = ("rec", "span", "fp", "capture", "request_done", "final", "response_started", "capture_out",
+    __slots__ = ("rec", "span", "_fp", "fp_key", "capture", "request_done", "final", "response_started", "capture_out",
                  "timer", "done", "forward_pending", "method", "down_eof", "last_unplaced", "first_unplaced", "held")
 
-    def __init__(self, rec: TapRecord, span: SpanStart, fp: Fingerprinter, method: bytes) -> None:
+    def __init__(self, rec: TapRecord, span: SpanStart, fp: Fingerprinter | None, method: bytes,
+                 fp_key: str | bytes | None = None) -> None:
         self.rec = rec
         self.span = span
-        self.fp = fp
+        # the request body's fingerprint (Fingerprinter(fp_key)), made when first asked for (:attr:`fp`): while the
+        # capture holds the whole body so far (None here), the body is hashed from it then, at the exchange's end
+        # (_complete) rather than in the request's account right after the first token's forward; once the capture is
+        # dropped (larger than --max-capture-bytes) or the fingerprinter was asked for, each body chunk goes to it
+        self._fp = fp
+        self.fp_key = fp_key
         self.capture: bytearray | None = bytearray()
         self.request_done = False
         self.final = False  # the final (non-1xx) response head came
@@ -252,6 +258,16 @@ class Exchange:
         # the request's and the response head's forwarding writes whose bytes TCP (or the transport) still held when
         # stamped, event -> (the side that wrote, its unplaced write or None): settled by _settle_held
         self.held: dict[str, tuple[_Side, tuple[int, int, int, bool] | None]] | None = None
+
+    @property
+    def fp(self) -> Fingerprinter:
+        """The request body's fingerprinter, fed every body byte so far (made now from the capture if not yet)."""
+        fp = self._fp
+        if fp is None:
+            fp = self._fp = Fingerprinter(self.fp_key)
+            if self.capture:
+                fp.update(self.capture)
+        return fp
 
 
 class _Side(StampedProtocol):
@@ -702,12 +718,16 @@ class Downstream(_Side):
                 ex = self.current
                 if ex is not None:
                     chunk = memoryview(data)[ev[1] : ev[2]]
-                    ex.fp.update(chunk)
                     ex.rec.request_bytes += len(chunk)
+                    fp = ex._fp
+                    if fp is not None:  # (else the capture holds the body: hashed from it when asked, Exchange.fp)
+                        fp.update(chunk)
                     cap = ex.capture
                     if cap is not None:
                         cap += chunk
                         if len(cap) > tap.o.max_capture_bytes:
+                            if fp is None:
+                                ex.fp  # noqa: B018 - (made now, from the body so far: the capture is dropped)
                             ex.capture = None
             elif kind == HEAD:
                 self.head_deadline = None  # (the head timer, if pending, then does nothing when it fires)
@@ -753,7 +773,7 @@ class Downstream(_Side):
         rec = TapRecord(received=first[0], head=at[0], method=head.method.decode("latin-1"), path=path_query[0], query=path_query[1],
                         client_address=self.peer, request_id=request_id, request_id_created=created)
         rec.bounds[_EV_REQUEST_RECEIVED] = (first[1], 0)
-        ex = Exchange(rec, span, Fingerprinter(tap.fp_key), head.method)
+        ex = Exchange(rec, span, None, head.method, tap.fp_key)
         self.current = ex
         self.exchanges.append(ex)
         if not counted:

@@ -10,6 +10,7 @@ import re
 
 from tap_helpers import wait_spans
 
+from deltatap.core.fingerprint import fingerprint
 from deltatap.core.sse import StreamObserver
 from deltatap.core.vocab import Attr
 
@@ -70,3 +71,32 @@ async def test_spares_made_at_the_exchanges_end_and_the_observer_is_its_paths(ma
     assert all(any(e.name == "first_token.received" for e in sp.events) for sp in by_id)  # (its content token seen)
     ids = [sp.attributes[Attr.REQUEST_ID] for sp in by_id]
     assert len(set(ids)) == len(ids) and all(HEX32.fullmatch(x) for x in ids)
+
+
+async def test_body_fingerprint_from_the_capture_or_as_it_comes(upstream, make_tap, span_exporter, telemetry):
+    """The request body's fingerprint (relay.Exchange.fp), hashed from the capture at the exchange's end while the capture
+    holds the whole body, and chunk by chunk once a body outgrows --max-capture-bytes (the bytes before that point from
+    the capture): the same keyed hash of the whole body either way, bodies sent in several writes."""
+    tap = await make_tap(upstream.url, max_capture_bytes=100)
+    host, port = tap.url.split("//")[1].split(":")
+    bodies = [b"", b"x" * 7, bytes(range(256)) * 2, b"y" * 100, b"z" * 101, bytes(range(251)) * 40]
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        for i, body in enumerate(bodies):
+            writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nX-Length: 1\r\nX-Request-Id: fp-%d\r\nContent-Length: %d\r\n\r\n" % (i, len(body)))
+            for k in range(0, len(body), 90):  # (several reads where the tap reads them apart)
+                await writer.drain()
+                await asyncio.sleep(0.002)
+                writer.write(body[k : k + 90])
+            await writer.drain()
+            async with asyncio.timeout(5):
+                head = await reader.readuntil(b"\r\n\r\n")
+                n = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+                await reader.readexactly(n)
+    finally:
+        writer.close()
+    spans = {sp.attributes[Attr.REQUEST_ID]: sp for sp in await wait_spans(span_exporter, telemetry, len(bodies))}
+    for i, body in enumerate(bodies):
+        a = spans[f"fp-{i}"].attributes
+        assert a.get(Attr.BODY_FINGERPRINT) == fingerprint(body, tap.tap.fp_key), i
+        assert a[Attr.BODY_BYTES_IN] == len(body)
