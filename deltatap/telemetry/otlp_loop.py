@@ -252,7 +252,9 @@ class LoopSpanProcessor(QueuedSpanProcessor):
         exp: OtlpHttpExporter = self.exporter
         if exp._stop.is_set():
             return self._outcome(exp._failed("exporter is shut down"))
-        body = encode_export_request(batch)  # one C call per batch (as cheap as one per span at on_end; measured)
+        # one C call per batch: no dearer than one per span at on_end, while each span's objects are still in cache (a tap at
+        # the maximum rate, session 27: 2.1 us per span in batches of 64, 2.8 per span at on_end, timer calls included)
+        body = encode_export_request(batch)
         if exp.compressed:  # ~0.5 ms for 64 tap spans: in the loop's executor, where zlib runs without the GIL
             body = await self.loop.run_in_executor(None, exp.compress, body)
         data = exp.request_head(len(body)) + body
