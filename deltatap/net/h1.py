@@ -207,11 +207,12 @@ class Reader:
     """Framing of one direction of one HTTP/1.1 connection (see the module doc).
 
     ``request``: this reader reads requests (a server's side) rather than responses. A response reader must
-    be told each request's method, in order (:meth:`expect`): a response to ``HEAD`` has no body whatever it
+    be told each request's method, in order (``expect(method)``): a response to ``HEAD`` has no body whatever it
     says, and a ``2xx`` to ``CONNECT`` opens a tunnel.
     """
 
-    __slots__ = ("request", "max_head", "_state", "_buf", "_remaining", "_methods", "head", "pending_from", "messages", "_hold", "_held", "error")
+    __slots__ = ("request", "max_head", "_state", "_buf", "_remaining", "_methods", "expect", "head", "pending_from", "messages",
+                 "_hold", "_held", "error")
 
     def __init__(self, request: bool, max_head: int = MAX_HEAD) -> None:
         self.request = request
@@ -220,6 +221,9 @@ class Reader:
         self._buf = b""  # an unfinished head, chunk-size line or trailer section
         self._remaining = 0
         self._methods: deque[bytes] = deque()
+        # expect(method): the next request on this connection was ``method`` (response readers only). The methods'
+        # deque's own append, bound once per reader (the relay calls it per request: no Python frame for it)
+        self.expect = self._methods.append
         self.head: Head | None = None  # the current message's head (its final head, for a response)
         self.pending_from: int | None = None  # offset in the last data of bytes no event accounts for yet
         self.messages = 0  # messages ended so far
@@ -228,10 +232,6 @@ class Reader:
         self.error: str | None = None
 
     # ---- state --------------------------------------------------------------------------
-    def expect(self, method: bytes) -> None:
-        """The next request on this connection was ``method`` (response readers only)."""
-        self._methods.append(method)
-
     @property
     def idle(self) -> bool:
         """Between messages, with nothing of the next one read."""
