@@ -26,7 +26,6 @@ from pathlib import Path
 def child(n: int, repeat: int) -> dict:
     import cProfile
     import pstats
-    import types
 
     sys.path.insert(0, str(Path(__file__).parent))
     from span_path_s24_rate import BODY, DONE, REQUEST, RESP_HEAD, RESPONSE, ROLE, TOKEN, USAGE

@@ -31,7 +31,6 @@ import threading
 import time
 
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExportResult
 
 from deltatap.net import h1
 from deltatap.telemetry.otlp_encode import encode_export_request

@@ -16,7 +16,7 @@ from opentelemetry.sdk.resources import Resource
 
 from deltatap.telemetry import otlp_encode
 from deltatap.telemetry.otlp_encode import _py_span_fields, encode_export_request
-from deltatap.telemetry.spans import SCOPE, SpanOrigin, SpanRecord, span_record
+from deltatap.telemetry.spans import SpanOrigin, SpanRecord, span_record
 from deltatap.telemetry.tracer import NullExporter, QueuedSpanProcessor
 from otlp_spans import varied_spans
 
