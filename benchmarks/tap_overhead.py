@@ -30,7 +30,8 @@ from another source tree (path ``tap-base``) in the same run, for before/after; 
 tap with other settings (path ``tap-NAME``). ``paired_difference_us`` compares blocks of requests run seconds apart,
 so the host's other load between the blocks moves it (its 95 % bootstrap interval, ``..._ci95_us``, is narrower than
 its run-to-run spread). ``--pairs N`` (default 400; ``self_report_pairs``) measures it per *turn*: one request on each of ``--pair-paths``
-(default ``direct,tap``) in turn on kept connections, the order reversed every other turn (A B B A), ``--pair-warmup`` turns left out; per turn
+(default ``direct,tap``) in turn on kept connections, the order reversed every other turn (A B B A; with three paths or more
+also the second and third swapped every other pair of turns: ``turn_order``), ``--pair-warmup`` turns left out; per turn
 ``(tap path time - the span's self-report) - direct path time``, and the median of those with a 95 % bootstrap
 interval over turns, with and without the hop bound (``target_within_50us``: met where either interval lies inside
 +-50 us, not met where both lie beyond it, else undecided); every process's CPU and run delay (runnable, waiting for
@@ -358,9 +359,22 @@ def boot_ci(stat, *samples: list[float], paired: bool = False, seed: int = 15) -
     return [round(float(np.percentile(vals, 2.5)), 1), round(float(np.percentile(vals, 97.5)), 1)]
 
 
+def turn_order(names: list[str], i: int) -> list[str]:
+    """The paths of ``--pairs``' turn ``i``, in the order run. Two paths: A B, then B A (ABBA...: each path first after
+    the engine's idle half the time, and after its own request half the time). Three or more: a cycle of four, the
+    order, reversed, then with its second and third paths swapped, reversed: with ``direct,tap,tap-base`` each tap
+    follows its own request in one turn of four and another path in three (with the order only reversed, the tap
+    in the middle never followed itself and the last one did every other turn: an A/B of the two taps then compared
+    a cold tap with a half-warm one)."""
+    if len(names) < 3:
+        return names if i % 2 == 0 else names[::-1]
+    order = names if i % 4 < 2 else [names[0], names[2], names[1], *names[3:]]
+    return order if i % 2 == 0 else order[::-1]
+
+
 async def pair_phase(args: argparse.Namespace, urls: dict[str, str], procs: dict[str, int]) -> dict:
-    """``--pairs N``: single requests, one per path in turn, the order reversed every other turn (A B B A ...: no
-    path always first after the engine's idle), ``--pair-warmup`` turns first; each request's path time (TTFT less
+    """``--pairs N``: single requests, one per path in turn, in :func:`turn_order` (A B B A ...: no path always first
+    after the engine's idle), ``--pair-warmup`` turns first; each request's path time (TTFT less
     the engine's own time, :func:`one`) under ids ``PATH-pair-I``, and every process's CPU and run delay (time
     runnable waiting for a CPU, /proc schedstat) over the phase."""
     from selfreport_gap import schedstat
@@ -374,7 +388,7 @@ async def pair_phase(args: argparse.Namespace, urls: dict[str, str], procs: dict
     wall0 = mono_ns()
     try:
         for i in range(total):
-            for path in (names if i % 2 == 0 else names[::-1]):
+            for path in turn_order(names, i):
                 try:
                     r = await one(sessions[path], urls[path], f"{path}-pair-{i}")
                 except (aiohttp.ClientError, asyncio.TimeoutError):
@@ -405,7 +419,7 @@ def pair_report(raw: dict, spans: Path, warmup: int, path: str = "tap") -> dict:
         return {}
     d, dh, left, dpath, selfs, hops, added = [], [], [], [], [], [], []
     # the turn's difference by what ran just before the tap's request: a request on the same tap (its CPU likely still
-    # awake) or on another path (A B | B A: the second turn's B follows the first's B)
+    # awake) or on another path (A B | B A: the second turn's B follows the first's B; turn_order)
     by_prev: dict[str, list[float]] = {"after_same_path": [], "after_other_path": []}
     names = raw["paths"]
     missing = 0
@@ -415,9 +429,9 @@ def pair_report(raw: dict, spans: Path, warmup: int, path: str = "tap") -> dict:
             missing += 1
             continue
         d.append(mine[i] - o[0] - direct[i])
-        order = names if i % 2 == 0 else names[::-1]
+        order = turn_order(names, i)
         k = order.index(path)
-        prev = order[k - 1] if k else (names if (i - 1) % 2 == 0 else names[::-1])[-1]
+        prev = order[k - 1] if k else turn_order(names, i - 1)[-1]
         by_prev["after_same_path" if prev == path else "after_other_path"].append(d[-1])
         left.append(mine[i] - o[0])
         dpath.append(direct[i])
@@ -538,7 +552,7 @@ def main() -> int:
     p.add_argument("--levels", type=lambda t: [int(c) for c in t.split(",") if c and c != "none"], default=[1, 50, 200],
                    help="the TTFT levels to run, of 1,50,200 (default all; e.g. --levels 1; none: only --pairs)")
     p.add_argument("--pairs", type=int, default=400,
-                   help="after the levels: N turns of one request per path, the order reversed every other turn (ABBA), for "
+                   help="after the levels: N turns of one request per path, the order reversed every other turn (ABBA; turn_order), for "
                         "the self-report per turn with a bootstrap interval (self_report_pairs in the results; 0: none)")
     p.add_argument("--pair-paths", type=lambda t: t.split(","), metavar="P,Q", default=["direct", "tap"],
                    help="the paths --pairs' turns run (default direct,tap: with a third path in the turns the figure moved "
@@ -670,7 +684,7 @@ def main() -> int:
         if "_pairs" in result:
             raw = result.pop("_pairs")
             result["self_report_pairs"] = {t: pair_report(raw, spans, args.pair_warmup, t) for t in urls if t.startswith("tap")}
-            result["self_report_pairs"]["turn_order"] = "ABBA: " + " ".join(raw["paths"]) + ", reversed every other turn"
+            result["self_report_pairs"]["turn_order"] = " | ".join(" ".join(turn_order(raw["paths"], i)) for i in range(min(4, raw["turns"])))
             result["self_report_pairs"]["turns"] = raw["turns"]
             result["self_report_pairs"]["wall_s"] = raw["wall_s"]
             result["self_report_pairs"]["per_process"] = raw["sched"]

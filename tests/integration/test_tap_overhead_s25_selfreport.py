@@ -72,9 +72,17 @@ def test_pair_report_splits_turns_by_the_request_before_the_taps(tmp_path):
     split = tov.pair_report(raw, spans, 1)["median_pair_difference_by_previous_request_us"]
     assert split["after_other_path"]["median"] == 70.0 and split["after_other_path"]["n"] == 20
     assert split["after_same_path"]["median"] == 20.0 and split["after_same_path"]["n"] == 20
-    # three paths D T E | E T D: the tap always follows another path
+    # three paths D T E | E T D | D E T | T E D: each of the two last follows its own request in one turn of four
+    assert [tov.turn_order(["direct", "tap", "envoy"], i) for i in range(5)] == [
+        ["direct", "tap", "envoy"], ["envoy", "tap", "direct"], ["direct", "envoy", "tap"], ["tap", "envoy", "direct"],
+        ["direct", "tap", "envoy"]]
     raw3 = {"paths": ["direct", "tap", "envoy"], "turns": turns, "path_ns": {"direct": direct, "tap": tap, "envoy": direct}}
-    assert list(tov.pair_report(raw3, spans, 1)["median_pair_difference_by_previous_request_us"]) == ["after_other_path"]
+    split3 = tov.pair_report(raw3, spans, 1)["median_pair_difference_by_previous_request_us"]
+    assert split3["after_same_path"]["n"] == 10 and split3["after_other_path"]["n"] == 30  # (turns 1..40: turn 3 mod 4 follows itself)
+    spans3 = _spans_file(tmp_path / "spans3.jsonl", {f"envoy-pair-{i}": (selfs[i], 10_000) for i in range(turns)})
+    raw3e = {"paths": ["direct", "tap", "envoy"], "turns": turns, "path_ns": {"direct": direct, "tap": direct, "envoy": tap}}
+    split3e = tov.pair_report(raw3e, spans3, 1, "envoy")["median_pair_difference_by_previous_request_us"]
+    assert split3e["after_same_path"]["n"] == 10 and split3e["after_other_path"]["n"] == 30  # (turn 1 mod 4)
 
 
 def test_paired_gap_parts_add_up_to_the_gap():
