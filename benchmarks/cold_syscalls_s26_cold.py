@@ -51,10 +51,12 @@ SEGMENTS = ["wake->read", "read->forward", "forward", "forward->next", "response
 EPOLL = {232, 281}  # epoll_wait, epoll_pwait
 
 
-def fixed_upstream(resp: bytes = RESP) -> tuple[socket.socket, threading.Event, int]:
+def fixed_upstream(resp: bytes | tuple[bytes, ...] = RESP, gap_s: float = 0.0) -> tuple[socket.socket, threading.Event, int]:
     """A listening upstream on 127.0.0.1 that answers every read on every connection with ``resp`` (the tap's start-up
     probe connects too), and a free port for the tap: (listener, stop event, port). Set the event and close the
-    listener to end it."""
+    listener to end it. ``resp`` as several parts: each written on its own, ``gap_s`` apart (``TCP_NODELAY``: each
+    leaves as it is written)."""
+    parts = (resp,) if isinstance(resp, bytes) else tuple(resp)
     up = socket.socket()
     up.bind(("127.0.0.1", 0))
     up.listen(8)
@@ -65,11 +67,14 @@ def fixed_upstream(resp: bytes = RESP) -> tuple[socket.socket, threading.Event, 
             while not stop.is_set():
                 try:
                     got = c.recv(65536)
+                    if not got:
+                        return
+                    for k, part in enumerate(parts):
+                        if k:
+                            time.sleep(gap_s)
+                        c.sendall(part)
                 except OSError:
                     return
-                if not got:
-                    return
-                c.sendall(resp)
 
     def serve() -> None:
         while not stop.is_set():
@@ -77,6 +82,8 @@ def fixed_upstream(resp: bytes = RESP) -> tuple[socket.socket, threading.Event, 
                 c, _ = up.accept()
             except OSError:
                 return
+            if len(parts) > 1:
+                c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             threading.Thread(target=answer, args=(c,), daemon=True).start()
 
     threading.Thread(target=serve, daemon=True).start()

@@ -1,7 +1,7 @@
 """A cold tap's first response read (the first token's), cut at its own system calls, A/B by source trees (issue 15,
 session 27 "relay"): benchmarks/cold_syscalls_s26_cold.py's rounds (perf on each tap's syscalls, one client connection
 sending a POST every ``--sleep-ms``, trees alternating round by round) with an upstream that answers each request in two
-writes, as an engine streams: the head with the first content event, then ``--gap-ms`` later the finish event and
+writes, as an engine streams: the head with the first content event, then 2 ms (``GAP_S``) later the finish event and
 ``[DONE]`` (one Content-Length body). Its ``response read->forward`` and ``response forward->sleep`` are the first
 read's: after that read's forward the tap runs the request's deferred account and the head's watch before it sleeps
 (the client, woken by the forward, may wait for that CPU); the second read's, the exchange's end (its watch, the span's
@@ -12,11 +12,9 @@ finish), as ``end read->forward`` and ``end forward->sleep``.
 
 from __future__ import annotations
 
+import functools
 import json
-import socket
 import sys
-import threading
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -36,43 +34,6 @@ REST = (_event({**_CH, "choices": [{"index": 0, "delta": {}, "finish_reason": "s
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n" % (len(FIRST_EVENTS) + len(REST))
 FIRST = HEAD + FIRST_EVENTS
 GAP_S = 0.002
-
-
-def two_part_upstream(resp: bytes = b"") -> tuple[socket.socket, threading.Event, int]:
-    """cold_syscalls_s26_cold.fixed_upstream's listener, answering each read with FIRST, then GAP_S later REST."""
-    up = socket.socket()
-    up.bind(("127.0.0.1", 0))
-    up.listen(8)
-    stop = threading.Event()
-
-    def answer(c: socket.socket) -> None:
-        with c:
-            while not stop.is_set():
-                try:
-                    got = c.recv(65536)
-                    if not got:
-                        return
-                    c.sendall(FIRST)
-                    time.sleep(GAP_S)
-                    c.sendall(REST)
-                except OSError:
-                    return
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                c, _ = up.accept()
-            except OSError:
-                return
-            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=answer, args=(c,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return up, stop, port
 
 
 _segments = _cs.segments
@@ -99,9 +60,9 @@ def first_read_segments(perf_data: Path) -> dict[str, list[float]]:
 
 if __name__ == "__main__":
     _cs.RESP = HEAD + FIRST_EVENTS + REST  # (the client reads each answer to its end)
-    _cs.fixed_upstream = two_part_upstream
+    _cs.fixed_upstream = functools.partial(_cs.fixed_upstream, (FIRST, REST), GAP_S)  # (each read: FIRST, then GAP_S later REST)
     _cs.segments = first_read_segments
     _cs.SEGMENTS = _cs.SEGMENTS + END_SEGMENTS
-    if not any(a.startswith("--out") for a in sys.argv[1:]):
+    if not any(a.startswith("--out") or a in ("-h", "--help") for a in sys.argv[1:]):
         sys.exit("first_read_s27_relay.py: --out FILE is required (cold_syscalls_s26_cold's default is its own results file)")
     sys.exit(_cs.main())
