@@ -30,10 +30,11 @@ from cold_syscalls_s26_cold import RESP, fixed_upstream, request  # noqa: E402
 from tap_cpu_ab import _COUNTED, parse_trees, shim  # noqa: E402
 
 
-def count(py: str, tmp: Path, name: str, path: Path, n: int, warm: int) -> dict[str, float]:
+def count(py: str, tmp: Path, name: str, path: Path, n: int, warm: int, resp: bytes = RESP) -> dict[str, float]:
+    """Python calls per request, by function, of the tap from source tree ``path`` with an upstream answering ``resp``."""
     import socket
 
-    up, stop, port = fixed_upstream()
+    up, stop, port = fixed_upstream(resp)
     prof = tmp / f"calls-{name}.prof"
     tap = subprocess.Popen([py, "-c", _COUNTED.format(out=str(prof)), "tap", "--link", "fw-engine", "--listen", f"127.0.0.1:{port}",
                             "--no-admin", "--upstream", f"http://127.0.0.1:{up.getsockname()[1]}", "--otlp", "none"],
@@ -49,7 +50,7 @@ def count(py: str, tmp: Path, name: str, path: Path, n: int, warm: int) -> dict[
         def one(i: int) -> None:
             c.sendall(request(i))
             got = b""
-            while not got.endswith(RESP[-10:]):
+            while not got.endswith(resp[-10:]):
                 more = c.recv(65536)
                 if not more:
                     raise RuntimeError("the tap closed the connection")
@@ -98,16 +99,22 @@ def main() -> int:
     trees = parse_trees(args.tree)
     if trees is None:
         return 2
-    py = sys.executable
+    return run("request_calls_s26_cold", trees, args, RESP)
+
+
+def run(benchmark: str, trees: dict[str, Path], args: argparse.Namespace, resp: bytes, **extra: object) -> int:
+    """Count each tree's tap (:func:`count`, upstream answering ``resp``), write ``args.out``: the calls per request, the
+    functions whose count differs between the trees, every function's count (``extra``: more top-level fields)."""
     tmp = Path(tempfile.mkdtemp(prefix="deltatap-reqcalls-"))
     os.chdir(tmp)
-    counts = {name: count(py, tmp, name, shim(tree, tmp / f"shim-{name}"), args.requests, args.warmup) for name, tree in trees.items()}
+    counts = {name: count(sys.executable, tmp, name, shim(tree, tmp / f"shim-{name}"), args.requests, args.warmup, resp)
+              for name, tree in trees.items()}
     names = list(counts)
     keys = sorted(set().union(*counts.values()))
     differ = {k: {n: round(counts[n].get(k, 0.0), 2) for n in names} for k in keys
               if max(counts[n].get(k, 0.0) for n in names) - min(counts[n].get(k, 0.0) for n in names) >= 0.01}
-    res = {"benchmark": "request_calls_s26_cold", "command": "python benchmarks/request_calls_s26_cold.py " + " ".join(sys.argv[1:]),
-           "trees": {k: str(v) for k, v in trees.items()}, "requests": args.requests,
+    res = {"benchmark": benchmark, "command": f"python benchmarks/{benchmark}.py " + " ".join(sys.argv[1:]),
+           "trees": {k: str(v) for k, v in trees.items()}, "requests": args.requests, **extra,
            "calls_per_request": {n: round(sum(c.values()), 2) for n, c in counts.items()}, "differ": differ,
            "per_function": {n: {k: round(v, 2) for k, v in sorted(c.items(), key=lambda kv: -kv[1])} for n, c in counts.items()}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

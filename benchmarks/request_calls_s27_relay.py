@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import cold_syscalls_s26_cold as _cs  # noqa: E402
 import request_calls_s26_cold as _rc  # noqa: E402
-from tap_cpu_ab import parse_trees, shim  # noqa: E402
+from tap_cpu_ab import parse_trees  # noqa: E402
 
 
 def engine_response(tokens: int) -> bytes:
@@ -52,25 +49,7 @@ def main() -> int:
     trees = parse_trees(args.tree)
     if trees is None:
         return 2
-    resp = engine_response(args.tokens)
-    _rc.RESP = resp  # (count() reads the answer's end from here, and opens its upstream with fixed_upstream())
-    _rc.fixed_upstream = lambda: _cs.fixed_upstream(resp)
-    tmp = Path(tempfile.mkdtemp(prefix="deltatap-reqcalls27-"))
-    os.chdir(tmp)
-    counts = {name: _rc.count(sys.executable, tmp, name, shim(tree, tmp / f"shim-{name}"), args.requests, args.warmup)
-              for name, tree in trees.items()}
-    names = list(counts)
-    keys = sorted(set().union(*counts.values()))
-    differ = {k: {n: round(counts[n].get(k, 0.0), 2) for n in names} for k in keys
-              if max(counts[n].get(k, 0.0) for n in names) - min(counts[n].get(k, 0.0) for n in names) >= 0.01}
-    res = {"benchmark": "request_calls_s27_relay", "command": "python benchmarks/request_calls_s27_relay.py " + " ".join(sys.argv[1:]),
-           "trees": {k: str(v) for k, v in trees.items()}, "requests": args.requests, "tokens": args.tokens,
-           "calls_per_request": {n: round(sum(c.values()), 2) for n, c in counts.items()}, "differ": differ,
-           "per_function": {n: {k: round(v, 2) for k, v in sorted(c.items(), key=lambda kv: -kv[1])} for n, c in counts.items()}}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
-    print(json.dumps({"calls_per_request": res["calls_per_request"], "differ": differ}, indent=1))
-    return 0
+    return _rc.run("request_calls_s27_relay", trees, args, engine_response(args.tokens), tokens=args.tokens)
 
 
 if __name__ == "__main__":
