@@ -158,6 +158,28 @@ def _timed(fn, n: int) -> float:
     return (time.perf_counter_ns() - t) / n
 
 
+def run_rounds(script: Path, trees: dict[str, Path], n: int, repeat: int, rounds: int, shim) -> dict[str, list[dict]]:
+    """``rounds`` rounds, the trees' order reversed every other one: ``script --child --n N --repeat R`` run with each
+    tree first on the path (through ``shim``, tap_cpu_ab's); per tree, each round's stages as the child printed them."""
+    results: dict[str, list[dict]] = {k: [] for k in trees}
+    with tempfile.TemporaryDirectory() as tmp:
+        shims = {k: shim(d, Path(tmp) / k) for k, d in trees.items()}
+        for rnd in range(rounds):
+            for name in (list(trees) if rnd % 2 == 0 else list(trees)[::-1]):
+                env = {**os.environ, "PYTHONPATH": str(shims[name])}
+                r = subprocess.run([sys.executable, str(script.resolve()), "--child", "--n", str(n), "--repeat", str(repeat)],
+                                   env=env, capture_output=True, text=True, check=True, cwd=tmp)
+                results[name].append(json.loads(r.stdout.strip().splitlines()[-1]))
+                print(name, rnd, results[name][-1], flush=True)
+    return results
+
+
+def summarize(results: dict[str, list[dict]]) -> dict:
+    """Per tree and stage: the best round's ns and the calls (the same every round)."""
+    return {name: {st: {"ns_min": min(r[st]["ns"] for r in rs), "calls": rs[0][st]["calls"]} for st in rs[0]}
+            for name, rs in results.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tree", action="append", metavar="NAME=DIR", help="a source tree (twice or more); none: this checkout")
@@ -174,18 +196,8 @@ def main() -> None:
     from tap_cpu_ab import shim
 
     trees = dict(t.split("=", 1) for t in (a.tree or [f"checkout={Path(__file__).resolve().parent.parent}"]))
-    results: dict[str, list[dict]] = {k: [] for k in trees}
-    with tempfile.TemporaryDirectory() as tmp:
-        shims = {k: shim(Path(d).resolve(), Path(tmp) / k) for k, d in trees.items()}
-        for rnd in range(a.rounds):
-            for name in (list(trees) if rnd % 2 == 0 else list(trees)[::-1]):
-                env = {**os.environ, "PYTHONPATH": str(shims[name])}
-                r = subprocess.run([sys.executable, __file__, "--child", "--n", str(a.n), "--repeat", str(a.repeat)],
-                                   env=env, capture_output=True, text=True, check=True, cwd=tmp)
-                results[name].append(json.loads(r.stdout.strip().splitlines()[-1]))
-                print(name, rnd, results[name][-1], flush=True)
-    summary = {name: {st: {"ns_min": min(r[st]["ns"] for r in rs), "calls": rs[0][st]["calls"]} for st in rs[0]}
-               for name, rs in results.items()}
+    results = run_rounds(Path(__file__), {k: Path(d).resolve() for k, d in trees.items()}, a.n, a.repeat, a.rounds, shim)
+    summary = summarize(results)
     doc = {"load_avg": os.getloadavg(), "n": a.n, "repeat": a.repeat, "rounds": a.rounds, "trees": trees, "summary": summary, "rounds_detail": results}
     print(json.dumps(summary, indent=1))
     if a.out:

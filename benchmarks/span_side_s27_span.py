@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -135,25 +133,16 @@ def main() -> None:
         print(json.dumps(child(a.n, a.repeat)))
         return
     sys.path.insert(0, str(Path(__file__).parent))
+    from span_path_s24_rate import run_rounds, summarize
     from tap_cpu_ab import parse_trees, shim
 
     trees = parse_trees(a.tree or [f"checkout={Path(__file__).resolve().parent.parent}"])
     if trees is None:
         sys.exit(2)
-    results: dict[str, list[dict]] = {k: [] for k in trees}
     load = [os.getloadavg()[0]]
-    with tempfile.TemporaryDirectory() as tmp:
-        shims = {k: shim(d, Path(tmp) / k) for k, d in trees.items()}
-        for rnd in range(a.rounds):
-            for name in (list(trees) if rnd % 2 == 0 else list(trees)[::-1]):
-                env = {**os.environ, "PYTHONPATH": str(shims[name])}
-                r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", "--n", str(a.n), "--repeat", str(a.repeat)],
-                                   env=env, capture_output=True, text=True, check=True, cwd=tmp)
-                results[name].append(json.loads(r.stdout.strip().splitlines()[-1]))
-                print(name, rnd, results[name][-1], flush=True)
+    results = run_rounds(Path(__file__), trees, a.n, a.repeat, a.rounds, shim)
     load.append(os.getloadavg()[0])
-    summary = {name: {st: {"ns_min": min(x[st]["ns"] for x in rs), "calls": rs[0][st]["calls"]} for st in rs[0]}
-               for name, rs in results.items()}
+    summary = summarize(results)
     doc = {"load_avg_start_end": load, "n": a.n, "repeat": a.repeat, "rounds": a.rounds,
            "trees": {k: str(v) for k, v in trees.items()}, "summary": summary, "rounds_detail": results}
     print(json.dumps(summary, indent=1))
